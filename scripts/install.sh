@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Creates the virtualenv and installs reservo with its test dependencies.
+set -euo pipefail
+venv="${1:-.venv}"
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q --upgrade pip
+"$venv/bin/pip" install -q -e '.[dev]'

@@ -1,0 +1,70 @@
+"""The FastAPI application, built from a Container by the composition root."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+
+from reservo import __version__
+from reservo.appointments.api import router as appointments_router
+from reservo.bootstrap import Container
+from reservo.core import metrics
+from reservo.core.http import install_error_handlers, install_metrics
+
+
+def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Start anyway when PostgreSQL is away: requests answer 503 until it is back.
+        with contextlib.suppress(Exception):
+            await container.db.connect()
+        yield
+        if owns_container:
+            await container.close()
+
+    app = FastAPI(
+        title="reservo",
+        version=__version__,
+        lifespan=lifespan,
+        description="Never double-book, never double-spend, never lose an event.",
+    )
+    app.state.container = container
+    app.state.clock = container.clock
+    app.state.jwt_secret = container.settings.jwt_secret
+    app.state.idempotency = container.idempotency
+    app.state.appointments = container.appointments
+    install_error_handlers(app)
+    install_metrics(app)
+    app.include_router(appointments_router)
+
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"])
+    async def readyz() -> JSONResponse:
+        checks = await container.ready()
+        ok = all(checks.values())
+        return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["operations"], response_class=Response)
+    async def metrics_endpoint() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    return app
+
+
+def from_environment() -> FastAPI:
+    """uvicorn factory for `reservo api`: each API process builds its own graph."""
+    from reservo.bootstrap import build
+    from reservo.core.logging import configure
+    from reservo.settings import Settings
+
+    settings = Settings()
+    configure(settings.log_level, settings.log_json)
+    return create_app(build(settings))

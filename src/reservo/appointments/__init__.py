@@ -1,0 +1,1 @@
+"""Clinic appointments: slots with a capacity that is never exceeded."""

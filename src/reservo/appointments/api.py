@@ -1,0 +1,152 @@
+"""HTTP routes of the Appointments API: parse, authorize, call the service, render."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Annotated, Any
+
+import asyncpg
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from reservo.appointments.domain import ScheduleRule
+from reservo.appointments.schemas import (
+    MAX_DATE,
+    MIN_DATE,
+    AppointmentIn,
+    AppointmentOut,
+    Doctor,
+    DoctorIn,
+    ScheduleIn,
+    ScheduleOut,
+    SlotOut,
+)
+from reservo.appointments.service import Appointment, AppointmentService
+from reservo.core.errors import DomainError
+from reservo.core.http import Caller, IdempotencyKey, json_response, required_key, run_idempotent
+from reservo.core.idempotency import Claim, IdempotencyStore
+
+router = APIRouter(prefix="/api", tags=["appointments"])
+PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    s: {"description": d, "content": {"application/problem+json": {}}}
+    for s, d in [
+        (400, "Bad request"),
+        (401, "Unauthenticated"),
+        (403, "Forbidden"),
+        (404, "Not found"),
+        (409, "Conflict"),
+        (422, "Validation error"),
+        (429, "Rate limited"),
+        (503, "Unavailable"),
+    ]
+}
+
+
+def _svc(request: Request) -> AppointmentService:
+    svc: AppointmentService = request.app.state.appointments
+    return svc
+
+
+def _idem(request: Request) -> IdempotencyStore:
+    store: IdempotencyStore = request.app.state.idempotency
+    return store
+
+
+def render(appt: Appointment) -> dict[str, Any]:
+    return AppointmentOut(
+        id=appt["id"],
+        slot_id=appt["slot_id"],
+        patient_id=appt["patient_id"],
+        status=appt["status"],
+        start_at=appt["start_at"],
+        end_at=appt["end_at"],
+        created_at=appt["created_at"],
+    ).wire()
+
+
+@router.post("/doctors", status_code=201, response_model=Doctor, responses=PROBLEMS)
+async def create_doctor(body: DoctorIn, caller: Caller, request: Request) -> JSONResponse:
+    caller.require("admin")
+    doctor = await _svc(request).create_doctor(body.name, body.timezone, body.specialty)
+    return json_response(201, Doctor(**doctor).wire())
+
+
+@router.post(
+    "/doctors/{doctorId}/schedules", status_code=201, response_model=ScheduleOut, responses=PROBLEMS
+)
+async def create_schedule(
+    doctor_id: Annotated[PathId, Path(alias="doctorId")],
+    body: ScheduleIn,
+    caller: Caller,
+    request: Request,
+) -> JSONResponse:
+    caller.require_owner("doctor", doctor_id)
+    rule = ScheduleRule(
+        body.from_,
+        body.to,
+        frozenset(body.weekdays),
+        body.start_time,
+        body.end_time,
+        body.slot_minutes,
+        body.capacity,
+    )
+    created, skipped = await _svc(request).create_schedule(doctor_id, rule)
+    return json_response(201, ScheduleOut(created=created, skipped=skipped).wire())
+
+
+@router.get("/doctors/{doctorId}/slots", response_model=list[SlotOut], responses=PROBLEMS)
+async def list_slots(
+    doctor_id: Annotated[PathId, Path(alias="doctorId")],
+    day: Annotated[date, Query(alias="date", ge=MIN_DATE, le=MAX_DATE)],
+    caller: Caller,
+    request: Request,
+) -> JSONResponse:
+    return json_response(200, await _svc(request).list_slots(doctor_id, day))
+
+
+@router.post("/appointments", status_code=201, response_model=AppointmentOut, responses=PROBLEMS)
+async def book(
+    body: AppointmentIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    caller.require_owner("patient", body.patient_id)
+    key = required_key(idempotency_key)
+    svc, store, raw = _svc(request), _idem(request), await request.body()
+    endpoint = "POST /api/appointments"
+    if await svc.gate(body.patient_id, body.slot_id):
+        # A retry of a booking that succeeded must still get its booking back.
+        replay = await store.find(f"{caller.role}:{caller.sub}", endpoint, key, raw)
+        if replay is not None:
+            return json_response(replay.status, replay.body)
+        raise DomainError("slot_full", "this slot has no capacity left")
+
+    async def work(claim: Claim | None) -> tuple[int, Any]:
+        async def within(conn: asyncpg.Connection, appt: Appointment) -> None:
+            if claim is not None:
+                await claim.complete(conn, 201, render(appt))
+
+        return 201, render(await svc.book(body.slot_id, body.patient_id, within))
+
+    return await run_idempotent(store, caller, endpoint, key, raw, work)
+
+
+async def _owned(request: Request, caller: Caller, appointment_id: int) -> Appointment:
+    caller.require("patient")
+    appt = await _svc(request).get(appointment_id)
+    caller.require_owner("patient", appt["patient_id"])
+    return appt
+
+
+@router.get("/appointments/{id}", response_model=AppointmentOut, responses=PROBLEMS)
+async def get_appointment(
+    appointment_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> JSONResponse:
+    return json_response(200, render(await _owned(request, caller, appointment_id)))
+
+
+@router.delete("/appointments/{id}", response_model=AppointmentOut, responses=PROBLEMS)
+async def cancel(
+    appointment_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> JSONResponse:
+    await _owned(request, caller, appointment_id)
+    return json_response(200, render(await _svc(request).cancel(appointment_id)))

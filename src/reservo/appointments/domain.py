@@ -1,0 +1,81 @@
+"""Pure rules of clinic scheduling: expanding local working hours into UTC slots.
+
+No I/O here. Local times are expanded with the doctor's IANA zone per date, and
+slots are stepped in absolute time between the day's local start and end, so a
+DST change inside working hours yields a shorter (or longer) day, never a
+duplicate or a missing instant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+
+@dataclass(frozen=True)
+class ScheduleRule:
+    start_date: date
+    end_date: date
+    weekdays: frozenset[int]  # ISO: 1 = Monday .. 7 = Sunday
+    start_time: time
+    end_time: time
+    slot_minutes: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class Slot:
+    start_at: datetime
+    end_at: datetime
+
+
+class InvalidTimezone(ValueError):
+    pass
+
+
+_ZONES: frozenset[str] | None = None
+
+
+def zone(name: str) -> ZoneInfo:
+    """A real IANA zone (not a path, not a legacy alias that zoneinfo guesses)."""
+    global _ZONES
+    if _ZONES is None:
+        _ZONES = frozenset(available_timezones())
+    if name not in _ZONES:
+        raise InvalidTimezone(f"unknown IANA time zone {name!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidTimezone(str(exc)) from exc
+
+
+def local_instant(day: date, at: time, tz: ZoneInfo) -> datetime:
+    """The UTC instant of a local wall-clock time. A time skipped by a DST jump
+    maps forward (02:30 on a spring-forward night is 03:30); a repeated one
+    takes its first occurrence."""
+    return datetime.combine(day, at, tzinfo=tz).astimezone(UTC)
+
+
+def day_bounds(day: date, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    """[start, end) of a local date in UTC (23 or 25 hours long on DST days)."""
+    return local_instant(day, time(0), tz), local_instant(day + timedelta(days=1), time(0), tz)
+
+
+def expand(rule: ScheduleRule, tz: ZoneInfo) -> list[Slot]:
+    step = timedelta(minutes=rule.slot_minutes)
+    slots: list[Slot] = []
+    day = rule.start_date
+    while day <= rule.end_date:
+        if day.isoweekday() in rule.weekdays:
+            start = local_instant(day, rule.start_time, tz)
+            end = local_instant(day, rule.end_time, tz)
+            at = start
+            while at + step <= end:
+                slots.append(Slot(at, at + step))
+                at += step
+        day += timedelta(days=1)
+    return slots
+
+
+def local_date(instant: datetime, tz: ZoneInfo) -> date:
+    return instant.astimezone(tz).date()

@@ -1,0 +1,72 @@
+"""The only place that runs the appointments module's SQL."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from reservo.core.db import Queries
+from reservo.core.errors import register_constraints
+
+Q = Queries.load("reservo.appointments")
+
+register_constraints(
+    {
+        "uq_active_patient_slot": ("already_booked", "you already hold a booking in this slot"),
+        "ex_patient_overlap": (
+            "patient_busy",
+            "you already hold a booking that overlaps this slot's time",
+        ),
+    }
+)
+
+Row = asyncpg.Record
+
+
+async def insert_doctor(conn: asyncpg.Connection, name: str, tz: str, specialty: str | None) -> Row:
+    return await conn.fetchrow(Q.insert_doctor, name, tz, specialty)
+
+
+async def get_doctor(conn: asyncpg.Connection, doctor_id: int) -> Row | None:
+    return await conn.fetchrow(Q.get_doctor, doctor_id)
+
+
+async def insert_slots(
+    conn: asyncpg.Connection,
+    doctor_id: int,
+    starts: list[datetime],
+    ends: list[datetime],
+    capacity: int,
+) -> int:
+    status = await conn.execute(Q.insert_slots, doctor_id, starts, ends, capacity)
+    return int(status.split()[-1])
+
+
+async def available_slots(
+    conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime, now: datetime
+) -> list[Row]:
+    return list(await conn.fetch(Q.list_available_slots, doctor_id, start, end, now))
+
+
+async def book(
+    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.book, slot_id, patient_id, now)
+
+
+async def slot_state(conn: asyncpg.Connection, slot_id: int, patient_id: int) -> Row | None:
+    return await conn.fetchrow(Q.slot_state, slot_id, patient_id)
+
+
+async def get_appointment(conn: asyncpg.Connection, appointment_id: int) -> Row | None:
+    return await conn.fetchrow(Q.get_appointment, appointment_id)
+
+
+async def cancel(conn: asyncpg.Connection, appointment_id: int, now: datetime) -> Row | None:
+    return await conn.fetchrow(Q.cancel, appointment_id, now)
+
+
+def as_dict(row: Row) -> dict[str, Any]:
+    return dict(row.items())

@@ -1,0 +1,220 @@
+"""Appointment use cases. Each owns its transaction: claim, check, write, emit."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import asyncpg
+
+from reservo.appointments import domain, events, repo
+from reservo.core import metrics
+from reservo.core.cache import Cache
+from reservo.core.clock import Clock
+from reservo.core.db import Database
+from reservo.core.errors import DomainError
+from reservo.core.outbox import emit
+from reservo.core.ratelimit import RateLimiter
+
+DomainError.register(
+    {
+        "doctor_not_found": 404,
+        "slot_not_found": 404,
+        "appointment_not_found": 404,
+        "slot_full": 409,
+        "already_booked": 409,
+        "patient_busy": 409,
+        "slot_in_past": 409,
+    }
+)
+
+Appointment = dict[str, Any]
+# A hook that runs inside the booking transaction (the API stores its
+# idempotent response there, so response and booking commit together).
+Within = Callable[[asyncpg.Connection, Appointment], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    booking_rate_limit: int = 5
+    booking_rate_window_s: int = 10
+    slots_cache_ttl_s: int = 3
+    full_mark_ttl_s: int = 30
+
+
+def _slots_key(doctor_id: int, day: date) -> str:
+    return f"slots:{{doctor:{doctor_id}}}:{day.isoformat()}"
+
+
+def _full_key(slot_id: int) -> str:
+    return f"full:{{slot:{slot_id}}}"
+
+
+class AppointmentService:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        cache: Cache,
+        limiter: RateLimiter,
+        limits: Limits = Limits(),
+    ) -> None:
+        self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
+        self.limits = limits
+        self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
+
+    # -- doctors and schedules -------------------------------------------------
+
+    async def create_doctor(self, name: str, tz: str, specialty: str | None) -> dict[str, Any]:
+        async with self.db.transaction() as conn:
+            return repo.as_dict(await repo.insert_doctor(conn, name, tz, specialty))
+
+    async def _zone(self, conn: asyncpg.Connection, doctor_id: int) -> ZoneInfo:
+        tz = self._zones.get(doctor_id)
+        if tz is None:
+            doctor = await repo.get_doctor(conn, doctor_id)
+            if doctor is None:
+                raise DomainError("doctor_not_found", f"no doctor {doctor_id}")
+            tz = self._zones[doctor_id] = domain.zone(doctor["timezone"])
+        return tz
+
+    async def create_schedule(self, doctor_id: int, rule: domain.ScheduleRule) -> tuple[int, int]:
+        async with self.db.transaction() as conn:
+            tz = await self._zone(conn, doctor_id)
+            slots = domain.expand(rule, tz)
+            created = await repo.insert_slots(
+                conn,
+                doctor_id,
+                [s.start_at for s in slots],
+                [s.end_at for s in slots],
+                rule.capacity,
+            )
+        days = {domain.local_date(s.start_at, tz) for s in slots}
+        await self.cache.delete(*(_slots_key(doctor_id, d) for d in days))
+        return created, len(slots) - created
+
+    async def list_slots(self, doctor_id: int, day: date) -> list[dict[str, Any]]:
+        """Future slots of a local date with room left; may be a few seconds stale."""
+        key = _slots_key(doctor_id, day)
+        cached = await self.cache.get_json(key)
+        now = self.clock.now()
+        if cached is None:
+            async with self.db.connection() as conn:
+                tz = await self._zone(conn, doctor_id)
+                start, end = domain.day_bounds(day, tz)
+                rows = await repo.available_slots(conn, doctor_id, start, end, now)
+            cached = [
+                {
+                    "id": r["id"],
+                    "doctorId": r["doctor_id"],
+                    "startAt": r["start_at"].isoformat(),
+                    "endAt": r["end_at"].isoformat(),
+                    "capacity": r["capacity"],
+                    "bookedCount": r["booked_count"],
+                    "available": r["capacity"] - r["booked_count"],
+                }
+                for r in rows
+            ]
+            await self.cache.set_json(key, cached, self.limits.slots_cache_ttl_s)
+        now_iso = now.isoformat()
+        # The cache may hold slots that started since it was filled.
+        return [s for s in cached if s["startAt"] > now_iso]
+
+    # -- booking ---------------------------------------------------------------
+
+    async def gate(self, patient_id: int, slot_id: int) -> bool:
+        """The Redis filter in front of a booking, in one round trip: raises 429 when
+        the patient is over the rate limit; returns whether the slot is known full
+        (Redis' opinion only, never the decision)."""
+        decision, full = await self.cache.hit_and_check(
+            self.limiter,
+            "book",
+            patient_id,
+            self.limits.booking_rate_limit,
+            self.limits.booking_rate_window_s,
+            _full_key(slot_id),
+        )
+        if not decision.allowed:
+            metrics.CONFLICTS.labels("appointments", "rate_limited", "redis").inc()
+            raise DomainError(
+                "rate_limited",
+                f"at most {self.limits.booking_rate_limit} booking attempts per "
+                f"{self.limits.booking_rate_window_s} s",
+                status=429,
+                headers={"Retry-After": str(max(1, decision.retry_after_s))},
+            )
+        return full
+
+    async def book(
+        self, slot_id: int, patient_id: int, within: Within | None = None
+    ) -> Appointment:
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.book(conn, slot_id, patient_id, now)
+            if row is None:
+                await self._refuse(conn, slot_id, patient_id, now)
+            appt = repo.as_dict(row)
+            await emit(conn, events.BOOKED, f"appointment:{appt['id']}", events.payload(appt), now)
+            if within is not None:
+                await within(conn, appt)
+        metrics.BOOKINGS.labels("appointments").inc()
+        if appt.pop("remaining") == 0:
+            await self.cache.mark(_full_key(slot_id), self.limits.full_mark_ttl_s)
+        await self._invalidate(appt)
+        return appt
+
+    async def _refuse(
+        self, conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any
+    ) -> None:
+        state = await repo.slot_state(conn, slot_id, patient_id)
+        if state is None:
+            code, detail = "slot_not_found", f"no slot {slot_id}"
+        elif state["mine"]:
+            code, detail = "already_booked", "you already hold a booking in this slot"
+        elif state["start_at"] <= now:
+            code, detail = "slot_in_past", "this slot has already started"
+        else:
+            code, detail = "slot_full", "this slot has no capacity left"
+            await self.cache.mark(_full_key(slot_id), self.limits.full_mark_ttl_s)
+        metrics.CONFLICTS.labels("appointments", code, "database").inc()
+        raise DomainError(code, detail)
+
+    async def _invalidate(self, appt: Appointment) -> None:
+        async with self.db.connection() as conn:
+            tz = await self._zone(conn, appt["doctor_id"])
+        await self.cache.delete(
+            _slots_key(appt["doctor_id"], domain.local_date(appt["start_at"], tz))
+        )
+
+    # -- reading and cancelling ------------------------------------------------
+
+    async def get(self, appointment_id: int) -> Appointment:
+        async with self.db.connection() as conn:
+            row = await repo.get_appointment(conn, appointment_id)
+        if row is None:
+            raise DomainError("appointment_not_found", f"no appointment {appointment_id}")
+        return repo.as_dict(row)
+
+    async def cancel(self, appointment_id: int) -> Appointment:
+        """Cancelling twice is fine: the second call changes nothing and frees nothing."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.cancel(conn, appointment_id, now)
+            if row is not None:
+                appt = repo.as_dict(row)
+                await emit(
+                    conn, events.CANCELLED, f"appointment:{appt['id']}", events.payload(appt), now
+                )
+        if row is None:
+            current = await self.get(appointment_id)
+            if current["status"] == "CANCELLED":
+                return current
+            metrics.CONFLICTS.labels("appointments", "slot_in_past", "database").inc()
+            raise DomainError("slot_in_past", "an appointment that has started cannot be cancelled")
+        metrics.CANCELLATIONS.labels("appointments").inc()
+        await self.cache.clear_mark(_full_key(appt["slot_id"]))
+        await self._invalidate(appt)
+        return appt

@@ -1,0 +1,1 @@
+"""Shared primitives. Imports no business module."""

@@ -1,0 +1,157 @@
+"""asyncpg pool, transactions, and the named-SQL loader.
+
+Every SQL statement lives in a ``queries.sql`` file as a named block::
+
+    -- name: try_reserve
+    UPDATE time_slot SET ...
+
+Errors leave this module already translated: a refused constraint becomes the
+DomainError registered for its name, an unreachable database becomes 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+import asyncpg
+import orjson
+
+from reservo.core.errors import DomainError, translate
+
+_NAME = re.compile(r"^--\s*name:\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*$", re.MULTILINE)
+
+
+class Queries:
+    """Named SQL blocks loaded once from a file shipped in a package."""
+
+    def __init__(self, text: str, origin: str = "<string>") -> None:
+        self._sql: dict[str, str] = {}
+        matches = list(_NAME.finditer(text))
+        for i, m in enumerate(matches):
+            end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+            body = text[m.end() : end].strip()
+            if m["name"] in self._sql:
+                raise ValueError(f"{origin}: query {m['name']!r} defined twice")
+            self._sql[m["name"]] = body
+        self._origin = origin
+
+    @classmethod
+    def load(cls, package: str, filename: str = "queries.sql") -> Queries:
+        text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
+        return cls(text, f"{package}/{filename}")
+
+    def __getattr__(self, name: str) -> str:
+        try:
+            return self._sql[name]
+        except KeyError:
+            raise AttributeError(f"{self._origin} has no query {name!r}") from None
+
+    def names(self) -> list[str]:
+        return list(self._sql)
+
+
+# Errors that mean "the database is not there right now", not "your input is bad".
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.ConnectionFailureError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InterfaceError,
+)
+
+
+def unavailable() -> DomainError:
+    return DomainError(
+        "unavailable",
+        "the database is unreachable; try again shortly",
+        status=503,
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for typ in ("json", "jsonb"):
+        await conn.set_type_codec(
+            typ,
+            encoder=lambda v: orjson.dumps(v).decode(),
+            decoder=orjson.loads,
+            schema="pg_catalog",
+        )
+
+
+class Database:
+    """A lazily (re)connecting pool. Requests made while PostgreSQL is down get
+    503; the pool heals itself when it comes back."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 2,
+        max_size: int = 20,
+        command_timeout: float = 10.0,
+        acquire_timeout: float = 5.0,
+        statement_cache_size: int = 100,
+    ) -> None:
+        self.dsn = dsn
+        self._kw: dict[str, Any] = {
+            "min_size": min_size,
+            "max_size": max_size,
+            "command_timeout": command_timeout,
+            "statement_cache_size": statement_cache_size,
+            "init": _init_connection,
+        }
+        self._acquire_timeout = acquire_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._lock = asyncio.Lock()
+
+    async def _get_pool(self) -> asyncpg.Pool:
+        if self._pool is not None:
+            return self._pool
+        async with self._lock:
+            if self._pool is None:
+                try:
+                    self._pool = await asyncpg.create_pool(self.dsn, **self._kw)
+                except UNAVAILABLE as exc:
+                    raise unavailable() from exc
+        return self._pool
+
+    async def connect(self) -> None:
+        await self._get_pool()
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        pool = await self._get_pool()
+        try:
+            async with pool.acquire(timeout=self._acquire_timeout) as conn:
+                yield conn
+        except asyncpg.IntegrityConstraintViolationError as exc:
+            raise (translate(exc) or exc) from exc
+        except UNAVAILABLE as exc:
+            raise unavailable() from exc
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        async with self.connection() as conn, conn.transaction():
+            yield conn
+
+    async def ping(self) -> bool:
+        try:
+            async with self.connection() as conn:
+                await conn.fetchval("SELECT 1")
+            return True
+        except DomainError:
+            return False

@@ -1,0 +1,160 @@
+"""FastAPI glue shared by every module: problem+json errors, the caller's
+identity, idempotent execution, request metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import structlog
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from reservo.core import metrics
+from reservo.core.auth import Principal, decode_token
+from reservo.core.clock import Clock
+from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body
+from reservo.core.idempotency import Claim, IdempotencyStore, Replay, validate_key
+
+log = structlog.get_logger(__name__)
+
+
+def problem(err: DomainError) -> JSONResponse:
+    return JSONResponse(
+        err.problem(), status_code=err.status, headers=err.headers, media_type=PROBLEM_JSON
+    )
+
+
+def _jsonable(errors: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for e in errors:
+        out.append(
+            {
+                "loc": [str(p) for p in e.get("loc", ())],
+                "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", "")),
+            }
+        )
+    return out
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def _domain(_: Request, exc: DomainError) -> JSONResponse:
+        return problem(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = _jsonable(list(exc.errors()))
+        return JSONResponse(
+            problem_body(422, "validation_error", "the request is not valid", errors=errors),
+            status_code=422,
+            media_type=PROBLEM_JSON,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(
+            problem_body(exc.status_code, code, str(exc.detail)),
+            status_code=exc.status_code,
+            media_type=PROBLEM_JSON,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled_error", error=repr(exc))
+        return JSONResponse(
+            problem_body(500, "internal_error", "unexpected error"),
+            status_code=500,
+            media_type=PROBLEM_JSON,
+        )
+
+
+def install_metrics(app: FastAPI) -> None:
+    @app.middleware("http")
+    async def _observe(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        route = "unmatched"
+        for r in app.router.routes:
+            match, _ = r.matches(request.scope)
+            if match == Match.FULL:
+                route = getattr(r, "path", "unmatched")
+                break
+        response = await call_next(request)
+        metrics.HTTP_LATENCY.labels(request.method, route).observe(time.perf_counter() - started)
+        metrics.HTTP_REQUESTS.labels(request.method, route, str(response.status_code)).inc()
+        return response
+
+
+def current_principal(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    secret: str = request.app.state.jwt_secret
+    clock: Clock = request.app.state.clock
+    return decode_token(secret, authorization, clock.now())
+
+
+Caller = Annotated[Principal, Depends(current_principal)]
+
+
+def json_response(status: int, body: Any) -> JSONResponse:
+    media = PROBLEM_JSON if status >= 400 else "application/json"
+    return JSONResponse(body, status_code=status, media_type=media)
+
+
+async def run_idempotent(
+    store: IdempotencyStore,
+    principal: Principal,
+    endpoint: str,
+    key: str | None,
+    body: bytes,
+    work: Callable[[Claim | None], Awaitable[tuple[int, Any]]],
+) -> JSONResponse:
+    """Run ``work`` at most once per (caller, endpoint, key). ``work`` must call
+    ``claim.complete`` inside its own transaction when it succeeds."""
+    if key is None:
+        status, payload = await work(None)
+        return json_response(status, payload)
+    caller = f"{principal.role}:{principal.sub}"
+    outcome = await store.begin(caller, endpoint, key, body)
+    if isinstance(outcome, Replay):
+        return json_response(outcome.status, outcome.body)
+    try:
+        status, payload = await work(outcome)
+    except DomainError as err:
+        if err.status == 503 or err.status == 429:
+            await _release_quietly(store, outcome)
+        else:  # a deterministic refusal: the same key gets the same answer
+            await store.finish(outcome, err.status, err.problem())
+        raise
+    except BaseException:
+        await _release_quietly(store, outcome)
+        raise
+    return json_response(status, payload)
+
+
+async def _release_quietly(store: IdempotencyStore, claim: Claim) -> None:
+    try:
+        await store.release(claim)
+    except Exception as exc:  # the lease expires on its own
+        log.warning("idempotency_release_failed", error=repr(exc))
+
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", description="1-255 visible ASCII characters"),
+]
+
+
+def required_key(key: str | None) -> str:
+    checked = validate_key(key, required=True)
+    assert checked is not None
+    return checked

@@ -1,0 +1,59 @@
+"""Prometheus metrics. Under several API processes, set PROMETHEUS_MULTIPROC_DIR
+(``reservo api --workers N`` does) so /metrics aggregates them all."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+HTTP_REQUESTS = Counter(
+    "reservo_http_requests_total", "HTTP requests", ["method", "route", "status"]
+)
+HTTP_LATENCY = Histogram(
+    "reservo_http_request_seconds",
+    "HTTP request latency",
+    ["method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+BOOKINGS = Counter("reservo_bookings_total", "Successful bookings", ["module"])
+CANCELLATIONS = Counter("reservo_cancellations_total", "Successful cancellations", ["module"])
+CONFLICTS = Counter(
+    "reservo_conflicts_total", "Refused bookings by reason", ["module", "code", "decided_by"]
+)
+OUTBOX_PUBLISHED = Counter("reservo_outbox_published_total", "Outbox events delivered")
+OUTBOX_FAILURES = Counter(
+    "reservo_outbox_failures_total", "Outbox delivery failures (retried)", ["topic"]
+)
+OUTBOX_LAG = Histogram(
+    "reservo_outbox_lag_seconds",
+    "Time from event creation to delivery",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+OUTBOX_PENDING = Gauge(
+    "reservo_outbox_pending", "Events waiting in the outbox", multiprocess_mode="max"
+)
+OUTBOX_OLDEST = Gauge(
+    "reservo_outbox_oldest_pending_seconds",
+    "Age of the oldest pending outbox event",
+    multiprocess_mode="max",
+)
+OUTBOX_DEAD = Gauge(
+    "reservo_outbox_dead", "Events that exhausted their retries", multiprocess_mode="max"
+)
+
+
+def render() -> tuple[bytes, str]:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

@@ -1,0 +1,108 @@
+"""Transactional outbox: ``emit`` writes an event in the caller's transaction;
+``OutboxRelay`` claims batches (FOR UPDATE SKIP LOCKED + lease) and hands them to
+the transport, marking rows done only after delivery succeeded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+import structlog
+
+from reservo.core import metrics
+from reservo.core.backoff import backoff_delay
+from reservo.core.clock import Clock
+from reservo.core.db import Database, Queries
+from reservo.core.errors import DomainError
+from reservo.core.transport.base import Event, Transport
+
+log = structlog.get_logger(__name__)
+Q = Queries.load("reservo.core")
+
+
+async def emit(
+    conn: asyncpg.Connection, topic: str, key: str | None, payload: dict[str, Any], now: datetime
+) -> uuid.UUID:
+    """Write an event in the current transaction; it leaves only if that commits."""
+    event_id = uuid.uuid4()
+    await conn.execute(Q.outbox_insert, event_id, topic, key, payload, now)
+    return event_id
+
+
+class OutboxRelay:
+    def __init__(
+        self,
+        db: Database,
+        transport: Transport,
+        clock: Clock,
+        *,
+        batch_size: int = 100,
+        lease_s: int = 30,
+        max_attempts: int = 8,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 300.0,
+        poll_interval_s: float = 0.2,
+    ) -> None:
+        self.db, self.transport, self.clock = db, transport, clock
+        self.batch_size, self.lease_s, self.max_attempts = batch_size, lease_s, max_attempts
+        self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
+        self.poll_interval_s = poll_interval_s
+
+    async def run_once(self) -> int:
+        """Claim, deliver and settle one batch; returns how many events it claimed."""
+        now = self.clock.now()
+        async with self.db.connection() as conn:
+            rows = await conn.fetch(Q.outbox_claim, self.batch_size, now, float(self.lease_s))
+        if not rows:
+            return 0
+        events = [
+            Event(r["event_id"], r["topic"], r["key"], r["payload"], r["created_at"]) for r in rows
+        ]
+        results = await self.transport.deliver(events)
+        done = [r["id"] for r, err in zip(rows, results, strict=True) if err is None]
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            if done:
+                await conn.execute(Q.outbox_done, done, now)
+            for row, err in zip(rows, results, strict=True):
+                if err is None:
+                    continue
+                delay = backoff_delay(row["attempts"], self.backoff_base_s, self.backoff_max_s)
+                status = await conn.fetchval(
+                    Q.outbox_retry,
+                    row["id"],
+                    repr(err)[:2000],
+                    now + timedelta(seconds=delay),
+                    self.max_attempts,
+                )
+                metrics.OUTBOX_FAILURES.labels(topic=row["topic"]).inc()
+                if status == "DEAD":
+                    log.error(
+                        "outbox_event_dead",
+                        event_id=str(row["event_id"]),
+                        topic=row["topic"],
+                        attempts=row["attempts"],
+                        error=repr(err),
+                    )
+        for row in rows:
+            metrics.OUTBOX_LAG.observe(max(0.0, (now - row["created_at"]).total_seconds()))
+        metrics.OUTBOX_PUBLISHED.inc(len(done))
+        return len(rows)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                claimed = await self.run_once()
+            except DomainError as exc:  # database away: wait, then try again
+                log.warning("outbox_relay_unavailable", error=exc.detail)
+                claimed = 0
+            except Exception:
+                log.exception("outbox_relay_error")
+                claimed = 0
+            if claimed < self.batch_size:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval_s)

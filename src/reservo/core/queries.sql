@@ -1,0 +1,93 @@
+-- Named queries of the platform (core). Loaded once by reservo.core.db.Queries.
+
+-- name: idem_insert
+INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, locked_until, created_at)
+VALUES ($1, $2, $3, $4, 'IN_PROGRESS', $5, $6)
+ON CONFLICT (caller, endpoint, key) DO NOTHING
+RETURNING caller;
+
+-- name: idem_get
+SELECT request_hash, status, locked_until, response_status, response_body
+  FROM idempotency_key
+ WHERE caller = $1 AND endpoint = $2 AND key = $3;
+
+-- name: idem_take_over
+-- A crashed request left its claim behind; take it over only if nobody else did.
+UPDATE idempotency_key
+   SET locked_until = $5
+ WHERE caller = $1 AND endpoint = $2 AND key = $3
+   AND status = 'IN_PROGRESS' AND locked_until = $4
+RETURNING caller;
+
+-- name: idem_complete
+UPDATE idempotency_key
+   SET status = 'DONE', locked_until = NULL, response_status = $4, response_body = $5
+ WHERE caller = $1 AND endpoint = $2 AND key = $3;
+
+-- name: idem_release
+DELETE FROM idempotency_key
+ WHERE caller = $1 AND endpoint = $2 AND key = $3 AND status = 'IN_PROGRESS';
+
+-- name: idem_prune
+DELETE FROM idempotency_key
+ WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_key WHERE created_at < $1 LIMIT $2));
+
+-- name: outbox_insert
+INSERT INTO outbox (event_id, topic, key, payload, created_at, available_at)
+VALUES ($1, $2, $3, $4, $5, $5);
+
+-- name: outbox_claim
+-- Lease a batch; SKIP LOCKED lets several relays share the backlog without
+-- taking the same rows, and the lease returns rows of a crashed relay.
+UPDATE outbox o
+   SET locked_until = $2::timestamptz + make_interval(secs => $3), attempts = o.attempts + 1
+  FROM (SELECT id FROM outbox
+         WHERE status = 'PENDING' AND available_at <= $2
+           AND (locked_until IS NULL OR locked_until < $2)
+         ORDER BY id
+         LIMIT $1
+         FOR UPDATE SKIP LOCKED) c
+ WHERE o.id = c.id
+RETURNING o.id, o.event_id, o.topic, o.key, o.payload, o.created_at, o.attempts;
+
+-- name: outbox_done
+UPDATE outbox SET status = 'DONE', published_at = $2, locked_until = NULL, last_error = NULL
+ WHERE id = ANY($1::bigint[]);
+
+-- name: outbox_retry
+UPDATE outbox
+   SET status = CASE WHEN attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
+       available_at = $3, locked_until = NULL, last_error = $2
+ WHERE id = $1
+RETURNING status;
+
+-- name: outbox_lag
+SELECT count(*) AS pending,
+       coalesce(extract(epoch FROM ($1::timestamptz - min(created_at))), 0)::float8 AS oldest_s
+  FROM outbox WHERE status = 'PENDING';
+
+-- name: outbox_dead_count
+SELECT count(*) FROM outbox WHERE status = 'DEAD';
+
+-- name: outbox_prune
+DELETE FROM outbox
+ WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox
+                          WHERE status = 'DONE' AND published_at < $1 LIMIT $2));
+
+-- name: inbox_claim
+INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
+ON CONFLICT DO NOTHING
+RETURNING event_id;
+
+-- name: notification_upsert
+INSERT INTO notification (event_id, topic, recipient, channel, subject, body)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT ON CONSTRAINT notification_once
+DO UPDATE SET attempts = notification.attempts + 1
+RETURNING id, status;
+
+-- name: notification_sent
+UPDATE notification SET status = 'SENT', sent_at = $2, last_error = NULL WHERE id = $1;
+
+-- name: notification_failed
+UPDATE notification SET last_error = $2 WHERE id = $1;

@@ -1,0 +1,84 @@
+"""Fixed-window rate limiter, atomic in Redis, failing open.
+
+Algorithm: a fixed window anchored at the first hit. The first hit creates the
+counter with a TTL of ``window_s``; each hit increments it; a hit is allowed while
+the count is <= ``limit``; the window ends when the key expires. One Lua script
+does INCR + PEXPIRE + PTTL so concurrent hits can neither over-admit nor leave a
+counter without a TTL. Time is Redis's (TTLs), so app-server clocks do not matter.
+
+Trade-off, accepted for a filter: up to ``2 * limit`` hits can pass around a
+window boundary. The database remains the real guard on scarce things.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+from redis.commands.core import AsyncScript
+
+from reservo.core.redis import RedisGate
+
+# KEYS[1] counter; ARGV[1] window in ms. Returns {count, pttl_ms}.
+# A key found without a TTL (should not happen; e.g. a manual SET) gets one, so a
+# subject can never be locked out forever.
+_HIT_LUA = """
+local count = redis.call('INCR', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+if count == 1 or ttl < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  ttl = tonumber(ARGV[1])
+end
+return {count, ttl}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """``retry_after_s`` is 0 when allowed, else whole seconds until the window ends (>= 1)."""
+
+    allowed: bool
+    remaining: int
+    retry_after_s: int
+
+
+def rate_key(scope: str, subject: str | int, namespace: str = "reservo") -> str:
+    """``{namespace}:rl:{scope:subject}``: the hash tag keeps each counter on one
+    cluster slot; the namespace keeps deployments (and test runs) sharing a Redis apart."""
+    return f"{namespace}:rl:{{{scope}:{subject}}}"
+
+
+def decide(raw: Any, limit: int) -> Decision:
+    """Turn the script's ``[count, pttl_ms]`` reply into a Decision."""
+    count, ttl_ms = int(raw[0]), int(raw[1])
+    if count <= limit:
+        return Decision(allowed=True, remaining=limit - count, retry_after_s=0)
+    return Decision(allowed=False, remaining=0, retry_after_s=max(1, math.ceil(ttl_ms / 1000)))
+
+
+def fail_open(limit: int) -> Decision:
+    """What a hit gets when Redis cannot answer: allowed."""
+    return Decision(allowed=True, remaining=limit, retry_after_s=0)
+
+
+class RateLimiter:
+    """Counts hits per (scope, subject) in Redis; allows all when Redis is down."""
+
+    def __init__(self, gate: RedisGate, namespace: str = "reservo") -> None:
+        self.gate = gate
+        self.namespace = namespace
+        self.script: AsyncScript = gate.client.register_script(_HIT_LUA)
+
+    async def hit(self, scope: str, subject: str | int, limit: int, window_s: int) -> Decision:
+        """Record one hit and say whether it is within ``limit`` per ``window_s``."""
+        if limit < 0 or window_s <= 0:
+            raise ValueError("limit must be >= 0 and window_s > 0")
+        key = rate_key(scope, subject, self.namespace)
+
+        async def _hit(client: redis.asyncio.Redis) -> Decision:
+            raw = await self.script(keys=[key], args=[window_s * 1000], client=client)
+            return decide(raw, limit)
+
+        return await self.gate.call(_hit, fail_open(limit))

@@ -1,0 +1,57 @@
+"""The transport interface. Handlers never know which transport delivered an event."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+
+@dataclass(frozen=True)
+class Event:
+    id: UUID
+    topic: str
+    key: str | None
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+Handler = Callable[[Event], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Subscription:
+    consumer: str
+    topic: str
+    handler: Handler
+
+
+class Subscriptions:
+    """Which consumer handles which topic; filled by the composition root."""
+
+    def __init__(self) -> None:
+        self._by_topic: dict[str, list[Subscription]] = defaultdict(list)
+
+    def add(self, consumer: str, topics: Sequence[str], handler: Handler) -> None:
+        for topic in topics:
+            self._by_topic[topic].append(Subscription(consumer, topic, handler))
+
+    def for_topic(self, topic: str) -> list[Subscription]:
+        return self._by_topic.get(topic, [])
+
+    def topics(self) -> list[str]:
+        return sorted(self._by_topic)
+
+
+class Transport(Protocol):
+    """Takes a batch of claimed outbox events; returns, per event, None when it is
+    safely delivered (the relay then marks the row done) or the error to retry."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def deliver(self, events: Sequence[Event]) -> list[BaseException | None]: ...

@@ -1,0 +1,138 @@
+"""Shared fixtures: a real PostgreSQL and a real Redis for the whole session.
+
+Uses RESERVO_TEST_DATABASE_URL / RESERVO_TEST_REDIS_URL when set, otherwise
+starts the embedded ones. Each session gets its own fresh database and its own
+Redis key namespace, so runs on one machine never see each other's data."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from reservo.app import create_app
+from reservo.bootstrap import Container, build
+from reservo.core.auth import mint_token
+from reservo.core.clock import OffsetClock
+from reservo.core.migrate import migrate
+from reservo.settings import Settings
+
+JWT_SECRET = "test-secret-for-reservo-tests-0123456789"
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    pg_url = os.environ.get("RESERVO_TEST_DATABASE_URL")
+    redis_url = os.environ.get("RESERVO_TEST_REDIS_URL")
+    stack: list[Any] = []
+    root = Path(tmp_path_factory.mktemp("embedded"))
+    if not pg_url:
+        from reservo.core.embedded import EmbeddedPostgres
+
+        pg = EmbeddedPostgres(root)
+        pg_url = pg.start()
+        stack.append(pg)
+    if not redis_url:
+        from reservo.core.embedded import EmbeddedRedis
+
+        rd = EmbeddedRedis(root)
+        redis_url = rd.start()
+        stack.append(rd)
+    yield pg_url, redis_url
+    for svc in reversed(stack):
+        svc.stop()
+
+
+def _with_db(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session")
+async def database_url(services: tuple[str, str]) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test session, dropped afterwards."""
+    admin_url = services[0]
+    name = f"reservo_test_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(admin_url)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    url = _with_db(admin_url, name)
+    await migrate(url)
+    yield url
+    conn = await asyncpg.connect(admin_url)
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await conn.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(services: tuple[str, str]) -> str:
+    return services[1]
+
+
+@pytest.fixture(scope="session")
+def base_settings(database_url: str, redis_url: str) -> Settings:
+    return Settings(
+        database_url=database_url,
+        redis_url=redis_url,
+        jwt_secret=JWT_SECRET,
+        payments_webhook_secret="pay-secret",
+        results_webhook_secret="results-secret",
+        redis_namespace=f"test-{uuid.uuid4().hex[:8]}",
+        db_pool_max=30,
+        outbox_poll_interval_s=0.05,
+        outbox_backoff_base_s=0.05,
+        outbox_backoff_max_s=0.5,
+        log_json=False,
+    )
+
+
+@pytest.fixture
+def clock() -> OffsetClock:
+    return OffsetClock()
+
+
+@pytest.fixture
+async def container(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Container]:
+    c = build(base_settings, clock)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+async def client(container: Container) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(container, owns_container=False)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+        yield c
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()
+
+
+def token(role: str, sub: int, ttl_s: int = 3600, secret: str = JWT_SECRET) -> str:
+    from reservo.core.clock import SystemClock
+
+    return mint_token(secret, role, sub, timedelta(seconds=ttl_s), SystemClock().now())
+
+
+def auth(role: str, sub: int) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token(role, sub)}"}
+
+
+_ids = iter(range(10_000_000 + os.getpid() * 1000, 2**62))
+
+
+def new_id() -> int:
+    """A user id no other test uses (tests are independent of each other's data)."""
+    return next(_ids)

@@ -1,0 +1,365 @@
+"""Redis helpers against a real Redis (127.0.0.1:6379, shared: unique keys, no flush),
+plus private redis-server processes for the outage tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import TypeVar
+
+import pytest
+import redis.asyncio
+from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
+
+from reservo.core.cache import Cache
+from reservo.core.ratelimit import Decision, RateLimiter, rate_key
+from reservo.core.redis import RedisGate, make_client
+
+REDIS_URL = os.environ.get("RESERVO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+TIMEOUT_S = 0.25
+T = TypeVar("T")
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"test:{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[redis.asyncio.Redis]:
+    c = make_client(REDIS_URL, TIMEOUT_S)
+    yield c
+    await c.aclose()
+
+
+@pytest.fixture
+async def gate(client: redis.asyncio.Redis) -> RedisGate:
+    return RedisGate(client, backoff_s=1.0)
+
+
+# --- a private redis-server we can kill, pause and restart -------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class PrivateRedis:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                *("--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--daemonize", "no"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("private redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    r = PrivateRedis()
+    r.start()
+    yield r
+    r.stop()
+
+
+async def _timed(coro: Awaitable[T]) -> tuple[T, float]:
+    start = time.perf_counter()
+    result = await coro
+    return result, time.perf_counter() - start
+
+
+# --- rate limiter -------------------------------------------------------------------
+
+
+async def test_limiter_admits_exactly_limit_under_concurrency(gate: RedisGate, ns: str) -> None:
+    limiter = RateLimiter(gate)
+    limit, window_s = 10, 1
+    go = asyncio.Event()
+
+    async def one() -> Decision:
+        await go.wait()
+        return await limiter.hit(ns, 42, limit, window_s)
+
+    tasks = [asyncio.create_task(one()) for _ in range(50)]
+    await asyncio.sleep(0.05)  # let every task reach the barrier
+    go.set()
+    decisions = await asyncio.gather(*tasks)
+
+    allowed = [d for d in decisions if d.allowed]
+    denied = [d for d in decisions if not d.allowed]
+    assert len(allowed) == limit
+    assert sorted(d.remaining for d in allowed) == list(range(limit))
+    assert len(denied) == 50 - limit
+    assert all(d.retry_after_s >= 1 and d.remaining == 0 for d in denied)
+
+    again = await limiter.hit(ns, 42, limit, window_s)
+    assert not again.allowed and again.retry_after_s >= 1
+
+    # The counter is on a hash-tagged key and carries a TTL <= the window.
+    key = rate_key(ns, 42)
+    assert key == f"reservo:rl:{{{ns}:42}}"
+    ttl = await gate.client.pttl(key)
+    assert 0 < ttl <= window_s * 1000
+
+    await asyncio.sleep(again.retry_after_s + 0.1)
+    after = await limiter.hit(ns, 42, limit, window_s)
+    assert after == Decision(allowed=True, remaining=limit - 1, retry_after_s=0)
+
+
+async def test_limiter_subjects_and_scopes_are_independent(gate: RedisGate, ns: str) -> None:
+    limiter = RateLimiter(gate)
+    assert (await limiter.hit(ns, "a", 1, 60)).allowed
+    assert not (await limiter.hit(ns, "a", 1, 60)).allowed
+    assert (await limiter.hit(ns, "b", 1, 60)).allowed
+    assert (await limiter.hit(ns + "x", "a", 1, 60)).allowed
+    await gate.client.delete(rate_key(ns, "a"), rate_key(ns, "b"), rate_key(ns + "x", "a"))
+
+
+async def test_limiter_repairs_counter_without_ttl(gate: RedisGate, ns: str) -> None:
+    key = rate_key(ns, 1)
+    await gate.client.set(key, 5)  # a counter somehow left without a TTL
+    d = await RateLimiter(gate).hit(ns, 1, 3, 2)
+    assert not d.allowed and 1 <= d.retry_after_s <= 2
+    assert 0 < await gate.client.pttl(key) <= 2000
+    await gate.client.delete(key)
+
+
+# --- cache --------------------------------------------------------------------------
+
+
+async def test_cache_set_get_delete(gate: RedisGate, ns: str) -> None:
+    cache = Cache(gate, namespace=ns)
+    value = {"slot": 7, "free": [1, 2, 3], "name": "Zoë"}
+    assert await cache.get_json("a") is None
+    assert await cache.set_json("a", value, 60)
+    assert await cache.set_json("b", [1], 60)
+    assert await cache.get_json("a") == value
+    assert await cache.delete("a", "b", "missing") == 2
+    assert await cache.get_json("a") is None
+    assert await cache.get_json("b") is None
+    assert await cache.delete() == 0
+
+
+async def test_cache_ttl_expiry(gate: RedisGate, ns: str) -> None:
+    cache = Cache(gate, namespace=ns)
+    await cache.set_json("k", {"x": 1}, 0.2)
+    assert await cache.get_json("k") == {"x": 1}
+    await asyncio.sleep(0.35)
+    assert await cache.get_json("k") is None
+
+
+async def test_cache_rejects_bad_input_and_reads_corrupt_as_miss(gate: RedisGate, ns: str) -> None:
+    cache = Cache(gate, namespace=ns)
+    with pytest.raises(ValueError):
+        await cache.set_json("k", 1, 0)
+    with pytest.raises(TypeError):
+        await cache.set_json("k", object(), 10)
+    await gate.client.set(cache.value_key("bad"), b"{not json", px=10_000)
+    assert await cache.get_json("bad") is None
+    assert gate.available  # a corrupt entry is not an outage
+    await cache.delete("bad")
+
+
+async def test_marks_set_clear_expire(gate: RedisGate, ns: str) -> None:
+    cache = Cache(gate, namespace=ns)
+    assert not await cache.is_marked("slot:1")
+    assert await cache.mark("slot:1", 60)
+    assert await cache.is_marked("slot:1")
+    assert await cache.clear_mark("slot:1")
+    assert not await cache.is_marked("slot:1")
+    assert not await cache.clear_mark("slot:1")
+
+    await cache.mark("slot:2", 0.2)
+    assert await cache.is_marked("slot:2")
+    await asyncio.sleep(0.35)
+    assert not await cache.is_marked("slot:2")
+
+
+async def test_hit_and_check_one_pipeline(gate: RedisGate, ns: str) -> None:
+    cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
+    d, marked = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
+    assert d == Decision(True, 1, 0) and not marked
+    await cache.mark("slot:9", 60)
+    d, marked = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
+    assert d == Decision(True, 0, 0) and marked
+    d, marked = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
+    assert not d.allowed and d.retry_after_s >= 1 and marked
+    # Shares the counter with hit().
+    assert not (await limiter.hit(ns, 1, 2, 60)).allowed
+    await gate.client.delete(rate_key(ns, 1), cache.mark_key("slot:9"))
+
+
+async def test_scripts_reload_after_script_flush(private_redis: PrivateRedis, ns: str) -> None:
+    """A restarted Redis has no scripts: both paths reload instead of failing open."""
+    client = make_client(private_redis.url, TIMEOUT_S)
+    try:
+        gate = RedisGate(client, backoff_s=1.0)
+        cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
+        await client.script_flush()
+        d, marked = await cache.hit_and_check(limiter, ns, 1, 5, 60, "m")
+        assert d == Decision(True, 4, 0) and not marked
+        await client.script_flush()
+        assert await limiter.hit(ns, 1, 5, 60) == Decision(True, 3, 0)
+        assert gate.available
+    finally:
+        await client.aclose()
+
+
+# --- failing open -------------------------------------------------------------------
+
+
+def _failures() -> float:
+    total = 0.0
+    for reason in ("timeout", "connection", "error"):
+        v = REGISTRY.get_sample_value("reservo_redis_failures_total", {"reason": reason})
+        total += v or 0.0
+    return total
+
+
+async def test_fail_open_when_nothing_listens(ns: str) -> None:
+    client = make_client(f"redis://127.0.0.1:{_free_port()}/0", TIMEOUT_S)
+    try:
+        gate = RedisGate(client, backoff_s=0.5)
+        cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
+        before = _failures()
+        with capture_logs() as logs:
+            assert (await limiter.hit(ns, 1, 1, 60)) == Decision(True, 1, 0)
+            assert not gate.available
+            # In backoff: defaults at once, no further attempt, no further warning.
+            for _ in range(20):
+                (d, t) = await _timed(limiter.hit(ns, 1, 1, 60))
+                assert d.allowed and t < 0.05
+                (v, t) = await _timed(cache.get_json("k"))
+                assert v is None and t < 0.05
+                assert not await cache.set_json("k", 1, 10)
+                assert not await cache.is_marked("k")
+                assert not await cache.mark("k", 10)
+                assert await cache.delete("k") == 0
+                hc, _ = await _timed(cache.hit_and_check(limiter, ns, 1, 1, 60, "k"))
+                assert hc == (Decision(True, 1, 0), False)
+            assert not await gate.ping()
+        assert _failures() == before + 1
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["redis.unavailable"]
+    finally:
+        await client.aclose()
+
+
+async def test_fail_open_kill_and_recover(private_redis: PrivateRedis, ns: str) -> None:
+    client = make_client(private_redis.url, TIMEOUT_S)
+    backoff_s = 0.4
+    try:
+        gate = RedisGate(client, backoff_s=backoff_s)
+        cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
+        assert await gate.ping()
+        assert await cache.set_json("k", {"v": 1}, 60)
+        assert (await limiter.hit(ns, 1, 1, 60)).allowed
+        assert not (await limiter.hit(ns, 1, 1, 60)).allowed
+
+        private_redis.stop()
+        d, t = await _timed(limiter.hit(ns, 1, 1, 60))
+        assert d.allowed and t < 1.0  # one failed attempt, bounded by the timeout
+        assert not gate.available
+        v, t = await _timed(cache.get_json("k"))
+        assert v is None and t < 0.05  # skipped: in backoff
+
+        private_redis.start()  # same port, empty data, no scripts
+        assert not gate.available  # still backing off; Redis untouched
+        assert not await cache.is_marked("x")
+        await asyncio.sleep(backoff_s + 0.05)
+        assert gate.available
+        with capture_logs() as logs:
+            assert await gate.ping()
+        assert [e["event"] for e in logs] == ["redis.recovered"]
+        assert await cache.set_json("k", {"v": 2}, 60)
+        assert await cache.get_json("k") == {"v": 2}
+        assert await limiter.hit(ns, 1, 1, 60) == Decision(True, 0, 0)
+        assert not (await limiter.hit(ns, 1, 1, 60)).allowed
+    finally:
+        await client.aclose()
+
+
+async def test_fail_open_when_redis_hangs(private_redis: PrivateRedis, ns: str) -> None:
+    """A frozen Redis (accepts, never answers) costs one timeout, then nothing."""
+    client = make_client(private_redis.url, TIMEOUT_S)
+    backoff_s = 0.5
+    try:
+        gate = RedisGate(client, backoff_s=backoff_s)
+        cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
+        assert await gate.ping()
+        private_redis.pause()
+        d, t = await _timed(limiter.hit(ns, 1, 5, 60))
+        assert d.allowed and TIMEOUT_S * 0.8 <= t < TIMEOUT_S * 4
+        _, t = await _timed(cache.get_json("k"))
+        assert t < 0.05
+        private_redis.resume()
+        await asyncio.sleep(backoff_s + 0.05)
+        assert await gate.ping()
+        assert await cache.set_json("k", 1, 10)
+        assert await cache.get_json("k") == 1
+    finally:
+        await client.aclose()
+
+
+async def test_gate_timeout_bounds_whole_call(ns: str) -> None:
+    """``timeout_s`` caps a call even when each socket read is within its own timeout."""
+    client = make_client(REDIS_URL, TIMEOUT_S)
+    try:
+        gate = RedisGate(client, backoff_s=0.2, timeout_s=0.1)
+
+        async def slow(c: redis.asyncio.Redis) -> str:
+            await c.ping()
+            await asyncio.sleep(0.5)
+            return "late"
+
+        result, t = await _timed(gate.call(slow, "default"))
+        assert result == "default" and t < 0.3
+        assert not gate.available
+    finally:
+        await client.aclose()
