@@ -11,9 +11,14 @@ from fastapi.responses import JSONResponse, Response
 
 from reservo import __version__
 from reservo.appointments.api import router as appointments_router
+from reservo.betting.api import router as betting_router
 from reservo.bootstrap import Container
 from reservo.core import metrics
 from reservo.core.http import install_error_handlers, install_metrics
+from reservo.rentals.api import router as rentals_router
+from reservo.rentals.sandbox import router as rentals_sandbox_router
+from reservo.scheduler.api import router as scheduler_router
+from reservo.wallet.api import router as wallet_router
 
 
 def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
@@ -37,9 +42,18 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     app.state.jwt_secret = container.settings.jwt_secret
     app.state.idempotency = container.idempotency
     app.state.appointments = container.appointments
+    app.state.wallet = container.wallet
+    app.state.betting = container.betting
+    app.state.results = container.results
+    app.state.scheduler = container.scheduler
     install_error_handlers(app)
     install_metrics(app)
     app.include_router(appointments_router)
+    app.include_router(rentals_router)
+    app.include_router(rentals_sandbox_router)
+    app.include_router(wallet_router)
+    app.include_router(betting_router)
+    app.include_router(scheduler_router)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

@@ -13,8 +13,18 @@ import redis.asyncio
 import structlog
 
 from reservo.appointments import events as appointment_events
-from reservo.appointments.service import AppointmentService, Limits
+from reservo.appointments.service import REMINDER_JOB, AppointmentService, Limits
+from reservo.betting import events as betting_events
+from reservo.betting.service import (
+    BettingService,
+    FallbackResender,
+    Publisher,
+    ResultIntake,
+    Settlement,
+    TransportPublisher,
+)
 from reservo.core import metrics
+from reservo.core.breaker import CircuitBreaker
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
 from reservo.core.db import Database, Queries
@@ -26,15 +36,41 @@ from reservo.core.notify import Channel, build_channel
 from reservo.core.outbox import OutboxRelay
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.redis import RedisGate, make_client
-from reservo.core.transport.base import Subscriptions
+from reservo.core.transport.base import Subscriptions, Transport
+from reservo.core.transport.kafka import (
+    broker_answers,
+    consumer_from_settings,
+    transport_from_settings,
+)
 from reservo.core.transport.local import LocalTransport
+from reservo.rentals import events as rental_events
+from reservo.rentals.gateway import PaymentGateway, build_gateway
+from reservo.rentals.service import Config as RentalsConfig
+from reservo.rentals.service import RefundConsumer, RentalService
+from reservo.scheduler import Scheduler
+from reservo.scheduler.setup import build_scheduler
+from reservo.scheduler.workers import run as run_scheduler
 from reservo.settings import Settings
+from reservo.wallet import events as wallet_events
+from reservo.wallet.events import CONSUMER as WALLET_PAYOUTS
+from reservo.wallet.events import PayoutConsumer
+from reservo.wallet.service import WalletService
 
 log = structlog.get_logger(__name__)
 CORE_SQL = Queries.load("reservo.core")
 
 # Roles a worker process can run; `reservo worker --roles` picks a subset.
-ROLES = ("relay", "maintenance")
+# Consumer roles (e.g. "notifications") are the consumer names in Subscriptions: with
+# Kafka each runs its consumer group; with the local transport the relay runs them.
+ROLES = (
+    "relay",
+    "maintenance",
+    NOTIFICATIONS,
+    "scheduler",
+    "rentals",
+    "settlement",
+    "results_resend",
+)
 
 
 @dataclass
@@ -52,16 +88,30 @@ class Container:
     notifications: NotificationConsumer
     relay: OutboxRelay
     appointments: AppointmentService
+    wallet: WalletService
+    payouts: PayoutConsumer
+    betting: BettingService
+    settlement: Settlement
+    results: ResultIntake
+    resender: FallbackResender
+    scheduler: Scheduler
+    rentals: RentalService
+    rentals_gateway: PaymentGateway
 
     async def close(self) -> None:
         await self.db.close()
         await self.redis.aclose()
+        await self.scheduler.close()
+        await self.rentals_gateway.aclose()
         aclose = getattr(self.channel, "aclose", None)
         if aclose is not None:
             await aclose()
 
     async def ready(self) -> dict[str, bool]:
-        return {"postgres": await self.db.ping(), "redis": await self.gate.ping()}
+        checks = {"postgres": await self.db.ping(), "redis": await self.gate.ping()}
+        if self.settings.kafka_bootstrap:
+            checks["kafka"] = await broker_answers(self.settings.kafka_bootstrap)
+        return checks
 
 
 def build(settings: Settings, clock: Clock | None = None) -> Container:
@@ -98,19 +148,87 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
     notifications = NotificationConsumer(
         db, channel, clock, {t: appointment_events.notifications for t in appointment_events.TOPICS}
     )
+    notifications.renderers.update({t: rental_events.notifications for t in rental_events.TOPICS})
+    notifications.renderers[betting_events.BETS_SETTLED] = betting_events.notifications
     subscriptions = Subscriptions()
     subscriptions.add(NOTIFICATIONS, notifications.topics, notifications.handle)
+    rentals_gateway = build_gateway(
+        settings.rentals_payment_gateway,
+        settings.payments_webhook_secret,
+        settings.rentals_gateway_url,
+        settings.rentals_gateway_token,
+        settings.rentals_gateway_timeout_s,
+    )
+    refunds = RefundConsumer(db, rentals_gateway, clock)
+    subscriptions.add(
+        rental_events.REFUND_CONSUMER, [rental_events.REFUND_REQUESTED], refunds.handle
+    )
+    wallet = WalletService(db, clock, settings.wallet_house_shards)
+    payouts = PayoutConsumer(db, clock, settings.wallet_house_shards)
+    subscriptions.add(WALLET_PAYOUTS, [wallet_events.PAYOUT_REQUESTED], payouts.handle)
+    betting = BettingService(db, clock, settings.wallet_house_shards)
+    settlement = Settlement(
+        db,
+        clock,
+        chunk=settings.betting_settle_chunk,
+        parallel=settings.betting_settle_parallel,
+        house_shards=settings.wallet_house_shards,
+    )
+    subscriptions.add(
+        betting_events.SETTLEMENT_CONSUMER, [betting_events.RESULT_TOPIC], settlement.handle
+    )
+    # The result webhook publishes straight to Kafka (its own producer, short timeout);
+    # without Kafka every result goes to the PostgreSQL fallback table.
+    publisher: Publisher | None = None
+    if settings.kafka_bootstrap:
+        results_producer = transport_from_settings(settings, lambda: [betting_events.RESULT_TOPIC])
+        results_producer.request_timeout_ms = int(settings.betting_publish_timeout_s * 1000)
+        results_producer.client_id = "reservo-results-webhook"
+        publisher = TransportPublisher(results_producer, settings.betting_publish_timeout_s)
+    results = ResultIntake(
+        db,
+        clock,
+        settings.results_webhook_secret,
+        tolerance_s=settings.webhook_tolerance_s,
+        publisher=publisher,
+        breaker=CircuitBreaker(
+            "results_kafka",
+            failure_threshold=settings.betting_breaker_failures,
+            reset_timeout_s=settings.betting_breaker_reset_s,
+        ),
+        attempts=settings.betting_publish_attempts,
+        backoff_s=settings.betting_publish_backoff_s,
+    )
+    resender = FallbackResender(
+        db,
+        clock,
+        settlement,
+        publisher=publisher,
+        batch=settings.betting_resend_batch,
+        max_attempts=settings.betting_resend_max_attempts,
+    )
+    # Kafka when configured; otherwise the relay runs the handlers in-process.
+    transport: Transport = (
+        transport_from_settings(settings, subscriptions.topics)
+        if settings.kafka_bootstrap
+        else LocalTransport(subscriptions)
+    )
     relay = OutboxRelay(
         db,
-        LocalTransport(subscriptions),
+        transport,
         clock,
-        batch_size=settings.outbox_batch_size,
+        batch_size=(
+            settings.kafka_relay_batch_size
+            if settings.kafka_bootstrap
+            else settings.outbox_batch_size
+        ),
         lease_s=settings.outbox_lease_s,
         max_attempts=settings.outbox_max_attempts,
         backoff_base_s=settings.outbox_backoff_base_s,
         backoff_max_s=settings.outbox_backoff_max_s,
         poll_interval_s=settings.outbox_poll_interval_s,
     )
+    scheduler = build_scheduler(settings, db, clock)
     appointments = AppointmentService(
         db,
         clock,
@@ -121,8 +239,28 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
             booking_rate_window_s=settings.appointments_booking_rate_window_s,
             slots_cache_ttl_s=settings.appointments_slots_cache_ttl_s,
             full_mark_ttl_s=settings.appointments_full_mark_ttl_s,
+            key_memory_s=settings.idempotency_retention_hours * 3600,
+        ),
+        scheduler=scheduler,
+    )
+    scheduler.register(REMINDER_JOB, appointments.remind)
+    rentals = RentalService(
+        db,
+        clock,
+        cache,
+        limiter,
+        RentalsConfig(
+            turnaround=timedelta(minutes=settings.rentals_turnaround_minutes),
+            hold_ttl=timedelta(seconds=settings.rentals_hold_ttl_seconds),
+            deposit_rate=settings.rentals_deposit_rate,
+            hold_rate_limit=settings.rentals_hold_rate_limit,
+            hold_rate_window_s=settings.rentals_hold_rate_window_s,
+            search_cache_ttl_s=settings.rentals_search_cache_ttl_s,
+            payment_url_base=settings.rentals_payment_url_base
+            or f"http://{settings.http_host}:{settings.http_port}",
         ),
     )
+    rentals.attach_scheduler(scheduler)  # one expiry job per hold ("rentals.expire-hold")
     idempotency = IdempotencyStore(
         db,
         clock,
@@ -143,6 +281,15 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
         notifications,
         relay,
         appointments,
+        wallet,
+        payouts,
+        betting,
+        settlement,
+        results,
+        resender,
+        scheduler,
+        rentals,
+        rentals_gateway,
     )
 
 
@@ -169,16 +316,61 @@ async def _sample_outbox(c: Container) -> None:
     metrics.OUTBOX_DEAD.set(dead)
 
 
+async def _relay(c: Container, stop: asyncio.Event) -> None:
+    try:
+        await c.relay.transport.start()  # creates the topics; broker down: deliver retries
+    except Exception as exc:
+        log.warning("transport_start_failed", error=repr(exc))
+    try:
+        await c.relay.run(stop)
+    finally:
+        await c.relay.transport.stop()
+
+
+async def _resend(c: Container, stop: asyncio.Event) -> None:
+    """Drain the result fallback table; poll when it is empty."""
+    while not stop.is_set():
+        try:
+            claimed = await c.resender.run_once()
+        except DomainError as exc:
+            log.warning("worker_unavailable", worker="results_resend", error=exc.detail)
+            claimed = 0
+        except Exception:
+            log.exception("worker_error", worker="results_resend")
+            claimed = 0
+        if claimed < c.settings.betting_resend_batch:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), c.settings.betting_resend_interval_s)
+
+
 async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -> None:
     """Run the background roles until ``stop`` is set."""
-    unknown = set(roles) - set(ROLES)
+    known = set(ROLES) | set(c.subscriptions.consumers())
+    unknown = set(roles) - known
     if unknown:
-        raise ValueError(f"unknown roles {sorted(unknown)}; known: {', '.join(ROLES)}")
+        raise ValueError(f"unknown roles {sorted(unknown)}; known: {', '.join(sorted(known))}")
     tasks: list[Awaitable[None]] = []
     if "relay" in roles:
-        tasks.append(c.relay.run(stop))
+        tasks.append(_relay(c, stop))
+    if c.settings.kafka_bootstrap:
+        for consumer in sorted(set(roles) & set(c.subscriptions.consumers())):
+            runner = consumer_from_settings(
+                c.settings, consumer, c.subscriptions.for_consumer(consumer), c.db, c.clock
+            )
+            tasks.append(runner.run(stop))
     if "maintenance" in roles:
         tasks.append(_every(stop, 3600, "idempotency_prune", c.idempotency.prune))
         tasks.append(_every(stop, 5, "outbox_metrics", lambda: _sample_outbox(c)))
+    if "scheduler" in roles:
+        tasks.append(run_scheduler(c.scheduler, stop))
+    if "rentals" in roles:  # safety net behind the per-hold expiry jobs
+        tasks.append(
+            _every(stop, c.settings.rentals_sweep_interval_s, "rentals_sweep", c.rentals.sweep)
+        )
+    if "settlement" in roles:  # resumes settlements a crashed worker left half done
+        sweep_s = c.settings.betting_sweep_interval_s
+        tasks.append(_every(stop, sweep_s, "settlement_sweep", c.settlement.sweep))
+    if "results_resend" in roles:
+        tasks.append(_resend(c, stop))
     log.info("workers_started", roles=list(roles))
     await asyncio.gather(*tasks)

@@ -16,6 +16,7 @@ import typer
 import uvicorn
 from rich.console import Console
 
+from reservo.bootstrap import ROLES
 from reservo.core.logging import configure as configure_logging
 from reservo.settings import Settings
 
@@ -96,7 +97,11 @@ def api(
 @app.command()
 def worker(
     roles: Annotated[
-        str, typer.Option(help="comma-separated: relay,maintenance")
+        str,
+        typer.Option(
+            help="comma-separated, any of: " + ",".join(ROLES) + " and consumer names "
+            "(with Kafka each runs its consumer group)"
+        ),
     ] = "relay,maintenance",
 ) -> None:
     """Run background roles (outbox relay, maintenance) until SIGINT/SIGTERM."""
@@ -122,6 +127,13 @@ def worker(
 @app.command()
 def up(
     demo: Annotated[bool, typer.Option(help="load demo doctors and schedules")] = False,
+    kafka: Annotated[
+        bool,
+        typer.Option(
+            help="events over Kafka: start an embedded broker (Tansu) when "
+            "RESERVO_KAFKA_BOOTSTRAP is not set"
+        ),
+    ] = False,
     port: Annotated[int | None, typer.Option(help="HTTP port (default RESERVO_HTTP_PORT)")] = None,
 ) -> None:
     """Everything in one command: embedded PostgreSQL/Redis when no URL is set,
@@ -141,6 +153,15 @@ def up(
             console.print(f"starting embedded Redis in {data_dir / 'redis'} ...")
             rd = stack.enter_context(EmbeddedRedis(data_dir))
             settings = settings.model_copy(update={"redis_url": rd.url})
+        if kafka and not settings.kafka_bootstrap:
+            from reservo.core.embedded import EmbeddedKafka
+
+            console.print("starting embedded Kafka broker (Tansu, in-memory) ...")
+            broker = stack.enter_context(EmbeddedKafka(data_dir))
+            # Tansu's memory store has no idempotent producer (no InitProducerId).
+            settings = settings.model_copy(
+                update={"kafka_bootstrap": broker.url, "kafka_idempotence": False}
+            )
         asyncio.run(_serve_everything(settings, demo))
 
 
@@ -175,7 +196,8 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     console.print(
         f"[bold green]reservo is up[/bold green]: API {base}  docs {base}/docs  "
         f"metrics {base}/metrics\n  PostgreSQL {settings.database_url}\n"
-        f"  Redis {settings.redis_url}\n  admin token: reservo token --role admin "
+        f"  Redis {settings.redis_url}\n  Kafka {settings.kafka_bootstrap or '(local transport)'}"
+        f"\n  admin token: reservo token --role admin "
         f"--sub 1\n  Ctrl-C stops everything."
     )
     try:

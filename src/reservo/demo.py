@@ -6,11 +6,20 @@ from datetime import time, timedelta
 
 from reservo.appointments.domain import ScheduleRule
 from reservo.bootstrap import Container
+from reservo.core.errors import DomainError
 
 DOCTORS = [
     ("Dr. Ana Souza", "America/Sao_Paulo", "cardiology", 1),
     ("Dr. Bruno Lima", "Europe/Lisbon", "dermatology", 1),
     ("Vaccination room", "Asia/Ho_Chi_Minh", "vaccination", 10),
+]
+
+# Rental cars (plate, model, city, daily price in cents, host id): book one with a
+# customer token, then open its paymentUrl to pay on the sandbox page.
+CARS = [
+    ("DEMO-001", "Toyota Vios", "HN", 80_000, 2),
+    ("DEMO-002", "VinFast VF8", "HN", 150_000, 2),
+    ("DEMO-003", "Honda City", "HCM", 90_000, 3),
 ]
 
 
@@ -35,4 +44,10 @@ async def load(c: Container) -> list[int]:
         )
         await c.appointments.create_schedule(doctor_id, rule)
         ids.append(doctor_id)
+    for plate, model, city, price, host in CARS:
+        try:
+            await c.rentals.create_car(plate, model, city, price, host)
+        except DomainError as exc:  # plate_taken: loaded by an earlier run
+            if exc.code != "plate_taken":
+                raise
     return ids

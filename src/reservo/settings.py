@@ -51,6 +51,30 @@ class Settings(BaseSettings):
     outbox_backoff_base_s: float = 0.5
     outbox_backoff_max_s: float = 300.0
 
+    # Kafka (core/transport/kafka.py). Unset bootstrap = the in-process local transport.
+    kafka_bootstrap: str | None = None
+    # Tansu's in-memory store (`reservo up --kafka`) refuses InitProducerId: set False there.
+    kafka_idempotence: bool = True
+    kafka_partitions: int = 6
+    kafka_replication_factor: int = 1
+    # Per-topic partition counts, e.g. RESERVO_KAFKA_TOPIC_PARTITIONS='{"matches.result.v1": 24}'.
+    kafka_topic_partitions: dict[str, int] = Field(default_factory=dict)
+    kafka_source: str = "/reservo"
+    kafka_linger_ms: int = 5
+    kafka_request_timeout_ms: int = 30_000
+    # With Kafka the relay claims bigger batches: one ack round trip per batch.
+    kafka_relay_batch_size: int = 2000
+    kafka_group_prefix: str = "reservo"
+    kafka_consumer_max_attempts: int = 5
+    kafka_consumer_backoff_base_s: float = 0.2
+    kafka_consumer_backoff_max_s: float = 5.0
+    kafka_consumer_max_records: int = 1000
+    # Handlers one consumer process runs at once (different keys); below db_pool_max.
+    kafka_consumer_concurrency: int = 16
+    kafka_session_timeout_ms: int = 10_000
+    # Parked records also go to `<topic>.dlt` (the dead_letter table always gets them).
+    kafka_dead_letter_topic: bool = True
+
     # Notifications.
     notify_channel: Literal["log", "smtp", "http"] = "log"
     notify_smtp_host: str = "127.0.0.1"
@@ -71,6 +95,68 @@ class Settings(BaseSettings):
     appointments_slots_cache_ttl_s: int = 3
     appointments_full_mark_ttl_s: int = 30
     appointments_max_schedule_days: int = 92
+
+    # Scheduler (delayed jobs): only jobs due within the window live in Redis.
+    scheduler_window_s: float = Field(default=300.0, gt=0)
+    # The loader runs well inside the window; a full resync of the window runs
+    # after a Redis flush/restart and every resync period.
+    scheduler_loader_period_s: float = Field(default=5.0, gt=0)
+    scheduler_resync_period_s: float = Field(default=60.0, gt=0)
+    scheduler_loader_batch: int = Field(default=5000, ge=1)
+    scheduler_mover_batch: int = Field(default=1000, ge=1, le=5000)
+    # The mover sleeps at most this long: lateness is milliseconds.
+    scheduler_mover_idle_s: float = Field(default=0.01, gt=0)
+    scheduler_lock_ttl_ms: int = Field(default=5000, ge=100)
+    scheduler_max_attempts: int = Field(default=5, ge=1)
+    scheduler_backoff_base_s: float = Field(default=1.0, gt=0)
+    scheduler_backoff_max_s: float = Field(default=600.0, gt=0)
+    # Per worker process.
+    scheduler_loaders: int = Field(default=1, ge=0)
+    scheduler_movers: int = Field(default=1, ge=0)
+    scheduler_reapers: int = Field(default=1, ge=0)
+    scheduler_executors: int = Field(default=2, ge=0)
+    # Jobs one executor takes and runs concurrently.
+    scheduler_executor_concurrency: int = Field(default=200, ge=1)
+    scheduler_executor_idle_s: float = Field(default=0.05, gt=0)
+    scheduler_heartbeat_s: float = Field(default=2.0, gt=0)
+    # A RUNNING job without a heartbeat for this long belongs to a dead worker.
+    scheduler_reaper_timeout_s: float = Field(default=15.0, gt=0)
+    scheduler_reaper_period_s: float = Field(default=2.0, gt=0)
+    scheduler_redis_timeout_s: float = Field(default=5.0, gt=0)
+    scheduler_http_timeout_s: float = Field(default=10.0, gt=0)
+
+    # Rentals.
+    rentals_turnaround_minutes: int = Field(default=120, ge=0, le=7 * 24 * 60)
+    rentals_hold_ttl_seconds: int = Field(default=900, ge=1)
+    rentals_deposit_rate: float = Field(default=0.3, ge=0, le=1)
+    rentals_hold_rate_limit: int = 3
+    rentals_hold_rate_window_s: int = 900
+    rentals_search_cache_ttl_s: int = Field(default=30, ge=1)
+    rentals_sweep_interval_s: float = 30.0
+    # Where customers pay; None = this API's own sandbox page (http_host:http_port).
+    rentals_payment_url_base: str | None = None
+    # `sandbox` records refunds locally; `http` calls rentals_gateway_url.
+    rentals_payment_gateway: Literal["sandbox", "http"] = "sandbox"
+    rentals_gateway_url: str | None = None
+    rentals_gateway_token: str | None = None
+    rentals_gateway_timeout_s: float = 5.0
+
+    # Wallet: stakes spread over this many house sub-accounts per currency.
+    wallet_house_shards: int = Field(default=8, ge=1, le=256)
+
+    # Betting: settlement chunk size (bets per transaction), result webhook to Kafka.
+    betting_settle_chunk: int = Field(default=10_000, ge=1, le=100_000)
+    # Chunk loops per process sharing one match (SKIP LOCKED keeps them apart).
+    betting_settle_parallel: int = Field(default=2, ge=1, le=16)
+    betting_publish_attempts: int = Field(default=3, ge=1, le=10)
+    betting_publish_backoff_s: float = 0.05
+    betting_publish_timeout_s: float = 2.0
+    betting_breaker_failures: int = 3
+    betting_breaker_reset_s: float = 10.0
+    betting_resend_interval_s: float = 0.5
+    betting_resend_batch: int = 100
+    betting_resend_max_attempts: int = 10
+    betting_sweep_interval_s: float = 5.0
 
     log_level: str = "INFO"
     log_json: bool = True

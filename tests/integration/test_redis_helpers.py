@@ -224,12 +224,12 @@ async def test_marks_set_clear_expire(gate: RedisGate, ns: str) -> None:
 
 async def test_hit_and_check_one_pipeline(gate: RedisGate, ns: str) -> None:
     cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
-    d, marked = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
+    d, (marked,) = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
     assert d == Decision(True, 1, 0) and not marked
     await cache.mark("slot:9", 60)
-    d, marked = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
+    d, (marked,) = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
     assert d == Decision(True, 0, 0) and marked
-    d, marked = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
+    d, (marked,) = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
     assert not d.allowed and d.retry_after_s >= 1 and marked
     # Shares the counter with hit().
     assert not (await limiter.hit(ns, 1, 2, 60)).allowed
@@ -243,7 +243,7 @@ async def test_scripts_reload_after_script_flush(private_redis: PrivateRedis, ns
         gate = RedisGate(client, backoff_s=1.0)
         cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
         await client.script_flush()
-        d, marked = await cache.hit_and_check(limiter, ns, 1, 5, 60, "m")
+        d, (marked,) = await cache.hit_and_check(limiter, ns, 1, 5, 60, "m")
         assert d == Decision(True, 4, 0) and not marked
         await client.script_flush()
         assert await limiter.hit(ns, 1, 5, 60) == Decision(True, 3, 0)
@@ -283,7 +283,7 @@ async def test_fail_open_when_nothing_listens(ns: str) -> None:
                 assert not await cache.mark("k", 10)
                 assert await cache.delete("k") == 0
                 hc, _ = await _timed(cache.hit_and_check(limiter, ns, 1, 1, 60, "k"))
-                assert hc == (Decision(True, 1, 0), False)
+                assert hc == (Decision(True, 1, 0), (False,))
             assert not await gate.ping()
         assert _failures() == before + 1
         assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["redis.unavailable"]

@@ -113,14 +113,15 @@ async def book(
     key = required_key(idempotency_key)
     svc, store, raw = _svc(request), _idem(request), await request.body()
     endpoint = "POST /api/appointments"
-    if await svc.gate(body.patient_id, body.slot_id):
-        # A retry of a booking that succeeded must still get its booking back.
-        replay = await store.find(f"{caller.role}:{caller.sub}", endpoint, key, raw)
-        if replay is not None:
-            return json_response(replay.status, replay.body)
+    scoped_key = f"{caller.role}:{caller.sub}:{endpoint}:{key}"
+    if await svc.gate(body.patient_id, body.slot_id, scoped_key):
+        # Refused by the Redis filter before it ran: nothing was created and nothing is
+        # recorded, so a retry with this key is simply evaluated again.
         raise DomainError("slot_full", "this slot has no capacity left")
 
     async def work(claim: Claim | None) -> tuple[int, Any]:
+        await svc.remember_key(scoped_key)
+
         async def within(conn: asyncpg.Connection, appt: Appointment) -> None:
             if claim is not None:
                 await claim.complete(conn, 201, render(appt))

@@ -69,7 +69,9 @@ def expand(rule: ScheduleRule, tz: ZoneInfo) -> list[Slot]:
         if day.isoweekday() in rule.weekdays:
             start = local_instant(day, rule.start_time, tz)
             end = local_instant(day, rule.end_time, tz)
-            at = start
+            # A date a zone skipped (Samoa, 30 Dec 2011) maps onto the next day's
+            # instants; expanding it would duplicate that day's slots.
+            at = start if local_date(start, tz) == day else end
             while at + step <= end:
                 slots.append(Slot(at, at + step))
                 at += step

@@ -10,7 +10,8 @@ from reservo.core.transport.base import Event
 
 BOOKED = "appointments.booked.v1"
 CANCELLED = "appointments.cancelled.v1"
-TOPICS = (BOOKED, CANCELLED)
+REMINDER = "appointments.reminder.v1"
+TOPICS = (BOOKED, CANCELLED, REMINDER)
 
 
 def payload(appt: dict[str, Any]) -> dict[str, Any]:
@@ -32,6 +33,12 @@ def notifications(event: Event) -> list[Notification]:
         body = (
             f"Your appointment #{p['appointmentId']} with doctor #{p['doctorId']} "
             f"at {start} is booked."
+        )
+    elif event.topic == REMINDER:
+        subject = f"Reminder: appointment at {start}"
+        body = (
+            f"Your appointment #{p['appointmentId']} with doctor #{p['doctorId']} "
+            f"is tomorrow at {start}."
         )
     else:
         subject = f"Appointment for {start} cancelled"

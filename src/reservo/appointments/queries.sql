@@ -61,3 +61,17 @@ WITH appt AS (
     RETURNING time_slot.doctor_id
 )
 SELECT appt.*, released.doctor_id FROM appt, released;
+
+-- name: set_reminder_job
+UPDATE appointment SET reminder_job_id = $2 WHERE id = $1;
+
+-- name: reminder_job_of
+SELECT reminder_job_id FROM appointment WHERE id = $1;
+
+-- name: mark_reminded
+-- At most one reminder per appointment, and none once it is cancelled.
+UPDATE appointment a SET reminder_sent_at = $2
+  FROM time_slot s
+ WHERE a.id = $1 AND s.id = a.slot_id AND a.status = 'BOOKED' AND a.reminder_sent_at IS NULL
+RETURNING a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
+          upper(a.period) AS end_at, a.created_at, s.doctor_id;

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 
@@ -22,7 +22,7 @@ register_constraints(
     }
 )
 
-Row = asyncpg.Record
+Row: TypeAlias = asyncpg.Record
 
 
 async def insert_doctor(conn: asyncpg.Connection, name: str, tz: str, specialty: str | None) -> Row:
@@ -70,3 +70,16 @@ async def cancel(conn: asyncpg.Connection, appointment_id: int, now: datetime) -
 
 def as_dict(row: Row) -> dict[str, Any]:
     return dict(row.items())
+
+
+async def set_reminder_job(conn: asyncpg.Connection, appointment_id: int, job_id: int) -> None:
+    await conn.execute(Q.set_reminder_job, appointment_id, job_id)
+
+
+async def reminder_job_of(conn: asyncpg.Connection, appointment_id: int) -> int | None:
+    job_id: int | None = await conn.fetchval(Q.reminder_job_of, appointment_id)
+    return job_id
+
+
+async def mark_reminded(conn: asyncpg.Connection, appointment_id: int, now: datetime) -> Row | None:
+    return await conn.fetchrow(Q.mark_reminded, appointment_id, now)

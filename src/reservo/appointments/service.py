@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -18,6 +19,7 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
+from reservo.scheduler import Job, Scheduler
 
 DomainError.register(
     {
@@ -32,6 +34,9 @@ DomainError.register(
 )
 
 Appointment = dict[str, Any]
+# A reminder job runs this long before the slot starts (skipped when booked later).
+REMINDER_JOB = "appointments.reminder"
+REMINDER_LEAD = timedelta(hours=24)
 # A hook that runs inside the booking transaction (the API stores its
 # idempotent response there, so response and booking commit together).
 Within = Callable[[asyncpg.Connection, Appointment], Awaitable[None]]
@@ -43,6 +48,9 @@ class Limits:
     booking_rate_window_s: int = 10
     slots_cache_ttl_s: int = 3
     full_mark_ttl_s: int = 30
+    # How long Redis remembers that an Idempotency-Key reached the database: as
+    # long as the database keeps the key itself.
+    key_memory_s: int = 24 * 3600
 
 
 def _slots_key(doctor_id: int, day: date) -> str:
@@ -53,6 +61,11 @@ def _full_key(slot_id: int) -> str:
     return f"full:{{slot:{slot_id}}}"
 
 
+def _seen_key(request_key: str) -> str:
+    digest = hashlib.blake2b(request_key.encode(), digest_size=12).hexdigest()
+    return f"seen:{digest}"
+
+
 class AppointmentService:
     def __init__(
         self,
@@ -61,8 +74,10 @@ class AppointmentService:
         cache: Cache,
         limiter: RateLimiter,
         limits: Limits = Limits(),
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
+        self.scheduler = scheduler
         self.limits = limits
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
 
@@ -125,17 +140,15 @@ class AppointmentService:
 
     # -- booking ---------------------------------------------------------------
 
-    async def gate(self, patient_id: int, slot_id: int) -> bool:
-        """The Redis filter in front of a booking, in one round trip: raises 429 when
-        the patient is over the rate limit; returns whether the slot is known full
-        (Redis' opinion only, never the decision)."""
-        decision, full = await self.cache.hit_and_check(
-            self.limiter,
-            "book",
-            patient_id,
-            self.limits.booking_rate_limit,
-            self.limits.booking_rate_window_s,
-            _full_key(slot_id),
+    async def gate(self, patient_id: int, slot_id: int, request_key: str) -> bool:
+        """The Redis filter in front of a booking, in one round trip. Raises 429 when
+        the patient is over the rate limit. Returns True when the attempt may be
+        refused as slot_full without touching the database: Redis marks the slot
+        full and has never seen this request's Idempotency-Key (a retry of a request
+        that reached the database must get its stored answer, so it goes on)."""
+        decision, (full, seen) = await self.cache.hit_and_check(
+            self.limiter, "book", patient_id, self.limits.booking_rate_limit,
+            self.limits.booking_rate_window_s, _full_key(slot_id), _seen_key(request_key),
         )
         if not decision.allowed:
             metrics.CONFLICTS.labels("appointments", "rate_limited", "redis").inc()
@@ -143,10 +156,17 @@ class AppointmentService:
                 "rate_limited",
                 f"at most {self.limits.booking_rate_limit} booking attempts per "
                 f"{self.limits.booking_rate_window_s} s",
-                status=429,
-                headers={"Retry-After": str(max(1, decision.retry_after_s))},
+                status=429, headers={"Retry-After": str(max(1, decision.retry_after_s))},
             )
-        return full
+        if full and not seen:
+            metrics.CONFLICTS.labels("appointments", "slot_full", "redis").inc()
+            return True
+        return False
+
+    async def remember_key(self, request_key: str) -> None:
+        """Tell the Redis filter that this key reached the database. Both marks live
+        in the same Redis, so losing Redis loses both and the database decides."""
+        await self.cache.mark(_seen_key(request_key), self.limits.key_memory_s)
 
     async def book(
         self, slot_id: int, patient_id: int, within: Within | None = None
@@ -158,6 +178,17 @@ class AppointmentService:
                 await self._refuse(conn, slot_id, patient_id, now)
             appt = repo.as_dict(row)
             await emit(conn, events.BOOKED, f"appointment:{appt['id']}", events.payload(appt), now)
+            remind_at = appt["start_at"] - REMINDER_LEAD
+            if self.scheduler is not None and remind_at > now:
+                # Same transaction: the booking and its reminder commit together.
+                job = await self.scheduler.enqueue(
+                    REMINDER_JOB,
+                    {"appointmentId": appt["id"]},
+                    run_at=remind_at,
+                    idempotency_key=f"appointment:{appt['id']}",
+                    conn=conn,
+                )
+                await repo.set_reminder_job(conn, appt["id"], job.id)
             if within is not None:
                 await within(conn, appt)
         metrics.BOOKINGS.labels("appointments").inc()
@@ -183,8 +214,15 @@ class AppointmentService:
         raise DomainError(code, detail)
 
     async def _invalidate(self, appt: Appointment) -> None:
-        async with self.db.connection() as conn:
-            tz = await self._zone(conn, appt["doctor_id"])
+        """Best effort, after the commit: a durable booking must never be answered
+        with an error (the list may be a few seconds stale anyway)."""
+        tz = self._zones.get(appt["doctor_id"])  # no pool checkout when known
+        if tz is None:
+            try:
+                async with self.db.connection() as conn:
+                    tz = await self._zone(conn, appt["doctor_id"])
+            except DomainError:
+                return  # database unreachable: the cached list expires on its own
         await self.cache.delete(
             _slots_key(appt["doctor_id"], domain.local_date(appt["start_at"], tz))
         )
@@ -208,6 +246,9 @@ class AppointmentService:
                 await emit(
                     conn, events.CANCELLED, f"appointment:{appt['id']}", events.payload(appt), now
                 )
+                reminder = await repo.reminder_job_of(conn, appointment_id)
+                if self.scheduler is not None and reminder is not None:
+                    await self.scheduler.cancel(reminder, conn=conn)
         if row is None:
             current = await self.get(appointment_id)
             if current["status"] == "CANCELLED":
@@ -218,3 +259,15 @@ class AppointmentService:
         await self.cache.clear_mark(_full_key(appt["slot_id"]))
         await self._invalidate(appt)
         return appt
+
+    async def remind(self, job: Job) -> None:
+        """Handler of the reminder job. Idempotent: a rerun (worker died) or a
+        cancelled appointment sends nothing."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.mark_reminded(conn, int(job.payload["appointmentId"]), now)
+            if row is not None:
+                appt = repo.as_dict(row)
+                await emit(
+                    conn, events.REMINDER, f"appointment:{appt['id']}", events.payload(appt), now
+                )

@@ -114,37 +114,38 @@ class Cache:
         subject: str | int,
         limit: int,
         window_s: int,
-        mark: str,
-    ) -> tuple[Decision, bool]:
-        """Rate-limit hit and full-mark check in one round trip.
+        *marks: str,
+    ) -> tuple[Decision, tuple[bool, ...]]:
+        """Rate-limit hit and mark checks (one answer per mark) in one round trip.
 
         A plain (non-MULTI) pipeline, so the two keys may live on different cluster
         slots. The script runs by EVALSHA directly: letting the pipeline manage it
         would add a SCRIPT EXISTS round trip on every call. On NOSCRIPT (Redis
         restarted or flushed its script cache) nothing ran, so load and retry once.
-        Fails open to ``(allowed, not marked)``.
+        Fails open to ``(allowed, nothing marked)``.
         """
         if limit < 0 or window_s <= 0:
             raise ValueError("limit must be >= 0 and window_s > 0")
         rkey = rate_key(scope, subject, limiter.namespace)
-        mkey, script = self.mark_key(mark), limiter.script
+        mkeys, script = [self.mark_key(m) for m in marks], limiter.script
 
-        async def _both(client: redis.asyncio.Redis) -> tuple[Decision, bool]:
+        async def _both(client: redis.asyncio.Redis) -> tuple[Decision, tuple[bool, ...]]:
             for attempt in range(2):
                 async with client.pipeline(transaction=False) as pipe:
                     pipe.evalsha(script.sha, 1, rkey, window_s * 1000)
-                    pipe.exists(mkey)
-                    hit, exists = await pipe.execute(raise_on_error=False)
+                    for mkey in mkeys:
+                        pipe.exists(mkey)
+                    hit, *exists = await pipe.execute(raise_on_error=False)
                 if isinstance(hit, redis.exceptions.NoScriptError) and attempt == 0:
                     script.sha = await client.script_load(script.script)
                     continue
-                for result in (hit, exists):
+                for result in (hit, *exists):
                     if isinstance(result, Exception):
                         raise result
-                return decide(hit, limit), bool(exists)
+                return decide(hit, limit), tuple(bool(e) for e in exists)
             raise AssertionError("unreachable")  # pragma: no cover
 
-        return await self.gate.call(_both, (fail_open(limit), False))
+        return await self.gate.call(_both, (fail_open(limit), tuple(False for _ in marks)))
 
     async def _unlink(self, rkeys: list[str]) -> int:
         if not rkeys:

@@ -87,6 +87,14 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+async def _reset_connection(conn: asyncpg.Connection) -> None:
+    """Runs when a connection goes back to the pool, after asyncpg has rolled back
+    any open transaction. asyncpg's default would add a round trip per checkout
+    (``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``) to undo
+    session state reservo never creates: it keeps none, so it works behind
+    PgBouncer in transaction mode."""
+
+
 class Database:
     """A lazily (re)connecting pool. Requests made while PostgreSQL is down get
     503; the pool heals itself when it comes back."""
@@ -108,6 +116,7 @@ class Database:
             "command_timeout": command_timeout,
             "statement_cache_size": statement_cache_size,
             "init": _init_connection,
+            "reset": _reset_connection,
         }
         self._acquire_timeout = acquire_timeout
         self._pool: asyncpg.Pool | None = None
@@ -140,6 +149,16 @@ class Database:
                 yield conn
         except asyncpg.IntegrityConstraintViolationError as exc:
             raise (translate(exc) or exc) from exc
+        except asyncpg.DataError as exc:
+            # SQLSTATE class 22: a value the database cannot take (out of range,
+            # bad encoding). Input validation should catch these first; this is
+            # the net that keeps bad input from ever becoming a 500.
+            raise DomainError(
+                "validation_error",
+                "a value is out of range or badly encoded",
+                status=422,
+                extra={"errors": [{"loc": [], "msg": str(exc), "type": "data_error"}]},
+            ) from exc
         except UNAVAILABLE as exc:
             raise unavailable() from exc
 

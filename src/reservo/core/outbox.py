@@ -18,7 +18,7 @@ from reservo.core.backoff import backoff_delay
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
-from reservo.core.transport.base import Event, Transport
+from reservo.core.transport.base import Event, Transport, TransportUnavailable
 
 log = structlog.get_logger(__name__)
 Q = Queries.load("reservo.core")
@@ -51,6 +51,7 @@ class OutboxRelay:
         self.batch_size, self.lease_s, self.max_attempts = batch_size, lease_s, max_attempts
         self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
         self.poll_interval_s = poll_interval_s
+        self._outages = 0  # consecutive batches the transport was unavailable for
 
     async def run_once(self) -> int:
         """Claim, deliver and settle one batch; returns how many events it claimed."""
@@ -64,12 +65,22 @@ class OutboxRelay:
         ]
         results = await self.transport.deliver(events)
         done = [r["id"] for r, err in zip(rows, results, strict=True) if err is None]
+        # A transport outage is nobody's fault: those rows go back uncounted.
+        down = [
+            r["id"]
+            for r, err in zip(rows, results, strict=True)
+            if isinstance(err, TransportUnavailable)
+        ]
+        self._outages = self._outages + 1 if down else 0
         now = self.clock.now()
         async with self.db.transaction() as conn:
             if done:
                 await conn.execute(Q.outbox_done, done, now)
+            if down:
+                await conn.execute(Q.outbox_release, down, now)
+                log.warning("outbox_transport_unavailable", events=len(down))
             for row, err in zip(rows, results, strict=True):
-                if err is None:
+                if err is None or isinstance(err, TransportUnavailable):
                     continue
                 delay = backoff_delay(row["attempts"], self.backoff_base_s, self.backoff_max_s)
                 status = await conn.fetchval(
@@ -103,6 +114,9 @@ class OutboxRelay:
             except Exception:
                 log.exception("outbox_relay_error")
                 claimed = 0
-            if claimed < self.batch_size:
+            pause = self.poll_interval_s if claimed < self.batch_size else 0.0
+            if self._outages:  # transport down: back off instead of hammering it
+                pause = backoff_delay(self._outages, self.poll_interval_s, 5.0)
+            if pause:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.poll_interval_s)
+                    await asyncio.wait_for(stop.wait(), pause)

@@ -54,6 +54,11 @@ RETURNING o.id, o.event_id, o.topic, o.key, o.payload, o.created_at, o.attempts;
 UPDATE outbox SET status = 'DONE', published_at = $2, locked_until = NULL, last_error = NULL
  WHERE id = ANY($1::bigint[]);
 
+-- name: outbox_release
+-- The transport was unavailable: hand the rows back without spending an attempt.
+UPDATE outbox SET locked_until = NULL, attempts = greatest(attempts - 1, 0), available_at = $2
+ WHERE id = ANY($1::bigint[]);
+
 -- name: outbox_retry
 UPDATE outbox
    SET status = CASE WHEN attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
@@ -80,14 +85,24 @@ ON CONFLICT DO NOTHING
 RETURNING event_id;
 
 -- name: notification_upsert
+-- One statement for all the messages of an event (a settlement chunk holds
+-- thousands); a message already recorded keeps its row and status.
 INSERT INTO notification (event_id, topic, recipient, channel, subject, body)
-VALUES ($1, $2, $3, $4, $5, $6)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
 ON CONFLICT ON CONSTRAINT notification_once
 DO UPDATE SET attempts = notification.attempts + 1
 RETURNING id, status;
 
 -- name: notification_sent
-UPDATE notification SET status = 'SENT', sent_at = $2, last_error = NULL WHERE id = $1;
+UPDATE notification SET status = 'SENT', sent_at = $2, last_error = NULL
+ WHERE id = ANY($1::bigint[]);
 
 -- name: notification_failed
 UPDATE notification SET last_error = $2 WHERE id = $1;
+
+-- name: dead_letter_insert
+-- Kafka consumer gave up on a record: park it (once per consumer and record).
+INSERT INTO dead_letter
+       (consumer, topic, partition, record_offset, event_id, key, value, error, attempts, parked_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT (consumer, topic, partition, record_offset) DO NOTHING;

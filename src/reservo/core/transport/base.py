@@ -45,6 +45,23 @@ class Subscriptions:
     def topics(self) -> list[str]:
         return sorted(self._by_topic)
 
+    def consumers(self) -> list[str]:
+        return sorted({s.consumer for subs in self._by_topic.values() for s in subs})
+
+    def for_consumer(self, consumer: str) -> dict[str, Handler]:
+        """Topic -> handler of one consumer (a Kafka consumer group runs exactly these)."""
+        return {
+            s.topic: s.handler
+            for subs in self._by_topic.values()
+            for s in subs
+            if s.consumer == consumer
+        }
+
+
+class TransportUnavailable(Exception):
+    """The transport as a whole is down (broker unreachable, breaker open): the relay
+    puts the event back without counting an attempt, so an outage never kills events."""
+
 
 class Transport(Protocol):
     """Takes a batch of claimed outbox events; returns, per event, None when it is

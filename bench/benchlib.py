@@ -1,0 +1,695 @@
+"""Shared plumbing of the benchmarks: the 1.1 M-slot data set, the reservo processes
+under test, wrk, RSS sampling, py-spy and the figures table.
+
+Every benchmark runs against real processes (`reservo api`, `reservo worker`) on
+the machine's PostgreSQL and Redis, in a dedicated database and Redis namespace,
+so nothing here can touch another run's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import psutil
+import redis
+
+from reservo.core.auth import mint_token
+from reservo.core.migrate import migrate
+
+BENCH_DIR = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+PG_ADMIN_URL = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+DB_NAME = os.environ.get("BENCH_DB", "reservo_bench")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+NAMESPACE = "bench"
+JWT_SECRET = "bench-secret-not-for-production-0123456789"
+# A few time zones, so slot expansion and day bounds are not all UTC.
+ZONES = ("Europe/Paris", "America/New_York", "Asia/Ho_Chi_Minh", "UTC")
+
+
+def db_url(name: str = DB_NAME) -> str:
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    return f"{base}/{name}"
+
+
+# --- the data set -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dataset:
+    doctors: int
+    days: int
+    per_day: int
+    first_day: date
+    slots: int
+    loaded_in_s: float  # 0 when an existing load was reused
+
+    @property
+    def last_day(self) -> date:
+        return self.first_day + timedelta(days=self.days - 1)
+
+
+_META = """
+CREATE TABLE IF NOT EXISTS bench_meta (
+    doctors int NOT NULL, days int NOT NULL, per_day int NOT NULL,
+    first_day date NOT NULL, slots bigint NOT NULL
+)"""
+
+# One statement per table: doctors, then every (doctor, day, n) slot expanded in
+# the doctor's local time (08:00 + n * 15 min) and converted to UTC by PostgreSQL.
+_LOAD_DOCTORS = """
+INSERT INTO doctor (name, timezone, specialty)
+SELECT 'Doctor ' || g, ($2::text[])[1 + g % array_length($2::text[], 1)], 'bench'
+  FROM generate_series(1, $1) AS g
+"""
+_LOAD_SLOTS = """
+INSERT INTO time_slot (doctor_id, start_at, end_at, capacity)
+SELECT d.id,
+       ((day + time '08:00') + n * interval '15 minutes') AT TIME ZONE d.timezone,
+       ((day + time '08:00') + (n + 1) * interval '15 minutes') AT TIME ZONE d.timezone,
+       1
+  FROM doctor d
+ CROSS JOIN generate_series($1::date, $2::date, interval '1 day') AS g(ts)
+ CROSS JOIN LATERAL (SELECT g.ts::date AS day) AS d2
+ CROSS JOIN generate_series(0, $3 - 1) AS n
+ ORDER BY d.id, d2.day, n
+"""
+_TRANSIENT = ("appointment", "idempotency_key", "outbox", "inbox", "notification")
+
+
+async def connect(url: str | None = None) -> asyncpg.Connection:
+    """A connection, waiting (up to a minute) while the shared server is full."""
+    for _ in range(120):
+        try:
+            return await asyncpg.connect(url or db_url())
+        except asyncpg.TooManyConnectionsError:
+            await asyncio.sleep(0.5)
+    return await asyncpg.connect(url or db_url())
+
+
+async def _ensure_database() -> None:
+    admin = await connect(PG_ADMIN_URL)
+    try:
+        exists = await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DB_NAME)
+        if not exists:
+            await admin.execute(f'CREATE DATABASE "{DB_NAME}"')
+    finally:
+        await admin.close()
+    await migrate(db_url())
+
+
+async def ensure_dataset(doctors: int, days: int, per_day: int, fresh: bool) -> Dataset:
+    """Reuse a matching load whose first day is still in the future, else (re)load."""
+    await _ensure_database()
+    conn = await connect()
+    try:
+        await conn.execute(_META)
+        meta = await conn.fetchrow("SELECT * FROM bench_meta")
+        tomorrow = datetime.now(UTC).date() + timedelta(days=1)
+        if (
+            not fresh
+            and meta is not None
+            and (meta["doctors"], meta["days"], meta["per_day"]) == (doctors, days, per_day)
+            and meta["first_day"] >= tomorrow
+            and meta["slots"] == await conn.fetchval("SELECT count(*) FROM time_slot")
+        ):
+            return Dataset(doctors, days, per_day, meta["first_day"], meta["slots"], 0.0)
+        started = time.perf_counter()
+        tables = ", ".join((*_TRANSIENT, "time_slot", "doctor", "bench_meta"))
+        await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
+        await conn.execute(_LOAD_DOCTORS, doctors, list(ZONES))
+        last = tomorrow + timedelta(days=days - 1)
+        status = await conn.execute(_LOAD_SLOTS, tomorrow, last, per_day)
+        slots = int(status.split()[-1])
+        await conn.execute(
+            "INSERT INTO bench_meta VALUES ($1, $2, $3, $4, $5)",
+            doctors,
+            days,
+            per_day,
+            tomorrow,
+            slots,
+        )
+        await conn.execute("VACUUM ANALYZE time_slot")
+        await conn.execute("VACUUM ANALYZE doctor")
+        return Dataset(doctors, days, per_day, tomorrow, slots, time.perf_counter() - started)
+    finally:
+        await conn.close()
+
+
+async def drop_database() -> None:
+    admin = await connect(PG_ADMIN_URL)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def reset_state(conn: asyncpg.Connection) -> None:
+    """Forget every booking, key and event of earlier runs (the slots stay)."""
+    await conn.execute(f"TRUNCATE {', '.join(_TRANSIENT)}")
+    await conn.execute("UPDATE time_slot SET booked_count = 0 WHERE booked_count <> 0")
+    clear_redis_namespace()
+
+
+def clear_redis_namespace() -> int:
+    """Delete this benchmark's keys only (SCAN + UNLINK): the Redis is shared, never flushed."""
+    client = redis.Redis.from_url(REDIS_URL)
+    n = 0
+    try:
+        batch: list[bytes] = []
+        for k in client.scan_iter(match=f"{NAMESPACE}:*", count=1000):
+            batch.append(k)
+            if len(batch) >= 1000:
+                n += client.unlink(*batch)
+                batch.clear()
+        if batch:
+            n += client.unlink(*batch)
+    finally:
+        client.close()
+    return n
+
+
+def mint_patients(path: Path, first_id: int, count: int, role: str = "patient") -> Path:
+    """One line per patient: ``<id> <jwt>``; wrk's Lua reads it in init()."""
+    now = datetime.now(UTC)
+    ttl = timedelta(hours=6)
+    with path.open("w") as f:
+        for pid in range(first_id, first_id + count):
+            sub = pid if role == "patient" else 1
+            f.write(f"{pid} {mint_token(JWT_SECRET, role, sub, ttl, now)}\n")
+    return path
+
+
+# --- the processes under test -------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_get(url: str, token: str | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class Reservo:
+    """`reservo api --workers N` plus one `reservo worker`, started and stopped by us."""
+
+    def __init__(self, workers: int, extra_env: dict[str, str] | None = None) -> None:
+        self.workers = workers
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "RESERVO_DATABASE_URL": db_url(),
+            "RESERVO_REDIS_URL": REDIS_URL,
+            "RESERVO_REDIS_NAMESPACE": NAMESPACE,
+            "RESERVO_JWT_SECRET": JWT_SECRET,
+            "RESERVO_LOG_LEVEL": "WARNING",
+            **(extra_env or {}),
+        }
+        self.logdir = Path(tempfile.mkdtemp(prefix="reservo-bench-"))
+        self.api: subprocess.Popen[bytes] | None = None
+        self.worker: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+        out = (self.logdir / log).open("wb")
+        return subprocess.Popen(
+            [str(BIN / "reservo"), *args],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C of the runner reaches us, not them
+        )
+
+    def __enter__(self) -> Reservo:
+        self.api = self._spawn(
+            ["api", "--workers", str(self.workers), "--port", str(self.port)], "api.log"
+        )
+        self.worker = self._spawn(["worker"], "worker.log")
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__()  # __exit__ is not called when __enter__ raises
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.api is not None
+            if self.api.poll() is not None:
+                raise RuntimeError(f"reservo api exited; see {self.logdir / 'api.log'}")
+            with contextlib.suppress(OSError):
+                # Every worker process must be up, not just the first one.
+                if len(self.api_workers()) >= self.workers and all(
+                    http_get(f"{self.base}/readyz")[0] == 200 for _ in range(20)
+                ):
+                    time.sleep(0.5)
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"reservo api not ready in {timeout_s} s; see {self.logdir}")
+
+    def api_workers(self) -> list[psutil.Process]:
+        """The uvicorn worker processes (the serving ones), or the single process."""
+        assert self.api is not None
+        parent = psutil.Process(self.api.pid)
+        if self.workers == 1:
+            return [parent]
+        kids = [
+            p
+            for p in parent.children(recursive=True)
+            if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
+        ]
+        return kids
+
+    def own_processes(self) -> list[psutil.Process]:
+        """Every reservo process: the API supervisor, its workers, the background worker."""
+        assert self.api is not None and self.worker is not None
+        procs = [psutil.Process(self.api.pid), psutil.Process(self.worker.pid)]
+        for p in list(procs):
+            with contextlib.suppress(psutil.Error):
+                procs.extend(p.children(recursive=True))
+        return procs
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in (self.api, self.worker):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (self.api, self.worker):
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                # Only our own session: the pid we started and its children.
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def error_lines(self) -> list[str]:
+        """Tracebacks/errors the processes logged (a 5xx leaves one there)."""
+        found = []
+        for log in ("api.log", "worker.log"):
+            text = (self.logdir / log).read_text(errors="replace")
+            found += [ln for ln in text.splitlines() if re.search(r"error|Traceback", ln, re.I)]
+        return found
+
+
+# --- memory -------------------------------------------------------------------
+
+
+@dataclass
+class RssSampler:
+    """Samples the summed RSS (and PSS, which does not count shared pages twice) of
+    reservo's processes every ``interval_s`` in a background thread."""
+
+    reservo: Reservo
+    interval_s: float = 0.5
+    peak_rss: int = 0
+    peak_pss: int = 0
+    peak_by_proc: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        rss = pss = 0
+        for p in self.reservo.own_processes():
+            with contextlib.suppress(psutil.Error):
+                mem = p.memory_full_info()
+                rss += mem.rss
+                pss += getattr(mem, "pss", mem.rss)
+                name = f"{p.pid}:{' '.join(p.cmdline()[1:3])[:40]}"
+                self.peak_by_proc[name] = max(self.peak_by_proc.get(name, 0), mem.rss)
+        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> RssSampler:
+        self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+
+
+# --- CPU accounting -----------------------------------------------------------
+
+
+def _cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return float(t.user + t.system)
+
+
+def _idle(t: Any) -> float:
+    return float(t.idle + getattr(t, "iowait", 0.0))
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds spent during a measurement by reservo's processes, by the
+    PostgreSQL backends serving the benchmark database, and by the whole machine.
+
+    The machine is shared (other test runs may be busy), so besides the rate we
+    report CPU per request, which does not depend on how much CPU we were given.
+    """
+
+    reservo: Reservo
+    by_group: dict[str, float] = field(default_factory=dict)
+    machine_busy_s: float = 0.0
+    wall_s: float = 0.0
+    _start: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _t0: float = 0.0
+    _m0: Any = None
+
+    def _snapshot(self) -> dict[int, tuple[str, float]]:
+        snap: dict[int, tuple[str, float]] = {}
+        for p in self.reservo.own_processes():
+            with contextlib.suppress(psutil.Error):
+                snap[p.pid] = ("reservo", _cpu(p))
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                title = " ".join(p.info["cmdline"] or ())
+                if title.startswith("postgres:") and f" {DB_NAME} " in title:
+                    snap[p.pid] = ("postgres", _cpu(p))
+                elif "redis-server" in title:
+                    snap[p.pid] = ("redis (shared)", _cpu(p))
+        return snap
+
+    def __enter__(self) -> CpuMeter:
+        self._start = self._snapshot()
+        self._t0, self._m0 = time.monotonic(), psutil.cpu_times()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._snapshot()
+        m1 = psutil.cpu_times()
+        self.wall_s = time.monotonic() - self._t0
+        idle = (m1.idle + getattr(m1, "iowait", 0)) - (
+            self._m0.idle + getattr(self._m0, "iowait", 0)
+        )
+        total = sum(m1) - sum(self._m0)
+        self.machine_busy_s = total - idle
+        for pid, (group, cpu) in end.items():
+            # A process born during the run spent all its CPU inside it.
+            start = self._start.get(pid, (group, 0.0))[1]
+            self.by_group[group] = self.by_group.get(group, 0.0) + max(0.0, cpu - start)
+
+    def figures(self, requests: int, wrk_cpu_s: float) -> dict[str, float]:
+        """CPU ms per request by group, the machine's busy share, and what the rate
+        would be if the benchmark had every core to itself (an estimate, labelled so)."""
+        cores = os.cpu_count() or 1
+        ours = sum(self.by_group.values()) + wrk_cpu_s
+        n = max(1, requests)
+        out = {f"cpu_ms_per_req_{g.split()[0]}": 1000 * v / n for g, v in self.by_group.items()}
+        out["cpu_ms_per_req_wrk"] = 1000 * wrk_cpu_s / n
+        out["machine_busy_pct"] = 100 * self.machine_busy_s / max(1e-9, cores * self.wall_s)
+        out["our_share_pct"] = 100 * ours / max(1e-9, cores * self.wall_s)
+        out["rate_if_machine_were_ours"] = n * cores / max(1e-9, ours) if ours else 0.0
+        return out
+
+
+def describe_cpu(c: dict[str, float]) -> str:
+    per = ", ".join(
+        f"{k.removeprefix('cpu_ms_per_req_')} {v:.2f}"
+        for k, v in c.items()
+        if k.startswith("cpu_ms_per_req_")
+    )
+    return (
+        f"CPU ms per request: {per}; machine busy {c['machine_busy_pct']:.0f}% of all cores, "
+        f"this benchmark {c['our_share_pct']:.0f}%; "
+        f"estimated rate with the cores to ourselves {c['rate_if_machine_were_ours']:,.0f}/s"
+    )
+
+
+# --- wrk ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    duration_s: float
+    requests: int
+    statuses: dict[str, int]  # "201", "409 slot_full", ...
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    socket_errors: dict[str, int]
+    wrk_cpu_s: float  # wrk's own user+sys CPU: the load generator shares the 2 cores
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.duration_s
+
+    def count(self, prefix: str) -> int:
+        return sum(n for k, n in self.statuses.items() if k.startswith(prefix))
+
+
+def run_wrk(
+    script: Path,
+    url: str,
+    threads: int,
+    connections: int,
+    duration_s: float,
+    args: Sequence[str],
+    timeout_s: int = 10,
+) -> WrkResult:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk not found: apt-get install -y wrk")
+    cmd = [
+        wrk,
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{max(1, round(duration_s))}s",
+        f"--timeout={timeout_s}s",
+        "-s",
+        str(script),
+        url,
+        "--",
+        *args,
+    ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr or done.stdout}")
+    out = done.stdout
+    line = next((ln for ln in out.splitlines() if ln.startswith("WRK_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no summary:\n{out}")
+    raw = json.loads(line.removeprefix("WRK_JSON "))
+    return WrkResult(
+        duration_s=raw["duration_us"] / 1e6,
+        requests=raw["requests"],
+        statuses={str(k): int(v) for k, v in raw["statuses"].items()},
+        p50_ms=raw["p50_us"] / 1000,
+        p90_ms=raw["p90_us"] / 1000,
+        p99_ms=raw["p99_us"] / 1000,
+        max_ms=raw["max_us"] / 1000,
+        socket_errors={k: int(v) for k, v in raw["errors"].items() if v},
+        wrk_cpu_s=(after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+    )
+
+
+# --- py-spy -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def profiled(pid: int, seconds: float, out: Path) -> Iterator[None]:
+    """`py-spy record` of one API worker in raw (collapsed stacks) format."""
+    pyspy = BIN / "py-spy"
+    if not pyspy.exists():
+        raise SystemExit("py-spy not found in the venv: pip install py-spy")
+    proc = subprocess.Popen(
+        [
+            str(pyspy),
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "250",
+            "--nonblocking",  # do not pause the worker: the profile must not slow it
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        proc.wait(timeout=seconds + 30)
+
+
+# Buckets for "what limits the figures", matched against a frame's file path.
+BUCKETS: tuple[tuple[str, str], ...] = (
+    ("jwt/", "JWT decode (PyJWT + hmac)"),
+    ("hmac.py", "JWT decode (PyJWT + hmac)"),
+    ("asyncpg/", "asyncpg (PostgreSQL driver)"),
+    ("redis/", "redis-py (Redis round trips)"),
+    ("pydantic", "pydantic (validation/serialisation)"),
+    ("fastapi/", "FastAPI (routing, dependencies, encoders)"),
+    ("starlette/", "Starlette (middleware, requests, responses)"),
+    ("uvicorn/", "uvicorn + httptools (HTTP parsing)"),
+    ("json/", "stdlib json"),
+    ("prometheus_client/", "prometheus metrics"),
+    ("structlog/", "logging"),
+    ("logging/", "logging"),
+    ("anyio/", "anyio (thread pool hops, task groups)"),
+    ("asyncio/", "asyncio machinery"),
+    ("reservo/", "reservo code itself"),
+)
+
+
+def summarize_profile(path: Path, top: int = 15) -> str:
+    """Self time by bucket (the frame that was on CPU), plus inclusive time of the
+    busiest reservo/library functions."""
+    leaf: Counter[str] = Counter()
+    leaf_fn: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = parked = 0
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        count = int(n)
+        frames = stack.split(";")
+        # Helper threads parked in a wait (uvicorn's supervisor ping, an idle thread
+        # pool) are not CPU the request path spends; --nonblocking cannot tell.
+        if any(w in frames[-1] for w in _PARKED):
+            parked += count
+            continue
+        total += count
+        # Attribute the sample to the innermost frame that belongs to a known bucket.
+        bucket = "other (interpreter, C extensions, stdlib)"
+        for fr in reversed(frames):
+            hit = next((name for pat, name in BUCKETS if pat in fr), None)
+            if hit is not None:
+                bucket = hit
+                break
+        leaf[bucket] += count
+        leaf_fn[_short(frames[-1])] += count
+        for fn in {_short(fr) for fr in frames}:
+            incl[fn] += count
+    if total == 0:
+        return "no samples (is py-spy allowed to ptrace?)"
+    lines = [
+        f"{total} samples on CPU ({parked} more in parked helper threads, left out); "
+        "self time by library (innermost known frame):"
+    ]
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in leaf.most_common()]
+    lines.append("hottest leaf functions (self time):")
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in leaf_fn.most_common(top)]
+    lines.append("inclusive time of request-path functions:")
+    wanted = [
+        (fn, n)
+        for fn, n in incl.most_common()
+        if any(k in fn for k in ("reservo/", "jwt/", "asyncpg/", "redis/", "json", "pydantic"))
+    ]
+    lines += [f"  {100 * n / total:5.1f}%  {fn}" for fn, n in wanted[:top]]
+    return "\n".join(lines)
+
+
+_PARKED = (
+    "Condition.wait (threading",
+    "Connection._recv (multiprocessing",
+    "Event.wait (threading",
+)
+
+
+def _short(frame: str) -> str:
+    """`book (reservo/appointments/api.py:123)` without the site-packages prefix."""
+    m = re.match(r"^(?P<fn>.*?) \((?P<file>.*?)(?::\d+)?\)$", frame)
+    if not m:
+        return frame
+    f = m["file"]
+    for marker in ("site-packages/", "/src/", "lib/python3.11/"):
+        if marker in f:
+            f = f.split(marker, 1)[1]
+    return f"{m['fn']} ({f})"
+
+
+# --- reporting ----------------------------------------------------------------
+
+
+def reservo_source() -> str:
+    import reservo
+
+    return str(Path(reservo.__file__).resolve().parent)
+
+
+def machine() -> str:
+    mem_gb = psutil.virtual_memory().total / 2**30
+    cpu = platform.processor() or platform.machine()
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GiB RAM, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}, "
+        f"load avg before run {os.getloadavg()[0]:.2f}"
+    )
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def stop_cleanly_on_signals() -> None:
+    """SIGTERM (and SIGINT, which a background shell starts ignored) unwind the
+    runner through its context managers, so the processes it started are stopped."""
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
+
+
+def run_async(coro: Any) -> Any:
+    return asyncio.run(coro)

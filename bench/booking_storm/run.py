@@ -1,0 +1,331 @@
+"""Booking storm: the peak of the design note, on real processes.
+
+2,000 doctors x 40 slots x 14 days (1.12 M slots) are loaded by SQL; the agenda
+of the last day "opens" and wrk drives booking attempts at 30 hot slots (half with
+capacity 1, half with capacity 10) from 20,000 patients, each request with its own
+patient JWT and a fresh Idempotency-Key. Afterwards PostgreSQL is asked whether any
+slot is overbooked or out of step with its appointments.
+
+    python bench/booking_storm/run.py --duration 30
+    python bench/booking_storm/run.py --duration 10 --workers 1,2,3 --connections 64,128,256
+
+Exits 1 on any 5xx, overbooking or counter mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import benchlib
+
+HERE = Path(__file__).resolve().parent
+HOT_SLOTS = 30
+HOT_CAPACITIES = (1, 10)
+WARM_CAPACITY = 1000  # warm-up slots never fill, so warm-up exercises the whole write path
+
+
+@dataclass
+class RunResult:
+    workers: int
+    threads: int
+    connections: int
+    attempts_per_s: float
+    requests: int
+    statuses: dict[str, int]
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    socket_errors: dict[str, int]
+    peak_rss_mb: float
+    peak_pss_mb: float
+    peak_rss_by_process_mb: dict[str, float]
+    booked_hot: int
+    hot_capacity: int
+    created_201: int
+    overbooked_slots: int
+    mismatched_slots: int
+    outbox_events: int
+    appointments_total: int
+    outbox_pending_after_10s: int
+    errors_logged: int
+    cpu: dict[str, float]
+
+    @property
+    def failures(self) -> list[str]:
+        bad = []
+        n5xx = sum(n for k, n in self.statuses.items() if k.startswith("5"))
+        if n5xx:
+            bad.append(f"{n5xx} responses were 5xx")
+        if self.overbooked_slots:
+            bad.append(f"{self.overbooked_slots} slots overbooked")
+        if self.mismatched_slots:
+            bad.append(f"{self.mismatched_slots} slots whose booked_count != BOOKED rows")
+        if self.booked_hot < self.created_201:
+            bad.append(f"{self.created_201} answered 201 but only {self.booked_hot} bookings exist")
+        if self.booked_hot > self.hot_capacity:
+            bad.append(f"{self.booked_hot} bookings on hot slots of capacity {self.hot_capacity}")
+        if self.outbox_events != self.appointments_total:
+            bad.append(f"{self.appointments_total} bookings but {self.outbox_events} outbox events")
+        return bad
+
+
+# Slots at 09:00 local on a given day, one per doctor: a burst on one time of day,
+# as when a clinic publishes tomorrow's best hour.
+_HOT = """
+SELECT s.id FROM time_slot s JOIN doctor d ON d.id = s.doctor_id
+ WHERE d.id BETWEEN $1 AND $2
+   AND s.start_at = (($3::date + time '09:00') AT TIME ZONE d.timezone)
+ ORDER BY d.id
+"""
+_WARM = """
+SELECT s.id FROM time_slot s
+ WHERE s.doctor_id = $1 AND s.start_at >= $2::date - interval '1 day'
+ ORDER BY s.start_at LIMIT $3
+"""
+_OVERBOOKED = "SELECT count(*) FROM time_slot WHERE booked_count > capacity"
+# Every slot with a booking, or with a counter above zero, must agree with its rows.
+_MISMATCHED = """
+WITH a AS (SELECT slot_id, count(*) AS n FROM appointment WHERE status = 'BOOKED'
+            GROUP BY slot_id)
+SELECT count(*) FROM time_slot s FULL JOIN a ON a.slot_id = s.id
+ WHERE (s.booked_count > 0 OR a.n IS NOT NULL)
+   AND coalesce(s.booked_count, -1) <> coalesce(a.n, 0)
+"""
+
+
+async def prepare_slots(ds: benchlib.Dataset) -> tuple[list[int], int, list[int]]:
+    conn = await benchlib.connect()
+    try:
+        await benchlib.reset_state(conn)
+        hot = [r["id"] for r in await conn.fetch(_HOT, 1, HOT_SLOTS, ds.last_day)]
+        if len(hot) != HOT_SLOTS:
+            raise RuntimeError(f"found {len(hot)} hot slots, wanted {HOT_SLOTS}")
+        caps = [HOT_CAPACITIES[i % len(HOT_CAPACITIES)] for i in range(len(hot))]
+        await conn.executemany(
+            "UPDATE time_slot SET capacity = $2 WHERE id = $1", list(zip(hot, caps, strict=True))
+        )
+        warm = [r["id"] for r in await conn.fetch(_WARM, HOT_SLOTS + 1, ds.last_day, 30)]
+        await conn.execute(
+            "UPDATE time_slot SET capacity = $2 WHERE id = ANY($1::bigint[])", warm, WARM_CAPACITY
+        )
+        return hot, sum(caps), warm
+    finally:
+        await conn.close()
+
+
+async def check(hot: list[int]) -> dict[str, int]:
+    conn = await benchlib.connect()
+    try:
+        pending = -1
+        for _ in range(50):  # the relay should drain the outbox within seconds
+            pending = await conn.fetchval("SELECT count(*) FROM outbox WHERE status <> 'DONE'")
+            if pending == 0:
+                break
+            await asyncio.sleep(0.2)
+        return {
+            "booked_hot": await conn.fetchval(
+                "SELECT count(*) FROM appointment WHERE status = 'BOOKED' AND slot_id = ANY($1)",
+                hot,
+            ),
+            "overbooked_slots": await conn.fetchval(_OVERBOOKED),
+            "mismatched_slots": await conn.fetchval(_MISMATCHED),
+            "outbox_events": await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE topic = 'appointments.booked.v1'"
+            ),
+            "appointments_total": await conn.fetchval("SELECT count(*) FROM appointment"),
+            "outbox_pending_after_10s": pending,
+        }
+    finally:
+        await conn.close()
+
+
+def one_run(
+    ds: benchlib.Dataset,
+    opts: argparse.Namespace,
+    workers: int,
+    threads: int,
+    connections: int,
+    files: dict[str, Path],
+    profile_out: Path | None,
+) -> RunResult:
+    hot, hot_capacity, warm = benchlib.run_async(prepare_slots(ds))
+    env = {"RESERVO_DB_POOL_MAX": str(opts.pool_max)} if opts.pool_max else {}
+    with benchlib.Reservo(workers, env) as rv:
+        url = rv.base
+        if opts.warmup > 0:
+            benchlib.run_wrk(
+                HERE / "storm.lua",
+                url,
+                threads,
+                connections,
+                opts.warmup,
+                [str(files["warm"]), ",".join(map(str, warm)), f"warm{time.time_ns()}"],
+            )
+            time.sleep(1.0)
+        args = [str(files["storm"]), ",".join(map(str, hot)), f"storm{time.time_ns()}"]
+        with benchlib.RssSampler(rv) as mem, benchlib.CpuMeter(rv) as cpu:
+            if profile_out is not None:
+                pid = rv.api_workers()[0].pid
+                with benchlib.profiled(pid, max(1.0, opts.duration - 2), profile_out):
+                    res = benchlib.run_wrk(
+                        HERE / "storm.lua", url, threads, connections, opts.duration, args
+                    )
+            else:
+                res = benchlib.run_wrk(
+                    HERE / "storm.lua", url, threads, connections, opts.duration, args
+                )
+        facts = benchlib.run_async(check(hot))
+        errors = rv.error_lines()
+        for line in errors[:5]:
+            print(f"  logged: {line[:200]}", file=sys.stderr)
+    mb = 1024 * 1024
+    return RunResult(
+        workers=workers,
+        threads=threads,
+        connections=connections,
+        attempts_per_s=res.rate,
+        requests=res.requests,
+        statuses=dict(sorted(res.statuses.items())),
+        p50_ms=res.p50_ms,
+        p90_ms=res.p90_ms,
+        p99_ms=res.p99_ms,
+        max_ms=res.max_ms,
+        socket_errors=res.socket_errors,
+        peak_rss_mb=mem.peak_rss / mb,
+        peak_pss_mb=mem.peak_pss / mb,
+        peak_rss_by_process_mb={k: round(v / mb, 1) for k, v in mem.peak_by_proc.items()},
+        hot_capacity=hot_capacity,
+        created_201=res.count("201"),
+        errors_logged=len(errors),
+        cpu=cpu.figures(res.requests, res.wrk_cpu_s),
+        **facts,
+    )
+
+
+def describe(r: RunResult) -> str:
+    total = max(1, r.requests)
+    split = ", ".join(f"{k}: {n} ({100 * n / total:.1f}%)" for k, n in r.statuses.items())
+    errs = f"  socket errors {r.socket_errors}" if r.socket_errors else ""
+    return (
+        f"workers={r.workers} wrk -t{r.threads} -c{r.connections}: "
+        f"{r.attempts_per_s:,.0f} attempts/s ({r.requests:,} in total), "
+        f"p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max {r.max_ms:.0f} ms{errs}\n"
+        f"  statuses: {split}\n"
+        f"  hot slots: {r.booked_hot}/{r.hot_capacity} seats booked, 201s {r.created_201}; "
+        f"overbooked {r.overbooked_slots}, mismatched {r.mismatched_slots}; "
+        f"outbox {r.outbox_events} events / {r.appointments_total} bookings "
+        f"(pending after drain: {r.outbox_pending_after_10s})\n"
+        f"  peak memory of reservo processes: RSS {r.peak_rss_mb:.0f} MB, "
+        f"PSS {r.peak_pss_mb:.0f} MB  {r.peak_rss_by_process_mb}\n"
+        f"  {benchlib.describe_cpu(r.cpu)}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--duration", type=float, default=30, help="seconds of storm per run")
+    p.add_argument("--workers", default="2", help="API worker counts to compare, e.g. 1,2,3")
+    p.add_argument("--threads", default="2", help="wrk threads to compare, e.g. 1,2")
+    p.add_argument("--connections", default="128", help="wrk connections, e.g. 64,128,256")
+    p.add_argument("--runs", type=int, default=1, help="runs per configuration (median)")
+    p.add_argument("--patients", type=int, default=20_000)
+    p.add_argument("--warmup", type=float, default=3, help="seconds of warm-up bookings")
+    p.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
+    # 10 per process: enough for 2 cores, and 3 API processes + the worker at the
+    # default 20 would crowd a shared server's max_connections = 100.
+    p.add_argument("--pool-max", type=int, default=10, help="RESERVO_DB_POOL_MAX (0: default)")
+    p.add_argument("--doctors", type=int, default=2000)
+    p.add_argument("--days", type=int, default=14)
+    p.add_argument("--fresh", action="store_true", help="reload the slots even if present")
+    p.add_argument("--json", type=Path, help="append every run's figures to this file")
+    p.add_argument("--drop-db", action="store_true", help="drop the database at the end")
+    opts = p.parse_args(argv)
+    benchlib.stop_cleanly_on_signals()
+
+    print(f"machine: {benchlib.machine()}")
+    print(f"reservo code under test: {benchlib.reservo_source()}")
+    started = time.perf_counter()
+    ds = benchlib.run_async(benchlib.ensure_dataset(opts.doctors, opts.days, 40, opts.fresh))
+    how = f"loaded in {ds.loaded_in_s:.1f} s" if ds.loaded_in_s else "reused"
+    print(
+        f"data set: {ds.doctors} doctors x {ds.per_day} slots x {ds.days} days = "
+        f"{ds.slots:,} slots ({how}); agenda opening {ds.last_day}"
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="reservo-storm-"))
+    files = {
+        "storm": benchlib.mint_patients(tmp / "patients.txt", 1_000_000, opts.patients),
+        "warm": benchlib.mint_patients(tmp / "warm.txt", 2_000_000, opts.patients),
+    }
+    print(f"minted {2 * opts.patients:,} patient tokens in {time.perf_counter() - started:.1f} s")
+
+    results: list[RunResult] = []
+    configs = list(
+        product(
+            benchlib.parse_ints(opts.workers),
+            benchlib.parse_ints(opts.threads),
+            benchlib.parse_ints(opts.connections),
+        )
+    )
+    for run in range(opts.runs):
+        for i, (w, t, c) in enumerate(configs):
+            prof = opts.profile if (run == 0 and i == 0) else None
+            r = one_run(ds, opts, w, t, c, files, prof)
+            results.append(r)
+            print(f"[run {run + 1}/{opts.runs}] {describe(r)}", flush=True)
+            if opts.json:
+                with opts.json.open("a") as f:
+                    record: dict[str, Any] = {"bench": "booking_storm", **asdict(r)}
+                    record["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                    record["duration_s"] = opts.duration
+                    record["reservo_src"] = benchlib.reservo_source()
+                    f.write(json.dumps(record) + "\n")
+    if opts.profile and opts.profile.exists():
+        print(f"\npy-spy profile of one API worker ({opts.profile}):")
+        print(benchlib.summarize_profile(opts.profile))
+
+    print(f"\nmedians over {opts.runs} run(s) of {opts.duration:.0f} s:")
+    print(
+        "workers  wrk        attempts/s  p50 ms  p99 ms  201  409%   429%  5xx  RSS MB"
+        "  reservo CPU ms/req  est. alone/s"
+    )
+    for w, t, c in configs:
+        rs = [r for r in results if (r.workers, r.threads, r.connections) == (w, t, c)]
+        med = benchlib.median
+        pct = [
+            med([100 * r.statuses.get(k, 0) / max(1, r.requests) for r in rs])
+            for k in ("409 slot_full", "429 rate_limited")
+        ]
+        n5xx = sum(n for r in rs for k, n in r.statuses.items() if k.startswith("5"))
+        print(
+            f"{w:>7}  -t{t} -c{c:<4} {med([r.attempts_per_s for r in rs]):>9,.0f}  "
+            f"{med([r.p50_ms for r in rs]):>6.1f}  {med([r.p99_ms for r in rs]):>6.1f}  "
+            f"{med([r.created_201 for r in rs]):>3.0f}  {pct[0]:>5.1f}  {pct[1]:>5.1f}  "
+            f"{n5xx:>3}  {med([r.peak_rss_mb for r in rs]):>6.0f}"
+            f"  {med([r.cpu['cpu_ms_per_req_reservo'] for r in rs]):>18.2f}"
+            f"  {med([r.cpu['rate_if_machine_were_ours'] for r in rs]):>12,.0f}"
+        )
+
+    failures = [f"{r.workers}w/-c{r.connections}: {f}" for r in results for f in r.failures]
+    if opts.drop_db:
+        benchlib.run_async(benchlib.drop_database())
+        print(f"dropped database {benchlib.DB_NAME}")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("OK: zero 5xx, zero overbooking, every booking has its outbox event")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

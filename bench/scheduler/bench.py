@@ -1,0 +1,348 @@
+"""Scheduler benchmark: enqueue rate, drain rate, lateness at a fire rate,
+memory of a 24 h spread, and loss/duplicates with Redis restarted and a worker
+killed. Uses its own database and its own redis-server (self-contained).
+
+    python bench/scheduler/bench.py --pg postgresql://postgres@127.0.0.1:5432/postgres
+    python bench/scheduler/bench.py --phases drain,fire --backlog 100000 --seconds 30
+
+Lateness is taken where it happens: the no-op handler records, in the worker
+process, its own start time minus the job's run_at. Only jobs whose run_at is
+after the warm-up count, so start-up (pool connects, spawn) is not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from reservo.core.clock import SystemClock
+from reservo.core.db import Database
+from reservo.core.migrate import migrate
+from reservo.core.redis import make_client
+from reservo.scheduler import Config, Job, Scheduler
+from reservo.scheduler.workers import Loader, run
+
+CAT = "bench.noop"
+
+
+class OwnRedis:
+    """A private redis-server (no persistence) the benchmark may flush and restart."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.dir = tempfile.mkdtemp(prefix="bench-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        self.proc = subprocess.Popen(
+            ["redis-server", *args, "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _config(**kw: Any) -> Config:
+    base: dict[str, Any] = {
+        "loader_period_s": 0.5,
+        "mover_idle_s": 0.005,
+        "executor_idle_s": 0.02,
+        "heartbeat_s": 0.5,
+        "reaper_timeout_s": 3.0,
+        "reaper_period_s": 0.5,
+        "executors": 2,
+        "executor_batch": 500,
+        "loader_batch": 20_000,
+        "mover_batch": 2000,
+    }
+    base.update(kw)
+    # Only the fields this version of Config has: the same script measures the
+    # code before and after a change.
+    names = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in base.items() if k in names})
+
+
+def _scheduler(
+    db_url: str,
+    redis_url: str,
+    ns: str,
+    samples: list[tuple[float, float]] | None = None,
+    **kw: Any,
+) -> Scheduler:
+    db = Database(db_url, min_size=1, max_size=8)
+    s = Scheduler(db, SystemClock(), make_client(redis_url, 10.0), ns, _config(**kw))
+
+    async def noop(job: Job) -> None:
+        if samples is not None:  # (run_at, lateness ms): handler start minus run_at
+            at = job.run_at.timestamp()
+            samples.append((at, (time.time() - at) * 1000))
+
+    s.register(CAT, noop)
+
+    async def close_db() -> None:
+        await db.close()
+
+    s.on_close(close_db)
+    return s
+
+
+def worker_main(db_url: str, redis_url: str, ns: str, out: str, kw: dict[str, Any]) -> None:
+    samples: list[tuple[float, float]] = []
+
+    async def main() -> None:
+        s = _scheduler(db_url, redis_url, ns, samples, **kw)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        await run(s, stop)
+        await s.close()
+
+    import logging
+
+    logging.disable(logging.WARNING)
+    asyncio.run(main())
+    with open(out, "w") as f:
+        json.dump(samples, f)
+
+
+def start_workers(n: int, db_url: str, redis_url: str, ns: str, **kw: Any) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    procs = []
+    for _ in range(n):
+        out = os.path.join(tempfile.gettempdir(), f"bench-sched-{uuid.uuid4().hex}.json")
+        p = ctx.Process(target=worker_main, args=(db_url, redis_url, ns, out, kw))
+        p.out = out  # type: ignore[attr-defined]
+        p.start()
+        procs.append(p)
+    return procs
+
+
+def stop_workers(procs: list[Any]) -> list[list[float]]:
+    """Stops the workers; returns the (run_at, lateness) samples of clean exits."""
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGTERM)
+    samples: list[list[float]] = []
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+        with contextlib.suppress(OSError, ValueError):
+            with open(p.out) as f:
+                samples += json.load(f)
+            os.unlink(p.out)
+    return samples
+
+
+async def bulk(s: Scheduler, run_ats: list[datetime], chunk: int = 20_000) -> float:
+    t0 = time.perf_counter()
+    for i in range(0, len(run_ats), chunk):
+        part = run_ats[i : i + chunk]
+        await s.enqueue_bulk(CAT, part, [{}] * len(part), [5] * len(part))
+    return len(run_ats) / (time.perf_counter() - t0)
+
+
+async def count(conn: asyncpg.Connection, status: str) -> int:
+    return int(await conn.fetchval("SELECT count(*) FROM scheduled_job WHERE status=$1", status))
+
+
+def quantiles(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    q = statistics.quantiles(xs, n=100)
+    return {"n": len(xs), "p50": q[49], "p99": q[98], "max": xs[-1]}
+
+
+async def reset(conn: asyncpg.Connection, s: Scheduler) -> None:
+    await conn.execute("TRUNCATE scheduled_job CASCADE")
+    for _ in range(3):  # the pooled connection may have died with a restart
+        try:
+            await s.redis.flushall()
+            return
+        except Exception:
+            await asyncio.sleep(0.2)
+
+
+async def phase_memory(s: Scheduler, conn: asyncpg.Connection, jobs: int) -> None:
+    now = datetime.now(UTC)
+    run_ats = [now + timedelta(seconds=60 + 86_400 * i / jobs) for i in range(jobs)]
+    rate = await bulk(s, run_ats)
+    print(f"enqueue_bulk: {jobs} jobs at {rate:,.0f} jobs/s")
+    t0 = time.perf_counter()
+    for i in range(2000):
+        await s.enqueue(CAT, {}, run_at=now + timedelta(days=2, seconds=i))
+    print(f"enqueue (one by one, own transaction): {2000 / (time.perf_counter() - t0):,.0f}/s")
+    before = int((await s.redis.info("memory"))["used_memory"])
+    loaded = await Loader(s).run_once()
+    mem = int((await s.redis.info("memory"))["used_memory"])
+    size = await conn.fetchval("SELECT pg_total_relation_size('scheduled_job')")
+    print(
+        f"memory: {loaded} ids in the 300 s window; redis used_memory {mem / 2**20:.1f} MB "
+        f"(empty {before / 2**20:.1f} MB); scheduled_job {size / 2**20:.0f} MB"
+    )
+    await reset(conn, s)
+
+
+async def phase_drain(
+    s: Scheduler, conn: asyncpg.Connection, db_url: str, rd: OwnRedis, ns: str, args: Any
+) -> None:
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    await bulk(s, [due] * args.backlog)
+    procs = start_workers(args.workers, db_url, rd.url, ns)
+    t0 = time.perf_counter()
+    first = None
+    while (done := await count(conn, "DONE")) < args.backlog:
+        if first is None and done > 0:
+            first = (time.perf_counter(), done)
+        await asyncio.sleep(0.1)
+    t1 = time.perf_counter()
+    stop_workers(procs)
+    assert first is not None
+    print(
+        f"drain: {args.backlog} due jobs in {t1 - t0:.1f} s with {args.workers} worker "
+        f"processes: {args.backlog / (t1 - t0):,.0f} jobs/s overall, "
+        f"{(args.backlog - first[1]) / (t1 - first[0]):,.0f} jobs/s after the first completion"
+    )
+    await reset(conn, s)
+
+
+async def phase_fire(
+    s: Scheduler,
+    conn: asyncpg.Connection,
+    db_url: str,
+    rd: OwnRedis,
+    ns: str,
+    args: Any,
+    fault: bool,
+) -> None:
+    total_s = args.warmup + args.seconds
+    n = args.rate * total_s
+    lead = 5.0  # workers spawn and connect before the first run_at
+    start = datetime.now(UTC) + timedelta(seconds=lead)
+    await bulk(s, [start + timedelta(seconds=i / args.rate) for i in range(n)])
+    procs = start_workers(args.workers + (1 if fault else 0), db_url, rd.url, ns)
+    if fault:
+        await asyncio.sleep(lead + total_s / 3)
+        rd.stop()
+        await asyncio.sleep(0.5)
+        rd.start()
+        await asyncio.sleep(total_s / 3)
+        procs[0].kill()
+    deadline = time.monotonic() + lead + total_s + 60
+    while time.monotonic() < deadline and await count(conn, "DONE") < n:  # noqa: ASYNC110
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(2)
+    recorded = stop_workers(procs)
+    done = await count(conn, "DONE")
+    dup = await conn.fetchval(
+        "SELECT count(*) FROM (SELECT job_id FROM job_execution WHERE outcome='DONE' "
+        "GROUP BY job_id HAVING count(*) > 1) d"
+    )
+    reaped = await conn.fetchval("SELECT count(*) FROM job_execution WHERE outcome='LOST'")
+    if fault:  # the killed worker's samples are gone: use the claim time in PostgreSQL
+        rows = await conn.fetch(
+            "SELECT extract(epoch FROM started_at - run_at) * 1000 AS ms FROM scheduled_job "
+            "WHERE status = 'DONE' AND run_at >= $1",
+            start + timedelta(seconds=args.warmup),
+        )
+        samples = [float(r["ms"]) for r in rows]
+        label, how = "fault (redis restart + SIGKILL 1 of 3 workers)", "claim time"
+    else:
+        after = (start + timedelta(seconds=args.warmup)).timestamp()
+        samples = [ms for at, ms in recorded if at >= after]
+        label, how = "clean", "handler start"
+    lat = quantiles(samples)
+    print(
+        f"fire {args.rate}/s for {total_s}s ({args.warmup}s warm-up) [{label}]: done {done}/{n}, "
+        f"lost {n - done}, duplicate completions {dup}, reaped attempts {reaped}; "
+        f"lateness ({how}) ms over {lat['n']} jobs: p50 {lat['p50']:.1f} "
+        f"p99 {lat['p99']:.1f} max {lat['max']:.1f}"
+    )
+    await reset(conn, s)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--phases", default="memory,drain,fire,fault")
+    ap.add_argument("--jobs", type=int, default=1_000_000)
+    ap.add_argument("--backlog", type=int, default=200_000)
+    ap.add_argument("--rate", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--seconds", type=int, default=30)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    phases = {p.strip() for p in args.phases.split(",")}
+
+    name = f"reservo_bench_sched_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(args.pg)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    db_url = args.pg.rpartition("/")[0] + "/" + name
+    await migrate(db_url)
+    rd = OwnRedis()
+    rd.start()
+    conn = await asyncpg.connect(db_url)
+    ns = "bench"
+    s = _scheduler(db_url, rd.url, ns)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+    try:
+        if "memory" in phases:
+            await phase_memory(s, conn, args.jobs)
+        if "drain" in phases:
+            await phase_drain(s, conn, db_url, rd, ns, args)
+        if "fire" in phases:
+            await phase_fire(s, conn, db_url, rd, ns, args, fault=False)
+        if "fault" in phases:
+            await phase_fire(s, conn, db_url, rd, ns, args, fault=True)
+    finally:
+        print(f"load average at end: {os.getloadavg()[0]:.1f}")
+        await s.close()
+        await conn.close()
+        rd.cleanup()
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

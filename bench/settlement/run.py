@@ -1,0 +1,266 @@
+"""Settlement benchmark: N pending bets (mixed singles and accumulators) on one
+match, optionally with M unrelated pending bets in the same tables.
+
+Measures the time from the result webhook's 202 until every bet of the match is
+settled, every payout is credited in the wallet and every settled-bet
+notification event is delivered, and the peak RSS of the worker process
+(``reservo worker --roles relay,results_resend``) doing it.
+
+    python bench/settlement/run.py --bets 500000 --unrelated 0
+    python bench/settlement/run.py --bets 500000 --unrelated 5000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import asyncpg
+import httpx
+import psutil
+
+from reservo.app import create_app
+from reservo.bootstrap import build
+from reservo.core.auth import sign_webhook
+from reservo.core.migrate import migrate
+from reservo.settings import Settings
+
+SECRET = "bench-results-secret"
+
+
+async def seed(url: str, bets: int, unrelated: int, accounts: int) -> dict[str, int]:
+    conn = await asyncpg.connect(url)
+    await conn.execute(
+        f"""
+        INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
+        SELECT 0, 'EUR', 'WORLD', 0, now()
+        UNION ALL SELECT 0, 'EUR', 'HOUSE', g, now() FROM generate_series(0, 7) g;
+        INSERT INTO wallet_account (owner_id, currency, created_at)
+        SELECT 1000000 + g, 'EUR', now() FROM generate_series(1, {accounts}) g;
+        """
+    )
+    first_account = await conn.fetchval(
+        "SELECT min(id) FROM wallet_account WHERE kind = 'CUSTOMER'"
+    )
+    odds = (
+        '{"1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"},'
+        ' "TOTALS_2_5": {"OVER": "1.95", "UNDER": "1.85"}, "BTTS": {"YES": "1.70", "NO": "2.10"}}'
+    )
+    # Match 1 is settled by the benchmark; 2 and 3 are already settled (legs WON/LOST);
+    # 4..53 hold the unrelated pending bets.
+    await conn.execute(
+        f"""INSERT INTO betting_match (external_id, home, away, starts_at, odds, created_at,
+                                       result_status, home_score, away_score, settlement_status)
+            SELECT 'bench-' || g, 'H' || g, 'A' || g, now() - interval '2 hours', '{odds}'::jsonb,
+                   now(), CASE WHEN g IN (2, 3) THEN 'FINISHED' END,
+                   CASE WHEN g IN (2, 3) THEN 1 END, CASE WHEN g IN (2, 3) THEN 0 END,
+                   CASE WHEN g IN (2, 3) THEN 'SETTLED' ELSE 'OPEN' END
+              FROM generate_series(1, 53) g"""
+    )
+    mid = {
+        r["external_id"]: r["id"]
+        for r in await conn.fetch("SELECT id, external_id FROM betting_match")
+    }
+    target = mid["bench-1"]
+    t = time.perf_counter()
+    # Bets on the target match: 70 % singles, 30 % accumulators (2-3 legs; the
+    # other legs already WON, or LOST for one in ten accumulators).
+    await conn.execute(
+        f"""INSERT INTO betting_bet (account_id, owner_id, currency, stake, potential_payout,
+                                     created_at)
+            SELECT {first_account} + g % {accounts}, 1000000 + 1 + g % {accounts}, 'EUR',
+                   100 + g % 900, 0, now()
+              FROM generate_series(1, {bets}) g"""
+    )
+    lo = await conn.fetchval("SELECT min(id) FROM betting_bet")
+    await conn.execute(
+        f"""INSERT INTO betting_selection (bet_id, match_id, market, pick, odds)
+            SELECT b, {target}, m, p, o FROM (
+              SELECT {lo} + g - 1 AS b,
+                     (ARRAY['1X2','TOTALS_2_5','BTTS'])[1 + g % 3] AS m,
+                     CASE g % 3 WHEN 0 THEN (ARRAY['HOME','DRAW','AWAY'])[1 + (g / 3) % 3]
+                                WHEN 1 THEN (ARRAY['OVER','UNDER'])[1 + (g / 3) % 2]
+                                ELSE (ARRAY['YES','NO'])[1 + (g / 3) % 2] END AS p,
+                     1.85 AS o
+                FROM generate_series(1, {bets}) g) x;
+            INSERT INTO betting_selection (bet_id, match_id, market, pick, odds, status)
+            SELECT {lo} + g - 1, {mid["bench-2"]}, '1X2', 'HOME', 1.80,
+                   CASE WHEN g % 100 < 3 THEN 'LOST' ELSE 'WON' END
+              FROM generate_series(1, {bets}) g WHERE g % 10 >= 7;
+            INSERT INTO betting_selection (bet_id, match_id, market, pick, odds, status)
+            SELECT {lo} + g - 1, {mid["bench-3"]}, 'BTTS', 'NO', 2.10, 'WON'
+              FROM generate_series(1, {bets}) g WHERE g % 10 = 9;"""
+    )
+    if unrelated:
+        await conn.execute(
+            f"""INSERT INTO betting_bet (account_id, owner_id, currency, stake, potential_payout,
+                                         created_at)
+                SELECT {first_account} + g % {accounts}, 1000000 + 1 + g % {accounts}, 'EUR',
+                       100, 0, now()
+                  FROM generate_series(1, {unrelated}) g"""
+        )
+        ulo = await conn.fetchval("SELECT min(id) FROM betting_bet WHERE id >= $1", lo + bets)
+        await conn.execute(
+            f"""INSERT INTO betting_selection (bet_id, match_id, market, pick, odds)
+                SELECT {ulo} + g - 1, {mid["bench-4"]} + g % 50, '1X2', 'HOME', 1.80
+                  FROM generate_series(1, {unrelated}) g"""
+        )
+    await conn.execute("VACUUM ANALYZE")
+    print(f"seeded {bets} + {unrelated} bets in {time.perf_counter() - t:.1f}s", flush=True)
+    await conn.close()
+    return {"target": target}
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    ap.add_argument("--bets", type=int, default=500_000)
+    ap.add_argument("--unrelated", type=int, default=0)
+    ap.add_argument("--accounts", type=int, default=20_000)
+    ap.add_argument("--chunk", type=int, default=10_000)
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument(
+        "--embedded",
+        action="store_true",
+        help="run on a PostgreSQL of its own (when the shared one is saturated)",
+    )
+    args = ap.parse_args()
+    if args.embedded:
+        import tempfile
+        from pathlib import Path
+
+        from reservo.core.embedded import EmbeddedPostgres
+
+        scratch = Path(tempfile.mkdtemp(prefix="reservo-bench-wallet-"))
+        embedded = EmbeddedPostgres(scratch)
+        # Stopped and removed on exit: a 500k-bet cluster is over 1 GB.
+        atexit.register(shutil.rmtree, scratch, True)
+        atexit.register(embedded.stop)
+        args.pg = embedded.start()
+
+    name = f"reservo_bench_settle_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(args.pg)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    url = f"{args.pg.rpartition('/')[0]}/{name}"
+    await migrate(url)
+    ids = await seed(url, args.bets, args.unrelated, args.accounts)
+    target = ids["target"]
+    conn = await asyncpg.connect(url)
+    expected_credits = await conn.fetchval(
+        """SELECT count(*) FROM betting_bet b WHERE NOT EXISTS (
+               SELECT 1 FROM betting_selection s WHERE s.bet_id = b.id AND s.status = 'LOST')
+           AND EXISTS (SELECT 1 FROM betting_selection s
+                        WHERE s.bet_id = b.id AND s.match_id = $1)""",
+        target,
+    )  # upper bound of winners before grading; the exact count is read after
+    env = {
+        **os.environ,
+        "RESERVO_DATABASE_URL": url,
+        "RESERVO_REDIS_URL": args.redis,
+        "RESERVO_REDIS_NAMESPACE": name,
+        "RESERVO_RESULTS_WEBHOOK_SECRET": SECRET,
+        "RESERVO_BETTING_SETTLE_CHUNK": str(args.chunk),
+        "RESERVO_BETTING_SETTLE_PARALLEL": str(args.parallel),
+        "RESERVO_BETTING_RESEND_INTERVAL_S": "0.05",
+        "RESERVO_OUTBOX_POLL_INTERVAL_S": "0.05",
+        "RESERVO_OUTBOX_BATCH_SIZE": "20",
+        "RESERVO_LOG_LEVEL": "WARNING",
+    }
+    worker = subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
+        [sys.executable, "-m", "reservo.cli", "worker", "--roles", "relay,results_resend"],
+        env=env,
+    )
+    proc = psutil.Process(worker.pid)
+    await asyncio.sleep(3)
+    settings = Settings(
+        database_url=url, redis_url=args.redis, results_webhook_secret=SECRET, redis_namespace=name
+    )
+    container = build(settings)
+    app = create_app(container)
+    body = (
+        '{"matchExternalId": "bench-1", "homeScore": 2, "awayScore": 1,'
+        f' "status": "FINISHED", "providerEventId": "bench-{uuid.uuid4()}"}}'
+    ).encode()
+    peak = proc.memory_info().rss
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://bench"
+    ) as client:
+        r = await client.post(
+            "/api/webhooks/match-results",
+            content=body,
+            headers={"X-Signature": sign_webhook(SECRET, body)},
+        )
+        t0 = time.perf_counter()
+        assert r.status_code == 202, r.text
+        settled_at = paid_at = notified_at = None
+        while True:
+            peak = max(peak, proc.memory_info().rss)
+            row = await conn.fetchrow(
+                "SELECT settlement_status, settled_bets FROM betting_match WHERE id = $1", target
+            )
+            now = time.perf_counter() - t0
+            if settled_at is None and row["settlement_status"] == "SETTLED":
+                settled_at = now
+            if settled_at is not None:
+                pending = await conn.fetchrow(
+                    """SELECT count(*) FILTER (WHERE topic = 'wallet.payout.requested.v1') AS pay,
+                              count(*) FILTER (WHERE topic = 'betting.bets.settled.v1') AS note
+                         FROM outbox WHERE status = 'PENDING'"""
+                )
+                if paid_at is None and pending["pay"] == 0:
+                    paid_at = now
+                if notified_at is None and pending["note"] == 0:
+                    notified_at = now
+                if paid_at is not None and notified_at is not None:
+                    break
+            if now > 600:
+                raise SystemExit(f"timeout; progress {dict(row)}")
+            await asyncio.sleep(0.1)
+    worker.terminate()
+    worker.wait(30)
+    credited = await conn.fetchval(
+        "SELECT count(*) FROM wallet_transfer WHERE kind IN ('PAYOUT', 'REFUND')"
+    )
+    winners = await conn.fetchval(
+        "SELECT count(*) FROM betting_bet WHERE status IN ('WON', 'VOID') AND payout > 0"
+    )
+    unsettled = await conn.fetchval(
+        """SELECT count(*) FROM betting_bet b JOIN betting_selection s ON s.bet_id = b.id
+            WHERE s.match_id = $1 AND (b.status = 'PENDING' OR s.status = 'PENDING')""",
+        target,
+    )
+    notes = await conn.fetchval(
+        """SELECT coalesce(sum(jsonb_array_length(payload->'bets')), 0) FROM outbox
+            WHERE topic = 'betting.bets.settled.v1' AND status = 'DONE'"""
+    )
+    total = max(settled_at or 0, paid_at or 0, notified_at or 0)
+    print(
+        f"bets={args.bets} unrelated={args.unrelated} chunk={args.chunk} parallel={args.parallel}\n"
+        f"  all bets settled      {settled_at:.2f} s  (unsettled left: {unsettled})\n"
+        f"  all payouts credited  {paid_at:.2f} s  ({credited} credits for {winners} winning/void"
+        f" bets, upper bound {expected_credits})\n"
+        f"  all notifications     {notified_at:.2f} s  ({notes} settled-bet notifications)\n"
+        f"  total                 {total:.2f} s  = {args.bets / total * 60:,.0f} bets/min\n"
+        f"  worker peak RSS       {peak / 2**20:.0f} MB",
+        flush=True,
+    )
+    await conn.close()
+    await container.close()
+    if not args.keep:
+        admin = await asyncpg.connect(args.pg)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

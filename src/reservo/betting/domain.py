@@ -1,0 +1,92 @@
+"""Pure betting rules (no I/O): markets, grading, accumulator settlement.
+
+The SQL settlement (queries.sql: grade_chunk, settle_bets) implements the same
+rules set-based; tests check one against the other."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_FLOOR, Decimal
+
+MARKETS: dict[str, tuple[str, ...]] = {
+    "1X2": ("HOME", "DRAW", "AWAY"),
+    "TOTALS_2_5": ("OVER", "UNDER"),
+    "BTTS": ("YES", "NO"),
+}
+MAX_SELECTIONS = 20
+
+
+class BetRefused(Exception):
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+@dataclass(frozen=True)
+class Leg:
+    match_id: int
+    market: str
+    pick: str
+    odds: Decimal
+
+
+@dataclass(frozen=True)
+class MatchState:
+    id: int
+    starts_at: datetime
+    odds: Mapping[str, Mapping[str, str]]
+    has_result: bool
+
+
+def winning_picks(home: int, away: int) -> dict[str, str]:
+    """The pick that wins each market for a final score."""
+    return {
+        "1X2": "HOME" if home > away else "AWAY" if away > home else "DRAW",
+        "TOTALS_2_5": "OVER" if home + away > 2 else "UNDER",
+        "BTTS": "YES" if home > 0 and away > 0 else "NO",
+    }
+
+
+def grade(market: str, pick: str, status: str, home: int | None, away: int | None) -> str:
+    """A selection's status once its match has a result."""
+    if status == "CANCELLED" or home is None or away is None:
+        return "VOID"
+    return "WON" if winning_picks(home, away)[market] == pick else "LOST"
+
+
+def floor_payout(stake: int, odds: Iterable[Decimal]) -> int:
+    product = Decimal(stake)
+    for o in odds:
+        product *= o
+    return int(product.to_integral_value(rounding=ROUND_FLOOR))
+
+
+def settle(stake: int, legs: Sequence[tuple[str, Decimal]]) -> tuple[str, int | None]:
+    """A bet's status and payout from its legs' (status, odds).
+
+    Any LOST leg loses the bet at once; otherwise it waits while a leg is
+    PENDING; VOID legs count 1.00; all VOID -> VOID (stake back); else WON."""
+    statuses = [s for s, _ in legs]
+    if "LOST" in statuses:
+        return "LOST", 0
+    if "PENDING" in statuses:
+        return "PENDING", None
+    if all(s == "VOID" for s in statuses):
+        return "VOID", stake
+    return "WON", floor_payout(stake, (o for s, o in legs if s == "WON"))
+
+
+def check_bet(legs: Sequence[Leg], matches: Mapping[int, MatchState], now: datetime) -> None:
+    """Refuse a bet on a started match or at odds the match no longer offers."""
+    for leg in legs:
+        match = matches[leg.match_id]
+        if match.has_result or match.starts_at <= now:
+            raise BetRefused("match_closed", f"match {leg.match_id} has already started")
+        current = match.odds.get(leg.market, {}).get(leg.pick)
+        if current is None or Decimal(current) != leg.odds:
+            now_at = current or "unavailable"
+            raise BetRefused(
+                "odds_changed", f"match {leg.match_id} {leg.market}/{leg.pick} is now at {now_at}"
+            )

@@ -1,0 +1,155 @@
+-- Named queries of the betting module.
+
+-- name: insert_match
+INSERT INTO betting_match (external_id, home, away, starts_at, odds, created_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING *;
+
+-- name: get_match
+SELECT m.*,
+       (SELECT count(*) FROM betting_selection s
+         WHERE s.match_id = m.id AND s.status = 'PENDING') AS pending_bets
+  FROM betting_match m WHERE m.id = $1;
+
+-- name: match_by_external_id
+SELECT id, settlement_status FROM betting_match WHERE external_id = $1;
+
+-- name: matches_for_bet
+SELECT id, starts_at, odds, result_status FROM betting_match WHERE id = ANY($1::bigint[]);
+
+-- name: insert_bet
+INSERT INTO betting_bet (account_id, owner_id, currency, stake, potential_payout, created_at, legs)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id, account_id, owner_id, stake, potential_payout, status, payout, created_at;
+
+-- name: insert_selections
+INSERT INTO betting_selection (bet_id, match_id, market, pick, odds)
+SELECT $1, m, k, p, o
+  FROM unnest($2::bigint[], $3::text[], $4::text[], $5::numeric[]) AS t(m, k, p, o);
+
+-- name: get_bet
+SELECT id, account_id, owner_id, stake, potential_payout, status, payout, created_at, settled_at
+  FROM betting_bet WHERE id = $1;
+
+-- name: bet_selections
+SELECT match_id, market, pick, odds, status FROM betting_selection
+ WHERE bet_id = $1 ORDER BY match_id;
+
+-- name: claim_result
+-- The settlement inbox: a providerEventId is applied once, whatever carried it.
+INSERT INTO betting_result_inbox (provider_event_id, match_external_id, outcome, received_at)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (provider_event_id) DO NOTHING
+RETURNING provider_event_id;
+
+-- name: set_inbox_outcome
+UPDATE betting_result_inbox SET outcome = $2 WHERE provider_event_id = $1;
+
+-- name: record_result
+-- The first result of a match wins; the match starts settling.
+UPDATE betting_match
+   SET result_status = $2, home_score = $3, away_score = $4, result_event_id = $5,
+       result_at = $6, settlement_status = 'SETTLING'
+ WHERE external_id = $1 AND result_status IS NULL
+RETURNING id;
+
+-- name: match_result
+SELECT result_status, home_score, away_score, settlement_status FROM betting_match WHERE id = $1;
+
+-- name: grade_chunk
+-- Claim up to $2 pending legs of the match after bet $7 (SKIP LOCKED: several
+-- settlement workers share one match) and grade them. Returns their bets. The
+-- keyset ($7) matters: graded legs leave dead entries at the front of the
+-- partial index until VACUUM, and restarting from the front each chunk would
+-- make a match's settlement quadratic in its bets.
+WITH claimed AS (
+    SELECT bet_id FROM betting_selection
+     WHERE match_id = $1 AND status = 'PENDING' AND bet_id > $7
+     ORDER BY bet_id
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+), graded AS (
+    UPDATE betting_selection s
+       SET status = CASE
+               WHEN $3::boolean THEN 'VOID'
+               WHEN s.pick = CASE s.market WHEN '1X2' THEN $4::text
+                                           WHEN 'TOTALS_2_5' THEN $5::text
+                                           ELSE $6::text END THEN 'WON'
+               ELSE 'LOST' END
+      FROM claimed
+     WHERE s.match_id = $1 AND s.bet_id = claimed.bet_id
+    RETURNING s.bet_id
+)
+SELECT coalesce(array_agg(bet_id ORDER BY bet_id), '{}') FROM graded;
+
+-- name: lock_bets
+-- Accumulators only (a single has no other leg to race with). Ascending id
+-- order, so settlements of two matches sharing accumulators queue instead of
+-- deadlocking. Locking before reading the legs (next statement) means a
+-- concurrent settlement of another leg is seen once it committed, so no
+-- accumulator is left PENDING by two settlements that each saw the other's leg open.
+SELECT b.id FROM unnest($1::bigint[]) AS u(id) JOIN betting_bet b ON b.id = u.id
+ WHERE b.legs > 1
+ ORDER BY b.id
+   FOR UPDATE OF b;
+
+-- name: settle_bets
+-- Recompute each affected bet from all its legs, set-based: any LOST leg -> LOST;
+-- a PENDING leg left -> stays PENDING; all VOID -> VOID (stake back); else WON
+-- with floor(stake * product of the WON legs' odds) (VOID legs count 1.00).
+UPDATE betting_bet b
+   SET status = CASE WHEN a.any_lost THEN 'LOST' WHEN a.all_void THEN 'VOID' ELSE 'WON' END,
+       payout = CASE WHEN a.any_lost THEN 0
+                     WHEN a.all_void THEN b.stake
+                     ELSE floor(b.stake * a.product)::bigint END,
+       settled_at = $2
+  FROM (SELECT s.bet_id,
+               bool_or(s.status = 'LOST') AS any_lost,
+               bool_or(s.status = 'PENDING') AS any_pending,
+               bool_and(s.status = 'VOID') AS all_void,
+               betting_product(CASE WHEN s.status = 'WON' THEN s.odds ELSE 1 END) AS product
+          -- unnest + join: an index lookup per bet whatever the table size
+          FROM unnest($1::bigint[]) AS u(id)
+          JOIN betting_selection s ON s.bet_id = u.id
+         GROUP BY s.bet_id) a
+ WHERE b.id = a.bet_id AND b.status = 'PENDING' AND (a.any_lost OR NOT a.any_pending)
+RETURNING b.id, b.account_id, b.owner_id, b.status, b.payout;
+
+-- name: add_progress
+UPDATE betting_match SET settled_bets = settled_bets + $2 WHERE id = $1;
+
+-- name: finish_settlement
+UPDATE betting_match SET settlement_status = 'SETTLED', settled_at = $2
+ WHERE id = $1 AND settlement_status = 'SETTLING'
+   AND NOT EXISTS (SELECT 1 FROM betting_selection
+                    WHERE match_id = $1 AND status = 'PENDING');
+
+-- name: settling_matches
+SELECT id FROM betting_match WHERE settlement_status = 'SETTLING' ORDER BY id LIMIT $1;
+
+-- name: fallback_insert
+INSERT INTO webhook_events_fallback (id, provider_event_id, payload, created_at)
+VALUES ($1, $2, $3, $4);
+
+-- name: fallback_claim
+-- Several resend workers share the backlog; SKIP LOCKED keeps them off each other's rows.
+SELECT id, payload, attempts FROM webhook_events_fallback
+ WHERE status = 'PENDING'
+ ORDER BY created_at
+ LIMIT $1
+   FOR UPDATE SKIP LOCKED;
+
+-- name: fallback_resent
+UPDATE webhook_events_fallback
+   SET status = 'RESENT', resent_at = $2, attempts = attempts + 1, last_error = NULL
+ WHERE id = $1;
+
+-- name: fallback_failed
+UPDATE webhook_events_fallback
+   SET attempts = attempts + 1, last_error = $2,
+       status = CASE WHEN attempts + 1 >= $3 THEN 'FAILED' ELSE 'PENDING' END
+ WHERE id = $1
+RETURNING status;
+
+-- name: record_rejected
+INSERT INTO webhook_events_rejected (source, body, error, received_at) VALUES ($1, $2, $3, $4);

@@ -1,0 +1,187 @@
+"""The only place that runs the betting module's SQL."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, TypeAlias
+
+import asyncpg
+
+from reservo.core.db import Queries
+from reservo.core.errors import register_constraints
+
+Q = Queries.load("reservo.betting")
+
+register_constraints(
+    {
+        "betting_match_external_id": ("match_exists", "a match with this externalId exists"),
+        "betting_selection_pkey": ("validation_error", "a bet's selections must be distinct"),
+    }
+)
+
+Row: TypeAlias = asyncpg.Record
+
+
+def as_dict(row: Row) -> dict[str, Any]:
+    return dict(row.items())
+
+
+async def insert_match(
+    conn: asyncpg.Connection,
+    external_id: str,
+    home: str,
+    away: str,
+    starts_at: datetime,
+    odds: dict[str, dict[str, str]],
+    now: datetime,
+) -> Row:
+    return await conn.fetchrow(Q.insert_match, external_id, home, away, starts_at, odds, now)
+
+
+async def get_match(conn: asyncpg.Connection, match_id: int) -> Row | None:
+    return await conn.fetchrow(Q.get_match, match_id)
+
+
+async def match_by_external_id(conn: asyncpg.Connection, external_id: str) -> Row | None:
+    return await conn.fetchrow(Q.match_by_external_id, external_id)
+
+
+async def matches_for_bet(conn: asyncpg.Connection, ids: list[int]) -> list[Row]:
+    return list(await conn.fetch(Q.matches_for_bet, ids))
+
+
+async def insert_bet(
+    conn: asyncpg.Connection,
+    account_id: int,
+    owner_id: int,
+    currency: str,
+    stake: int,
+    potential: int,
+    now: datetime,
+    legs: int,
+) -> Row:
+    return await conn.fetchrow(
+        Q.insert_bet, account_id, owner_id, currency, stake, potential, now, legs
+    )
+
+
+async def insert_selections(
+    conn: asyncpg.Connection,
+    bet_id: int,
+    matches: list[int],
+    markets: list[str],
+    picks: list[str],
+    odds: list[Decimal],
+) -> None:
+    await conn.execute(Q.insert_selections, bet_id, matches, markets, picks, odds)
+
+
+async def get_bet(conn: asyncpg.Connection, bet_id: int) -> Row | None:
+    return await conn.fetchrow(Q.get_bet, bet_id)
+
+
+async def bet_selections(conn: asyncpg.Connection, bet_id: int) -> list[Row]:
+    return list(await conn.fetch(Q.bet_selections, bet_id))
+
+
+async def claim_result(
+    conn: asyncpg.Connection, provider_event_id: str, external_id: str, now: datetime
+) -> bool:
+    got = await conn.fetchval(Q.claim_result, provider_event_id, external_id, "APPLIED", now)
+    return got is not None
+
+
+async def set_inbox_outcome(conn: asyncpg.Connection, provider_event_id: str, outcome: str) -> None:
+    await conn.execute(Q.set_inbox_outcome, provider_event_id, outcome)
+
+
+async def record_result(
+    conn: asyncpg.Connection,
+    external_id: str,
+    status: str,
+    home: int | None,
+    away: int | None,
+    provider_event_id: str,
+    now: datetime,
+) -> int | None:
+    return await conn.fetchval(
+        Q.record_result, external_id, status, home, away, provider_event_id, now
+    )
+
+
+async def match_result(conn: asyncpg.Connection, match_id: int) -> Row | None:
+    return await conn.fetchrow(Q.match_result, match_id)
+
+
+async def grade_chunk(
+    conn: asyncpg.Connection,
+    match_id: int,
+    limit: int,
+    void: bool,
+    picks: dict[str, str],
+    after: int = 0,
+) -> list[int]:
+    return list(
+        await conn.fetchval(
+            Q.grade_chunk,
+            match_id,
+            limit,
+            void,
+            picks.get("1X2", ""),
+            picks.get("TOTALS_2_5", ""),
+            picks.get("BTTS", ""),
+            after,
+        )
+    )
+
+
+async def lock_bets(conn: asyncpg.Connection, bet_ids: list[int]) -> None:
+    await conn.execute(Q.lock_bets, bet_ids)
+
+
+async def settle_bets(conn: asyncpg.Connection, bet_ids: list[int], now: datetime) -> list[Row]:
+    return list(await conn.fetch(Q.settle_bets, bet_ids, now))
+
+
+async def add_progress(conn: asyncpg.Connection, match_id: int, n: int) -> None:
+    await conn.execute(Q.add_progress, match_id, n)
+
+
+async def finish_settlement(conn: asyncpg.Connection, match_id: int, now: datetime) -> bool:
+    return str(await conn.execute(Q.finish_settlement, match_id, now)).endswith(" 1")
+
+
+async def settling_matches(conn: asyncpg.Connection, limit: int) -> list[int]:
+    return [r["id"] for r in await conn.fetch(Q.settling_matches, limit)]
+
+
+async def fallback_insert(
+    conn: asyncpg.Connection,
+    row_id: uuid.UUID,
+    provider_event_id: str,
+    payload: dict[str, Any],
+    now: datetime,
+) -> None:
+    await conn.execute(Q.fallback_insert, row_id, provider_event_id, payload, now)
+
+
+async def fallback_claim(conn: asyncpg.Connection, limit: int) -> list[Row]:
+    return list(await conn.fetch(Q.fallback_claim, limit))
+
+
+async def fallback_resent(conn: asyncpg.Connection, row_id: uuid.UUID, now: datetime) -> None:
+    await conn.execute(Q.fallback_resent, row_id, now)
+
+
+async def fallback_failed(
+    conn: asyncpg.Connection, row_id: uuid.UUID, error: str, max_attempts: int
+) -> str:
+    return str(await conn.fetchval(Q.fallback_failed, row_id, error, max_attempts))
+
+
+async def record_rejected(
+    conn: asyncpg.Connection, source: str, body: str, error: str, now: datetime
+) -> None:
+    await conn.execute(Q.record_rejected, source, body, error, now)

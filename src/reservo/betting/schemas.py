@@ -1,0 +1,142 @@
+"""Request and response bodies of the Betting API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, Field, StrictInt, field_validator, model_validator
+
+from reservo.betting.domain import MARKETS, MAX_SELECTIONS
+from reservo.core.schemas import ApiModel
+
+Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+Market = Literal["1X2", "TOTALS_2_5", "BTTS"]
+# Decimal strings with at most two decimals, between 1.01 and 1000.
+OddsStr = Annotated[str, Field(pattern=r"^\d{1,4}(\.\d{1,2})?$", examples=["1.85"])]
+Score = Annotated[StrictInt, Field(ge=0, le=1000)]
+# PostgreSQL text cannot hold NUL: refuse it here (422) rather than fail in the database.
+Text = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
+
+
+def _odds_ok(value: str) -> str:
+    if not Decimal("1.01") <= Decimal(value) <= Decimal("1000"):
+        raise ValueError("odds must be between 1.01 and 1000")
+    return value
+
+
+class MatchIn(ApiModel):
+    external_id: Text
+    home: Text
+    away: Text
+    starts_at: AwareDatetime
+    odds: dict[Market, dict[str, OddsStr]] = Field(
+        examples=[{"1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"}}]
+    )
+
+    @field_validator("odds")
+    @classmethod
+    def _complete_markets(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        if not v:
+            raise ValueError("at least one market")
+        for market, picks in v.items():
+            if set(picks) != set(MARKETS[market]):
+                raise ValueError(f"{market} needs exactly the picks {list(MARKETS[market])}")
+            for o in picks.values():
+                _odds_ok(o)
+        return v
+
+
+class SettlementOut(ApiModel):
+    status: str
+    pending_bets: int
+    settled_bets: int
+
+
+class ResultOut(ApiModel):
+    status: str
+    home_score: int | None
+    away_score: int | None
+    provider_event_id: str
+
+
+class MatchOut(ApiModel):
+    id: int
+    external_id: str
+    home: str
+    away: str
+    starts_at: datetime
+    odds: dict[str, dict[str, str]]
+    result: ResultOut | None
+    settlement: SettlementOut
+
+
+class SelectionIn(ApiModel):
+    match_id: Id
+    market: Market
+    pick: Annotated[str, Field(min_length=1, max_length=10)]
+    odds: OddsStr
+
+    @model_validator(mode="after")
+    def _pick_in_market(self) -> SelectionIn:
+        if self.pick not in MARKETS[self.market]:
+            raise ValueError(f"pick for {self.market} is one of {list(MARKETS[self.market])}")
+        _odds_ok(self.odds)
+        return self
+
+
+class BetIn(ApiModel):
+    account_id: Id
+    stake: Annotated[StrictInt, Field(ge=1, le=10**12)]
+    selections: Annotated[list[SelectionIn], Field(min_length=1, max_length=MAX_SELECTIONS)]
+
+    @field_validator("selections")
+    @classmethod
+    def _distinct_matches(cls, v: list[SelectionIn]) -> list[SelectionIn]:
+        if len({s.match_id for s in v}) != len(v):
+            raise ValueError("selections must be on distinct matches")
+        return v
+
+
+class SelectionOut(ApiModel):
+    match_id: int
+    market: str
+    pick: str
+    odds: str
+    status: str
+
+
+class BetOut(ApiModel):
+    id: int
+    account_id: int
+    stake: int
+    status: str
+    potential_payout: int
+    payout: int | None
+    selections: list[SelectionOut]
+    created_at: datetime
+
+
+class ResultIn(ApiModel):
+    """The results provider's webhook body."""
+
+    match_external_id: Text
+    home_score: Score | None = None
+    away_score: Score | None = None
+    status: Literal["FINISHED", "CANCELLED"]
+    provider_event_id: Text
+
+    @model_validator(mode="after")
+    def _scores_when_finished(self) -> ResultIn:
+        if self.status == "FINISHED" and (self.home_score is None or self.away_score is None):
+            raise ValueError("a FINISHED result needs homeScore and awayScore")
+        return self
+
+
+class Accepted(ApiModel):
+    accepted: bool
+
+
+def odds_text(value: Any) -> str:
+    return f"{Decimal(value):.2f}"

@@ -1,0 +1,563 @@
+"""Kafka transport: the outbox relay publishes, consumer-group runners consume.
+
+Publishing (``KafkaTransport``): every claimed outbox row becomes one record on
+``event.topic`` (``<module>.<event>.v1``), keyed by ``event.key`` (the aggregate
+id, so one aggregate stays ordered in one partition), with a CloudEvents 1.0
+JSON envelope as value. A batch is sent as a whole (send all, then await all
+acknowledgements) and a row is reported delivered only once the broker acked its
+record (``acks=all``). aiokafka keeps at most one batch in flight per partition,
+so a retried batch cannot overtake a later one: per-key order holds even without
+the idempotent producer (which Tansu's in-memory store does not support).
+
+Consuming (``KafkaConsumerRunner``): one consumer group per consumer name
+(``<prefix>.<consumer>``) calls the SAME handlers the local transport calls.
+Records of one partition are handled in order, partitions concurrently; the
+offset is committed only after the handler returned (its transaction
+committed). A failing record is retried with backoff; after ``max_attempts`` it
+is parked (``dead_letter`` table, plus ``<topic>.dlt`` when enabled) and the
+partition moves on. Crash before the commit means redelivery; handlers dedupe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from prometheus_client import Counter
+
+from reservo.core.backoff import backoff_delay
+from reservo.core.breaker import BreakerOpen, CircuitBreaker
+from reservo.core.clock import Clock
+from reservo.core.db import Database, Queries
+from reservo.core.errors import DomainError
+from reservo.core.retry import retry_async
+from reservo.core.transport.base import Event, Handler, TransportUnavailable
+from reservo.settings import Settings
+
+log = structlog.get_logger(__name__)
+Q = Queries.load("reservo.core")
+
+TOPIC_ALREADY_EXISTS = 36
+DLT_SUFFIX = ".dlt"
+
+KAFKA_PUBLISHED = Counter("reservo_kafka_published_total", "Records acked by Kafka", ["topic"])
+KAFKA_CONSUMED = Counter(
+    "reservo_kafka_consumed_total", "Records handled by a consumer group", ["consumer", "topic"]
+)
+KAFKA_PARKED = Counter(
+    "reservo_kafka_parked_total", "Records parked as dead letters", ["consumer", "topic"]
+)
+
+
+# -- envelope -------------------------------------------------------------------------
+
+
+def to_cloudevent(event: Event, source: str) -> bytes:
+    """CloudEvents 1.0, structured JSON mode."""
+    envelope: dict[str, Any] = {
+        "specversion": "1.0",
+        "id": str(event.id),
+        "source": source,
+        "type": event.topic,
+        "time": event.created_at,  # orjson writes RFC 3339
+        "datacontenttype": "application/json",
+        "data": event.payload,
+    }
+    if event.key is not None:
+        envelope["subject"] = event.key
+    return orjson.dumps(envelope)
+
+
+def from_cloudevent(value: bytes | None) -> Event:
+    """The Event a handler sees; ValueError when the record is not a valid envelope."""
+    if value is None:
+        raise ValueError("empty record")
+    try:
+        doc = orjson.loads(value)
+        if not isinstance(doc, dict) or doc.get("specversion") != "1.0":
+            raise ValueError("not a CloudEvents 1.0 envelope")
+        data = doc["data"]
+        if not isinstance(data, dict):
+            raise ValueError("data must be a JSON object")
+        subject = doc.get("subject")
+        return Event(
+            id=uuid.UUID(doc["id"]),
+            topic=str(doc["type"]),
+            key=None if subject is None else str(subject),
+            payload=data,
+            created_at=datetime.fromisoformat(doc["time"]),
+        )
+    except (KeyError, TypeError, orjson.JSONDecodeError) as exc:
+        raise ValueError(f"invalid envelope: {exc!r}") from exc
+
+
+# -- topics ---------------------------------------------------------------------------
+
+
+async def ensure_topics(
+    bootstrap: str,
+    topics: Iterable[str],
+    partitions: int,
+    replication_factor: int = 1,
+    per_topic: dict[str, int] | None = None,
+    timeout_ms: int = 10_000,
+) -> None:
+    """Create missing topics; existing ones are left as they are (partitions are
+    never shrunk, and growing them would move keys, so that stays an operator act)."""
+    wanted = sorted(set(topics))
+    if not wanted:
+        return
+    per_topic = per_topic or {}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    await admin.start()
+    try:
+        response = await admin.create_topics(
+            [NewTopic(t, per_topic.get(t, partitions), replication_factor) for t in wanted]
+        )
+        for topic, code, *rest in response.topic_errors:
+            if code not in (0, TOPIC_ALREADY_EXISTS):
+                raise KafkaError(f"create topic {topic}: error {code} {rest}")
+    finally:
+        await admin.close()
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Errors that say "the broker is not there", as opposed to "this record is bad"."""
+    if isinstance(exc, (KafkaConnectionError, KafkaTimeoutError, TransportUnavailable)):
+        return True
+    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
+
+
+# -- publishing -----------------------------------------------------------------------
+
+
+class KafkaTransport:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        source: str = "/reservo",
+        topics: Callable[[], Iterable[str]] = tuple,
+        partitions: int = 6,
+        replication_factor: int = 1,
+        topic_partitions: dict[str, int] | None = None,
+        idempotence: bool = True,
+        linger_ms: int = 5,
+        max_batch_bytes: int = 1_048_576,
+        request_timeout_ms: int = 30_000,
+        breaker: CircuitBreaker | None = None,
+        client_id: str = "reservo-relay",
+    ) -> None:
+        self.bootstrap, self.source = bootstrap, source
+        self.partitions, self.replication_factor = partitions, replication_factor
+        self.topic_partitions = topic_partitions or {}
+        self.idempotence, self.linger_ms = idempotence, linger_ms
+        self.max_batch_bytes, self.request_timeout_ms = max_batch_bytes, request_timeout_ms
+        self.client_id = client_id
+        self.breaker = breaker or CircuitBreaker(
+            "kafka_producer", failure_threshold=3, window_s=30, reset_timeout_s=5
+        )
+        self._startup_topics = topics  # read at start(): modules subscribe during build
+        self._known_topics: set[str] = set()
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect and create the start-up topics (``deliver`` also does it lazily)."""
+        await self._ensure_producer()
+        await self._ensure_topics(self._startup_topics())
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            await producer.stop()  # flushes what is still buffered
+
+    async def _ensure_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap,
+                client_id=self.client_id,
+                acks="all",
+                enable_idempotence=self.idempotence,
+                linger_ms=self.linger_ms,
+                max_batch_size=self.max_batch_bytes,
+                request_timeout_ms=self.request_timeout_ms,
+                compression_type=None,
+            )
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _ensure_topics(self, topics: Iterable[str]) -> None:
+        missing = set(topics) - self._known_topics
+        if missing:
+            await ensure_topics(
+                self.bootstrap,
+                missing,
+                self.partitions,
+                self.replication_factor,
+                self.topic_partitions,
+                timeout_ms=self.request_timeout_ms,
+            )
+            self._known_topics |= missing
+
+    async def deliver(self, events: Sequence[Event]) -> list[BaseException | None]:
+        n = len(events)
+        try:
+            self.breaker.before_call()
+        except BreakerOpen as exc:
+            return [TransportUnavailable(str(exc))] * n
+        try:
+            producer = await self._ensure_producer()
+            await self._ensure_topics({e.topic for e in events})
+        except Exception as exc:  # broker unreachable: nothing was sent
+            self._broker_failed()
+            log.warning("kafka_unavailable", error=repr(exc))
+            return [TransportUnavailable(repr(exc))] * n
+
+        # Send everything first (records go to per-partition batches), then await all acks.
+        pending: list[asyncio.Future[Any] | BaseException] = []
+        for i, event in enumerate(events):
+            try:
+                pending.append(
+                    await producer.send(
+                        event.topic,
+                        to_cloudevent(event, self.source),
+                        key=None if event.key is None else event.key.encode(),
+                    )
+                )
+            except Exception as exc:
+                # send() blocks up to request_timeout_ms when it cannot even get
+                # metadata: do not pay that once per remaining event.
+                err = TransportUnavailable(repr(exc)) if _unavailable(exc) else exc
+                if isinstance(err, TransportUnavailable):
+                    pending.extend([err] * (n - i))
+                    break
+                pending.append(err)
+        futures = [p for p in pending if not isinstance(p, BaseException)]
+        acked = iter(await asyncio.gather(*futures, return_exceptions=True))
+        results: list[BaseException | None] = []
+        for event, p in zip(events, pending, strict=True):
+            outcome = p if isinstance(p, BaseException) else next(acked)
+            if isinstance(outcome, BaseException):
+                results.append(
+                    TransportUnavailable(repr(outcome)) if _unavailable(outcome) else outcome
+                )
+            else:
+                results.append(None)
+                KAFKA_PUBLISHED.labels(topic=event.topic).inc()
+        if any(r is None for r in results) or not results:
+            self.breaker.record_success()
+        elif any(isinstance(r, TransportUnavailable) for r in results):
+            self._broker_failed()
+        return results
+
+    def _broker_failed(self) -> None:
+        self.breaker.record_failure()
+        # A restarted broker may have lost its topics (Tansu keeps them in memory).
+        self._known_topics.clear()
+
+
+# -- consuming ------------------------------------------------------------------------
+
+
+class KafkaConsumerRunner:
+    """Runs one consumer group until ``stop`` is set; survives broker restarts."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        consumer: str,
+        handlers: dict[str, Handler],
+        db: Database,
+        clock: Clock,
+        *,
+        group_prefix: str = "reservo",
+        partitions: int = 6,
+        replication_factor: int = 1,
+        topic_partitions: dict[str, int] | None = None,
+        max_attempts: int = 5,
+        backoff_base_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        dead_letter_topic: bool = True,
+        idempotence: bool = True,
+        max_records: int = 1000,
+        session_timeout_ms: int = 10_000,
+        request_timeout_ms: int = 30_000,
+        concurrency: int = 16,
+    ) -> None:
+        if not handlers:
+            raise ValueError(f"consumer {consumer!r} has no topics")
+        self.bootstrap, self.consumer, self.handlers = bootstrap, consumer, handlers
+        self.db, self.clock = db, clock
+        self.group_id = f"{group_prefix}.{consumer}"
+        self.partitions, self.replication_factor = partitions, replication_factor
+        self.topic_partitions = topic_partitions or {}
+        self.max_attempts = max_attempts
+        self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
+        self.dead_letter_topic, self.idempotence = dead_letter_topic, idempotence
+        self.max_records, self.session_timeout_ms = max_records, session_timeout_ms
+        self.request_timeout_ms = request_timeout_ms
+        # Handlers running at once (keep below the database pool size).
+        self._slots = asyncio.Semaphore(concurrency)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._dlt: AIOKafkaProducer | None = None
+        # Set once the group gave this member its partitions (tests wait on it).
+        self.assigned = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                log.warning("kafka_consumer_restart", consumer=self.consumer, error=repr(exc))
+                delay = backoff_delay(failures, 0.2, 5.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        topics = sorted(self.handlers)
+        all_topics = topics + ([t + DLT_SUFFIX for t in topics] if self.dead_letter_topic else [])
+        await ensure_topics(
+            self.bootstrap,
+            all_topics,
+            self.partitions,
+            self.replication_factor,
+            self.topic_partitions,
+            timeout_ms=self.request_timeout_ms,
+        )
+        consumer = AIOKafkaConsumer(
+            *topics,
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            client_id=f"reservo-{self.consumer}",
+            enable_auto_commit=False,  # we commit after the handler, never before
+            auto_offset_reset="earliest",
+            max_poll_records=self.max_records,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
+            request_timeout_ms=self.request_timeout_ms,
+        )
+        self._consumer = consumer
+        try:
+            await consumer.start()
+            if self.dead_letter_topic:
+                self._dlt = AIOKafkaProducer(
+                    bootstrap_servers=self.bootstrap,
+                    acks="all",
+                    enable_idempotence=self.idempotence,
+                    request_timeout_ms=self.request_timeout_ms,
+                )
+                await self._dlt.start()
+            log.info("kafka_consumer_started", consumer=self.consumer, group=self.group_id)
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=200, max_records=self.max_records)
+                if consumer.assignment():
+                    self.assigned.set()
+                if batch:
+                    await asyncio.gather(
+                        *(self._partition(consumer, tp, records) for tp, records in batch.items())
+                    )
+        finally:
+            self._consumer = None
+            # stop() without a commit: whatever was not committed is redelivered.
+            await consumer.stop()
+            if self._dlt is not None:
+                dlt, self._dlt = self._dlt, None
+                await dlt.stop()
+
+    async def _partition(
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        records: list[ConsumerRecord[Any, Any]],
+    ) -> None:
+        """Handle one partition's records: in order per key, different keys concurrently
+        (the order Kafka promises is per key anyway, and one handler transaction per
+        event is commit-latency bound). Commit up to the first record not finished."""
+        by_key: dict[bytes | int, list[ConsumerRecord[Any, Any]]] = {}
+        for record in records:
+            by_key.setdefault(record.key if record.key is not None else record.offset, []).append(
+                record
+            )
+        failed: list[tuple[int, BaseException]] = []
+
+        async def run_key(group: list[ConsumerRecord[Any, Any]]) -> None:
+            for record in group:
+                try:
+                    async with self._slots:
+                        await self._handle(record)
+                except Exception as exc:  # neither handled nor parked (e.g. database down)
+                    failed.append((record.offset, exc))
+                    return  # later records of this key must wait for this one
+
+        await asyncio.gather(*(run_key(group) for group in by_key.values()))
+        # Every record before the first failure is finished; redelivered ones dedupe.
+        next_offset = min(o for o, _ in failed) if failed else records[-1].offset + 1
+        if failed:
+            log.warning(
+                "kafka_record_deferred",
+                consumer=self.consumer,
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=next_offset,
+                error=repr(min(failed, key=lambda f: f[0])[1]),
+            )
+            consumer.seek(tp, next_offset)  # re-read from there later
+            await asyncio.sleep(backoff_delay(1, self.backoff_base_s, self.backoff_max_s))
+        if next_offset > records[0].offset:
+            try:
+                await consumer.commit({tp: next_offset})
+            except KafkaError as exc:
+                # Partition moved to another member meanwhile: it will redeliver, handlers dedupe.
+                log.warning("kafka_commit_failed", consumer=self.consumer, error=repr(exc))
+
+    async def _handle(self, record: ConsumerRecord[Any, Any]) -> None:
+        handler = self.handlers.get(record.topic)
+        if handler is None:
+            return
+        try:
+            event = from_cloudevent(record.value)
+        except ValueError as exc:  # retrying cannot fix a malformed record
+            await self._park(record, None, exc, attempts=1)
+            return
+        try:
+            await retry_async(
+                lambda: handler(event),
+                name=f"kafka_consumer.{self.consumer}",
+                attempts=self.max_attempts,
+                base_s=self.backoff_base_s,
+                max_s=self.backoff_max_s,
+            )
+        except Exception as exc:
+            if _infrastructure(exc):
+                raise  # the database is away, not the event's fault: do not park
+            await self._park(record, event, exc, attempts=self.max_attempts)
+            return
+        KAFKA_CONSUMED.labels(consumer=self.consumer, topic=record.topic).inc()
+
+    async def _park(
+        self,
+        record: ConsumerRecord[Any, Any],
+        event: Event | None,
+        exc: BaseException,
+        attempts: int,
+    ) -> None:
+        log.error(
+            "kafka_record_parked",
+            consumer=self.consumer,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            event_id=None if event is None else str(event.id),
+            error=repr(exc),
+        )
+        async with self.db.connection() as conn:
+            await conn.execute(
+                Q.dead_letter_insert,
+                self.consumer,
+                record.topic,
+                record.partition,
+                record.offset,
+                None if event is None else event.id,
+                None if record.key is None else record.key.decode(errors="replace"),
+                record.value or b"",
+                repr(exc)[:2000],
+                attempts,
+                self.clock.now(),
+            )
+        if self._dlt is not None:
+            headers = [
+                ("reservo-consumer", self.consumer.encode()),
+                ("reservo-error", repr(exc)[:500].encode()),
+                ("reservo-offset", str(record.offset).encode()),
+            ]
+            await self._dlt.send_and_wait(
+                record.topic + DLT_SUFFIX, record.value, key=record.key, headers=headers
+            )
+        KAFKA_PARKED.labels(consumer=self.consumer, topic=record.topic).inc()
+
+
+def _infrastructure(exc: BaseException) -> bool:
+    return isinstance(exc, DomainError) and exc.status >= 500
+
+
+# -- wiring from settings (used by the composition root and the benchmark) -----------
+
+
+def transport_from_settings(
+    settings: Settings, topics: Callable[[], Iterable[str]]
+) -> KafkaTransport:
+    assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
+    return KafkaTransport(
+        settings.kafka_bootstrap,
+        source=settings.kafka_source,
+        topics=topics,
+        partitions=settings.kafka_partitions,
+        replication_factor=settings.kafka_replication_factor,
+        topic_partitions=settings.kafka_topic_partitions,
+        idempotence=settings.kafka_idempotence,
+        linger_ms=settings.kafka_linger_ms,
+        request_timeout_ms=settings.kafka_request_timeout_ms,
+    )
+
+
+def consumer_from_settings(
+    settings: Settings, consumer: str, handlers: dict[str, Handler], db: Database, clock: Clock
+) -> KafkaConsumerRunner:
+    assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
+    return KafkaConsumerRunner(
+        settings.kafka_bootstrap,
+        consumer,
+        handlers,
+        db,
+        clock,
+        group_prefix=settings.kafka_group_prefix,
+        partitions=settings.kafka_partitions,
+        replication_factor=settings.kafka_replication_factor,
+        topic_partitions=settings.kafka_topic_partitions,
+        max_attempts=settings.kafka_consumer_max_attempts,
+        backoff_base_s=settings.kafka_consumer_backoff_base_s,
+        backoff_max_s=settings.kafka_consumer_backoff_max_s,
+        dead_letter_topic=settings.kafka_dead_letter_topic,
+        idempotence=settings.kafka_idempotence,
+        max_records=settings.kafka_consumer_max_records,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        request_timeout_ms=settings.kafka_request_timeout_ms,
+        concurrency=settings.kafka_consumer_concurrency,
+    )
+
+
+async def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
+    """Readiness: does any bootstrap broker accept a connection? Cheap enough for
+    /readyz (no client, no metadata round trip)."""
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host or "127.0.0.1", int(port)), timeout_s
+            )
+        except (OSError, TimeoutError, ValueError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False

@@ -1,0 +1,262 @@
+"""HTTP routes of the Rentals API: parse, authorize, call the service, render."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import asyncpg
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from reservo.core.auth import Principal, verify_webhook
+from reservo.core.errors import DomainError
+from reservo.core.http import Caller, IdempotencyKey, json_response, required_key, run_idempotent
+from reservo.core.idempotency import Claim, IdempotencyStore, validate_key
+from reservo.rentals import domain
+from reservo.rentals.schemas import (
+    BookingIn,
+    BookingOut,
+    Car,
+    CarIn,
+    City,
+    WebhookIn,
+    WebhookOut,
+    When,
+)
+from reservo.rentals.service import Booking, RentalService
+
+router = APIRouter(prefix="/api", tags=["rentals"])
+PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    s: {"description": d, "content": {"application/problem+json": {}}}
+    for s, d in [
+        (400, "Bad request"),
+        (401, "Unauthenticated"),
+        (403, "Forbidden"),
+        (404, "Not found"),
+        (409, "Conflict"),
+        (422, "Validation error"),
+        (429, "Rate limited"),
+        (503, "Unavailable"),
+    ]
+}
+
+
+def svc_of(request: Request) -> RentalService:
+    svc: RentalService = request.app.state.container.rentals
+    return svc
+
+
+def _idem(request: Request) -> IdempotencyStore:
+    store: IdempotencyStore = request.app.state.idempotency
+    return store
+
+
+def render(svc: RentalService, b: Booking) -> dict[str, Any]:
+    # A HOLD past its expiry is shown as EXPIRED even before a job flipped it.
+    status = domain.effective_status(b["status"], b["hold_expires_at"], svc.clock.now())
+    live_hold = status == "HOLD"
+    return BookingOut(
+        booking_id=b["id"],
+        car_id=b["car_id"],
+        customer_id=b["customer_id"],
+        from_=b["from_at"],
+        to=b["return_at"],
+        status=status,  # type: ignore[arg-type]
+        deposit_amount=b["deposit_amount"],
+        hold_expires_at=b["hold_expires_at"] if live_hold else None,
+        payment_url=svc.payment_url(b["id"]) if live_hold else None,
+        refund_amount=b["refund_amount"],
+    ).wire()
+
+
+def _car(c: dict[str, Any]) -> dict[str, Any]:
+    return Car(
+        id=c["id"],
+        plate=c["plate"],
+        model=c["model"],
+        city=c["city"],
+        daily_price=c["daily_price"],
+        host_id=c["host_id"],
+    ).wire()
+
+
+# -- cars ----------------------------------------------------------------------
+
+
+@router.post("/cars", status_code=201, response_model=Car, responses=PROBLEMS)
+async def create_car(
+    body: CarIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    caller.require("admin")
+    key = validate_key(idempotency_key, required=False)
+    svc, raw = svc_of(request), await request.body()
+
+    async def work(claim: Claim | None) -> tuple[int, Any]:
+        async def within(conn: asyncpg.Connection, car: dict[str, Any]) -> None:
+            if claim is not None:
+                await claim.complete(conn, 201, _car(car))
+
+        car = await svc.create_car(
+            body.plate, body.model, body.city, body.daily_price, body.host_id, within
+        )
+        return 201, _car(car)
+
+    return await run_idempotent(_idem(request), caller, "POST /api/cars", key, raw, work)
+
+
+@router.get("/cars", response_model=list[Car], responses=PROBLEMS)
+async def search_cars(
+    city: Annotated[City, Query()],
+    from_: Annotated[When, Query(alias="from")],
+    to: Annotated[When, Query()],
+    caller: Caller,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> Response:
+    """Cars of a city free for the whole [from, to) (turnaround included). The
+    list may be up to RESERVO_RENTALS_SEARCH_CACHE_TTL_S stale; booking is not."""
+    body = await svc_of(request).search(city, from_, to, limit)
+    return Response(body, media_type="application/json")
+
+
+# -- bookings ------------------------------------------------------------------
+
+
+@router.post("/bookings", status_code=201, response_model=BookingOut, responses=PROBLEMS)
+async def hold(
+    body: BookingIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    caller.require_owner("customer", body.customer_id)
+    key = required_key(idempotency_key)
+    svc, raw = svc_of(request), await request.body()
+
+    async def work(claim: Claim | None) -> tuple[int, Any]:
+        # Inside the idempotent run: a replayed success is not counted again.
+        await svc.check_rate(body.customer_id)
+
+        async def within(conn: asyncpg.Connection, b: Booking) -> None:
+            if claim is not None:
+                await claim.complete(conn, 201, render(svc, b))
+
+        b = await svc.hold(body.car_id, body.customer_id, body.from_, body.to, within)
+        return 201, render(svc, b)
+
+    return await run_idempotent(_idem(request), caller, "POST /api/bookings", key, raw, work)
+
+
+def _who(caller: Principal, b: Booking, *, customer: bool) -> domain.Canceller:
+    """admin, the car's host, or (when ``customer``) the booking's customer."""
+    if caller.is_admin:
+        return "admin"
+    if caller.role == "host" and caller.sub == b["host_id"]:
+        return "host"
+    if customer and caller.role == "customer" and caller.sub == b["customer_id"]:
+        return "customer"
+    raise DomainError("forbidden", "not your booking", status=403)
+
+
+async def _authorized(
+    request: Request, caller: Principal, booking_id: int, *, customer: bool
+) -> tuple[Booking, domain.Canceller]:
+    if customer:
+        caller.require("customer", "host")
+    else:
+        caller.require("host")
+    b = await svc_of(request).get(booking_id)
+    return b, _who(caller, b, customer=customer)
+
+
+@router.get("/bookings/{id}", response_model=BookingOut, responses=PROBLEMS)
+async def get_booking(
+    booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> JSONResponse:
+    b, _ = await _authorized(request, caller, booking_id, customer=True)
+    return json_response(200, render(svc_of(request), b))
+
+
+@router.post("/bookings/{id}/cancel", response_model=BookingOut, responses=PROBLEMS)
+async def cancel(
+    booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> JSONResponse:
+    """A customer cancelling a CONFIRMED booking >= 72 h before `from` gets 100 %
+    of the deposit, >= 24 h 50 %, else 0; the host (or an admin) refunds 100 %.
+    A HOLD may be cancelled (refund 0). Cancelling again returns the booking."""
+    _, by = await _authorized(request, caller, booking_id, customer=True)
+    svc = svc_of(request)
+    return json_response(200, render(svc, await svc.cancel(booking_id, by)))
+
+
+@router.post("/bookings/{id}/pickup", response_model=BookingOut, responses=PROBLEMS)
+async def pickup(
+    booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> JSONResponse:
+    await _authorized(request, caller, booking_id, customer=False)
+    svc = svc_of(request)
+    return json_response(200, render(svc, await svc.advance(booking_id, "CONFIRMED", "ON_TRIP")))
+
+
+@router.post("/bookings/{id}/return", response_model=BookingOut, responses=PROBLEMS)
+async def return_car(
+    booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> JSONResponse:
+    await _authorized(request, caller, booking_id, customer=False)
+    svc = svc_of(request)
+    return json_response(200, render(svc, await svc.advance(booking_id, "ON_TRIP", "COMPLETED")))
+
+
+# -- payments ------------------------------------------------------------------
+
+
+async def process_webhook(request: Request, raw: bytes, signature: str | None) -> str:
+    """Verify the signature on the raw bytes first; only then parse and act."""
+    container = request.app.state.container
+    settings = container.settings
+    verify_webhook(
+        settings.payments_webhook_secret,
+        signature,
+        raw,
+        container.clock.now(),
+        settings.webhook_tolerance_s,
+    )
+    try:
+        body = WebhookIn.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = [
+            {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors()
+        ]
+        raise DomainError(
+            "validation_error",
+            "the webhook body is not valid",
+            status=422,
+            extra={"errors": errors},
+        ) from None
+    return await svc_of(request).on_payment(
+        body.booking_id, body.provider_txn_id, body.amount, body.status
+    )
+
+
+@router.post(
+    "/payments/webhook",
+    response_model=WebhookOut,
+    responses=PROBLEMS,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": WebhookIn.model_json_schema()}},
+        }
+    },
+)
+async def payment_webhook(
+    request: Request,
+    x_signature: Annotated[
+        str | None, Header(alias="X-Signature", description="t=<unix s>,v1=<hex HMAC-SHA256>")
+    ] = None,
+) -> JSONResponse:
+    """Signed by the gateway (never bearer-authenticated). `confirmed`, `duplicate`
+    (that providerTxnId was already processed) or `refund_requested` (the booking
+    was no longer a live HOLD: the full amount goes back)."""
+    result = await process_webhook(request, await request.body(), x_signature)
+    return json_response(200, WebhookOut(result=result).wire())  # type: ignore[arg-type]

@@ -1,0 +1,93 @@
+"""Pure rules of period rentals: stored periods, deposits, the refund policy.
+
+No I/O. Times are timezone-aware instants; `now` is always the server clock,
+passed in by the caller."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Literal
+
+Status = Literal["HOLD", "CONFIRMED", "ON_TRIP", "COMPLETED", "CANCELLED", "EXPIRED"]
+# Statuses that occupy the car (the exclusion constraint's predicate).
+BLOCKING: frozenset[str] = frozenset({"HOLD", "CONFIRMED", "ON_TRIP"})
+Canceller = Literal["customer", "host", "admin"]
+
+DAY = timedelta(days=1)
+# Longest trip and farthest start accepted; beyond that a request is absurd (422).
+MAX_TRIP = timedelta(days=90)
+MAX_AHEAD = timedelta(days=730)
+
+
+class InvalidPeriod(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StoredPeriod:
+    """The half-open range the database stores: [start, end + buffer)."""
+
+    lower: datetime
+    upper: datetime
+
+
+def stored_period(start: datetime, end: datetime, turnaround: timedelta) -> StoredPeriod:
+    """The one place the turnaround buffer is added: after the trip's end, so the
+    next customer can only start once the car has been cleaned and checked."""
+    return StoredPeriod(start, end + turnaround)
+
+
+def check_period(start: datetime, end: datetime, now: datetime) -> None:
+    if start.tzinfo is None or end.tzinfo is None:
+        raise InvalidPeriod("timestamps need an offset")
+    if end <= start:
+        raise InvalidPeriod("'to' must be after 'from'")
+    if end - start > MAX_TRIP:
+        raise InvalidPeriod(f"a trip lasts at most {MAX_TRIP.days} days")
+    if start < now:
+        raise InvalidPeriod("'from' is in the past")
+    if start - now > MAX_AHEAD:
+        raise InvalidPeriod(f"bookings open at most {MAX_AHEAD.days} days ahead")
+
+
+def rental_days(start: datetime, end: datetime) -> int:
+    """Started days count as whole days; at least one."""
+    return max(1, math.ceil((end - start) / DAY))
+
+
+def deposit(start: datetime, end: datetime, daily_price: int, rate: float) -> int:
+    """ceil(days) * dailyPrice * rate, rounded half up to a whole minor unit.
+    Decimal(str(rate)) so 0.3 means 3/10, not the nearest binary float."""
+    exact = Decimal(rental_days(start, end) * daily_price) * Decimal(str(rate))
+    return int(exact.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+FULL_REFUND_BEFORE = timedelta(hours=72)
+HALF_REFUND_BEFORE = timedelta(hours=24)
+
+
+def refund_amount(
+    deposit_amount: int, pickup_at: datetime, cancelled_at: datetime, cancelled_by: Canceller
+) -> int:
+    """The refund for cancelling a CONFIRMED booking. The host (or the platform)
+    cancelling refunds everything; a customer gets 100 % at >= 72 h before
+    pickup, 50 % (rounded down) at >= 24 h, else nothing. ``cancelled_at`` is
+    the server's clock, never the client's: minutes around a boundary are money."""
+    if cancelled_by != "customer":
+        return deposit_amount
+    before = pickup_at - cancelled_at
+    if before >= FULL_REFUND_BEFORE:
+        return deposit_amount
+    if before >= HALF_REFUND_BEFORE:
+        return deposit_amount // 2
+    return 0
+
+
+def effective_status(status: str, hold_expires_at: datetime | None, now: datetime) -> str:
+    """A HOLD past its expiry is EXPIRED even before a job has flipped the row."""
+    if status == "HOLD" and hold_expires_at is not None and hold_expires_at <= now:
+        return "EXPIRED"
+    return status

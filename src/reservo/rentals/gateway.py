@@ -1,0 +1,166 @@
+"""Payment-gateway adapters. The refund consumer only knows ``PaymentGateway``.
+
+- ``SandboxGateway`` (default): records refunds in memory and can "pay" a hold by
+  sending the signed webhook, so the whole flow runs without a real provider.
+- ``HttpGateway``: POSTs refunds to a provider with an Idempotency-Key (the
+  refund event id), retrying transient failures with backoff, behind a circuit
+  breaker.
+
+Neither is ever called inside a database transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+import orjson
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from reservo.core.auth import sign_webhook
+from reservo.core.breaker import CircuitBreaker
+
+log = structlog.get_logger(__name__)
+
+
+class GatewayError(Exception):
+    """The refund did not go through; the event is retried later by the relay."""
+
+
+class TransientGatewayError(GatewayError):
+    """Worth retrying right away (network error, 5xx, 429)."""
+
+
+class PaymentGateway(Protocol):
+    name: str
+
+    async def refund(self, booking_id: int, amount: int, reference: str) -> str:
+        """Refund ``amount`` for ``booking_id``; ``reference`` is the idempotency key
+        (the same reference twice refunds once). Returns the gateway's reference."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class SandboxRefund:
+    booking_id: int
+    amount: int
+    reference: str
+
+
+@dataclass
+class SandboxGateway:
+    """Local stand-in for a provider. Refunds are kept (deduplicated by
+    reference) and logged; ``checkout`` builds the signed webhook a provider
+    would send after a successful payment."""
+
+    webhook_secret: str
+    name: str = "sandbox"
+    refunds: dict[str, SandboxRefund] = field(default_factory=dict)
+
+    async def refund(self, booking_id: int, amount: int, reference: str) -> str:
+        if reference not in self.refunds:
+            self.refunds[reference] = SandboxRefund(booking_id, amount, reference)
+            log.info("sandbox_refund", booking_id=booking_id, amount=amount, reference=reference)
+        return f"sandbox-refund-{reference}"
+
+    def checkout(
+        self, booking_id: int, amount: int, t: int, txn_id: str | None = None
+    ) -> tuple[bytes, str]:
+        """(raw body, X-Signature at Unix time ``t``) of a SUCCEEDED payment webhook."""
+        body = orjson.dumps(
+            {
+                "bookingId": booking_id,
+                "providerTxnId": txn_id or f"sandbox-{uuid.uuid4().hex}",
+                "amount": amount,
+                "status": "SUCCEEDED",
+            }
+        )
+        return body, sign_webhook(self.webhook_secret, body, t)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class HttpGateway:
+    name = "http"
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        timeout_s: float = 5.0,
+        attempts: int = 3,
+        client: httpx.AsyncClient | None = None,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = client or httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=headers
+        )
+        self._attempts = attempts
+        # After repeated transient failures, fail fast (BreakerOpen): the relay
+        # retries the event later instead of every refund waiting on timeouts.
+        self.breaker = breaker or CircuitBreaker(
+            "rentals-gateway",
+            failure_threshold=5,
+            window_s=30,
+            reset_timeout_s=15,
+            counts_as_failure=lambda exc: isinstance(exc, TransientGatewayError),
+        )
+
+    async def _post(self, booking_id: int, amount: int, reference: str) -> str:
+        try:
+            r = await self._client.post(
+                "/refunds",
+                json={"bookingId": booking_id, "amount": amount, "reference": reference},
+                headers={"Idempotency-Key": reference},
+            )
+        except httpx.TransportError as exc:
+            raise TransientGatewayError(repr(exc)) from exc
+        if r.status_code >= 500 or r.status_code == 429:
+            raise TransientGatewayError(f"gateway answered {r.status_code}")
+        if r.status_code >= 400:
+            raise GatewayError(f"gateway refused the refund: {r.status_code} {r.text[:200]}")
+        try:
+            ref = r.json().get("id")
+        except ValueError:
+            ref = None
+        return str(ref or reference)
+
+    async def refund(self, booking_id: int, amount: int, reference: str) -> str:
+        return await self.breaker.call(self._refund_with_retry, booking_id, amount, reference)
+
+    async def _refund_with_retry(self, booking_id: int, amount: int, reference: str) -> str:
+        # Retries are safe: the provider dedupes by the Idempotency-Key.
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential_jitter(initial=0.2, max=2.0),
+            retry=retry_if_exception_type(TransientGatewayError),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._post(booking_id, amount, reference)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def build_gateway(
+    kind: str, webhook_secret: str, url: str | None, token: str | None, timeout_s: float
+) -> PaymentGateway:
+    if kind == "http":
+        if not url:
+            raise RuntimeError("RESERVO_RENTALS_GATEWAY_URL is required with the http gateway")
+        return HttpGateway(url, token, timeout_s)
+    return SandboxGateway(webhook_secret)

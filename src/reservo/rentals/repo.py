@@ -1,0 +1,139 @@
+"""The only place that runs the rentals module's SQL."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypeAlias
+
+import asyncpg
+
+from reservo.core.db import Queries
+from reservo.core.errors import register_constraints
+from reservo.rentals.domain import StoredPeriod
+
+Q = Queries.load("reservo.rentals")
+
+register_constraints(
+    {
+        "uq_car_plate": ("plate_taken", "a car with this plate already exists"),
+        "ex_car_period": ("car_unavailable", "this car was just booked for an overlapping period"),
+        "fk_payment_booking": ("booking_not_found", "no such booking"),
+        "booking_car_id_fkey": ("car_not_found", "no such car"),
+    }
+)
+
+Row: TypeAlias = asyncpg.Record
+
+
+def _range(p: StoredPeriod) -> asyncpg.Range:
+    return asyncpg.Range(p.lower, p.upper, lower_inc=True, upper_inc=False)
+
+
+async def insert_car(
+    conn: asyncpg.Connection,
+    plate: str,
+    model: str,
+    city: str,
+    daily_price: int,
+    host_id: int,
+    now: datetime,
+) -> Row:
+    return await conn.fetchrow(Q.insert_car, plate, model, city, daily_price, host_id, now)
+
+
+async def get_car(conn: asyncpg.Connection, car_id: int) -> Row | None:
+    return await conn.fetchrow(Q.get_car, car_id)
+
+
+async def search_available(
+    conn: asyncpg.Connection, city: str, period: StoredPeriod, now: datetime, limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.search_available, city, _range(period), now, limit))
+
+
+async def expire_overlapping(
+    conn: asyncpg.Connection, car_id: int, period: StoredPeriod, now: datetime
+) -> list[Row]:
+    return list(await conn.fetch(Q.expire_overlapping, car_id, _range(period), now))
+
+
+async def insert_hold(
+    conn: asyncpg.Connection,
+    car_id: int,
+    customer_id: int,
+    period: StoredPeriod,
+    return_at: datetime,
+    deposit: int,
+    hold_expires_at: datetime,
+    now: datetime,
+) -> Row:
+    return await conn.fetchrow(
+        Q.insert_hold,
+        car_id,
+        customer_id,
+        _range(period),
+        return_at,
+        deposit,
+        hold_expires_at,
+        now,
+    )
+
+
+async def get_booking(conn: asyncpg.Connection, booking_id: int) -> Row | None:
+    return await conn.fetchrow(Q.get_booking, booking_id)
+
+
+async def insert_deposit(
+    conn: asyncpg.Connection, booking_id: int, txn_id: str, amount: int, now: datetime
+) -> bool:
+    return await conn.fetchval(Q.insert_deposit, booking_id, txn_id, amount, now) is not None
+
+
+async def confirm(
+    conn: asyncpg.Connection, booking_id: int, amount: int, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.confirm, booking_id, amount, now)
+
+
+async def cancel(
+    conn: asyncpg.Connection, booking_id: int, now: datetime, cancelled_by: str
+) -> Row | None:
+    return await conn.fetchrow(Q.cancel, booking_id, now, cancelled_by)
+
+
+async def set_refund(conn: asyncpg.Connection, booking_id: int, amount: int) -> None:
+    await conn.execute(Q.set_refund, booking_id, amount)
+
+
+async def transition(
+    conn: asyncpg.Connection, booking_id: int, from_status: str, to_status: str, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.transition, booking_id, from_status, to_status, now)
+
+
+async def expire_one(conn: asyncpg.Connection, booking_id: int, now: datetime) -> Row | None:
+    return await conn.fetchrow(Q.expire_one, booking_id, now)
+
+
+async def sweep(conn: asyncpg.Connection, now: datetime, limit: int) -> list[Row]:
+    return list(await conn.fetch(Q.sweep, now, limit))
+
+
+async def refund_recorded(conn: asyncpg.Connection, txn_id: str) -> bool:
+    return bool(await conn.fetchval(Q.refund_recorded, txn_id))
+
+
+async def insert_refund(
+    conn: asyncpg.Connection,
+    booking_id: int,
+    txn_id: str,
+    amount: int,
+    gateway_ref: str,
+    now: datetime,
+) -> bool:
+    found = await conn.fetchval(Q.insert_refund, booking_id, txn_id, amount, gateway_ref, now)
+    return found is not None
+
+
+def as_dict(row: Row) -> dict[str, Any]:
+    return dict(row.items())

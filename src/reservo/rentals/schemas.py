@@ -1,0 +1,88 @@
+"""Request and response bodies of the Rentals API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, AwareDatetime, Field, StrictInt, StringConstraints
+
+from reservo.core.schemas import ApiModel
+
+Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+Money = Annotated[StrictInt, Field(ge=0, le=10**15)]
+# Plates and txn ids are visible ASCII without surrounding spaces.
+Plate = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9 .\-]{0,18}[A-Za-z0-9]$")]
+
+
+def _printable(v: str) -> str:
+    # PostgreSQL text cannot hold NUL, and control characters are never a name.
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in v) or v != v.strip():
+        raise ValueError("control characters or surrounding spaces")
+    return v
+
+
+City = Annotated[str, StringConstraints(min_length=1, max_length=50), AfterValidator(_printable)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=100), AfterValidator(_printable)]
+
+
+def _sane_year(v: datetime) -> datetime:
+    # Years near 1 or 9999 overflow when converted to UTC: refuse them as 422.
+    if not 1971 <= v.year <= 9000:
+        raise ValueError("year out of range")
+    return v
+
+
+# An instant with an explicit offset, in a sane year.
+When = Annotated[AwareDatetime, AfterValidator(_sane_year)]
+
+
+class CarIn(ApiModel):
+    plate: Plate
+    model: Name
+    city: City
+    daily_price: Annotated[StrictInt, Field(ge=1, le=10**12)]
+    host_id: Id
+
+
+class Car(ApiModel):
+    id: int
+    plate: str
+    model: str
+    city: str
+    daily_price: int
+    host_id: int
+
+
+class BookingIn(ApiModel):
+    car_id: Id
+    customer_id: Id
+    from_: Annotated[When, Field(alias="from", examples=["2026-01-25T08:00:00+07:00"])]
+    to: Annotated[When, Field(examples=["2026-01-28T20:00:00+07:00"])]
+
+
+BookingStatus = Literal["HOLD", "CONFIRMED", "ON_TRIP", "COMPLETED", "CANCELLED", "EXPIRED"]
+
+
+class BookingOut(ApiModel):
+    booking_id: int
+    car_id: int
+    customer_id: int
+    from_: Annotated[datetime, Field(alias="from")]
+    to: datetime
+    status: BookingStatus
+    deposit_amount: int
+    hold_expires_at: datetime | None
+    payment_url: str | None
+    refund_amount: int | None
+
+
+class WebhookIn(ApiModel):
+    booking_id: Id
+    provider_txn_id: Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]{1,64}$")]
+    amount: Money
+    status: Literal["SUCCEEDED", "FAILED"]
+
+
+class WebhookOut(ApiModel):
+    result: Literal["confirmed", "duplicate", "refund_requested", "ignored"]

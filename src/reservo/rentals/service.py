@@ -1,0 +1,372 @@
+"""Rental use cases. Each owns its transaction: claim, check, write, emit.
+
+The database decides every conflict (ex_car_period, uq_payment_provider_txn,
+conditional status flips); Redis only rate-limits holds and caches searches."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import asyncpg
+import orjson
+import redis.asyncio
+import structlog
+
+from reservo.core import metrics
+from reservo.core.cache import Cache
+from reservo.core.clock import Clock
+from reservo.core.db import Database
+from reservo.core.errors import DomainError
+from reservo.core.outbox import emit
+from reservo.core.ratelimit import RateLimiter
+from reservo.core.transport.base import Event
+from reservo.rentals import domain, events, repo
+from reservo.rentals.gateway import PaymentGateway
+
+log = structlog.get_logger(__name__)
+
+DomainError.register(
+    {
+        "plate_taken": 409,
+        "car_not_found": 404,
+        "car_unavailable": 409,
+        "booking_not_found": 404,
+        "not_cancellable": 409,
+        "invalid_state": 409,
+    }
+)
+
+Booking = dict[str, Any]
+# A hook that runs inside the creating transaction (the API stores its
+# idempotent response there, so response and row commit together).
+Within = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
+
+EXPIRE_HOLD = "rentals.expire-hold"
+# A customer's clock may lag ours a little: a period starting this long ago is accepted.
+START_GRACE = timedelta(minutes=5)
+
+
+class JobScheduler(Protocol):
+    """The slice of the scheduler facade (reservo.scheduler) this module uses."""
+
+    async def enqueue(
+        self, category: str, payload: dict[str, Any], *, run_at: datetime, conn: Any
+    ) -> Any: ...
+
+    async def dispatch(self, jobs: Sequence[Any]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Config:
+    turnaround: timedelta = timedelta(minutes=120)
+    hold_ttl: timedelta = timedelta(seconds=900)
+    deposit_rate: float = 0.3
+    hold_rate_limit: int = 3
+    hold_rate_window_s: int = 900
+    search_cache_ttl_s: int = 30
+    payment_url_base: str = "http://127.0.0.1:8000"
+
+
+class RentalService:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        cache: Cache,
+        limiter: RateLimiter,
+        config: Config = Config(),
+        scheduler: JobScheduler | None = None,
+    ) -> None:
+        self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
+        self.config, self.scheduler = config, scheduler
+
+    def attach_scheduler(self, scheduler: Any) -> None:
+        """Use the scheduler facade (reservo.scheduler.Scheduler) for one expiry job
+        per hold; without it the sweeper and in-transaction expiry still suffice."""
+        self.scheduler = scheduler
+
+        async def expire(job: Any) -> None:
+            await self.expire_hold(int(job.payload["bookingId"]))
+
+        scheduler.register(EXPIRE_HOLD, expire)
+
+    def payment_url(self, booking_id: int) -> str:
+        return f"{self.config.payment_url_base.rstrip('/')}/sandbox/pay/{booking_id}"
+
+    def check_period(self, start: datetime, end: datetime) -> None:
+        try:
+            domain.check_period(start, end, self.clock.now() - START_GRACE)
+        except domain.InvalidPeriod as exc:
+            raise DomainError(
+                "validation_error",
+                str(exc),
+                status=422,
+                extra={"errors": [{"loc": ["from"], "msg": str(exc), "type": "value_error"}]},
+            ) from None
+
+    # -- cars ------------------------------------------------------------------
+
+    async def create_car(
+        self,
+        plate: str,
+        model: str,
+        city: str,
+        daily_price: int,
+        host_id: int,
+        within: Within | None = None,
+    ) -> dict[str, Any]:
+        async with self.db.transaction() as conn:
+            car = repo.as_dict(
+                await repo.insert_car(
+                    conn, plate, model, city, daily_price, host_id, self.clock.now()
+                )
+            )
+            if within is not None:
+                await within(conn, car)
+        return car
+
+    async def search(self, city: str, start: datetime, end: datetime, limit: int) -> bytes:
+        """The cars of ``city`` free for [start, end) (plus the turnaround), as JSON
+        bytes, served from a short-lived cache: a stale answer only costs a 409
+        later, the constraint decides."""
+        self.check_period(start, end)
+        start, end = start.astimezone(UTC), end.astimezone(UTC)
+        key = f"rentals:avail:{{city:{city}}}:{start.isoformat()}:{end.isoformat()}:{limit}"
+        cached = await self._get_raw(key)
+        if cached is not None:
+            return cached
+        period = domain.stored_period(start, end, self.config.turnaround)
+        async with self.db.connection() as conn:
+            rows = await repo.search_available(conn, city, period, self.clock.now(), limit)
+        cars = [
+            {
+                "id": r["id"],
+                "plate": r["plate"],
+                "model": r["model"],
+                "city": r["city"],
+                "dailyPrice": r["daily_price"],
+                "hostId": r["host_id"],
+            }
+            for r in rows
+        ]
+        await self.cache.set_json(key, cars, self.config.search_cache_ttl_s)
+        return orjson.dumps(cars)
+
+    async def _get_raw(self, key: str) -> bytes | None:
+        # The stored JSON is returned as is: no decode/encode on the hot path.
+        rkey = self.cache.value_key(key)
+
+        async def _get(client: redis.asyncio.Redis) -> bytes | None:
+            raw = await client.get(rkey)
+            return raw.encode() if isinstance(raw, str) else raw
+
+        return await self.cache.gate.call(_get, None)
+
+    # -- holds -----------------------------------------------------------------
+
+    async def check_rate(self, customer_id: int) -> None:
+        """At most N hold attempts per customer per window (Redis filter, fails open)."""
+        c = self.config
+        decision = await self.limiter.hit(
+            "rentals-hold", customer_id, c.hold_rate_limit, c.hold_rate_window_s
+        )
+        if not decision.allowed:
+            metrics.CONFLICTS.labels("rentals", "rate_limited", "redis").inc()
+            raise DomainError(
+                "rate_limited",
+                f"at most {c.hold_rate_limit} holds per {c.hold_rate_window_s} s",
+                status=429,
+                headers={"Retry-After": str(max(1, decision.retry_after_s))},
+            )
+
+    async def hold(
+        self,
+        car_id: int,
+        customer_id: int,
+        start: datetime,
+        end: datetime,
+        within: Within | None = None,
+    ) -> Booking:
+        self.check_period(start, end)
+        now = self.clock.now()
+        period = domain.stored_period(start, end, self.config.turnaround)
+        expires = now + self.config.hold_ttl
+        jobs: list[Any] = []
+        async with self.db.transaction() as conn:
+            car = await repo.get_car(conn, car_id)
+            if car is None:
+                raise DomainError("car_not_found", f"no car {car_id}")
+            amount = domain.deposit(start, end, car["daily_price"], self.config.deposit_rate)
+            # Stale holds overlapping this period stop blocking before we insert.
+            for row in await repo.expire_overlapping(conn, car_id, period, now):
+                await self._emit(conn, repo.as_dict(row), now)
+            try:
+                row = await repo.insert_hold(
+                    conn, car_id, customer_id, period, end, amount, expires, now
+                )
+            except asyncpg.ExclusionViolationError:
+                metrics.CONFLICTS.labels("rentals", "car_unavailable", "database").inc()
+                raise
+            booking = {**repo.as_dict(row), "host_id": car["host_id"]}
+            if self.scheduler is not None:
+                jobs.append(
+                    await self.scheduler.enqueue(
+                        EXPIRE_HOLD, {"bookingId": booking["id"]}, run_at=expires, conn=conn
+                    )
+                )
+            await self._emit(conn, booking, now)
+            if within is not None:
+                await within(conn, booking)
+        metrics.BOOKINGS.labels("rentals").inc()
+        if jobs and self.scheduler is not None:
+            try:
+                await self.scheduler.dispatch(jobs)
+            except Exception as exc:  # the job is durable; the sweeper is the safety net
+                log.warning("rentals_expiry_dispatch_failed", error=repr(exc))
+        return booking
+
+    async def _emit(self, conn: asyncpg.Connection, b: Booking, now: datetime) -> None:
+        await emit(conn, events.BY_STATUS[b["status"]], events.key(b["id"]), events.payload(b), now)
+
+    # -- reading ---------------------------------------------------------------
+
+    async def get(self, booking_id: int) -> Booking:
+        async with self.db.connection() as conn:
+            row = await repo.get_booking(conn, booking_id)
+        if row is None:
+            raise DomainError("booking_not_found", f"no booking {booking_id}")
+        return repo.as_dict(row)
+
+    # -- payments --------------------------------------------------------------
+
+    async def on_payment(self, booking_id: int, txn_id: str, amount: int, status: str) -> str:
+        """The gateway's webhook, after its signature was verified. Payment row,
+        status flip and event commit together; a redelivery inserts nothing."""
+        if status != "SUCCEEDED":
+            return "ignored"  # the hold simply runs out
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            if not await repo.insert_deposit(conn, booking_id, txn_id, amount, now):
+                return "duplicate"
+            row = await repo.confirm(conn, booking_id, amount, now)
+            if row is not None:
+                await self._emit(conn, repo.as_dict(row), now)
+                return "confirmed"
+            # Paid too late (or too little, or after a cancel): the car may belong to
+            # someone else by now, so the money goes back in full.
+            expired = await repo.expire_one(conn, booking_id, now)
+            if expired is not None:
+                await self._emit(conn, repo.as_dict(expired), now)
+            current = await repo.get_booking(conn, booking_id)
+            assert current is not None  # the payment row's foreign key just saw it
+            await emit(
+                conn,
+                events.REFUND_REQUESTED,
+                events.key(booking_id),
+                events.refund_payload(
+                    repo.as_dict(current), amount, f"payment received for a {current['status']}"
+                ),
+                now,
+            )
+        metrics.CONFLICTS.labels("rentals", "late_payment", "database").inc()
+        return "refund_requested"
+
+    # -- cancelling and the trip -------------------------------------------------
+
+    async def cancel(self, booking_id: int, by: domain.Canceller) -> Booking:
+        """Cancelling twice refunds once: the second call finds nothing to flip."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.cancel(conn, booking_id, now, by)
+            if row is not None:
+                b = repo.as_dict(row)
+                refund = 0
+                if b.pop("previous_status") == "CONFIRMED":
+                    refund = domain.refund_amount(b["deposit_amount"], b["from_at"], now, by)
+                await repo.set_refund(conn, booking_id, refund)
+                b["refund_amount"] = refund
+                await self._emit(conn, b, now)
+                if refund > 0:
+                    await emit(
+                        conn,
+                        events.REFUND_REQUESTED,
+                        events.key(booking_id),
+                        events.refund_payload(b, refund, f"cancelled by the {by}"),
+                        now,
+                    )
+        if row is None:
+            current = await self.get(booking_id)
+            if current["status"] == "CANCELLED":
+                return current
+            status = domain.effective_status(current["status"], current["hold_expires_at"], now)
+            raise DomainError("not_cancellable", f"a {status} booking cannot be cancelled")
+        metrics.CANCELLATIONS.labels("rentals").inc()
+        return b
+
+    async def advance(self, booking_id: int, from_status: str, to_status: str) -> Booking:
+        """Pickup (CONFIRMED -> ON_TRIP) and return (ON_TRIP -> COMPLETED)."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.transition(conn, booking_id, from_status, to_status, now)
+            if row is not None:
+                b = repo.as_dict(row)
+                await self._emit(conn, b, now)
+                return b
+        current = await self.get(booking_id)
+        raise DomainError(
+            "invalid_state", f"booking is {current['status']}, expected {from_status}"
+        )
+
+    # -- expiry ----------------------------------------------------------------
+
+    async def expire_hold(self, booking_id: int) -> bool:
+        """The per-hold job (scheduler, at hold_expires_at); a no-op once paid."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.expire_one(conn, booking_id, now)
+            if row is not None:
+                await self._emit(conn, repo.as_dict(row), now)
+        return row is not None
+
+    async def sweep(self, batch: int = 500) -> int:
+        """The safety net: flip every expired hold, a batch per transaction."""
+        total = 0
+        while True:
+            now = self.clock.now()
+            async with self.db.transaction() as conn:
+                rows = await repo.sweep(conn, now, batch)
+                for row in rows:
+                    await self._emit(conn, repo.as_dict(row), now)
+            total += len(rows)
+            if len(rows) < batch:
+                if total:
+                    log.info("rentals_holds_expired", count=total)
+                return total
+
+
+class RefundConsumer:
+    """Executes refunds requested through the outbox, outside any transaction.
+    The REFUND row's provider_txn_id is 'refund:<event id>' (UNIQUE), and the
+    gateway gets the event id as its idempotency key, so a redelivered event
+    refunds once."""
+
+    def __init__(self, db: Database, gateway: PaymentGateway, clock: Clock) -> None:
+        self.db, self.gateway, self.clock = db, gateway, clock
+
+    async def handle(self, event: Event) -> None:
+        if event.topic != events.REFUND_REQUESTED:
+            return
+        p = event.payload
+        txn = f"refund:{event.id}"
+        async with self.db.connection() as conn:
+            if await repo.refund_recorded(conn, txn):
+                return
+        ref = await self.gateway.refund(int(p["bookingId"]), int(p["amount"]), str(event.id))
+        async with self.db.transaction() as conn:
+            await repo.insert_refund(
+                conn, int(p["bookingId"]), txn, int(p["amount"]), ref, self.clock.now()
+            )
+        log.info("rentals_refunded", booking_id=p["bookingId"], amount=p["amount"], ref=ref)

@@ -1,0 +1,116 @@
+"""HTTP routes of the Delayed jobs API: parse, authorize, call the service, render."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+import asyncpg
+import orjson
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from reservo.core.errors import DomainError
+from reservo.core.http import Caller, IdempotencyKey, json_response, run_idempotent
+from reservo.core.idempotency import Claim, IdempotencyStore, validate_key
+from reservo.scheduler.domain import Job
+from reservo.scheduler.schemas import HttpPayload, JobCreated, JobIn, JobOut
+from reservo.scheduler.service import Scheduler
+
+router = APIRouter(prefix="/api", tags=["jobs"])
+PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+# Payloads live in PostgreSQL; keep them small.
+MAX_PAYLOAD_BYTES = 64 * 1024
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    s: {"description": d, "content": {"application/problem+json": {}}}
+    for s, d in [
+        (401, "Unauthenticated"),
+        (403, "Forbidden"),
+        (404, "Not found"),
+        (409, "Conflict"),
+        (422, "Validation error"),
+        (503, "Unavailable"),
+    ]
+}
+
+
+def _svc(request: Request) -> Scheduler:
+    svc: Scheduler = request.app.state.scheduler
+    return svc
+
+
+def render(job: Job) -> dict[str, Any]:
+    return JobOut(
+        job_id=job.id,
+        category=job.category,
+        urgency=job.urgency,
+        status=job.status,
+        run_at=job.run_at,
+        attempts=job.attempts,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        last_error=job.last_error,
+    ).wire()
+
+
+def _invalid(detail: str, errors: list[dict[str, Any]] | None = None) -> DomainError:
+    return DomainError("validation_error", detail, status=422, extra={"errors": errors or []})
+
+
+@router.post("/jobs", status_code=201, response_model=JobCreated, responses=PROBLEMS)
+async def create_job(
+    body: JobIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    caller.require("service")
+    if body.run_at is not None and body.delay_ms is not None:
+        raise _invalid("give runAt or delayMs, not both")
+    if len(orjson.dumps(body.payload)) > MAX_PAYLOAD_BYTES:
+        raise _invalid(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
+    if body.category == "http":
+        try:
+            HttpPayload.model_validate(body.payload)
+        except ValidationError as exc:
+            errors = [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
+            raise _invalid("bad payload for category http", errors) from exc
+    svc = _svc(request)
+    store: IdempotencyStore = request.app.state.idempotency
+    key = validate_key(idempotency_key, required=False)
+    delay = timedelta(milliseconds=body.delay_ms) if body.delay_ms is not None else None
+
+    async def work(claim: Claim | None) -> tuple[int, Any]:
+        async def within(conn: asyncpg.Connection, job: Job) -> None:
+            if claim is not None:
+                await claim.complete(conn, 201, created(job))
+
+        job = await svc.create(
+            body.category,
+            body.payload,
+            urgency=body.urgency,
+            run_at=body.run_at,
+            delay=delay,
+            within=within,
+        )
+        return 201, created(job)
+
+    return await run_idempotent(store, caller, "POST /api/jobs", key, await request.body(), work)
+
+
+def created(job: Job) -> dict[str, Any]:
+    return JobCreated(job_id=job.id, status=job.status, run_at=job.run_at).wire()
+
+
+@router.get("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
+async def get_job(
+    job_id: Annotated[PathId, Path(alias="jobId")], caller: Caller, request: Request
+) -> JSONResponse:
+    caller.require("service")
+    return json_response(200, render(await _svc(request).get(job_id)))
+
+
+@router.delete("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
+async def cancel_job(
+    job_id: Annotated[PathId, Path(alias="jobId")], caller: Caller, request: Request
+) -> JSONResponse:
+    caller.require("service")
+    return json_response(200, render(await _svc(request).cancel_job(job_id)))

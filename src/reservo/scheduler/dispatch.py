@@ -1,0 +1,179 @@
+"""Redis side of the scheduler: the window of due-soon job ids. Never the truth:
+everything here can be rebuilt from PostgreSQL by the loader."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis.asyncio
+
+from reservo.scheduler import lua
+from reservo.scheduler.domain import Keys, pair, unpair
+
+# Ids per LOAD/ACK call: bounds the time one script blocks Redis.
+CHUNK = 500
+# ACK is one pass over the processing list: acknowledge a batch in one call.
+ACK_CHUNK = 5000
+Entry = tuple[int, str, int, int]  # id, category, urgency, score (epoch ms)
+
+
+def _text(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def _chunks(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+class Dispatch:
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys) -> None:
+        self.r, self.keys = client, keys
+        self._load = client.register_script(lua.LOAD)
+        self._move = client.register_script(lua.MOVE)
+        self._take = client.register_script(lua.TAKE)
+        self._ack = client.register_script(lua.ACK)
+        self._requeue = client.register_script(lua.REQUEUE)
+        self._release = client.register_script(lua.RELEASE)
+        self._extend = client.register_script(lua.EXTEND)
+
+    # -- loading -----------------------------------------------------------------
+
+    async def load(self, entries: Iterable[Entry]) -> int:
+        """Adds ids not already in their pipeline; returns how many were new."""
+        groups: dict[tuple[str, int], list[Entry]] = defaultdict(list)
+        for e in entries:
+            groups[(e[1], e[2])].append(e)
+        if not groups:
+            return 0
+        k = self.keys
+        async with self.r.pipeline(transaction=False) as pipe:
+            pipe.sadd(k.registry, *(pair(c, u) for c, u in groups))
+            for (c, u), items in groups.items():
+                for chunk in _chunks(items, CHUNK):
+                    args: list[int] = []
+                    for e in chunk:
+                        args += [e[0], e[3]]
+                    await self._load(
+                        keys=[k.future(c, u), k.queue(c, u), k.known(c, u)], args=args, client=pipe
+                    )
+            results = await pipe.execute()
+        return sum(int(x) for x in results[1:])
+
+    async def epoch(self, fresh: str) -> str:
+        """The current epoch token, creating it (as ``fresh``) when Redis lost it."""
+        await self.r.set(self.keys.epoch, fresh, nx=True)
+        got = await self.r.get(self.keys.epoch)
+        return _text(got) if got else fresh
+
+    async def pairs(self) -> list[tuple[str, int]]:
+        members = await self.r.smembers(self.keys.registry)
+        return sorted((unpair(_text(m)) for m in members), key=lambda p: (p[1], p[0]))
+
+    # -- moving ------------------------------------------------------------------
+
+    async def move(
+        self, pairs: Sequence[tuple[str, int]], batch: int
+    ) -> list[tuple[int, int, int]]:
+        """One atomic MOVE per key, pipelined. Returns (moved, next_score, now) per key."""
+        k = self.keys
+        async with self.r.pipeline(transaction=False) as pipe:
+            for c, u in pairs:
+                await self._move(keys=[k.future(c, u), k.queue(c, u)], args=[batch], client=pipe)
+            results = await pipe.execute()
+        return [(int(a), int(b), int(n)) for a, b, n in results]
+
+    async def acquire(self, token: str, ttl_ms: int, key: str | None = None) -> bool:
+        """SET NX PX with an owner token, or extend it when we already own it.
+        ``key`` defaults to the mover's lock."""
+        key = key or self.keys.lock
+        if await self.r.set(key, token, nx=True, px=ttl_ms):
+            return True
+        return bool(await self._extend(keys=[key], args=[token, ttl_ms]))
+
+    async def release(self, token: str, key: str | None = None) -> None:
+        await self._release(keys=[key or self.keys.lock], args=[token])
+
+    # -- taking and acknowledging ------------------------------------------------
+
+    async def take(
+        self, pairs: Sequence[tuple[str, int]], worker: str, n: int
+    ) -> list[tuple[tuple[str, int], list[int]]]:
+        """Reliable pop of up to n ids, most urgent keys first."""
+        k, out, left = self.keys, [], n
+        for c, u in pairs:
+            ids = await self._take(keys=[k.queue(c, u), k.processing(c, u, worker)], args=[left])
+            if ids:
+                out.append(((c, u), [int(i) for i in ids]))
+                left -= len(ids)
+                if left <= 0:
+                    break
+        return out
+
+    async def wait_one(
+        self, c: str, u: int, worker: str, timeout_s: float
+    ) -> list[tuple[tuple[str, int], list[int]]]:
+        """BLMOVE: sleeps in Redis until a job arrives (or timeout)."""
+        k = self.keys
+        got = await self.r.blmove(
+            k.queue(c, u),
+            k.processing(c, u, worker),
+            timeout_s,  # type: ignore[arg-type]  # Redis >= 6 takes fractional seconds
+            "RIGHT",
+            "LEFT",
+        )
+        return [((c, u), [int(got)])] if got is not None else []
+
+    async def ack(self, worker: str, groups: dict[tuple[str, int], list[int]]) -> None:
+        """One linear-time script per (category, urgency) of the batch."""
+        k = self.keys
+        async with self.r.pipeline(transaction=False) as pipe:
+            for (c, u), ids in groups.items():
+                for chunk in _chunks(ids, ACK_CHUNK):
+                    await self._ack(
+                        keys=[k.processing(c, u, worker), k.known(c, u)],
+                        args=list(chunk),
+                        client=pipe,
+                    )
+            await pipe.execute()
+
+    # -- workers' liveness -------------------------------------------------------
+
+    async def alive(self, worker: str, ttl_ms: int) -> None:
+        async with self.r.pipeline(transaction=False) as pipe:
+            pipe.sadd(self.keys.workers, worker)
+            pipe.set(self.keys.alive(worker), b"1", px=ttl_ms)
+            await pipe.execute()
+
+    async def leave(self, worker: str) -> None:
+        await self.requeue_of(worker)
+
+    async def requeue_dead(self) -> int:
+        """Hands the processing lists of workers without a live key back to their queues."""
+        moved = 0
+        for raw in await self.r.smembers(self.keys.workers):
+            worker = _text(raw)
+            if not await self.r.exists(self.keys.alive(worker)):
+                moved += await self.requeue_of(worker)
+        return moved
+
+    async def give_back(self, worker: str, pairs: Iterable[tuple[str, int]]) -> int:
+        """A live worker returns its processing lists of ``pairs`` to their queues."""
+        k, moved = self.keys, 0
+        for c, u in set(pairs):
+            moved += int(
+                await self._requeue(keys=[k.processing(c, u, worker), k.queue(c, u)], args=[])
+            )
+        return moved
+
+    async def requeue_of(self, worker: str) -> int:
+        k, moved = self.keys, 0
+        for c, u in await self.pairs():
+            moved += int(
+                await self._requeue(keys=[k.processing(c, u, worker), k.queue(c, u)], args=[])
+            )
+        await self.r.srem(k.workers, worker)
+        await self.r.delete(k.alive(worker))
+        return moved

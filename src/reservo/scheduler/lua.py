@@ -1,0 +1,98 @@
+"""The scheduler's Lua scripts. Each touches the keys of one (category, urgency)
+only (one hash tag, one cluster slot) and runs atomically in Redis."""
+
+from __future__ import annotations
+
+# KEYS: future, queue, known. ARGV: id1, score1, id2, score2, ...
+# Adds each id not already in this pipeline: to the queue when due by Redis'
+# clock, else to the ZSET. Returns how many were added.
+LOAD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local added = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('SADD', KEYS[3], ARGV[i]) == 1 then
+    local score = tonumber(ARGV[i + 1])
+    if score <= now then
+      redis.call('LPUSH', KEYS[2], ARGV[i])
+    else
+      redis.call('ZADD', KEYS[1], score, ARGV[i])
+    end
+    added = added + 1
+  end
+end
+return added
+"""
+
+# KEYS: future, queue. ARGV: batch. Moves up to `batch` ids due by Redis' TIME
+# from the ZSET to the queue in one atomic step (no read-then-pipeline gap).
+# Returns {moved, score of the next future id or -1, redis now in ms}.
+MOVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+if #ids > 0 then
+  redis.call('ZREM', KEYS[1], unpack(ids))
+  redis.call('LPUSH', KEYS[2], unpack(ids))
+end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local nscore = -1
+if #nxt > 0 then nscore = tonumber(nxt[2]) end
+return {#ids, nscore, now}
+"""
+
+# KEYS: queue, processing. ARGV: n. The reliable pop of up to n ids: each moves
+# into this worker's processing list, where it stays until acknowledged.
+TAKE = """
+local out = {}
+for i = 1, tonumber(ARGV[1]) do
+  local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+  if not id then break end
+  out[#out + 1] = id
+end
+return out
+"""
+
+# KEYS: processing, known. ARGV: ids. The job left Redis for good (settled,
+# skipped, or handed back to PostgreSQL for a retry). One pass over the
+# processing list (an LREM per id would be quadratic in the batch size); what
+# is not acknowledged stays, in order.
+ACK = """
+local gone = {}
+for i = 1, #ARGV do gone[ARGV[i]] = true end
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+local keep = {}
+for i = 1, #items do
+  if not gone[items[i]] then keep[#keep + 1] = items[i] end
+end
+if #keep < #items then
+  redis.call('DEL', KEYS[1])
+  for i = 1, #keep, 1000 do
+    redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep)))
+  end
+end
+for i = 1, #ARGV, 1000 do
+  redis.call('SREM', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+return #ARGV
+"""
+
+# KEYS: processing (of a dead worker), queue. Hands everything back, to the
+# consumer end so it is taken first. Returns how many.
+REQUEUE = """
+local n = 0
+while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do n = n + 1 end
+return n
+"""
+
+# KEYS: lock. ARGV: owner token. Compare-and-delete: only the owner releases.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: lock. ARGV: owner token, ttl ms. Compare-and-extend.
+EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""

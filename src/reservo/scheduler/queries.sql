@@ -1,0 +1,166 @@
+-- Named queries of the scheduler module.
+
+-- name: insert_job
+-- A repeated idempotency key inserts nothing; the caller then reads the first job.
+INSERT INTO scheduled_job (category, urgency, run_at, payload, status, max_attempts,
+                           idempotency_key, created_at)
+VALUES ($1, $2, $3, $4, 'SCHEDULED', $5, $6, $7)
+ON CONFLICT ON CONSTRAINT uq_job_idempotency DO NOTHING
+RETURNING *;
+
+-- name: insert_jobs_bulk
+-- Bulk load path (benchmarks, imports): no idempotency keys.
+INSERT INTO scheduled_job (category, urgency, run_at, payload, status, max_attempts, created_at)
+SELECT $1, u, r, p, 'SCHEDULED', $5, $6
+  FROM unnest($2::smallint[], $3::timestamptz[], $4::jsonb[]) AS t(u, r, p);
+
+-- name: job_by_key
+SELECT * FROM scheduled_job WHERE category = $1 AND idempotency_key = $2;
+
+-- name: get_job
+SELECT * FROM scheduled_job WHERE id = $1;
+
+-- name: status_of
+SELECT id, status, run_at, category, urgency FROM scheduled_job WHERE id = ANY($1::bigint[]);
+
+-- name: mark_pushed
+-- Only rows still pending with the run_at that was pushed; a claimed or
+-- retried row is left alone. SKIP LOCKED: a row locked right now is being
+-- claimed (or marked by another loader), so this never waits and never takes
+-- part in a deadlock; a row it skipped is at worst pushed again (a no-op).
+-- (The locked set is a materialized CTE joined once: a FOR UPDATE subquery
+-- under IN may be re-run per row.)
+WITH locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job
+     WHERE id = ANY($1::bigint[]) AND NOT pushed FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduled_job j
+   SET pushed = true,
+       status = CASE WHEN j.status = 'SCHEDULED' THEN 'QUEUED' ELSE j.status END
+  FROM unnest($1::bigint[], $2::int[]) AS t(id, rev), locked l
+ WHERE j.id = t.id AND l.id = t.id AND j.revision = t.rev AND NOT j.pushed
+   AND j.status IN ('SCHEDULED', 'QUEUED', 'FAILED');
+
+-- name: unpushed
+-- The loader's incremental work: pending rows due before the horizon that
+-- Redis has not been given yet.
+SELECT id, category, urgency, run_at, revision
+  FROM scheduled_job
+ WHERE NOT pushed AND status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at < $1
+ ORDER BY run_at
+ LIMIT $2;
+
+-- name: pending_page
+-- The loader's full resync (Redis flushed or restarted), paged by run_at/id.
+SELECT id, category, urgency, run_at, revision
+  FROM scheduled_job
+ WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at < $1
+   AND (run_at, id) > ($2, $3)
+ ORDER BY run_at, id
+ LIMIT $4;
+
+-- name: claim
+-- The claim is the conditional update: only a pending, due row becomes RUNNING,
+-- so of two workers holding the same id only one gets it back. Rows are locked
+-- in id order (as in complete/fail) so two batch statements never deadlock.
+-- The columns are Job's fields, in order.
+WITH locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job
+     WHERE id = ANY($1::bigint[]) AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+       AND run_at <= $2
+     ORDER BY id FOR UPDATE
+)
+UPDATE scheduled_job j
+   SET status = 'RUNNING', attempts = j.attempts + 1, revision = j.revision + 1,
+       worker = $3, heartbeat_at = $2, started_at = $2, finished_at = NULL
+  FROM locked l
+ WHERE j.id = l.id AND j.status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND j.run_at <= $2
+RETURNING j.id, j.category, j.urgency, j.run_at, j.payload, j.status, j.attempts,
+          j.max_attempts, j.revision, j.idempotency_key, j.created_at, j.started_at,
+          j.finished_at, j.last_error, j.worker;
+
+-- name: heartbeat
+-- SKIP LOCKED: a row locked now is being settled; one missed beat is harmless
+-- (the reaper's timeout is many beats) and the beat never waits or deadlocks.
+WITH locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job
+     WHERE id = ANY($1::bigint[]) AND status = 'RUNNING' AND worker = $3
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduled_job j SET heartbeat_at = $2
+  FROM locked l
+ WHERE j.id = l.id AND j.status = 'RUNNING' AND j.worker = $3;
+
+-- name: complete
+-- RUNNING -> DONE only with the revision of this claim: a worker the reaper
+-- gave up on cannot complete the job a second time. One statement marks the
+-- batch DONE and logs it (atomic without an explicit transaction).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+), done AS (
+    UPDATE scheduled_job j
+       SET status = 'DONE', revision = j.revision + 1, finished_at = $3, worker = NULL,
+           last_error = NULL
+      FROM unnest($1::bigint[], $2::int[]) AS t(id, rev), locked l
+     WHERE j.id = t.id AND l.id = t.id AND j.revision = t.rev AND j.status = 'RUNNING'
+    RETURNING j.id, j.attempts, j.started_at
+), logged AS (
+    INSERT INTO job_execution (job_id, attempt, worker, started_at, finished_at, outcome)
+    SELECT id, attempts, $4, started_at, $3, 'DONE' FROM done
+)
+SELECT id FROM done;
+
+-- name: fail
+-- A retry is just a new run_at (not pushed yet); out of attempts -> DEAD.
+WITH locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+), failed AS (
+    UPDATE scheduled_job j
+       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'DEAD' ELSE 'FAILED' END,
+           run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at ELSE t.retry_at END,
+           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN $5::timestamptz END,
+           revision = j.revision + 1, pushed = false, worker = NULL, last_error = t.err
+      FROM unnest($1::bigint[], $2::int[], $3::text[], $4::timestamptz[])
+           AS t(id, rev, err, retry_at), locked l
+     WHERE j.id = t.id AND l.id = t.id AND j.revision = t.rev AND j.status = 'RUNNING'
+    RETURNING j.id, j.category, j.urgency, j.run_at, j.revision, j.status, j.attempts,
+              j.started_at, j.last_error
+), logged AS (
+    INSERT INTO job_execution (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempts, $6, started_at, $5,
+           CASE WHEN status = 'DEAD' THEN 'DEAD' ELSE 'FAILED' END, last_error
+      FROM failed
+)
+SELECT id, category, urgency, run_at, revision, status FROM failed;
+
+-- name: reap
+-- RUNNING rows whose worker stopped heartbeating go back to the queue (or DEAD
+-- when that was the last attempt); the lost attempt is logged.
+WITH lost AS (
+    UPDATE scheduled_job
+       SET status = CASE WHEN attempts >= max_attempts THEN 'DEAD' ELSE 'QUEUED' END,
+           finished_at = CASE WHEN attempts >= max_attempts THEN $2::timestamptz END,
+           revision = revision + 1, pushed = false, last_error = 'worker lost: no heartbeat',
+           worker = NULL
+     WHERE id IN (SELECT id FROM scheduled_job
+                   WHERE status = 'RUNNING' AND heartbeat_at < $1
+                   LIMIT $3 FOR UPDATE SKIP LOCKED)
+       AND status = 'RUNNING' AND heartbeat_at < $1
+    RETURNING id, category, urgency, run_at, revision, status, attempts, started_at
+), logged AS (
+    INSERT INTO job_execution (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempts, NULL, started_at, $2, 'LOST', 'worker lost: no heartbeat' FROM lost
+)
+SELECT id, category, urgency, run_at, revision, status FROM lost;
+
+-- name: cancel
+-- SCHEDULED/QUEUED (and FAILED, waiting for a retry) -> CANCELLED; a copy of
+-- the id left in Redis is skipped by the claim.
+UPDATE scheduled_job
+   SET status = 'CANCELLED', revision = revision + 1, finished_at = $2
+ WHERE id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+RETURNING *;
+
+-- name: executions
+SELECT attempt, worker, started_at, finished_at, outcome, error
+  FROM job_execution WHERE job_id = $1 ORDER BY attempt;

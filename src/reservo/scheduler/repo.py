@@ -1,0 +1,139 @@
+"""The only place that runs the scheduler's SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TypeAlias
+
+import asyncpg
+
+from reservo.core.db import Queries
+from reservo.scheduler.domain import Job
+
+Q = Queries.load("reservo.scheduler")
+Row: TypeAlias = asyncpg.Record
+
+_FIELDS = [
+    "id",
+    "category",
+    "urgency",
+    "run_at",
+    "payload",
+    "status",
+    "attempts",
+    "max_attempts",
+    "revision",
+    "idempotency_key",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "last_error",
+    "worker",
+]
+
+
+def to_job(row: Row) -> Job:
+    return Job(**{f: row[f] for f in _FIELDS})
+
+
+async def insert_job(
+    conn: asyncpg.Connection,
+    category: str,
+    urgency: int,
+    run_at: datetime,
+    payload: dict[str, Any],
+    max_attempts: int,
+    idempotency_key: str | None,
+    now: datetime,
+) -> Job | None:
+    row = await conn.fetchrow(
+        Q.insert_job, category, urgency, run_at, payload, max_attempts, idempotency_key, now
+    )
+    return None if row is None else to_job(row)
+
+
+async def insert_bulk(
+    conn: asyncpg.Connection,
+    category: str,
+    urgencies: list[int],
+    run_ats: list[datetime],
+    payloads: list[dict[str, Any]],
+    max_attempts: int,
+    now: datetime,
+) -> int:
+    status = await conn.execute(
+        Q.insert_jobs_bulk, category, urgencies, run_ats, payloads, max_attempts, now
+    )
+    return int(status.split()[-1])
+
+
+async def job_by_key(conn: asyncpg.Connection, category: str, key: str) -> Job | None:
+    row = await conn.fetchrow(Q.job_by_key, category, key)
+    return None if row is None else to_job(row)
+
+
+async def get_job(conn: asyncpg.Connection, job_id: int) -> Job | None:
+    row = await conn.fetchrow(Q.get_job, job_id)
+    return None if row is None else to_job(row)
+
+
+async def status_of(conn: asyncpg.Connection, ids: Sequence[int]) -> list[Row]:
+    return list(await conn.fetch(Q.status_of, list(ids)))
+
+
+async def mark_pushed(conn: asyncpg.Connection, ids: list[int], revisions: list[int]) -> None:
+    await conn.execute(Q.mark_pushed, ids, revisions)
+
+
+async def unpushed(conn: asyncpg.Connection, horizon: datetime, limit: int) -> list[Row]:
+    return list(await conn.fetch(Q.unpushed, horizon, limit))
+
+
+async def pending_page(
+    conn: asyncpg.Connection, horizon: datetime, after: tuple[datetime, int], limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.pending_page, horizon, after[0], after[1], limit))
+
+
+async def claim(conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str) -> list[Job]:
+    # The claim returns Job's fields in order: positional construction is the
+    # cheap path on the executor's hot loop.
+    return [Job(*r) for r in await conn.fetch(Q.claim, ids, now, worker)]
+
+
+async def heartbeat(conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str) -> None:
+    await conn.execute(Q.heartbeat, ids, now, worker)
+
+
+async def complete(
+    conn: asyncpg.Connection, ids: list[int], revisions: list[int], now: datetime, worker: str
+) -> list[int]:
+    return [r["id"] for r in await conn.fetch(Q.complete, ids, revisions, now, worker)]
+
+
+async def fail(
+    conn: asyncpg.Connection,
+    ids: list[int],
+    revisions: list[int],
+    errors: list[str],
+    retry_ats: list[datetime],
+    now: datetime,
+    worker: str,
+) -> list[Row]:
+    return list(await conn.fetch(Q.fail, ids, revisions, errors, retry_ats, now, worker))
+
+
+async def reap(
+    conn: asyncpg.Connection, stale_before: datetime, now: datetime, limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.reap, stale_before, now, limit))
+
+
+async def cancel(conn: asyncpg.Connection, job_id: int, now: datetime) -> Job | None:
+    row = await conn.fetchrow(Q.cancel, job_id, now)
+    return None if row is None else to_job(row)
+
+
+async def executions(conn: asyncpg.Connection, job_id: int) -> list[Row]:
+    return list(await conn.fetch(Q.executions, job_id))

@@ -1,0 +1,47 @@
+"""Wire shapes of the Delayed jobs API (camelCase)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, Field, HttpUrl
+
+from reservo.core.schemas import ApiModel
+
+MAX_DELAY_MS = 5 * 366 * 24 * 3600 * 1000
+
+
+class JobIn(ApiModel):
+    category: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$")
+    urgency: int = Field(default=5, ge=0, le=9, strict=True)
+    run_at: AwareDatetime | None = None
+    delay_ms: int | None = Field(default=None, ge=0, le=MAX_DELAY_MS, strict=True)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class HttpPayload(ApiModel):
+    """Payload of the ``http`` category."""
+
+    url: HttpUrl
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    headers: dict[str, str] | None = None
+    body: Any = None
+
+
+class JobCreated(ApiModel):
+    job_id: int
+    status: str
+    run_at: datetime
+
+
+class JobOut(ApiModel):
+    job_id: int
+    category: str
+    urgency: int
+    status: str
+    run_at: datetime
+    attempts: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None

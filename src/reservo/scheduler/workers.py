@@ -1,0 +1,340 @@
+"""The scheduler's background roles. Each one is safe to run in several
+processes at once: correctness lives in PostgreSQL's conditional updates and in
+the idempotent Lua scripts, never in "only one of me is running"."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+import structlog
+
+from reservo.core.backoff import backoff_delay
+from reservo.core.errors import DomainError
+from reservo.scheduler import domain, repo
+from reservo.scheduler.domain import Job
+from reservo.scheduler.service import Scheduler
+
+log = structlog.get_logger(__name__)
+Groups = dict[tuple[str, int], list[int]]
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
+
+
+async def _forever(
+    stop: asyncio.Event, name: str, step: Callable[[], Awaitable[float]], retry_s: float = 0.5
+) -> None:
+    """Run ``step`` until stop; it returns how long to sleep. Errors (Redis or
+    PostgreSQL away) are logged and retried: the truth is in PostgreSQL anyway."""
+    while not stop.is_set():
+        try:
+            pause = await step()
+        except DomainError as exc:
+            log.warning("scheduler_unavailable", role=name, error=exc.detail)
+            pause = retry_s
+        except Exception as exc:
+            log.warning("scheduler_error", role=name, error=repr(exc))
+            pause = retry_s
+        if pause > 0:
+            await _sleep(stop, pause)
+        else:
+            await asyncio.sleep(0)  # let the others run
+
+
+class Loader:
+    """Hands jobs due within the window from PostgreSQL to Redis. Incremental
+    (rows not pushed yet) every period; a full resync of the window when Redis
+    lost its epoch key (FLUSHALL, restart) and every resync period."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        self.epoch: str | None = None
+        self.last_full = 0.0
+        self.token = uuid.uuid4().hex
+        self.owner = False
+
+    async def step(self) -> float:
+        cfg = self.s.config
+        if cfg.loader_lock:
+            # Like the mover's: only saves the work of N loaders pushing the same
+            # rows; two loaders at once are still correct (loading is idempotent).
+            ttl = max(cfg.lock_ttl_ms, int(cfg.loader_period_s * 3000))
+            key = self.s.keys.loader_lock
+            self.owner = await self.s.dispatcher.acquire(self.token, ttl, key)
+            if not self.owner:
+                self.epoch = None  # when we take over, start with a full resync
+                return cfg.loader_period_s
+        await self.run_once()
+        return cfg.loader_period_s
+
+    async def release(self) -> None:
+        if self.owner:
+            with contextlib.suppress(Exception):
+                await self.s.dispatcher.release(self.token, self.s.keys.loader_lock)
+
+    async def run_once(self) -> int:
+        cfg = self.s.config
+        token = await self.s.dispatcher.epoch(uuid.uuid4().hex)
+        full = token != self.epoch or time.monotonic() - self.last_full >= cfg.resync_period_s
+        horizon = self.s.clock.now() + timedelta(seconds=cfg.window_s)
+        loaded = 0
+        if full:
+            loaded += await self._full(horizon)
+            self.epoch, self.last_full = token, time.monotonic()
+        while True:
+            async with self.s.db.connection() as conn:
+                rows = await repo.unpushed(conn, horizon, cfg.loader_batch)
+            if not rows:
+                break
+            loaded += await self._push(rows)
+            if len(rows) < cfg.loader_batch:
+                break
+        return loaded
+
+    async def _full(self, horizon: datetime) -> int:
+        after: tuple[datetime, int] = (datetime.min.replace(tzinfo=horizon.tzinfo), 0)
+        loaded = 0
+        while True:
+            async with self.s.db.connection() as conn:
+                rows = await repo.pending_page(conn, horizon, after, self.s.config.loader_batch)
+            if not rows:
+                return loaded
+            loaded += await self._push(rows)
+            after = (rows[-1]["run_at"], rows[-1]["id"])
+
+    async def _push(self, rows: list[repo.Row]) -> int:
+        # Redis first, then the flag: a crash in between only means a no-op reload.
+        added = await self.s.dispatcher.load(
+            (r["id"], r["category"], r["urgency"], domain.ms(r["run_at"])) for r in rows
+        )
+        async with self.s.db.connection() as conn:
+            await repo.mark_pushed(conn, [r["id"] for r in rows], [r["revision"] for r in rows])
+        return added
+
+
+class Mover:
+    """Promotes due ids from each ZSET to its LIST, continuously, by Redis' TIME.
+    The lock only saves work; two movers running together are still correct."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        self.token = uuid.uuid4().hex
+        self.owner = False
+
+    async def step(self) -> float:
+        cfg = self.s.config
+        if cfg.mover_lock:
+            self.owner = await self.s.dispatcher.acquire(self.token, cfg.lock_ttl_ms)
+            if not self.owner:
+                return cfg.lock_ttl_ms / 3000
+        return await self.move_once()
+
+    async def move_once(self) -> float:
+        cfg = self.s.config
+        pairs = await self.s.dispatcher.pairs()
+        if not pairs:
+            return cfg.mover_idle_s
+        results = await self.s.dispatcher.move(pairs, cfg.mover_batch)
+        if any(moved >= cfg.mover_batch for moved, _, _ in results):
+            return 0.0  # more is due right now
+        nexts = [(nxt - now) / 1000 for _, nxt, now in results if nxt >= 0]
+        return min([cfg.mover_idle_s, *nexts]) if nexts else cfg.mover_idle_s
+
+    async def release(self) -> None:
+        if self.owner:
+            with contextlib.suppress(Exception):
+                await self.s.dispatcher.release(self.token)
+
+
+class Reaper:
+    """Returns the jobs of dead workers: RUNNING rows without a recent heartbeat
+    go back to QUEUED (PostgreSQL), and processing lists of workers whose live
+    key expired go back to their queues (Redis)."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    async def step(self) -> float:
+        await self.run_once()
+        return self.s.config.reaper_period_s
+
+    async def run_once(self) -> int:
+        cfg = self.s.config
+        now = self.s.clock.now()
+        stale = now - timedelta(seconds=cfg.reaper_timeout_s)
+        async with self.s.db.transaction() as conn:
+            rows = await repo.reap(conn, stale, now, 1000)
+        for r in rows:
+            log.warning("scheduler_job_reaped", job_id=r["id"], status=r["status"])
+        back = [r for r in rows if r["status"] in domain.PENDING]
+        if back:
+            await self.s.dispatcher.load(
+                (r["id"], r["category"], r["urgency"], domain.ms(r["run_at"])) for r in back
+            )
+        await self.s.dispatcher.requeue_dead()
+        return len(rows)
+
+
+class Executor:
+    """Takes due ids with a reliable pop into its own processing list, claims
+    them in PostgreSQL, runs the handlers, settles, then acknowledges in Redis."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        self.worker = s.new_worker_id("exec")
+        self.running: set[int] = set()
+        self._pairs: list[tuple[str, int]] = []
+        self._pairs_at = 0.0
+
+    @property
+    def ttl_ms(self) -> int:
+        return int(self.s.config.reaper_timeout_s * 1000)
+
+    async def pairs(self) -> list[tuple[str, int]]:
+        if time.monotonic() - self._pairs_at > 0.5:
+            found = await self.s.dispatcher.pairs()
+            self._pairs = [p for p in found if p[0] in self.s.handlers]
+            self._pairs_at = time.monotonic()
+        return self._pairs
+
+    async def heartbeat(self) -> float:
+        await self.s.dispatcher.alive(self.worker, self.ttl_ms)
+        if self.running:
+            async with self.s.db.connection() as conn:
+                await repo.heartbeat(conn, list(self.running), self.s.clock.now(), self.worker)
+        return self.s.config.heartbeat_s
+
+    async def step(self) -> float:
+        cfg = self.s.config
+        pairs = await self.pairs()
+        if not pairs:
+            return cfg.executor_idle_s
+        got = await self.s.dispatcher.take(pairs, self.worker, cfg.executor_batch)
+        if not got:
+            c, u = pairs[0]  # sleep in Redis on the most urgent queue
+            got = await self.s.dispatcher.wait_one(c, u, self.worker, cfg.executor_idle_s)
+            if not got:
+                return 0.0
+            # The mover pushes what fell due together: take the rest in the same
+            # batch rather than paying a claim and a settle for one job.
+            got += await self.s.dispatcher.take(pairs, self.worker, cfg.executor_batch - 1)
+        try:
+            await self.process(got)
+        except Exception:
+            # A failed claim or settle (PostgreSQL away, a serialization error)
+            # left the batch in our processing list, where nothing would look at
+            # it while we are alive: hand it back to the queue. Claimed rows are
+            # skipped there (RUNNING) and come back through the reaper.
+            with contextlib.suppress(Exception):
+                await self.s.dispatcher.give_back(self.worker, [p for p, _ in got])
+            raise
+        return 0.0
+
+    async def process(self, got: list[tuple[tuple[str, int], list[int]]]) -> None:
+        cfg, s = self.s.config, self.s
+        where: dict[int, tuple[str, int]] = {i: p for p, ids in got for i in ids}
+        now = s.clock.now()
+        async with s.db.connection() as conn:
+            jobs = await repo.claim(conn, list(where), now, self.worker)
+            claimed = {j.id for j in jobs}
+            missed = [i for i in where if i not in claimed]
+            early = []
+            if missed:
+                # Not claimable: settled, cancelled, running elsewhere (skip them) or
+                # not due yet by our clock (a stale copy): put those back.
+                for r in await repo.status_of(conn, missed):
+                    if r["status"] in domain.PENDING and r["run_at"] > now:
+                        early.append(r)
+        self.running.update(j.id for j in jobs)
+        try:
+            outcomes = await asyncio.gather(*(self._run(j) for j in jobs))
+            done = [(j.id, j.revision) for j, err in zip(jobs, outcomes, strict=True) if not err]
+            failed = [(j, err) for j, err in zip(jobs, outcomes, strict=True) if err]
+            now = s.clock.now()
+            retried: list[repo.Row] = []
+            # Each settle statement is atomic on its own (UPDATE + log in one
+            # statement), and jobs are independent: no BEGIN/COMMIT round trips.
+            async with s.db.connection() as conn:
+                if done:
+                    await repo.complete(
+                        conn, [d[0] for d in done], [d[1] for d in done], now, self.worker
+                    )
+                if failed:
+                    retry_ats = [
+                        now
+                        + timedelta(
+                            seconds=backoff_delay(j.attempts, cfg.backoff_base_s, cfg.backoff_max_s)
+                        )
+                        for j, _ in failed
+                    ]
+                    rows = await repo.fail(
+                        conn,
+                        [j.id for j, _ in failed],
+                        [j.revision for j, _ in failed],
+                        [err[:2000] for _, err in failed],
+                        retry_ats,
+                        now,
+                        self.worker,
+                    )
+                    retried = [r for r in rows if r["status"] == domain.FAILED]
+        finally:
+            self.running.difference_update(j.id for j in jobs)
+        groups: Groups = defaultdict(list)
+        for i, p in where.items():
+            groups[p].append(i)
+        await s.dispatcher.ack(self.worker, groups)
+        back = [*retried, *early]
+        if back:
+            horizon = s.clock.now() + timedelta(seconds=cfg.window_s)
+            await s.dispatcher.load(
+                (r["id"], r["category"], r["urgency"], domain.ms(r["run_at"]))
+                for r in back
+                if r["run_at"] < horizon
+            )
+
+    async def _run(self, job: Job) -> str | None:
+        handler = self.s.handlers.get(job.category)
+        if handler is None:
+            return f"no handler for category {job.category!r}"
+        try:
+            await handler(job)
+        except Exception as exc:
+            log.info("scheduler_job_failed", job_id=job.id, attempt=job.attempts, error=repr(exc))
+            return repr(exc) or type(exc).__name__
+        return None
+
+
+async def run(s: Scheduler, stop: asyncio.Event) -> None:
+    """Loader, mover, reaper and executors of one process, until ``stop``."""
+    cfg = s.config
+    tasks: list[Awaitable[None]] = []
+    movers = [Mover(s) for _ in range(cfg.movers)]
+    loaders = [Loader(s) for _ in range(cfg.loaders)]
+    executors = [Executor(s) for _ in range(cfg.executors)]
+    for ld in loaders:
+        tasks.append(_forever(stop, "loader", ld.step))
+    for m in movers:
+        tasks.append(_forever(stop, "mover", m.step))
+    for _ in range(cfg.reapers):
+        tasks.append(_forever(stop, "reaper", Reaper(s).step))
+    for e in executors:
+        tasks.append(_forever(stop, "heartbeat", e.heartbeat))
+        tasks.append(_forever(stop, "executor", e.step))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for m in movers:
+            await m.release()
+        for ld in loaders:
+            await ld.release()
+        for e in executors:  # a clean stop hands back what this worker took
+            with contextlib.suppress(Exception):
+                await s.dispatcher.leave(e.worker)

@@ -1,0 +1,19 @@
+"""Wallet: accounts, transfers and a double-entry ledger. Never double-spends.
+
+This is the public facade other modules use (betting debits stakes and requests
+payouts through it); they never import the wallet's internals."""
+
+from reservo.wallet.domain import bet_reference, house_shard
+from reservo.wallet.events import PAYOUT_REQUESTED, payout_request
+from reservo.wallet.service import Payout, get_account_in, house_account_in, transfer_in
+
+__all__ = [
+    "PAYOUT_REQUESTED",
+    "Payout",
+    "bet_reference",
+    "get_account_in",
+    "house_account_in",
+    "house_shard",
+    "payout_request",
+    "transfer_in",
+]

@@ -1,0 +1,164 @@
+"""HTTP routes of the Wallet API: parse, authorize, call the service, render."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import asyncpg
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from reservo.core.http import Caller, IdempotencyKey, json_response, required_key, run_idempotent
+from reservo.core.idempotency import Claim, IdempotencyStore
+from reservo.wallet.schemas import (
+    AccountIn,
+    AccountOut,
+    DepositIn,
+    EntryOut,
+    StatementOut,
+    TransferIn,
+    TransferOut,
+)
+from reservo.wallet.service import Transfer, WalletService
+
+router = APIRouter(prefix="/api", tags=["wallet"])
+PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    s: {"description": d, "content": {"application/problem+json": {}}}
+    for s, d in [
+        (400, "Bad request"),
+        (401, "Unauthenticated"),
+        (403, "Forbidden"),
+        (404, "Not found"),
+        (409, "Conflict"),
+        (422, "Validation error"),
+        (503, "Unavailable"),
+    ]
+}
+
+
+def _svc(request: Request) -> WalletService:
+    svc: WalletService = request.app.state.wallet
+    return svc
+
+
+def _idem(request: Request) -> IdempotencyStore:
+    store: IdempotencyStore = request.app.state.idempotency
+    return store
+
+
+def render_account(a: dict[str, Any]) -> dict[str, Any]:
+    return AccountOut(
+        id=a["id"], owner_id=a["owner_id"], currency=a["currency"], balance=a["balance"]
+    ).wire()
+
+
+def render_transfer(t: Transfer) -> dict[str, Any]:
+    return TransferOut(
+        id=t["id"],
+        from_account_id=t["from_account_id"],
+        to_account_id=t["to_account_id"],
+        amount=t["amount"],
+        created_at=t["created_at"],
+    ).wire()
+
+
+async def _owned(request: Request, caller: Caller, account_id: int) -> dict[str, Any]:
+    caller.require("bettor")
+    account = await _svc(request).get_account(account_id)
+    caller.require_owner("bettor", account["owner_id"])
+    return account
+
+
+@router.post("/accounts", status_code=201, response_model=AccountOut, responses=PROBLEMS)
+async def create_account(body: AccountIn, caller: Caller, request: Request) -> JSONResponse:
+    caller.require("admin")
+    account = await _svc(request).create_account(body.owner_id, body.currency)
+    return json_response(201, render_account(account))
+
+
+@router.get("/accounts/{id}", response_model=AccountOut, responses=PROBLEMS)
+async def get_account(
+    account_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> JSONResponse:
+    return json_response(200, render_account(await _owned(request, caller, account_id)))
+
+
+async def _idempotent(
+    request: Request,
+    caller: Caller,
+    endpoint: str,
+    key: str | None,
+    run: Any,
+) -> JSONResponse:
+    """Run a money movement at most once per key: the stored response commits in
+    the same transaction as the transfer, so a retry can never move money again."""
+    checked = required_key(key)
+    raw = await request.body()
+
+    async def work(claim: Claim | None) -> tuple[int, Any]:
+        async def within(conn: asyncpg.Connection, transfer: Transfer) -> None:
+            if claim is not None:
+                await claim.complete(conn, 201, render_transfer(transfer))
+
+        return 201, render_transfer(await run(within))
+
+    return await run_idempotent(_idem(request), caller, endpoint, checked, raw, work)
+
+
+@router.post(
+    "/accounts/{id}/deposits", status_code=201, response_model=TransferOut, responses=PROBLEMS
+)
+async def deposit(
+    account_id: Annotated[PathId, Path(alias="id")],
+    body: DepositIn,
+    caller: Caller,
+    request: Request,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    caller.require("service")
+    svc = _svc(request)
+    return await _idempotent(
+        request,
+        caller,
+        f"POST /api/accounts/{account_id}/deposits",
+        idempotency_key,
+        lambda within: svc.deposit(account_id, body.amount, body.reference, within),
+    )
+
+
+@router.post("/transfers", status_code=201, response_model=TransferOut, responses=PROBLEMS)
+async def transfer(
+    body: TransferIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    required_key(idempotency_key)
+    await _owned(request, caller, body.from_account_id)
+    svc = _svc(request)
+    return await _idempotent(
+        request,
+        caller,
+        "POST /api/transfers",
+        idempotency_key,
+        lambda within: svc.transfer(body.from_account_id, body.to_account_id, body.amount, within),
+    )
+
+
+@router.get("/accounts/{id}/statement", response_model=StatementOut, responses=PROBLEMS)
+async def statement(
+    account_id: Annotated[PathId, Path(alias="id")],
+    caller: Caller,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+) -> JSONResponse:
+    await _owned(request, caller, account_id)
+    account, entries, next_before = await _svc(request).statement(account_id, before, limit)
+    return json_response(
+        200,
+        StatementOut(
+            account_id=account["id"],
+            balance=account["balance"],
+            entries=[EntryOut(**e) for e in entries],
+            next_before=next_before,
+        ).wire(),
+    )

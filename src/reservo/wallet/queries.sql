@@ -1,0 +1,107 @@
+-- Named queries of the wallet module.
+
+-- name: insert_account
+INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
+VALUES ($1, $2, 'CUSTOMER', 0, $3)
+RETURNING id, owner_id, currency, kind, balance;
+
+-- name: ensure_system_accounts
+-- The world account and the house sub-accounts of a currency, created once.
+INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
+SELECT 0, $1::text, k, s, $3::timestamptz
+  FROM (SELECT 'WORLD' AS k, 0 AS s
+        UNION ALL
+        SELECT 'HOUSE', g FROM generate_series(0, $2::int - 1) AS g) AS sys
+ON CONFLICT (kind, currency, shard) WHERE kind <> 'CUSTOMER' DO NOTHING;
+
+-- name: system_account
+SELECT id FROM wallet_account WHERE kind = $1 AND currency = $2 AND shard = $3;
+
+-- name: get_account
+SELECT id, owner_id, currency, kind, balance FROM wallet_account WHERE id = $1;
+
+-- name: lock_accounts
+-- Always lock in ascending id order, whoever calls: two transfers between the
+-- same accounts in opposite directions then queue instead of deadlocking.
+SELECT id, owner_id, currency, kind, balance
+  FROM wallet_account WHERE id = ANY($1::bigint[])
+ ORDER BY id
+   FOR UPDATE;
+
+-- name: apply_transfer
+-- Debit only when the funds are there (the CHECK is the last line of defence),
+-- credit only when the debit happened, and write the transfer and its two
+-- entries, all in one statement. No row returned means insufficient funds.
+WITH debit AS (
+    UPDATE wallet_account SET balance = balance - $3
+     WHERE id = $1 AND (kind <> 'CUSTOMER' OR balance >= $3)
+    RETURNING balance
+), credit AS (
+    UPDATE wallet_account SET balance = balance + $3
+     WHERE id = $2 AND EXISTS (SELECT 1 FROM debit)
+    RETURNING balance
+), t AS (
+    INSERT INTO wallet_transfer (kind, reference, from_account_id, to_account_id, amount, created_at)
+    SELECT $4, $5, $1, $2, $3, $6 FROM debit
+    RETURNING id, kind, reference, from_account_id, to_account_id, amount, created_at
+), e AS (
+    INSERT INTO wallet_entry (account_id, transfer_id, amount, balance_after, kind, reference, created_at)
+    SELECT $1, t.id, -$3, debit.balance, $4, $5, $6 FROM t, debit
+    UNION ALL
+    SELECT $2, t.id, $3, credit.balance, $4, $5, $6 FROM t, credit
+)
+SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at FROM t;
+
+-- name: transfer_by_reference
+SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at
+  FROM wallet_transfer WHERE kind = $1 AND reference = $2;
+
+-- name: pay_many
+-- A chunk of payouts/refunds from one house sub-account, applied in one
+-- statement: the house row is updated once for the whole chunk. A reference
+-- already paid is skipped (ON CONFLICT), so a redelivered chunk pays nothing twice.
+-- Entries get their running balance_after from window sums over the chunk.
+-- Callers lock the accounts (lock_accounts) first.
+WITH items AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[])
+                  AS t(kind, reference, account_id, amount)
+     WHERE amount > 0
+), ins AS (
+    INSERT INTO wallet_transfer (kind, reference, from_account_id, to_account_id, amount, created_at)
+    SELECT kind, reference, $1, account_id, amount, $6 FROM items
+    ON CONFLICT ON CONSTRAINT wallet_transfer_reference_once DO NOTHING
+    RETURNING id, kind, reference, to_account_id, amount
+), per_account AS (
+    SELECT to_account_id, sum(amount)::bigint AS total FROM ins GROUP BY to_account_id
+), customers AS (
+    UPDATE wallet_account a SET balance = a.balance + p.total
+      FROM per_account p WHERE a.id = p.to_account_id
+    RETURNING a.id, a.balance - p.total AS before
+), house AS (
+    UPDATE wallet_account SET balance = balance - (SELECT coalesce(sum(amount), 0) FROM ins)
+     WHERE id = $1 AND EXISTS (SELECT 1 FROM ins)
+    RETURNING balance + (SELECT coalesce(sum(amount), 0) FROM ins) AS before
+), entries AS (
+    INSERT INTO wallet_entry (account_id, transfer_id, amount, balance_after, kind, reference, created_at)
+    SELECT ins.to_account_id, ins.id, ins.amount,
+           c.before + sum(ins.amount) OVER (PARTITION BY ins.to_account_id ORDER BY ins.id),
+           ins.kind, ins.reference, $6
+      FROM ins JOIN customers c ON c.id = ins.to_account_id
+    UNION ALL
+    SELECT $1, ins.id, -ins.amount,
+           h.before - sum(ins.amount) OVER (ORDER BY ins.id),
+           ins.kind, ins.reference, $6
+      FROM ins, house h
+)
+SELECT count(*)::int AS applied, coalesce(sum(amount), 0)::bigint AS total FROM ins;
+
+-- name: statement
+SELECT id, transfer_id, amount, balance_after, kind, reference, created_at
+  FROM wallet_entry
+ WHERE account_id = $1 AND ($2::bigint IS NULL OR id < $2)
+ ORDER BY id DESC
+ LIMIT $3;
+
+-- name: currencies
+-- A currency never changes, so it is read without a lock.
+SELECT id, currency FROM wallet_account WHERE id = ANY($1::bigint[]);

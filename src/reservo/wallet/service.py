@@ -1,0 +1,203 @@
+"""Wallet use cases. Each owns its transaction: lock, check, write.
+
+``transfer_in`` and ``pay_many_in`` run inside a caller's transaction, so the
+betting module can debit a stake atomically with the bet it inserts."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from reservo.core.clock import Clock
+from reservo.core.db import Database
+from reservo.core.errors import DomainError
+from reservo.wallet import domain, repo
+
+DomainError.register(
+    {
+        "account_not_found": 404,
+        "insufficient_funds": 409,
+        "currency_mismatch": 409,
+        "same_account": 422,
+        "duplicate_reference": 409,
+    }
+)
+
+Transfer = dict[str, Any]
+Within = Callable[[asyncpg.Connection, Transfer], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Payout:
+    """One credit from the house: a bet's payout or its refunded stake."""
+
+    kind: str  # PAYOUT | REFUND
+    reference: str
+    account_id: int
+    amount: int
+
+
+def _ref(row: repo.Row) -> domain.AccountRef:
+    return domain.AccountRef(row["id"], row["owner_id"], row["currency"], row["kind"])
+
+
+def _not_found(account_id: int) -> DomainError:
+    return DomainError("account_not_found", f"no account {account_id}")
+
+
+async def transfer_in(
+    conn: asyncpg.Connection,
+    source_id: int,
+    target_id: int,
+    amount: int,
+    kind: str,
+    reference: str | None,
+    now: datetime,
+) -> Transfer:
+    """Move money inside the caller's transaction: lock both rows in ascending id
+    order, check, update both, write the transfer and its two entries."""
+    rows = {r["id"]: r for r in await repo.lock_accounts(conn, [source_id, target_id])}
+    for account_id in (source_id, target_id):
+        if account_id not in rows:
+            raise _not_found(account_id)
+    try:
+        domain.check_transfer(_ref(rows[source_id]), _ref(rows[target_id]), amount)
+    except domain.TransferRefused as exc:
+        raise DomainError(exc.code, exc.detail) from None
+    row = await repo.apply_transfer(conn, source_id, target_id, amount, kind, reference, now)
+    if row is None:
+        raise DomainError(
+            "insufficient_funds", f"account {source_id} does not hold {amount} {_cur(rows)}"
+        )
+    return repo.as_dict(row)
+
+
+def _cur(rows: dict[int, repo.Row]) -> str:
+    return str(next(iter(rows.values()))["currency"])
+
+
+async def get_account_in(conn: asyncpg.Connection, account_id: int) -> dict[str, Any] | None:
+    """An account (id, owner_id, currency, kind, balance), or None."""
+    row = await repo.get_account(conn, account_id)
+    return None if row is None else repo.as_dict(row)
+
+
+async def house_account_in(
+    conn: asyncpg.Connection, currency: str, shard: int, shards: int, now: datetime
+) -> int:
+    house = await repo.system_account(conn, "HOUSE", currency, shard)
+    if house is None:
+        await repo.ensure_system_accounts(conn, currency, shards, now)
+        house = await repo.system_account(conn, "HOUSE", currency, shard)
+    assert house is not None
+    return house
+
+
+async def pay_many_in(
+    conn: asyncpg.Connection, items: Sequence[Payout], shard: int, shards: int, now: datetime
+) -> int:
+    """Credit a chunk of payouts/refunds from the house in the caller's
+    transaction. The house sub-account row is updated once per currency, not once
+    per payout. A reference already paid is skipped. Returns how many were applied."""
+    if not items:
+        return 0
+    ids = sorted({p.account_id for p in items})
+    currencies = await _currencies(conn, ids)
+    by_currency: dict[str, list[Payout]] = defaultdict(list)
+    for p in items:
+        if p.account_id not in currencies:
+            raise _not_found(p.account_id)
+        by_currency[currencies[p.account_id]].append(p)
+    houses = {
+        cur: await house_account_in(conn, cur, shard % max(1, shards), shards, now)
+        for cur in by_currency
+    }
+    # One lock statement, ascending ids, house rows included: same order as transfers.
+    await repo.lock_accounts(conn, [*ids, *houses.values()])
+    applied = 0
+    for cur, group in by_currency.items():
+        row = await repo.pay_many(
+            conn,
+            houses[cur],
+            [p.kind for p in group],
+            [p.reference for p in group],
+            [p.account_id for p in group],
+            [p.amount for p in group],
+            now,
+        )
+        applied += int(row["applied"])
+    return applied
+
+
+async def _currencies(conn: asyncpg.Connection, ids: list[int]) -> dict[int, str]:
+    return {r["id"]: r["currency"] for r in await repo.currencies(conn, ids)}
+
+
+class WalletService:
+    def __init__(self, db: Database, clock: Clock, house_shards: int = 8) -> None:
+        self.db, self.clock, self.house_shards = db, clock, house_shards
+
+    async def create_account(self, owner_id: int, currency: str) -> dict[str, Any]:
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            await repo.ensure_system_accounts(conn, currency, self.house_shards, now)
+            return repo.as_dict(await repo.insert_account(conn, owner_id, currency, now))
+
+    async def get_account(self, account_id: int) -> dict[str, Any]:
+        async with self.db.connection() as conn:
+            row = await repo.get_account(conn, account_id)
+        if row is None:
+            raise _not_found(account_id)
+        return repo.as_dict(row)
+
+    async def deposit(
+        self, account_id: int, amount: int, reference: str, within: Within | None = None
+    ) -> Transfer:
+        """Money enters from the currency's world account."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            account = await repo.get_account(conn, account_id)
+            if account is None or account["kind"] != "CUSTOMER":
+                raise _not_found(account_id)
+            world = await repo.system_account(conn, "WORLD", account["currency"], 0)
+            if world is None:
+                await repo.ensure_system_accounts(conn, account["currency"], self.house_shards, now)
+                world = await repo.system_account(conn, "WORLD", account["currency"], 0)
+            assert world is not None
+            transfer = await transfer_in(conn, world, account_id, amount, "DEPOSIT", reference, now)
+            if within is not None:
+                await within(conn, transfer)
+        return transfer
+
+    async def transfer(
+        self, source_id: int, target_id: int, amount: int, within: Within | None = None
+    ) -> Transfer:
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            transfer = await transfer_in(conn, source_id, target_id, amount, "TRANSFER", None, now)
+            if within is not None:
+                await within(conn, transfer)
+        return transfer
+
+    async def pay_many(self, items: Sequence[Payout], shard: int = 0) -> int:
+        async with self.db.transaction() as conn:
+            return await pay_many_in(conn, items, shard, self.house_shards, self.clock.now())
+
+    async def statement(
+        self, account_id: int, before: int | None, limit: int
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], int | None]:
+        """Newest first; one row more than asked tells whether another page exists.
+        Balance and page come from one snapshot (REPEATABLE READ)."""
+        async with self.db.connection() as conn, conn.transaction(isolation="repeatable_read"):
+            account = await repo.get_account(conn, account_id)
+            if account is None:
+                raise _not_found(account_id)
+            rows = await repo.statement(conn, account_id, before, limit + 1)
+        entries = [repo.as_dict(r) for r in rows[:limit]]
+        next_before = entries[-1]["id"] if len(rows) > limit else None
+        return repo.as_dict(account), entries, next_before

@@ -1,0 +1,73 @@
+"""Run reservo's real entry points as subprocesses for process-level tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from reservo.settings import Settings
+
+BIN = Path(sys.executable).parent / "reservo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def env_for(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "RESERVO_DATABASE_URL": settings.database_url or "",
+            "RESERVO_REDIS_URL": settings.redis_url or "",
+            "RESERVO_JWT_SECRET": settings.jwt_secret,
+            "RESERVO_REDIS_NAMESPACE": settings.redis_namespace,
+            "RESERVO_PAYMENTS_WEBHOOK_SECRET": settings.payments_webhook_secret,
+            "RESERVO_RESULTS_WEBHOOK_SECRET": settings.results_webhook_secret,
+            "RESERVO_LOG_LEVEL": "WARNING",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def running(
+    args: Sequence[str], env: dict[str, str], log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(BIN), *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready:\n{log.read_text()}")

@@ -1,0 +1,53 @@
+"""A schemathesis fuzz pass over the served OpenAPI schema finds no 5xx."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reservo.settings import Settings
+from tests.conftest import token
+from tests.e2e.procs import env_for, free_port, running, wait_http
+
+SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+
+
+@pytest.mark.timeout(600)
+def test_fuzzing_the_api_finds_no_server_error(base_settings: Settings, tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "api.log"
+    with running(["api", "--port", str(port)], env_for(base_settings), log) as proc:
+        wait_http(f"{base}/healthz", proc, log)
+        for role, sub in (("admin", 1), ("patient", 424242)):
+            result = subprocess.run(
+                [
+                    str(SCHEMATHESIS),
+                    "run",
+                    f"{base}/openapi.json",
+                    "--checks",
+                    "not_a_server_error",
+                    "--header",
+                    f"Authorization: Bearer {token(role, sub)}",
+                    "--max-examples",
+                    "30",
+                    "--seed",
+                    "7",
+                    "--max-time",
+                    "150",
+                    "--exclude-path",
+                    "/metrics",
+                    "--warnings",
+                    "off",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
+            assert result.returncode == 0, (
+                f"schemathesis ({role}) found a server error:\n{result.stdout[-6000:]}\n"
+                f"{result.stderr[-2000:]}\n--- api log ---\n{log.read_text()[-4000:]}"
+            )

@@ -1,0 +1,253 @@
+"""The Kafka backbone against a real Kafka-protocol broker (Tansu) and real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from reservo.core.clock import OffsetClock
+from reservo.core.db import Database
+from reservo.core.embedded import EmbeddedKafka
+from reservo.core.outbox import OutboxRelay
+from tests.integration.kafka.conftest import Background, unique_topic
+from tests.integration.kafka.helpers import (
+    count_status,
+    effect_handler,
+    effects,
+    emit_events,
+    read_topic,
+    relay,
+    runner,
+    transport,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(120)
+REPO_ROOT = str(Path(__file__).resolve().parents[3])
+
+
+async def test_events_published_once_and_consumed_once_in_order_per_key(
+    kafka_bootstrap: str, kdb: Database, kclock: OffsetClock, background: Background
+) -> None:
+    topic = unique_topic("order")
+    written = await emit_events(kdb, kclock, topic, 600, keys=12)
+    t = transport(kafka_bootstrap)
+    r = relay(kdb, kclock, t, batch_size=250)
+    background.start(r.run(background.stop))
+    await wait_until(lambda: _all_done(kdb, topic, 600), 30, "relay to publish everything")
+
+    records = await read_topic(kafka_bootstrap, topic)
+    envelopes = [orjson.loads(rec.value) for rec in records]
+    ids = Counter(uuid.UUID(e["id"]) for e in envelopes)
+    assert set(ids) == {eid for eid, _, _ in written}
+    assert max(ids.values()) == 1  # published once each
+    env = envelopes[0]
+    assert env["specversion"] == "1.0" and env["type"] == topic
+    assert env["source"] == "/reservo" and env["datacontenttype"] == "application/json"
+    assert env["subject"] == env["data"]["key"] and "time" in env
+    # One key lives in one partition, in the order it was written.
+    by_key: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for rec, e in zip(records, envelopes, strict=True):
+        assert rec.key == e["subject"].encode()
+        by_key[e["subject"]].append((rec.partition, rec.offset, e["data"]["seq"]))
+    for key, items in by_key.items():
+        assert len({p for p, _, _ in items}) == 1, key
+        assert [s for _, _, s in sorted(items)] == list(range(len(items))), key
+
+    consumer = f"c-{uuid.uuid4().hex[:6]}"
+    calls: Counter[uuid.UUID] = Counter()
+    run = runner(
+        kafka_bootstrap, consumer, {topic: effect_handler(kdb, consumer, calls)}, kdb, kclock
+    )
+    background.start(run.run(background.stop))
+    await wait_until(lambda: _effects_count(kdb, consumer, 600), 30, "consumer to apply all")
+
+    applied = await effects(kdb, consumer)
+    assert len(applied) == 600 and len({eid for eid, _, _ in applied}) == 600  # once each
+    assert max(calls.values()) == 1  # and not even redelivered in normal operation
+    seqs: dict[str, list[int]] = defaultdict(list)
+    for _, key, seq in applied:
+        seqs[key].append(seq)
+    for key, got in seqs.items():
+        assert got == sorted(got), f"key {key} applied out of order"
+
+
+async def _all_done(db: Database, topic: str, n: int) -> bool:
+    return await count_status(db, topic, "DONE") == n
+
+
+async def _effects_count(db: Database, consumer: str, n: int) -> bool:
+    return len(await effects(db, consumer)) >= n
+
+
+async def test_broker_down_mid_run_relay_retries_nothing_lost_and_resumes(
+    tmp_path: Path, kdb: Database, kclock: OffsetClock, background: Background
+) -> None:
+    broker = EmbeddedKafka(tmp_path)  # our own broker: this test stops it
+    bootstrap = broker.start()
+    try:
+        topic = unique_topic("outage")
+        consumer = f"c-{uuid.uuid4().hex[:6]}"
+        t = transport(bootstrap, request_timeout_ms=1500)
+        background.start(relay(kdb, kclock, t, batch_size=100).run(background.stop))
+        first = await emit_events(kdb, kclock, topic, 100, keys=5)
+        handler = effect_handler(kdb, consumer)
+        background.start(
+            runner(bootstrap, consumer, {topic: handler}, kdb, kclock).run(background.stop)
+        )
+        await wait_until(lambda: _effects_count(kdb, consumer, 100), 30, "first 100 consumed")
+
+        broker.stop()
+        second = await emit_events(kdb, kclock, topic, 100, keys=5)
+        await asyncio.sleep(4)  # several relay attempts against a dead broker
+        assert await count_status(kdb, topic, "DONE") == 100  # nothing marked without an ack
+        assert await count_status(kdb, topic, "DEAD") == 0  # an outage kills no event
+        async with kdb.connection() as conn:
+            attempts = await conn.fetchval(
+                "SELECT max(attempts) FROM outbox WHERE topic = $1 AND status = 'PENDING'", topic
+            )
+        assert attempts <= 1  # outage attempts are handed back, not spent
+
+        broker.start()  # same port; Tansu's memory store starts empty
+        await wait_until(lambda: _all_done(kdb, topic, 200), 60, "relay to resume")
+        await wait_until(lambda: _effects_count(kdb, consumer, 200), 60, "consumer to resume")
+        applied = await effects(kdb, consumer)
+        assert sorted(e for e, _, _ in applied) == sorted(e for e, _, _ in first + second)
+        on_new_broker = Counter(
+            uuid.UUID(orjson.loads(r.value)["id"]) for r in await read_topic(bootstrap, topic)
+        )
+        assert set(on_new_broker) == {e for e, _, _ in second}
+        assert max(on_new_broker.values()) == 1
+    finally:
+        background.stop.set()
+        await asyncio.wait(background.tasks, timeout=30)
+        broker.stop()
+
+
+async def test_consumer_killed_before_commit_is_redelivered_and_applied_once(
+    kafka_bootstrap: str,
+    kafka_database_url: str,
+    kdb: Database,
+    kclock: OffsetClock,
+    background: Background,
+) -> None:
+    topic = unique_topic("kill")
+    consumer = f"c-{uuid.uuid4().hex[:6]}"
+    written = await emit_events(kdb, kclock, topic, 60, keys=6)
+    background.start(relay(kdb, kclock, transport(kafka_bootstrap)).run(background.stop))
+    await wait_until(lambda: _all_done(kdb, topic, 60), 30, "publish")
+    victim = written[30][0]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.integration.kafka.crash_consumer",
+        kafka_bootstrap,
+        kafka_database_url,
+        topic,
+        consumer,
+        str(victim),
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    code = await asyncio.wait_for(proc.wait(), 60)
+    assert code == -signal.SIGKILL  # it died inside the handler, after the effect committed
+    applied_before = {e for e, _, _ in await effects(kdb, consumer)}
+    assert victim in applied_before
+
+    calls: Counter[uuid.UUID] = Counter()
+    handler = effect_handler(kdb, consumer, calls)
+    background.start(
+        runner(kafka_bootstrap, consumer, {topic: handler}, kdb, kclock).run(background.stop)
+    )
+    await wait_until(lambda: _effects_count(kdb, consumer, 60), 60, "the survivor to finish")
+    await asyncio.sleep(0.5)
+    assert calls[victim] >= 1  # redelivered: its offset was never committed
+    applied = await effects(kdb, consumer)
+    assert Counter(e for e, _, _ in applied) == Counter(e for e, _, _ in written)  # once each
+
+
+async def test_two_relays_in_parallel_publish_no_duplicates(
+    kafka_bootstrap: str, kdb: Database, kclock: OffsetClock, background: Background
+) -> None:
+    topic = unique_topic("pair")
+    written = await emit_events(kdb, kclock, topic, 3000, keys=50)
+    transports = [transport(kafka_bootstrap), transport(kafka_bootstrap)]
+    relays = [relay(kdb, kclock, t, batch_size=200) for t in transports]
+    go = asyncio.Event()
+
+    async def run(r: OutboxRelay) -> None:
+        await go.wait()  # released together
+        await r.run(background.stop)
+
+    for r in relays:
+        background.start(run(r))
+    go.set()
+    await wait_until(lambda: _all_done(kdb, topic, 3000), 60, "both relays to drain")
+    published = [t for t in transports if t._producer is not None]
+    assert len(published) == 2  # both relays really took part
+    ids = Counter(
+        uuid.UUID(orjson.loads(r.value)["id"]) for r in await read_topic(kafka_bootstrap, topic)
+    )
+    assert set(ids) == {e for e, _, _ in written}
+    assert max(ids.values()) == 1
+
+
+async def test_poison_event_is_parked_and_the_partition_moves_on(
+    kafka_bootstrap: str, kdb: Database, kclock: OffsetClock, background: Background
+) -> None:
+    topic = unique_topic("poison")
+    consumer = f"c-{uuid.uuid4().hex[:6]}"
+    t = transport(kafka_bootstrap, topic_partitions={topic: 1})  # one partition: strict line
+    written = await emit_events(kdb, kclock, topic, 3, keys=1)
+    background.start(relay(kdb, kclock, t).run(background.stop))
+    await wait_until(lambda: _all_done(kdb, topic, 3), 30, "publish")
+    # A record that is not even an envelope, then a good one behind it.
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"{not json", key=b"agg-0")
+    finally:
+        await producer.stop()
+    tail = await emit_events(kdb, kclock, topic, 1, keys=1)
+    await wait_until(lambda: _all_done(kdb, topic, 4), 30, "publish tail")
+
+    poison = written[1][0]
+    calls: Counter[uuid.UUID] = Counter()
+    handler = effect_handler(kdb, consumer, calls, poison={poison})
+    run = runner(kafka_bootstrap, consumer, {topic: handler}, kdb, kclock, max_attempts=3)
+    background.start(run.run(background.stop))
+    await wait_until(lambda: _effects_count(kdb, consumer, 3), 30, "the partition to move on")
+    applied = [e for e, _, _ in await effects(kdb, consumer)]
+    assert applied == [written[0][0], written[2][0], tail[0][0]]  # in order, poison skipped
+    assert calls[poison] == 3  # retried, then parked
+    async with kdb.connection() as conn:
+        parked = await conn.fetch(
+            "SELECT event_id, attempts, error, record_offset FROM dead_letter "
+            "WHERE consumer = $1 ORDER BY record_offset",
+            consumer,
+        )
+    assert [(p["event_id"], p["attempts"]) for p in parked] == [(poison, 3), (None, 1)]
+    assert "poison event" in parked[0]["error"]
+    dlt = await read_topic(kafka_bootstrap, topic + ".dlt")
+    assert sorted(r.value for r in dlt) == sorted(
+        [b"{not json", _value_of(await read_topic(kafka_bootstrap, topic), poison)]
+    )
+
+
+def _value_of(records: list[Any], event_id: uuid.UUID) -> bytes:
+    for r in records:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            if orjson.loads(r.value)["id"] == str(event_id):
+                return bytes(r.value)
+    raise AssertionError("not found")

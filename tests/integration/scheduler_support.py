@@ -1,0 +1,196 @@
+"""Shared helpers of the scheduler tests: schedulers with fast timings, a
+recording handler, an own redis-server for FLUSHALL/restart tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
+from typing import Any
+
+import asyncpg
+import redis.asyncio
+
+from reservo.core.clock import Clock, SystemClock
+from reservo.core.db import Database
+from reservo.core.redis import make_client
+from reservo.scheduler import Config, Job, Scheduler
+from reservo.scheduler.workers import run
+
+FAST = Config(
+    window_s=300,
+    loader_period_s=0.2,
+    resync_period_s=60,
+    mover_idle_s=0.005,
+    executor_idle_s=0.05,
+    heartbeat_s=0.2,
+    reaper_timeout_s=1.5,
+    reaper_period_s=0.2,
+    backoff_base_s=0.2,
+    backoff_max_s=5,
+    max_attempts=3,
+    executors=2,
+)
+
+
+def category() -> str:
+    """A category of this test only: other tests' leftovers are never run here."""
+    return f"test.{uuid.uuid4().hex[:12]}"
+
+
+class Recorder:
+    """An idempotency-agnostic handler that records every call (wall-clock start)."""
+
+    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
+        self.calls: Counter[int] = Counter()
+        self.starts: dict[int, list[float]] = {}
+        self.delay_s, self.fail = delay_s, fail
+
+    async def __call__(self, job: Job) -> None:
+        self.calls[job.id] += 1
+        self.starts.setdefault(job.id, []).append(time.time())
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail:
+            raise RuntimeError(f"handler refuses job {job.id}")
+
+
+def make(
+    database_url: str,
+    redis_url: str,
+    ns: str,
+    clock: Clock | None = None,
+    **overrides: Any,
+) -> Scheduler:
+    db = Database(database_url, min_size=1, max_size=10)
+    cfg = replace(FAST, **overrides)
+    s = Scheduler(db, clock or SystemClock(), make_client(redis_url, 5.0), ns, cfg)
+
+    async def _close_db() -> None:
+        await db.close()
+
+    s.on_close(_close_db)
+    return s
+
+
+@asynccontextmanager
+async def running(*schedulers: Scheduler) -> AsyncIterator[asyncio.Event]:
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(run(s, stop)) for s in schedulers]
+    try:
+        yield stop
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+
+async def wait_until(pred: Any, timeout_s: float, step_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await pred():
+            return
+        await asyncio.sleep(step_s)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+async def statuses(db: asyncpg.Connection, cat: str) -> Counter[str]:
+    rows = await db.fetch(
+        "SELECT status, count(*) AS n FROM scheduled_job WHERE category = $1 GROUP BY status", cat
+    )
+    return Counter({r["status"]: r["n"] for r in rows})
+
+
+async def done_log_duplicates(db: asyncpg.Connection, cat: str) -> int:
+    """Jobs of ``cat`` with more than one DONE attempt in the execution log."""
+    return int(
+        await db.fetchval(
+            """SELECT count(*) FROM (
+                 SELECT e.job_id FROM job_execution e JOIN scheduled_job j ON j.id = e.job_id
+                  WHERE j.category = $1 AND e.outcome = 'DONE'
+                  GROUP BY e.job_id HAVING count(*) > 1) d""",
+            cat,
+        )
+    )
+
+
+async def drop_namespace(redis_url: str, ns: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{ns}:*", count=1000)]
+        for i in range(0, len(keys), 500):
+            await client.delete(*keys[i : i + 500])
+    finally:
+        await client.aclose()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OwnRedis:
+    """A private redis-server (no persistence) this test may flush and restart."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.dir = tempfile.mkdtemp(prefix="sched-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+@contextmanager
+def own_redis() -> Iterator[OwnRedis]:
+    r = OwnRedis()
+    r.start()
+    try:
+        yield r
+    finally:
+        r.stop()
+        shutil.rmtree(r.dir, ignore_errors=True)

@@ -1,0 +1,214 @@
+"""Many real concurrent clients released together against one slot.
+
+Each request runs through the real app and takes its own pooled PostgreSQL
+connection; afterwards the invariant is checked in SQL: a slot's booked_count
+equals its BOOKED appointments and never exceeds its capacity."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from reservo.app import create_app
+from reservo.bootstrap import build
+from reservo.core.clock import OffsetClock
+from reservo.settings import Settings
+from tests.conftest import auth, new_id
+from tests.helpers import ADMIN, book, make_slots
+
+
+async def together(
+    n: int, request: Callable[[int], Awaitable[httpx.Response]]
+) -> list[httpx.Response]:
+    """Start n requests, hold each at a barrier until all n are waiting, then release them."""
+    release = asyncio.Event()
+    waiting = 0
+
+    async def one(i: int) -> httpx.Response:
+        nonlocal waiting
+        waiting += 1
+        if waiting == n:
+            release.set()
+        await release.wait()
+        return await request(i)
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def assert_slot_invariant(db: asyncpg.Connection, slot_ids: list[int]) -> list[Any]:
+    rows = await db.fetch(
+        """SELECT s.id, s.capacity, s.booked_count,
+                  (SELECT count(*) FROM appointment a
+                    WHERE a.slot_id = s.id AND a.status = 'BOOKED') AS booked
+             FROM time_slot s WHERE s.id = ANY($1::bigint[]) ORDER BY s.id""",
+        slot_ids,
+    )
+    assert len(rows) == len(set(slot_ids))
+    for r in rows:
+        assert r["booked_count"] == r["booked"], dict(r)
+        assert 0 <= r["booked_count"] <= r["capacity"], dict(r)
+    return rows
+
+
+def codes(responses: list[httpx.Response]) -> Counter[tuple[int, str | None]]:
+    return Counter(
+        (r.status_code, r.json().get("code") if r.status_code >= 400 else None) for r in responses
+    )
+
+
+@pytest.fixture
+async def roomy_client(
+    base_settings: Settings, clock: OffsetClock
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app with a per-patient rate limit high enough for one patient's 20 retries."""
+    settings = base_settings.model_copy(update={"appointments_booking_rate_limit": 1000})
+    container = build(settings, clock)
+    app = create_app(container, owns_container=False)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+        yield c
+    await container.close()
+
+
+@pytest.mark.parametrize(("patients", "capacity"), [(50, 1), (200, 10)])
+async def test_concurrent_patients_never_overbook_a_slot(
+    client: httpx.AsyncClient, db: asyncpg.Connection, patients: int, capacity: int
+) -> None:
+    _, slots = await make_slots(client, capacity=capacity)
+    slot_id = slots[0]["id"]
+    ids = [new_id() for _ in range(patients)]
+
+    responses = await together(patients, lambda i: book(client, slot_id, ids[i]))
+
+    assert codes(responses) == {(201, None): capacity, (409, "slot_full"): patients - capacity}
+    winners = {r.json()["patientId"] for r in responses if r.status_code == 201}
+    rows = await assert_slot_invariant(db, [slot_id])
+    assert rows[0]["booked_count"] == capacity
+    booked = await db.fetch(
+        "SELECT patient_id FROM appointment WHERE slot_id = $1 AND status = 'BOOKED'", slot_id
+    )
+    assert {r["patient_id"] for r in booked} == winners
+    assert await db.fetchval("SELECT count(*) FROM appointment WHERE slot_id = $1", slot_id) == (
+        capacity
+    )
+
+
+async def test_concurrent_retries_of_one_idempotency_key_book_once(
+    roomy_client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    _, slots = await make_slots(roomy_client, capacity=5)
+    slot_id, patient = slots[0]["id"], new_id()
+    idem = f"retry-{patient}"
+
+    responses = await together(20, lambda _: book(roomy_client, slot_id, patient, idem))
+
+    by_status = Counter(r.status_code for r in responses)
+    assert set(by_status) <= {200, 201, 409}, [r.text for r in responses]
+    assert by_status[201] == 1  # the one request that ran; the others replayed or waited
+    assert all(r.json()["code"] == "request_in_progress" for r in responses if r.status_code == 409)
+    ok = [r.json() for r in responses if r.status_code in (200, 201)]
+    assert len({b["id"] for b in ok}) == 1
+    assert all(b == ok[0] for b in ok)  # a replay is the same body
+    rows = await db.fetch("SELECT id FROM appointment WHERE patient_id = $1", patient)
+    assert [r["id"] for r in rows] == [ok[0]["id"]]
+    # A late retry, once everything settled, still gets the same booking back.
+    late = await book(roomy_client, slot_id, patient, idem)
+    assert late.status_code == 200 and late.json() == ok[0]
+    (row,) = await assert_slot_invariant(db, [slot_id])
+    assert row["booked_count"] == 1
+
+
+async def test_concurrent_cancels_free_the_capacity_exactly_once(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    _, slots = await make_slots(client, capacity=3)
+    slot_id = slots[0]["id"]
+    keeper, canceller = new_id(), new_id()
+    assert (await book(client, slot_id, keeper)).status_code == 201
+    r = await book(client, slot_id, canceller)
+    assert r.status_code == 201
+    appt = r.json()["id"]
+
+    def cancel(i: int) -> Awaitable[httpx.Response]:
+        # Owner and admin race each other; both are allowed to cancel.
+        headers = ADMIN if i % 2 else auth("patient", canceller)
+        return client.delete(f"/api/appointments/{appt}", headers=headers)
+
+    responses = await together(10, cancel)
+
+    assert [r.status_code for r in responses] == [200] * 10, [r.text for r in responses]
+    assert {r.json()["status"] for r in responses} == {"CANCELLED"}
+    assert {r.json()["id"] for r in responses} == {appt}
+    (row,) = await assert_slot_invariant(db, [slot_id])
+    assert row["booked_count"] == 1  # 2 booked, one cancelled ten times -> 1
+
+
+async def test_one_patient_racing_for_overlapping_slots_of_different_doctors_gets_one(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    # Five doctors with the same hours: their first slots are the same instant.
+    firsts = [(await make_slots(client, capacity=2))[1][0] for _ in range(5)]
+    assert len({s["startAt"] for s in firsts}) == 1
+    patient = new_id()
+
+    responses = await together(5, lambda i: book(client, firsts[i]["id"], patient))
+
+    assert codes(responses) == {(201, None): 1, (409, "patient_busy"): 4}
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM appointment WHERE patient_id = $1 AND status = 'BOOKED'", patient
+        )
+        == 1
+    )
+    rows = await assert_slot_invariant(db, [s["id"] for s in firsts])
+    assert sorted(r["booked_count"] for r in rows) == [0, 0, 0, 0, 1]
+
+
+async def test_one_patient_racing_for_one_slot_with_fresh_keys_books_it_once(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    _, slots = await make_slots(client, capacity=10)
+    slot_id, patient = slots[0]["id"], new_id()
+
+    responses = await together(5, lambda _: book(client, slot_id, patient))
+
+    assert codes(responses) == {(201, None): 1, (409, "already_booked"): 4}
+    (row,) = await assert_slot_invariant(db, [slot_id])
+    assert row["booked_count"] == 1
+
+
+async def test_booking_and_cancelling_race_on_a_full_slot_keeps_the_count_right(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """While the holder of a capacity-1 slot cancels, 20 others try to book it:
+    at most one of them gets it, and the count matches the rows."""
+    _, slots = await make_slots(client, capacity=1)
+    slot_id, holder = slots[0]["id"], new_id()
+    r = await book(client, slot_id, holder)
+    assert r.status_code == 201
+    appt = r.json()["id"]
+    others = [new_id() for _ in range(20)]
+
+    def act(i: int) -> Awaitable[httpx.Response]:
+        if i == 0:
+            return client.delete(f"/api/appointments/{appt}", headers=auth("patient", holder))
+        return book(client, slot_id, others[i - 1])
+
+    responses = await together(21, act)
+
+    assert responses[0].status_code == 200
+    tally = codes(responses[1:])
+    assert set(tally) <= {(201, None), (409, "slot_full")}, tally
+    assert tally[(201, None)] <= 1
+    (row,) = await assert_slot_invariant(db, [slot_id])
+    assert row["booked_count"] == tally[(201, None)]
+    # Whatever the interleaving, the freed seat is not lost: if nobody got it, it is bookable now.
+    if tally[(201, None)] == 0:
+        assert (await book(client, slot_id, new_id())).status_code == 201
+    await assert_slot_invariant(db, [slot_id])

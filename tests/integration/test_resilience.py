@@ -1,0 +1,288 @@
+"""The service under failing dependencies, with real sockets (no mocks).
+
+PostgreSQL down: requests answer 503 ``unavailable`` (never 500) and the same app
+recovers on its own. Redis down: Redis is only a filter and a cache, so bookings
+stay correct (the database decides) and only readiness reports the outage."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from datetime import date, timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+
+from reservo.app import create_app
+from reservo.appointments.service import _full_key, _slots_key
+from reservo.bootstrap import Container, build
+from reservo.core.clock import OffsetClock
+from reservo.settings import Settings
+from tests.conftest import new_id
+from tests.helpers import ADMIN, book, make_slots
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _with_port(url: str, host: str, port: int) -> str:
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class TcpProxy:
+    """Forwards a local port to PostgreSQL; ``stop`` is an outage (listener and
+    every connection closed), ``start`` brings it back on the same port."""
+
+    def __init__(self, port: int, upstream: tuple[str, int]) -> None:
+        self.port, self.upstream = port, upstream
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, "127.0.0.1", self.port, reuse_address=True
+        )
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()  # like a dead host: no polite shutdown
+        for t in list(self._pumps):
+            t.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        try:
+            ureader, uwriter = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            cwriter.transport.abort()
+            return
+        self._writers |= {cwriter, uwriter}
+        for src, dst in ((creader, uwriter), (ureader, cwriter)):
+            task = asyncio.create_task(self._pump(src, dst))
+            self._pumps.add(task)
+            task.add_done_callback(self._pumps.discard)
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(dst)
+            dst.transport.abort()
+
+
+@contextlib.asynccontextmanager
+async def app_client(container: Container) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(container, owns_container=False)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+        yield c
+
+
+def _unavailable(r: httpx.Response) -> None:
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert r.json()["code"] == "unavailable"
+
+
+# ------------------------------------------------------------- PostgreSQL down
+
+
+@pytest.fixture
+async def proxied(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Any]:
+    pg = urlsplit(base_settings.database_url or "")
+    proxy = TcpProxy(_free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432))
+    await proxy.start()
+    settings = base_settings.model_copy(
+        update={
+            "database_url": _with_port(base_settings.database_url or "", "127.0.0.1", proxy.port),
+            "db_pool_min": 1,
+            "db_pool_max": 5,
+            # Bounded waits, so an outage answers fast instead of hanging requests.
+            "db_acquire_timeout_s": 2.0,
+            "db_command_timeout_s": 2.0,
+        }
+    )
+    container = build(settings, clock)
+    try:
+        yield proxy, container
+    finally:
+        await container.close()
+        with contextlib.suppress(AssertionError):
+            await proxy.stop()
+
+
+async def test_postgres_outage_answers_503_and_recovers_by_itself(proxied: Any) -> None:
+    proxy, container = proxied
+    async with app_client(container) as client:
+        doctor, slots = await make_slots(client)
+        day = date.today() + timedelta(days=2)
+        patient = new_id()
+        idem = "resilience-" + str(new_id())
+
+        async def list_slots() -> httpx.Response:
+            # Skip the Redis slot cache: this request must reach the database.
+            await container.cache.delete(_slots_key(doctor, day))
+            return await client.get(
+                f"/api/doctors/{doctor}/slots",
+                params={"date": day.isoformat()},
+                headers=ADMIN,
+            )
+
+        assert (await list_slots()).status_code == 200
+        warm = await book(client, slots[0]["id"], new_id())
+        assert warm.status_code == 201, warm.text
+        assert (await client.get("/readyz")).status_code == 200
+
+        await proxy.stop()
+
+        _unavailable(await list_slots())
+        _unavailable(await book(client, slots[1]["id"], patient, idem))
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["checks"] == {"postgres": False, "redis": True}
+
+        await proxy.start()
+
+        # Same app, same container, same requests (even the same Idempotency-Key:
+        # the failed attempt left nothing behind that blocks it).
+        assert (await client.get("/readyz")).status_code == 200
+        r = await list_slots()
+        assert r.status_code == 200, r.text
+        assert slots[1]["id"] in {s["id"] for s in r.json()}
+        booked = await book(client, slots[1]["id"], patient, idem)
+        assert booked.status_code == 201, booked.text
+        assert booked.json()["patientId"] == patient
+
+
+# ------------------------------------------------------------------ Redis down
+
+
+@pytest.fixture
+async def no_redis(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Container]:
+    # A port where nothing listens: every Redis call fails at once (refused).
+    settings = base_settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{_free_port()}/0"})
+    container = build(settings, clock)
+    yield container
+    await container.close()
+
+
+def _db_conflicts() -> float:
+    value = REGISTRY.get_sample_value(
+        "reservo_conflicts_total",
+        {"module": "appointments", "code": "slot_full", "decided_by": "database"},
+    )
+    return value or 0.0
+
+
+async def test_bookings_stay_correct_without_redis(
+    no_redis: Container, db: asyncpg.Connection
+) -> None:
+    async with app_client(no_redis) as client:
+        doctor, slots = await make_slots(client, capacity=1)
+        slot = slots[0]["id"]
+        first = await book(client, slot, new_id())
+        assert first.status_code == 201, first.text
+
+        refused_before = _db_conflicts()
+        second = await book(client, slot, new_id())
+        assert second.status_code == 409, second.text
+        assert second.json()["code"] == "slot_full"
+        # With Redis away there is no "full" mark: the database refused it.
+        assert _db_conflicts() == refused_before + 1
+
+        day = date.today() + timedelta(days=2)
+        listed = await client.get(
+            f"/api/doctors/{doctor}/slots",
+            params={"date": day.isoformat()},
+            headers=ADMIN,
+        )
+        assert listed.status_code == 200, listed.text
+        ids = {s["id"] for s in listed.json()}
+        assert slot not in ids  # full slots are not listed
+        assert {s["id"] for s in slots[1:]} <= ids
+
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["checks"] == {"postgres": True, "redis": False}
+
+    assert await db.fetchval("SELECT booked_count FROM time_slot WHERE id = $1", slot) == 1
+
+
+async def test_no_overbooking_with_redis_down(no_redis: Container, db: asyncpg.Connection) -> None:
+    async with app_client(no_redis) as client:
+        _, slots = await make_slots(client, capacity=1)
+        slot = slots[0]["id"]
+        go = asyncio.Event()
+
+        async def attempt(patient: int) -> httpx.Response:
+            await go.wait()
+            return await book(client, slot, patient)
+
+        tasks = [asyncio.create_task(attempt(new_id())) for _ in range(30)]
+        await asyncio.sleep(0.05)  # let all 30 reach the barrier
+        go.set()
+        results = await asyncio.gather(*tasks)
+
+    statuses = sorted(r.status_code for r in results)
+    assert statuses == [201] + [409] * 29, [r.text for r in results if r.status_code >= 500]
+    assert {r.json()["code"] for r in results if r.status_code == 409} == {"slot_full"}
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM appointment WHERE slot_id = $1 AND status = 'BOOKED'", slot
+        )
+        == 1
+    )
+    assert await db.fetchval("SELECT booked_count FROM time_slot WHERE id = $1", slot) == 1
+
+
+async def test_no_overbooking_after_redis_lost_its_marks(
+    client: httpx.AsyncClient, container: Container, db: asyncpg.Connection
+) -> None:
+    """Redis up but emptied (as after a flush or restart; only this slot's keys are
+    removed, the shared Redis is never flushed): the database still refuses."""
+    _, slots = await make_slots(client, capacity=1)
+    slot = slots[0]["id"]
+    assert (await book(client, slot, new_id())).status_code == 201
+    assert await container.cache.is_marked(_full_key(slot))
+    await container.cache.clear_mark(_full_key(slot))
+    go = asyncio.Event()
+
+    async def attempt(patient: int) -> httpx.Response:
+        await go.wait()
+        return await book(client, slot, patient)
+
+    tasks = [asyncio.create_task(attempt(new_id())) for _ in range(30)]
+    await asyncio.sleep(0.05)
+    go.set()
+    results = await asyncio.gather(*tasks)
+
+    assert [r.status_code for r in results] == [409] * 30
+    assert {r.json()["code"] for r in results} == {"slot_full"}
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM appointment WHERE slot_id = $1 AND status = 'BOOKED'", slot
+        )
+        == 1
+    )
+    assert await db.fetchval("SELECT booked_count FROM time_slot WHERE id = $1", slot) == 1

@@ -1,0 +1,284 @@
+"""The scheduler against real PostgreSQL and Redis: timing, exactly-once
+completion, parallel movers/loaders, cancellation, retries, the window."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from reservo.scheduler import Scheduler
+from reservo.scheduler.workers import Loader
+from tests.integration.scheduler_support import (
+    Recorder,
+    category,
+    done_log_duplicates,
+    drop_namespace,
+    make,
+    running,
+    statuses,
+    wait_until,
+)
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"sched-test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def sched(database_url: str, redis_url: str, ns: str) -> AsyncIterator[Scheduler]:
+    s = make(database_url, redis_url, ns)
+    yield s
+    await s.close()
+    await drop_namespace(redis_url, ns)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def test_jobs_fire_at_run_at_not_before_and_complete_once(
+    sched: Scheduler, db: asyncpg.Connection
+) -> None:
+    cat, rec = category(), Recorder()
+    sched.register(cat, rec)
+    base = now()
+    jobs = [
+        await sched.enqueue(cat, {"n": i}, run_at=base + timedelta(milliseconds=800 + 20 * i))
+        for i in range(50)
+    ]
+    async with running(sched):
+        await wait_until(lambda: _all(db, cat, "DONE", 50), 20)
+        await asyncio.sleep(0.3)  # a duplicate would show up here
+    for job in jobs:
+        assert rec.calls[job.id] == 1
+        started = rec.starts[job.id][0]
+        assert started >= job.run_at.timestamp(), "ran before run_at"
+        assert started - job.run_at.timestamp() < 1.0
+    assert await done_log_duplicates(db, cat) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM job_execution e JOIN scheduled_job j ON j.id = e.job_id "
+            "WHERE j.category = $1 AND e.outcome = 'DONE'",
+            cat,
+        )
+        == 50
+    )
+
+
+async def _all(db: asyncpg.Connection, cat: str, status: str, n: int) -> bool:
+    return (await statuses(db, cat))[status] == n
+
+
+async def test_ten_thousand_jobs_over_a_few_seconds_all_complete(
+    sched: Scheduler, db: asyncpg.Connection
+) -> None:
+    cat, rec = category(), Recorder()
+    sched.register(cat, rec)
+    base = now() + timedelta(seconds=1)
+    n = 10_000
+    run_ats = [base + timedelta(milliseconds=3000 * i / n) for i in range(n)]
+    await sched.enqueue_bulk(cat, run_ats, [{"i": i} for i in range(n)], [i % 10 for i in range(n)])
+    async with running(sched):
+        await wait_until(lambda: _all(db, cat, "DONE", n), 90, 0.2)
+    assert len(rec.calls) == n
+    assert max(rec.calls.values()) == 1
+    assert await done_log_duplicates(db, cat) == 0
+    late = await db.fetchval(
+        "SELECT count(*) FROM scheduled_job WHERE category = $1 AND started_at < run_at", cat
+    )
+    assert late == 0
+
+
+async def test_two_movers_and_two_loaders_in_parallel_run_each_job_once(
+    database_url: str, redis_url: str, ns: str, db: asyncpg.Connection
+) -> None:
+    # Same namespace, two independent schedulers, each with 2 loaders and a mover,
+    # and the mover lock off: correctness must not depend on it.
+    cat, rec = category(), Recorder()
+    a = make(database_url, redis_url, ns, mover_lock=False, loaders=2, loader_period_s=0.05)
+    b = make(database_url, redis_url, ns, mover_lock=False, loaders=2, loader_period_s=0.05)
+    for s in (a, b):
+        s.register(cat, rec)
+    try:
+        base = now() + timedelta(milliseconds=500)
+        n = 3000
+        # Rows only: both schedulers' loaders race to push them.
+        await a.enqueue_bulk(
+            cat,
+            [base + timedelta(milliseconds=2000 * i / n) for i in range(n)],
+            [{} for _ in range(n)],
+            [i % 3 for i in range(n)],
+        )
+        async with running(a, b):
+            await wait_until(lambda: _all(db, cat, "DONE", n), 60, 0.1)
+            await asyncio.sleep(0.5)
+        assert len(rec.calls) == n
+        assert max(rec.calls.values()) == 1, "a job ran twice"
+        assert await done_log_duplicates(db, cat) == 0
+    finally:
+        await a.close()
+        await b.close()
+        await drop_namespace(redis_url, ns)
+
+
+async def test_cancelled_before_run_never_runs(sched: Scheduler, db: asyncpg.Connection) -> None:
+    cat, rec = category(), Recorder()
+    sched.register(cat, rec)
+    keep = await sched.enqueue(cat, {}, delay=timedelta(milliseconds=700))
+    # Already in Redis (inside the window): cancellation must still win.
+    doomed = await sched.enqueue(cat, {}, delay=timedelta(milliseconds=700))
+    assert doomed.status == "SCHEDULED"
+    assert await sched.cancel(doomed.id) is True
+    assert await sched.cancel(doomed.id) is False  # already cancelled
+    async with running(sched):
+        await wait_until(lambda: _all(db, cat, "DONE", 1), 10)
+        await asyncio.sleep(0.5)
+    assert rec.calls[keep.id] == 1
+    assert rec.calls[doomed.id] == 0
+    assert (await sched.get(doomed.id)).status == "CANCELLED"
+
+
+async def test_failing_handler_retries_with_growing_delays_then_dead(
+    database_url: str, redis_url: str, ns: str, db: asyncpg.Connection
+) -> None:
+    s = make(database_url, redis_url, ns, max_attempts=4, backoff_base_s=0.3, backoff_max_s=10)
+    cat, rec = category(), Recorder(fail=True)
+    s.register(cat, rec)
+    try:
+        job = await s.enqueue(cat, {})
+        async with running(s):
+            await wait_until(lambda: _all(db, cat, "DEAD", 1), 30)
+            await asyncio.sleep(0.5)
+        starts = rec.starts[job.id]
+        assert len(starts) == 4, "max attempts, then no more runs"
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
+        # Equal jitter: delay n lies in [base*2^(n-2), base*2^(n-1)], so gaps grow.
+        assert gaps[0] >= 0.15 - 0.05
+        assert gaps[1] >= 0.3 - 0.05
+        assert gaps[2] >= 0.6 - 0.05
+        assert gaps[2] > gaps[0]
+        dead = await s.get(job.id)
+        assert dead.status == "DEAD" and dead.attempts == 4
+        assert "handler refuses" in (dead.last_error or "")
+        log = await s.executions(job.id)
+        assert [e["outcome"] for e in log] == ["FAILED", "FAILED", "FAILED", "DEAD"]
+        assert [e["attempt"] for e in log] == [1, 2, 3, 4]
+    finally:
+        await s.close()
+        await drop_namespace(redis_url, ns)
+
+
+async def test_far_future_jobs_stay_out_of_redis_until_their_window(
+    database_url: str, redis_url: str, ns: str, db: asyncpg.Connection
+) -> None:
+    s = make(database_url, redis_url, ns, window_s=2.0, loader_period_s=0.1)
+    cat, rec = category(), Recorder()
+    s.register(cat, rec)
+    try:
+        job = await s.enqueue(cat, {}, delay=timedelta(seconds=4))
+        far = await s.enqueue(cat, {}, delay=timedelta(days=2))
+        known = s.keys.known(cat, 5)
+        future = s.keys.future(cat, 5)
+        async with running(s):
+            await asyncio.sleep(0.8)
+            assert not await s.redis.sismember(known, str(job.id)), "loaded before its window"
+            assert await s.redis.zscore(future, str(job.id)) is None
+            assert (await s.get(job.id)).status == "SCHEDULED"
+            await wait_until(lambda: _in(s, future, job.id), 4)
+            # Redis first, then the row's flag (QUEUED) a moment later.
+            await wait_until(lambda: _status(s, job.id, "QUEUED"), 1)
+            await wait_until(lambda: _done(s, job.id), 5)
+            assert rec.starts[job.id][0] >= job.run_at.timestamp()
+            assert await s.redis.zscore(future, str(far.id)) is None
+            assert not await s.redis.sismember(known, str(far.id))
+        assert (await s.get(far.id)).status == "SCHEDULED"
+        assert await s.cancel(far.id)
+    finally:
+        await s.close()
+        await drop_namespace(redis_url, ns)
+
+
+async def _in(s: Scheduler, key: str, job_id: int) -> bool:
+    return await s.redis.zscore(key, str(job_id)) is not None
+
+
+async def _done(s: Scheduler, job_id: int) -> bool:
+    return (await s.get(job_id)).status == "DONE"
+
+
+async def _status(s: Scheduler, job_id: int, status: str) -> bool:
+    return (await s.get(job_id)).status == status
+
+
+async def test_job_enqueued_in_callers_transaction_commits_with_it_and_is_loaded(
+    sched: Scheduler, db: asyncpg.Connection
+) -> None:
+    cat, rec = category(), Recorder()
+    sched.register(cat, rec)
+    # Rolled back with the caller: no job at all.
+    with pytest.raises(RuntimeError):
+        async with sched.db.transaction() as conn:
+            await sched.enqueue(cat, {"v": "rolled back"}, conn=conn)
+            raise RuntimeError("caller fails")
+    # Committed, never dispatched by the caller: the loader must pick it up.
+    async with sched.db.transaction() as conn:
+        job = await sched.enqueue(cat, {"v": "kept"}, delay=timedelta(milliseconds=200), conn=conn)
+    async with running(sched):
+        await wait_until(lambda: _done(sched, job.id), 10)
+    assert (await statuses(db, cat)) == {"DONE": 1}
+    assert rec.calls[job.id] == 1
+
+
+async def test_same_idempotency_key_enqueues_once(sched: Scheduler) -> None:
+    cat = category()
+    first = await sched.enqueue(cat, {"a": 1}, delay=timedelta(hours=1), idempotency_key="k1")
+    again = await sched.enqueue(cat, {"a": 1}, delay=timedelta(hours=1), idempotency_key="k1")
+    other = await sched.enqueue(cat, {"a": 1}, delay=timedelta(hours=1), idempotency_key="k2")
+    assert first.id == again.id != other.id
+    for j in (first, other):
+        await sched.cancel(j.id)
+
+
+async def test_job_of_a_dead_worker_is_reaped_and_completes_once(
+    sched: Scheduler, db: asyncpg.Connection
+) -> None:
+    # A worker claimed the job and vanished (no heartbeat, nothing settled).
+    cat, rec = category(), Recorder()
+    sched.register(cat, rec)
+    job = await sched.enqueue(cat, {}, delay=timedelta(hours=1))
+    await db.execute(
+        "UPDATE scheduled_job SET status = 'RUNNING', attempts = 1, revision = revision + 1, "
+        "worker = 'ghost', heartbeat_at = now() - interval '1 minute', started_at = now(), "
+        "run_at = now() WHERE id = $1",
+        job.id,
+    )
+    async with running(sched):
+        await wait_until(lambda: _done(sched, job.id), 10)
+    assert rec.calls[job.id] == 1
+    log = await sched.executions(job.id)
+    assert [e["outcome"] for e in log] == ["LOST", "DONE"]
+
+
+async def test_loader_reload_is_a_no_op(sched: Scheduler) -> None:
+    cat = category()
+    job = await sched.enqueue(cat, {}, delay=timedelta(seconds=60))
+    loader = Loader(sched)
+    await loader.run_once()  # first run: full resync of the window
+    await loader.run_once()
+    assert await sched.redis.zcard(sched.keys.future(cat, 5)) == 1
+    assert await sched.redis.llen(sched.keys.queue(cat, 5)) == 0
+    await sched.cancel(job.id)
+
+
+async def test_elapsed_check(sched: Scheduler) -> None:
+    # Redis TIME and our clock agree closely enough for "not before" to hold.
+    t = await sched.redis.time()
+    assert abs(t[0] + t[1] / 1e6 - time.time()) < 0.5

@@ -1,0 +1,82 @@
+"""Wallet HTTP contract: statement paging, refusals, idempotent replays."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+
+from tests.betting_helpers import ADMIN, SERVICE, make_account
+from tests.conftest import auth, new_id
+
+
+async def test_statement_is_keyset_paginated_newest_first(client: httpx.AsyncClient) -> None:
+    a, owner = await make_account(client, 1_000)
+    b, _ = await make_account(client, 0)
+    headers = auth("bettor", owner)
+    for amount in (10, 20, 30, 40):
+        r = await client.post(
+            "/api/transfers",
+            json={"fromAccountId": a, "toAccountId": b, "amount": amount},
+            headers={**headers, "Idempotency-Key": str(uuid.uuid4())},
+        )
+        assert r.status_code == 201, r.text
+    page = (await client.get(f"/api/accounts/{a}/statement?limit=3", headers=headers)).json()
+    assert page["accountId"] == a and page["balance"] == 900
+    assert [e["amount"] for e in page["entries"]] == [-40, -30, -20]
+    assert [e["balanceAfter"] for e in page["entries"]] == [900, 940, 970]
+    assert page["entries"][0]["kind"] == "TRANSFER"
+    rest = await client.get(
+        f"/api/accounts/{a}/statement?limit=3&before={page['nextBefore']}", headers=headers
+    )
+    tail = rest.json()
+    assert [e["amount"] for e in tail["entries"]] == [-10, 1_000]
+    assert tail["entries"][-1]["kind"] == "DEPOSIT" and tail["nextBefore"] is None
+    other = await client.get(f"/api/accounts/{a}/statement", headers=auth("bettor", new_id()))
+    assert other.status_code == 403
+
+
+async def test_transfer_refusals_and_replay(client: httpx.AsyncClient) -> None:
+    a, owner = await make_account(client, 100)
+    b, _ = await make_account(client, 0)
+    headers = auth("bettor", owner)
+    body = {"fromAccountId": a, "toAccountId": b, "amount": 60}
+    r = await client.post("/api/transfers", json=body, headers=headers)
+    assert (r.status_code, r.json()["code"]) == (400, "idempotency_key_required")
+    key = {**headers, "Idempotency-Key": str(uuid.uuid4())}
+    first = await client.post("/api/transfers", json=body, headers=key)
+    again = await client.post("/api/transfers", json=body, headers=key)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json() == again.json()
+    r = await client.post(
+        "/api/transfers", json=body, headers={**headers, "Idempotency-Key": str(uuid.uuid4())}
+    )
+    assert (r.status_code, r.json()["code"]) == (409, "insufficient_funds")
+    usd = await client.post(
+        "/api/accounts", json={"ownerId": owner, "currency": "USD"}, headers=ADMIN
+    )
+    r = await client.post(
+        "/api/transfers",
+        json={"fromAccountId": a, "toAccountId": usd.json()["id"], "amount": 1},
+        headers={**headers, "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert (r.status_code, r.json()["code"]) == (409, "currency_mismatch")
+    r = await client.post(
+        "/api/transfers",
+        json={"fromAccountId": a, "toAccountId": 2**62, "amount": 1},
+        headers={**headers, "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert (r.status_code, r.json()["code"]) == (404, "account_not_found")
+    r = await client.post(
+        "/api/transfers",
+        json={"fromAccountId": a, "toAccountId": b, "amount": "1"},
+        headers={**headers, "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert r.status_code == 422
+    r = await client.post(
+        f"/api/accounts/{2**62}/deposits",
+        json={"amount": 5, "reference": "x"},
+        headers={**SERVICE, "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert (r.status_code, r.json()["code"]) == (404, "account_not_found")
+    assert (await client.get(f"/api/accounts/{a}", headers=headers)).json()["balance"] == 40
