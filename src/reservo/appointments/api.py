@@ -23,34 +23,26 @@ from reservo.appointments.schemas import (
 )
 from reservo.appointments.service import Appointment, AppointmentService
 from reservo.core.errors import DomainError
-from reservo.core.http import Caller, IdempotencyKey, json_response, required_key, run_idempotent
-from reservo.core.idempotency import Claim, IdempotencyStore
+from reservo.core.http import (
+    Caller,
+    IdempotencyKey,
+    idempotency_store,
+    json_response,
+    problem_responses,
+    required_key,
+    run_idempotent,
+)
+from reservo.core.idempotency import Claim
 
 router = APIRouter(prefix="/api", tags=["appointments"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    s: {"description": d, "content": {"application/problem+json": {}}}
-    for s, d in [
-        (400, "Bad request"),
-        (401, "Unauthenticated"),
-        (403, "Forbidden"),
-        (404, "Not found"),
-        (409, "Conflict"),
-        (422, "Validation error"),
-        (429, "Rate limited"),
-        (503, "Unavailable"),
-    ]
-}
+PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 def _svc(request: Request) -> AppointmentService:
     svc: AppointmentService = request.app.state.appointments
     return svc
 
-
-def _idem(request: Request) -> IdempotencyStore:
-    store: IdempotencyStore = request.app.state.idempotency
-    return store
 
 
 def render(appt: Appointment) -> dict[str, Any]:
@@ -111,7 +103,7 @@ async def book(
 ) -> JSONResponse:
     caller.require_owner("patient", body.patient_id)
     key = required_key(idempotency_key)
-    svc, store, raw = _svc(request), _idem(request), await request.body()
+    svc, store, raw = _svc(request), idempotency_store(request), await request.body()
     endpoint = "POST /api/appointments"
     scoped_key = f"{caller.role}:{caller.sub}:{endpoint}:{key}"
     if await svc.gate(body.patient_id, body.slot_id, scoped_key):

@@ -22,33 +22,26 @@ from reservo.betting.schemas import (
     odds_text,
 )
 from reservo.betting.service import BettingService, ResultIntake
-from reservo.core.http import Caller, IdempotencyKey, json_response, required_key, run_idempotent
-from reservo.core.idempotency import Claim, IdempotencyStore
+from reservo.core.http import (
+    Caller,
+    IdempotencyKey,
+    idempotency_store,
+    json_response,
+    problem_responses,
+    required_key,
+    run_idempotent,
+)
+from reservo.core.idempotency import Claim
 
 router = APIRouter(prefix="/api", tags=["betting"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    s: {"description": d, "content": {"application/problem+json": {}}}
-    for s, d in [
-        (400, "Bad request"),
-        (401, "Unauthenticated"),
-        (403, "Forbidden"),
-        (404, "Not found"),
-        (409, "Conflict"),
-        (422, "Validation error"),
-        (503, "Unavailable"),
-    ]
-}
+PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
 def _svc(request: Request) -> BettingService:
     svc: BettingService = request.app.state.betting
     return svc
 
-
-def _idem(request: Request) -> IdempotencyStore:
-    store: IdempotencyStore = request.app.state.idempotency
-    return store
 
 
 def render_match(m: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +129,7 @@ async def place_bet(
         return 201, render_bet(await svc.place_bet(body.account_id, body.stake, legs, within))
 
     return await run_idempotent(
-        _idem(request), caller, "POST /api/bets", key, await request.body(), work
+        idempotency_store(request), caller, "POST /api/bets", key, await request.body(), work
     )
 
 

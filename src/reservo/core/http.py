@@ -23,6 +23,20 @@ from reservo.core.idempotency import Claim, IdempotencyStore, Replay, validate_k
 log = structlog.get_logger(__name__)
 
 
+_PHRASES = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
+            409: "Conflict", 422: "Validation error", 429: "Rate limited", 503: "Unavailable"}
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries documenting a route's problem+json answers."""
+    return {s: {"description": _PHRASES[s], "content": {PROBLEM_JSON: {}}} for s in statuses}
+
+
+def idempotency_store(request: Request) -> IdempotencyStore:
+    store: IdempotencyStore = request.app.state.idempotency
+    return store
+
+
 def problem(err: DomainError) -> JSONResponse:
     return JSONResponse(
         err.problem(), status_code=err.status, headers=err.headers, media_type=PROBLEM_JSON

@@ -11,8 +11,16 @@ from pydantic import ValidationError
 
 from reservo.core.auth import Principal, verify_webhook
 from reservo.core.errors import DomainError
-from reservo.core.http import Caller, IdempotencyKey, json_response, required_key, run_idempotent
-from reservo.core.idempotency import Claim, IdempotencyStore, validate_key
+from reservo.core.http import (
+    Caller,
+    IdempotencyKey,
+    idempotency_store,
+    json_response,
+    problem_responses,
+    required_key,
+    run_idempotent,
+)
+from reservo.core.idempotency import Claim, validate_key
 from reservo.rentals import domain
 from reservo.rentals.schemas import (
     BookingIn,
@@ -28,29 +36,13 @@ from reservo.rentals.service import Booking, RentalService
 
 router = APIRouter(prefix="/api", tags=["rentals"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    s: {"description": d, "content": {"application/problem+json": {}}}
-    for s, d in [
-        (400, "Bad request"),
-        (401, "Unauthenticated"),
-        (403, "Forbidden"),
-        (404, "Not found"),
-        (409, "Conflict"),
-        (422, "Validation error"),
-        (429, "Rate limited"),
-        (503, "Unavailable"),
-    ]
-}
+PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 def svc_of(request: Request) -> RentalService:
     svc: RentalService = request.app.state.container.rentals
     return svc
 
-
-def _idem(request: Request) -> IdempotencyStore:
-    store: IdempotencyStore = request.app.state.idempotency
-    return store
 
 
 def render(svc: RentalService, b: Booking) -> dict[str, Any]:
@@ -103,7 +95,8 @@ async def create_car(
         )
         return 201, _car(car)
 
-    return await run_idempotent(_idem(request), caller, "POST /api/cars", key, raw, work)
+    store = idempotency_store(request)
+    return await run_idempotent(store, caller, "POST /api/cars", key, raw, work)
 
 
 @router.get("/cars", response_model=list[Car], responses=PROBLEMS)
@@ -143,7 +136,8 @@ async def hold(
         b = await svc.hold(body.car_id, body.customer_id, body.from_, body.to, within)
         return 201, render(svc, b)
 
-    return await run_idempotent(_idem(request), caller, "POST /api/bookings", key, raw, work)
+    store = idempotency_store(request)
+    return await run_idempotent(store, caller, "POST /api/bookings", key, raw, work)
 
 
 def _who(caller: Principal, b: Booking, *, customer: bool) -> domain.Canceller:

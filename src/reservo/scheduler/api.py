@@ -12,8 +12,15 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from reservo.core.errors import DomainError
-from reservo.core.http import Caller, IdempotencyKey, json_response, run_idempotent
-from reservo.core.idempotency import Claim, IdempotencyStore, validate_key
+from reservo.core.http import (
+    Caller,
+    IdempotencyKey,
+    idempotency_store,
+    json_response,
+    problem_responses,
+    run_idempotent,
+)
+from reservo.core.idempotency import Claim, validate_key
 from reservo.scheduler.domain import Job
 from reservo.scheduler.schemas import HttpPayload, JobCreated, JobIn, JobOut
 from reservo.scheduler.service import Scheduler
@@ -22,17 +29,7 @@ router = APIRouter(prefix="/api", tags=["jobs"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 # Payloads live in PostgreSQL; keep them small.
 MAX_PAYLOAD_BYTES = 64 * 1024
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    s: {"description": d, "content": {"application/problem+json": {}}}
-    for s, d in [
-        (401, "Unauthenticated"),
-        (403, "Forbidden"),
-        (404, "Not found"),
-        (409, "Conflict"),
-        (422, "Validation error"),
-        (503, "Unavailable"),
-    ]
-}
+PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
 def _svc(request: Request) -> Scheduler:
@@ -74,7 +71,7 @@ async def create_job(
             errors = [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
             raise _invalid("bad payload for category http", errors) from exc
     svc = _svc(request)
-    store: IdempotencyStore = request.app.state.idempotency
+    store = idempotency_store(request)
     key = validate_key(idempotency_key, required=False)
     delay = timedelta(milliseconds=body.delay_ms) if body.delay_ms is not None else None
 

@@ -8,8 +8,16 @@ import asyncpg
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from reservo.core.http import Caller, IdempotencyKey, json_response, required_key, run_idempotent
-from reservo.core.idempotency import Claim, IdempotencyStore
+from reservo.core.http import (
+    Caller,
+    IdempotencyKey,
+    idempotency_store,
+    json_response,
+    problem_responses,
+    required_key,
+    run_idempotent,
+)
+from reservo.core.idempotency import Claim
 from reservo.wallet.schemas import (
     AccountIn,
     AccountOut,
@@ -23,28 +31,13 @@ from reservo.wallet.service import Transfer, WalletService
 
 router = APIRouter(prefix="/api", tags=["wallet"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    s: {"description": d, "content": {"application/problem+json": {}}}
-    for s, d in [
-        (400, "Bad request"),
-        (401, "Unauthenticated"),
-        (403, "Forbidden"),
-        (404, "Not found"),
-        (409, "Conflict"),
-        (422, "Validation error"),
-        (503, "Unavailable"),
-    ]
-}
+PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
 def _svc(request: Request) -> WalletService:
     svc: WalletService = request.app.state.wallet
     return svc
 
-
-def _idem(request: Request) -> IdempotencyStore:
-    store: IdempotencyStore = request.app.state.idempotency
-    return store
 
 
 def render_account(a: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +96,7 @@ async def _idempotent(
 
         return 201, render_transfer(await run(within))
 
-    return await run_idempotent(_idem(request), caller, endpoint, checked, raw, work)
+    return await run_idempotent(idempotency_store(request), caller, endpoint, checked, raw, work)
 
 
 @router.post(
