@@ -71,6 +71,23 @@ async def database_url(services: tuple[str, str]) -> AsyncIterator[str]:
     await conn.close()
 
 
+@pytest.fixture
+async def fresh_database_url(services: tuple[str, str]) -> AsyncIterator[str]:
+    """A database of the test's own, for tests whose workers process every pending
+    row they can see (their counts must not include other tests' rows)."""
+    admin_url = services[0]
+    name = f"reservo_own_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(admin_url)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    url = _with_db(admin_url, name)
+    await migrate(url)
+    yield url
+    conn = await asyncpg.connect(admin_url)
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await conn.close()
+
+
 @pytest.fixture(scope="session")
 def redis_url(services: tuple[str, str]) -> str:
     return services[1]
