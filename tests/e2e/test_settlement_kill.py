@@ -25,8 +25,9 @@ BETS = 1_500
 WORKER_ROLES = "results_resend,relay,settlement"
 
 
-async def _wait_for(db: asyncpg.Connection, sql: str, *args: object, timeout_s: float = 60,
-                    until: object = True) -> None:
+async def _wait_for(
+    db: asyncpg.Connection, sql: str, *args: object, timeout_s: float = 60, until: object = True
+) -> None:
     for _ in range(int(timeout_s / 0.01)):
         if await db.fetchval(sql, *args) == until:
             return
@@ -37,35 +38,45 @@ async def _wait_for(db: asyncpg.Connection, sql: str, *args: object, timeout_s: 
 async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
     base_settings: Settings, fresh_database_url: str, tmp_path: Path
 ) -> None:
-    settings = base_settings.model_copy(update={
-        "database_url": fresh_database_url,
-        "redis_namespace": f"{base_settings.redis_namespace}-kill-{uuid.uuid4().hex[:6]}",
-    })
+    settings = base_settings.model_copy(
+        update={
+            "database_url": fresh_database_url,
+            "redis_namespace": f"{base_settings.redis_namespace}-kill-{uuid.uuid4().hex[:6]}",
+        }
+    )
     container = build(settings, OffsetClock())
     db = await asyncpg.connect(fresh_database_url)
     try:
         app = create_app(container, owns_container=False)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://reservo.test") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
+        ) as client:
             match = await make_match(client)
             accounts = [await make_account(client, 1_000_000) for _ in range(20)]
             picks = [("HOME", "1.80"), ("DRAW", "3.40"), ("AWAY", "4.20")]
             for i in range(BETS):
                 pick, odds = picks[i % 3]
                 await container.betting.place_bet(
-                    accounts[i % 20][0], 10 + i % 50,
+                    accounts[i % 20][0],
+                    10 + i % 50,
                     [Leg(match["id"], "1X2", pick, Decimal(odds))],
                 )
-            assert (await post_result(client, result_body(match["externalId"], 2, 0))
-                    ).status_code == 202
-        before = {a: await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", a)
-                  for a, _ in accounts}
+            assert (
+                await post_result(client, result_body(match["externalId"], 2, 0))
+            ).status_code == 202
+        before = {
+            a: await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", a)
+            for a, _ in accounts
+        }
 
-        env = env_for(settings, RESERVO_BETTING_SETTLE_CHUNK="10",
-                      RESERVO_BETTING_SETTLE_PARALLEL="1",
-                      RESERVO_BETTING_SWEEP_INTERVAL_S="0.3",
-                      RESERVO_BETTING_RESEND_INTERVAL_S="0.1",
-                      RESERVO_OUTBOX_POLL_INTERVAL_S="0.05")
+        env = env_for(
+            settings,
+            RESERVO_BETTING_SETTLE_CHUNK="10",
+            RESERVO_BETTING_SETTLE_PARALLEL="1",
+            RESERVO_BETTING_SWEEP_INTERVAL_S="0.3",
+            RESERVO_BETTING_RESEND_INTERVAL_S="0.1",
+            RESERVO_OUTBOX_POLL_INTERVAL_S="0.05",
+        )
         progress = "SELECT settled_bets FROM betting_match WHERE id = $1"
         with running(["worker", "--roles", WORKER_ROLES], env, tmp_path / "w1.log") as first:
             await _wait_for(db, f"SELECT ({progress}) >= 100", match["id"])
@@ -78,13 +89,18 @@ async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
         assert 100 <= state["settled_bets"] < BETS, "the kill must land mid-settlement"
 
         with running(["worker", "--roles", WORKER_ROLES], env, tmp_path / "w2.log"):
-            await _wait_for(db, "SELECT settlement_status FROM betting_match WHERE id = $1",
-                            match["id"], until="SETTLED")
+            await _wait_for(
+                db,
+                "SELECT settlement_status FROM betting_match WHERE id = $1",
+                match["id"],
+                until="SETTLED",
+            )
             await _wait_for(db, "SELECT count(*) = 0 FROM outbox WHERE status <> 'DONE'")
 
         bets = await db.fetch(
             "SELECT id, account_id, stake, status, payout FROM betting_bet WHERE id IN"
-            " (SELECT bet_id FROM betting_selection WHERE match_id = $1)", match["id"],
+            " (SELECT bet_id FROM betting_selection WHERE match_id = $1)",
+            match["id"],
         )
         assert len(bets) == BETS
         assert all(b["status"] == ("WON" if b["payout"] else "LOST") for b in bets)

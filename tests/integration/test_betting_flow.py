@@ -117,7 +117,8 @@ async def test_result_posted_twice_settles_once_and_pays_once(
         [(w_owner, "SENT"), (l_owner, "SENT"), (a_owner, "SENT")]
     )
     assert {r["subject"] for r in sent} == {
-        f"Bet #{r1.json()['id']} won", f"Bet #{r2.json()['id']} lost",
+        f"Bet #{r1.json()['id']} won",
+        f"Bet #{r2.json()['id']} lost",
         f"Bet #{r3.json()['id']} won",
     }
 

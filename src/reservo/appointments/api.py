@@ -44,7 +44,6 @@ def _svc(request: Request) -> AppointmentService:
     return svc
 
 
-
 def render(appt: Appointment) -> dict[str, Any]:
     return AppointmentOut(
         id=appt["id"],

@@ -147,8 +147,13 @@ class AppointmentService:
         full and has never seen this request's Idempotency-Key (a retry of a request
         that reached the database must get its stored answer, so it goes on)."""
         decision, (full, seen) = await self.cache.hit_and_check(
-            self.limiter, "book", patient_id, self.limits.booking_rate_limit,
-            self.limits.booking_rate_window_s, _full_key(slot_id), _seen_key(request_key),
+            self.limiter,
+            "book",
+            patient_id,
+            self.limits.booking_rate_limit,
+            self.limits.booking_rate_window_s,
+            _full_key(slot_id),
+            _seen_key(request_key),
         )
         if not decision.allowed:
             metrics.CONFLICTS.labels("appointments", "rate_limited", "redis").inc()
@@ -156,7 +161,8 @@ class AppointmentService:
                 "rate_limited",
                 f"at most {self.limits.booking_rate_limit} booking attempts per "
                 f"{self.limits.booking_rate_window_s} s",
-                status=429, headers={"Retry-After": str(max(1, decision.retry_after_s))},
+                status=429,
+                headers={"Retry-After": str(max(1, decision.retry_after_s))},
             )
         if full and not seen:
             metrics.CONFLICTS.labels("appointments", "slot_full", "redis").inc()

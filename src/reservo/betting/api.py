@@ -43,7 +43,6 @@ def _svc(request: Request) -> BettingService:
     return svc
 
 
-
 def render_match(m: dict[str, Any]) -> dict[str, Any]:
     result = None
     if m["result_status"] is not None:

@@ -23,8 +23,16 @@ from reservo.core.idempotency import Claim, IdempotencyStore, Replay, validate_k
 log = structlog.get_logger(__name__)
 
 
-_PHRASES = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
-            409: "Conflict", 422: "Validation error", 429: "Rate limited", 503: "Unavailable"}
+_PHRASES = {
+    400: "Bad request",
+    401: "Unauthenticated",
+    403: "Forbidden",
+    404: "Not found",
+    409: "Conflict",
+    422: "Validation error",
+    429: "Rate limited",
+    503: "Unavailable",
+}
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

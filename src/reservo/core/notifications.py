@@ -53,8 +53,9 @@ class NotificationConsumer:
                 [n.subject for n in messages],
                 [n.body for n in messages],
             )
-        pending = [(row["id"], n) for row, n in zip(rows, messages, strict=True)
-                   if row["status"] != "SENT"]
+        pending = [
+            (row["id"], n) for row, n in zip(rows, messages, strict=True) if row["status"] != "SENT"
+        ]
         sent: list[int] = []
         try:
             for row_id, n in pending:
@@ -69,5 +70,10 @@ class NotificationConsumer:
             if sent:
                 async with self.db.connection() as conn:
                     await conn.execute(Q.notification_sent, sent, self.clock.now())
-                log.info("notifications_sent", event_id=str(event.id), topic=event.topic,
-                         count=len(sent), channel=self.channel.name)
+                log.info(
+                    "notifications_sent",
+                    event_id=str(event.id),
+                    topic=event.topic,
+                    count=len(sent),
+                    channel=self.channel.name,
+                )

@@ -44,7 +44,6 @@ def svc_of(request: Request) -> RentalService:
     return svc
 
 
-
 def render(svc: RentalService, b: Booking) -> dict[str, Any]:
     # A HOLD past its expiry is shown as EXPIRED even before a job flipped it.
     status = domain.effective_status(b["status"], b["hold_expires_at"], svc.clock.now())

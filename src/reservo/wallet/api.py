@@ -39,7 +39,6 @@ def _svc(request: Request) -> WalletService:
     return svc
 
 
-
 def render_account(a: dict[str, Any]) -> dict[str, Any]:
     return AccountOut(
         id=a["id"], owner_id=a["owner_id"], currency=a["currency"], balance=a["balance"]

@@ -14,8 +14,9 @@ async def _readyz(settings: Settings) -> httpx.Response:
     container = build(settings)
     try:
         app = create_app(container, owns_container=False)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://reservo.test") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
+        ) as client:
             return await client.get("/readyz")
     finally:
         await container.close()
