@@ -19,5 +19,7 @@ fi
 echo "PostgreSQL: ${RESERVO_TEST_DATABASE_URL:-embedded}  Redis: ${RESERVO_TEST_REDIS_URL:-embedded}"
 
 ruff check src tests bench
+ruff format --check src tests bench
+mypy
 lint-imports
 pytest "$@"
