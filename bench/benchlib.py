@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -27,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -693,3 +695,37 @@ def stop_cleanly_on_signals() -> None:
 
 def run_async(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+def sweep(
+    opts: Any,
+    bench: str,
+    run_one: Callable[[int, int, int, Path | None], Any],
+    describe: Callable[[Any], str],
+) -> tuple[list[tuple[int, int, int]], list[Any]]:
+    """Run every (workers, threads, connections) configuration ``opts.runs`` times,
+    printing each run, appending it to ``opts.json`` when given, and summarising the
+    py-spy profile taken on the first run. Returns the configurations and results."""
+    configs = list(
+        itertools.product(
+            parse_ints(opts.workers), parse_ints(opts.threads), parse_ints(opts.connections)
+        )
+    )
+    results: list[Any] = []
+    for run in range(opts.runs):
+        for i, (w, t, c) in enumerate(configs):
+            prof = opts.profile if (run == 0 and i == 0) else None
+            r = run_one(w, t, c, prof)
+            results.append(r)
+            print(f"[run {run + 1}/{opts.runs}] {describe(r)}", flush=True)
+            if opts.json:
+                with opts.json.open("a") as f:
+                    record: dict[str, Any] = {"bench": bench, **dataclasses.asdict(r)}
+                    record["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                    record["duration_s"] = opts.duration
+                    record["reservo_src"] = reservo_source()
+                    f.write(json.dumps(record) + "\n")
+    if opts.profile and opts.profile.exists():
+        print(f"\npy-spy profile of one API worker ({opts.profile}):")
+        print(summarize_profile(opts.profile))
+    return configs, results

@@ -13,15 +13,11 @@ Exits 1 on any 5xx, socket error, or a read that found no slot.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
-from itertools import product
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib
@@ -143,30 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="reservo-reads-"))
     patients = benchlib.mint_patients(tmp / "patients.txt", 1_000_000, opts.patients)
 
-    results: list[RunResult] = []
-    configs = list(
-        product(
-            benchlib.parse_ints(opts.workers),
-            benchlib.parse_ints(opts.threads),
-            benchlib.parse_ints(opts.connections),
-        )
+    configs, results = benchlib.sweep(
+        opts,
+        "slot_reads",
+        lambda w, t, c, prof: one_run(ds, opts, w, t, c, patients, prof),
+        describe,
     )
-    for run in range(opts.runs):
-        for i, (w, t, c) in enumerate(configs):
-            prof = opts.profile if (run == 0 and i == 0) else None
-            r = one_run(ds, opts, w, t, c, patients, prof)
-            results.append(r)
-            print(f"[run {run + 1}/{opts.runs}] {describe(r)}", flush=True)
-            if opts.json:
-                with opts.json.open("a") as f:
-                    record: dict[str, Any] = {"bench": "slot_reads", **asdict(r)}
-                    record["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-                    record["duration_s"] = opts.duration
-                    record["reservo_src"] = benchlib.reservo_source()
-                    f.write(json.dumps(record) + "\n")
-    if opts.profile and opts.profile.exists():
-        print(f"\npy-spy profile of one API worker ({opts.profile}):")
-        print(benchlib.summarize_profile(opts.profile))
 
     print(f"\nmedians over {opts.runs} run(s) of {opts.duration:.0f} s:")
     print(
