@@ -125,29 +125,6 @@ class IdempotencyStore:
             headers={"Retry-After": "1"},
         )
 
-    async def find(self, caller: str, endpoint: str, key: str, body: bytes) -> Replay | None:
-        """A read-only look-up, for fast paths that must not answer a retry of a
-        finished request with a fresh refusal."""
-        async with self.db.connection() as conn:
-            row = await conn.fetchrow(Q.idem_get, caller, endpoint, key)
-        if row is None:
-            return None
-        if bytes(row["request_hash"]) != request_hash(body):
-            raise DomainError(
-                "idempotency_key_reused",
-                "this Idempotency-Key was used with a different request body",
-                status=422,
-            )
-        if row["status"] != "DONE":
-            raise DomainError(
-                "request_in_progress",
-                "a request with this Idempotency-Key is still being processed",
-                status=409,
-                headers={"Retry-After": "1"},
-            )
-        status = row["response_status"]
-        return Replay(200 if status == 201 else status, row["response_body"])
-
     async def finish(self, claim: Claim, status: int, body: Any) -> None:
         """Store a refusal (a deterministic 4xx) outside any business transaction."""
         async with self.db.connection() as conn:
