@@ -3,10 +3,12 @@
 Writes N outbox rows with bulk SQL into a fresh database, starts an embedded
 Tansu broker (or uses BENCH_KAFKA_BOOTSTRAP), then runs R relay processes and C
 consumer processes (real OS processes, the same classes `reservo worker` runs).
-Consumers apply a trivial idempotent handler (inbox row per event, one
-transaction per event). Prints rows/s published and consumed end to end, the
-relay's RSS over the run (peak and per quarter: flat memory), and CPU seconds
-per process kind (what limits it). `--py-spy` adds a 15 s profile of one relay.
+Consumers apply a trivial idempotent handler: by default its batch form (one
+inbox INSERT and one transaction per fetched partition batch, `inbox.once_many`);
+`--per-event` runs only the one-transaction-per-event form, for comparison.
+Prints rows/s published and consumed end to end, the relay's RSS over the run
+(peak and per quarter: flat memory), and CPU seconds per process kind (what
+limits it). `--py-spy` adds a 15 s profile of one relay.
 
     python bench/outbox_relay/run.py --rows 500000 --relays 1 --consumers 2
 """
@@ -58,16 +60,15 @@ async def relay_main(args: argparse.Namespace) -> None:
     )
     relay = OutboxRelay(db, transport, SystemClock(), batch_size=args.batch, poll_interval_s=0.05)
     await transport.start()
-    idle_since: float | None = None
-    while True:  # stop once the outbox stayed empty for a second
-        claimed = await relay.run_once()
-        if claimed:
-            idle_since = None
-        else:
-            idle_since = idle_since or time.monotonic()
-            if time.monotonic() - idle_since > 1.0:
-                break
-            await asyncio.sleep(0.05)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))  # the loop `reservo worker` runs
+    seen, idle_since = -1, time.monotonic()
+    while time.monotonic() - idle_since < 1.0:  # stop once nothing moved for a second
+        await asyncio.sleep(0.1)
+        if relay.claimed_total != seen:
+            seen, idle_since = relay.claimed_total, time.monotonic()
+    stop.set()
+    await running
     await transport.stop()
     await db.close()
 
@@ -75,7 +76,7 @@ async def relay_main(args: argparse.Namespace) -> None:
 async def consumer_main(args: argparse.Namespace) -> None:
     from reservo.core.clock import SystemClock
     from reservo.core.db import Database
-    from reservo.core.inbox import once
+    from reservo.core.inbox import once, once_many
     from reservo.core.transport.base import Event
     from reservo.core.transport.kafka import KafkaConsumerRunner
 
@@ -84,8 +85,14 @@ async def consumer_main(args: argparse.Namespace) -> None:
     async def noop(conn: Any) -> None:
         return None
 
+    async def noop_many(conn: Any, events: list[Event]) -> None:
+        return None
+
     async def handle(event: Event) -> None:  # trivial and idempotent (inbox)
         await once(db, CONSUMER, event.id, noop)
+
+    async def handle_many(events: Any) -> None:
+        await once_many(db, CONSUMER, events, noop_many)
 
     runner = KafkaConsumerRunner(
         args.bootstrap,
@@ -98,6 +105,7 @@ async def consumer_main(args: argparse.Namespace) -> None:
         dead_letter_topic=False,
         max_records=2000,
         concurrency=args.concurrency,
+        batch_handlers={} if args.per_event else {TOPIC: handle_many},
     )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(15, stop.set)
@@ -168,7 +176,28 @@ def spawn(args: argparse.Namespace, role: str, db: str, bootstrap: str) -> subpr
     ]
     if not args.idempotence:
         cmd.append("--no-idempotence")
+    if args.per_event:
+        cmd.append("--per-event")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+def postgres_cpu_s() -> float:
+    """All of PostgreSQL's CPU so far: the postmaster, its live backends, and (in
+    the postmaster's children times) every backend that already exited, such as
+    the ones of a relay that finished."""
+    total = 0.0
+    for proc in psutil.process_iter(["name", "ppid"]):
+        try:
+            if proc.info["name"] != "postgres":
+                continue
+            if psutil.Process(proc.info["ppid"]).name() == "postgres":
+                continue  # a backend: counted through its postmaster
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+            total += cpu_s([c.pid for c in proc.children()])
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def cpu_s(pids: list[int]) -> float:
@@ -197,7 +226,6 @@ async def orchestrate(args: argparse.Namespace) -> int:
         load_s = await prepare(name, args.rows, args.keys)
         print(f"loaded {args.rows} outbox rows in {load_s:.1f}s; broker {bootstrap}")
         conn = await asyncpg.connect(db_url(name))
-        pg_pids = [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
         consumers = [
             spawn(args, "consumer", db_url(name), bootstrap) for _ in range(args.consumers)
         ]
@@ -207,7 +235,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         children += consumers + relays
         relay_ps = psutil.Process(relays[0].pid)
         broker_pid = broker._proc.pid if broker is not None and broker._proc else None
-        cpu0 = {"pg": cpu_s(pg_pids), "broker": cpu_s([broker_pid] if broker_pid else [])}
+        cpu0 = {"pg": postgres_cpu_s(), "broker": cpu_s([broker_pid] if broker_pid else [])}
         profile = None
         if args.py_spy and shutil.which("py-spy"):
             profile = subprocess.Popen(  # noqa: ASYNC220 (fire and forget)
@@ -237,7 +265,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
                 print(f"TIMEOUT pending={pending} consumed={consumed}")
                 return 1
         cons_cpu = cpu_s([c.pid for c in consumers])
-        cpu1 = {"pg": cpu_s(pg_pids), "broker": cpu_s([broker_pid] if broker_pid else [])}
+        cpu1 = {"pg": postgres_cpu_s(), "broker": cpu_s([broker_pid] if broker_pid else [])}
         for c in consumers:
             c.terminate()
         outs = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1]) for p in relays]
@@ -250,7 +278,8 @@ async def orchestrate(args: argparse.Namespace) -> int:
         await conn.close()
         assert published_at is not None and consumed_at is not None
         print(f"rows {args.rows}  relays {args.relays}  consumers {args.consumers}  "
-              f"partitions {args.partitions}  batch {args.batch}  keys {args.keys}")  # fmt: skip
+              f"partitions {args.partitions}  batch {args.batch}  keys {args.keys}  "
+              f"handler {'per event' if args.per_event else 'batch'}")  # fmt: skip
         print(f"published (all rows DONE): {published_at:.1f}s = "
               f"{args.rows / published_at:,.0f} rows/s")  # fmt: skip
         print(f"consumed end to end (inbox rows): {consumed_at:.1f}s = "
@@ -311,6 +340,7 @@ def main() -> None:
     p.add_argument("--linger-ms", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--no-idempotence", dest="idempotence", action="store_false")
+    p.add_argument("--per-event", action="store_true", help="no batch handler")
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument("--role", choices=["relay", "consumer"])

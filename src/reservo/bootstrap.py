@@ -151,7 +151,9 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
     notifications.renderers.update({t: rental_events.notifications for t in rental_events.TOPICS})
     notifications.renderers[betting_events.BETS_SETTLED] = betting_events.notifications
     subscriptions = Subscriptions()
-    subscriptions.add(NOTIFICATIONS, notifications.topics, notifications.handle)
+    subscriptions.add(
+        NOTIFICATIONS, notifications.topics, notifications.handle, notifications.handle_many
+    )
     rentals_gateway = build_gateway(
         settings.rentals_payment_gateway,
         settings.payments_webhook_secret,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator
-from datetime import timedelta
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -24,7 +24,7 @@ from reservo.appointments.service import _full_key
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
-from reservo.core.inbox import once
+from reservo.core.inbox import once, once_many
 from reservo.core.migrate import migrate
 from reservo.core.outbox import OutboxRelay, emit
 from reservo.core.transport.base import Event, Subscriptions
@@ -401,3 +401,178 @@ async def test_lease_returns_rows_of_a_dead_relay(
     assert row["status"] == "DONE"
     assert row["attempts"] == 2
     assert row["locked_until"] is None
+
+
+# -- batch handlers and the pipelined relay -------------------------------------
+
+
+def _event(n: int, key: str = "k") -> Event:
+    return Event(uuid.uuid4(), "test.batch.v1", key, {"n": n}, datetime.now().astimezone())
+
+
+async def _emit_keyed(db: Database, clock: OffsetClock, topic: str, n: int, keys: int) -> None:
+    async with db.transaction() as conn:
+        for i in range(n):
+            await emit(conn, topic, f"agg-{i % keys}", {"seq": i // keys}, clock.now())
+
+
+async def test_once_many_applies_each_event_once_in_order(own_db: Database) -> None:
+    a, b, c = _event(1), _event(2), _event(3)
+    applied: list[list[int]] = []
+
+    async def apply(conn: asyncpg.Connection, fresh: list[Event]) -> None:
+        applied.append([e.payload["n"] for e in fresh])
+
+    # b twice in one batch (a redelivered record fetched with its first copy).
+    assert await once_many(own_db, "batch-test", [a, b, b], apply) == 2
+    # A redelivery of the whole batch plus a new event: only the new one runs.
+    assert await once_many(own_db, "batch-test", [a, b, c], apply) == 1
+    assert await once_many(own_db, "batch-test", [c, a], apply) == 0
+    assert applied == [[1, 2], [3]]
+
+
+async def test_failed_batch_rolls_back_its_inbox_rows(own_db: Database) -> None:
+    a = _event(1)
+
+    async def boom(conn: asyncpg.Connection, fresh: list[Event]) -> None:
+        raise RuntimeError("handler failed")
+
+    with pytest.raises(RuntimeError):
+        await once_many(own_db, "batch-test-rb", [a], boom)
+    seen: list[Event] = []
+
+    async def apply(conn: asyncpg.Connection, fresh: list[Event]) -> None:
+        seen.extend(fresh)
+
+    assert await once_many(own_db, "batch-test-rb", [a], apply) == 1  # not marked applied
+    assert seen == [a]
+
+
+async def test_local_batch_handler_gets_the_batch_and_a_failure_falls_back_one_by_one(
+    own_db: Database, base_settings: Settings, clock: OffsetClock
+) -> None:
+    topic = "test.batchfallback.v1"
+    async with own_db.transaction() as conn:
+        ids = [await emit(conn, topic, f"agg-{i % 5}", {"i": i}, clock.now()) for i in range(40)]
+    poison = ids[17]  # key agg-2: the later events of that key must wait behind it
+    batches: list[int] = []
+    singles: Counter[uuid.UUID] = Counter()
+
+    async def batch(events: Sequence[Event]) -> None:
+        batches.append(len(events))
+        if any(e.id == poison for e in events):
+            raise RuntimeError("poison in the batch")
+
+    async def single(event: Event) -> None:
+        singles[event.id] += 1
+        if event.id == poison:
+            raise RuntimeError("poison")
+
+    subs = Subscriptions()
+    subs.add("batch-consumer", [topic], single, batch)
+    relay = relay_over(own_db, subs, clock, base_settings, batch_size=100)
+    assert await relay.run_once() == 40
+    assert batches == [40]  # the whole topic's share of the batch in one call
+    # Then replayed one by one, except the events of the poison's key written after
+    # it: they wait behind it (per-key order), and all of them are retried later.
+    held = {ids[i] for i in range(18, 40) if i % 5 == 2}
+    assert set(singles) == set(ids) - held and set(singles.values()) == {1}
+    async with own_db.connection() as conn:
+        rows = await conn.fetch("SELECT event_id, status FROM outbox WHERE topic = $1", topic)
+    pending = {r["event_id"] for r in rows if r["status"] == "PENDING"}
+    assert pending == {poison} | held
+    assert sum(r["status"] == "DONE" for r in rows) == 40 - len(pending)
+
+
+async def test_pipelined_relay_delivers_each_event_once_in_order_per_key(
+    own_db: Database, base_settings: Settings, clock: OffsetClock
+) -> None:
+    topic = "test.pipeline.v1"
+    await _emit_keyed(own_db, clock, topic, 1200, keys=7)
+    seen: dict[str, list[int]] = defaultdict(list)
+    ids: Counter[uuid.UUID] = Counter()
+
+    async def handler(event: Event) -> None:
+        ids[event.id] += 1
+        assert event.key is not None
+        seen[event.key].append(event.payload["seq"])
+        await asyncio.sleep(0)
+
+    subs = Subscriptions()
+    subs.add("pipeline", [topic], handler)
+    relay = relay_over(own_db, subs, clock, base_settings, batch_size=100)
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    try:
+        for _ in range(400):
+            if relay.claimed_total >= 1200:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+    assert len(ids) == 1200 and set(ids.values()) == {1}
+    for key, seqs in seen.items():
+        assert seqs == sorted(seqs), f"{key} out of order"
+    async with own_db.connection() as conn:
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE topic = $1 AND status = 'DONE'", topic
+            )
+            == 1200
+        )
+
+
+class _GatedTransport:
+    """Delivers after ``release`` is set; tells when a delivery started."""
+
+    def __init__(self) -> None:
+        self.started, self.release = asyncio.Event(), asyncio.Event()
+        self.delivered: list[uuid.UUID] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def deliver(self, events: Sequence[Event]) -> list[BaseException | None]:
+        self.started.set()
+        await self.release.wait()
+        self.delivered += [e.id for e in events]
+        return [None] * len(events)
+
+
+async def test_stopping_relay_settles_its_batch_and_hands_back_its_prefetch(
+    own_db: Database, clock: OffsetClock
+) -> None:
+    topic = "test.prefetch.v1"
+    await _emit_keyed(own_db, clock, topic, 300, keys=3)
+    transport = _GatedTransport()
+    relay = OutboxRelay(own_db, transport, clock, batch_size=100, lease_s=300)
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    await asyncio.wait_for(transport.started.wait(), 10)
+    for _ in range(200):  # the next batch is claimed while the first is out
+        async with own_db.connection() as conn:
+            leased = await conn.fetchval(
+                "SELECT count(*) FROM outbox WHERE topic = $1 AND locked_until IS NOT NULL", topic
+            )
+        if leased == 200:
+            break
+        await asyncio.sleep(0.02)
+    assert leased == 200
+    stop.set()
+    transport.release.set()
+    await asyncio.wait_for(task, 10)
+    async with own_db.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT status, attempts, locked_until IS NULL AS free FROM outbox WHERE topic = $1",
+            topic,
+        )
+    status = Counter((r["status"], r["attempts"], r["free"]) for r in rows)
+    # The batch in flight is recorded DONE; the prefetched one is free again at
+    # once (not after its 300 s lease), without an attempt spent; the third was
+    # never claimed.
+    assert status == {("DONE", 1, True): 100, ("PENDING", 0, True): 200}
+    assert len(transport.delivered) == 100

@@ -3,12 +3,13 @@ this event commit together, so redelivery (at least once) applies it once."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from uuid import UUID
 
 import asyncpg
 
 from reservo.core.db import Database, Queries
+from reservo.core.transport.base import Event
 
 Q = Queries.load("reservo.core")
 
@@ -26,3 +27,25 @@ async def once(
             return False
         await apply(conn)
         return True
+
+
+async def once_many(
+    db: Database,
+    consumer: str,
+    events: Sequence[Event],
+    apply: Callable[[asyncpg.Connection, list[Event]], Awaitable[None]],
+) -> int:
+    """The batch form of ``once``: one transaction records every event and runs
+    ``apply`` on those not applied before (in their order, each id once).
+    Returns how many were new."""
+    async with db.transaction() as conn:
+        rows = await conn.fetch(Q.inbox_claim_many, consumer, [e.id for e in events])
+        new = {r[0] for r in rows}
+        fresh: list[Event] = []
+        for event in events:
+            if event.id in new:
+                new.discard(event.id)
+                fresh.append(event)
+        if fresh:
+            await apply(conn, fresh)
+        return len(fresh)

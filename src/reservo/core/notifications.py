@@ -9,7 +9,7 @@ sent twice; a failed send raises, and the transport retries the event later."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -37,24 +37,35 @@ class NotificationConsumer:
         return sorted(self.renderers)
 
     async def handle(self, event: Event) -> None:
-        render = self.renderers.get(event.topic)
-        if render is None:
-            return
-        messages = render(event)
+        await self.handle_many([event])
+
+    async def handle_many(self, events: Sequence[Event]) -> None:
+        """Every message of the batch in one upsert, then the sends. A message id
+        seen twice (a redelivered event in the same batch) is recorded once."""
+        messages: list[tuple[str, Notification]] = []
+        seen: set[tuple[str, int]] = set()
+        for event in events:
+            render = self.renderers.get(event.topic)
+            for n in render(event) if render is not None else ():
+                if (n.event_id, n.recipient_user_id) not in seen:
+                    seen.add((n.event_id, n.recipient_user_id))
+                    messages.append((event.topic, n))
         if not messages:
             return
         async with self.db.connection() as conn:
             rows = await conn.fetch(
                 Q.notification_upsert,
-                [uuid.UUID(n.event_id) for n in messages],
-                [event.topic] * len(messages),
-                [n.recipient_user_id for n in messages],
+                [uuid.UUID(n.event_id) for _, n in messages],
+                [topic for topic, _ in messages],
+                [n.recipient_user_id for _, n in messages],
                 [self.channel.name] * len(messages),
-                [n.subject for n in messages],
-                [n.body for n in messages],
+                [n.subject for _, n in messages],
+                [n.body for _, n in messages],
             )
         pending = [
-            (row["id"], n) for row, n in zip(rows, messages, strict=True) if row["status"] != "SENT"
+            (row["id"], n)
+            for row, (_, n) in zip(rows, messages, strict=True)
+            if row["status"] != "SENT"
         ]
         sent: list[int] = []
         try:
@@ -72,8 +83,8 @@ class NotificationConsumer:
                     await conn.execute(Q.notification_sent, sent, self.clock.now())
                 log.info(
                     "notifications_sent",
-                    event_id=str(event.id),
-                    topic=event.topic,
+                    events=len(events),
+                    first_event_id=str(events[0].id),
                     count=len(sent),
                     channel=self.channel.name,
                 )

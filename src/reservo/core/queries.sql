@@ -84,9 +84,16 @@ INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
 ON CONFLICT DO NOTHING
 RETURNING event_id;
 
+-- name: inbox_claim_many
+-- A batch of events in one statement; returns the ids not applied before (an
+-- id twice in the batch is inserted, and returned, once).
+INSERT INTO inbox (consumer, event_id) SELECT $1, unnest($2::uuid[])
+ON CONFLICT DO NOTHING
+RETURNING event_id;
+
 -- name: notification_upsert
--- One statement for all the messages of an event (a settlement chunk holds
--- thousands); a message already recorded keeps its row and status.
+-- One statement for all the messages of a batch of events (a settlement chunk
+-- alone holds thousands); a message already recorded keeps its row and status.
 INSERT INTO notification (event_id, topic, recipient, channel, subject, body)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
 ON CONFLICT ON CONSTRAINT notification_once

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database
 from reservo.core.embedded import EmbeddedKafka
+from reservo.core.inbox import once_many
 from reservo.core.outbox import OutboxRelay
 from tests.integration.kafka.conftest import Background, unique_topic
 from tests.integration.kafka.helpers import (
@@ -251,3 +252,92 @@ def _value_of(records: list[Any], event_id: uuid.UUID) -> bytes:
             if orjson.loads(r.value)["id"] == str(event_id):
                 return bytes(r.value)
     raise AssertionError("not found")
+
+
+def effect_batch_handler(
+    db: Database, consumer: str, sizes: list[int], poison: set[uuid.UUID] | None = None
+) -> Any:
+    """The batch form of ``effect_handler``: one transaction per call (inbox.once_many)."""
+
+    async def handle(events: Any) -> None:
+        sizes.append(len(events))
+        if poison and any(e.id in poison for e in events):
+            raise RuntimeError("poison in the batch")
+
+        async def apply(conn: Any, fresh: list[Any]) -> None:
+            await conn.executemany(
+                "INSERT INTO kafka_test_effect (consumer, event_id, key, seq) "
+                "VALUES ($1, $2, $3, $4)",
+                [(consumer, e.id, e.key, e.payload["seq"]) for e in fresh],
+            )
+
+        await once_many(db, consumer, events, apply)
+
+    return handle
+
+
+async def test_batch_handler_consumes_each_event_once_in_order_per_key(
+    kafka_bootstrap: str, kdb: Database, kclock: OffsetClock, background: Background
+) -> None:
+    topic = unique_topic("batch")
+    written = await emit_events(kdb, kclock, topic, 3000, keys=40)
+    background.start(relay(kdb, kclock, transport(kafka_bootstrap)).run(background.stop))
+    await wait_until(lambda: _all_done(kdb, topic, 3000), 30, "publish")
+
+    consumer = f"c-{uuid.uuid4().hex[:6]}"
+    calls: Counter[uuid.UUID] = Counter()
+    sizes: list[int] = []
+    run = runner(
+        kafka_bootstrap,
+        consumer,
+        {topic: effect_handler(kdb, consumer, calls)},
+        kdb,
+        kclock,
+        batch_handlers={topic: effect_batch_handler(kdb, consumer, sizes)},
+    )
+    background.start(run.run(background.stop))
+    await wait_until(lambda: _effects_count(kdb, consumer, 3000), 30, "consumer to apply all")
+
+    applied = await effects(kdb, consumer)
+    assert sorted(e for e, _, _ in applied) == sorted(e for e, _, _ in written)  # once each
+    assert not calls  # the one-by-one handler was never needed
+    assert sum(sizes) == 3000 and len(sizes) < 3000 / 10, sizes  # really batched
+    seqs: dict[str, list[int]] = defaultdict(list)
+    for _, key, seq in applied:
+        seqs[key].append(seq)
+    assert all(got == sorted(got) for got in seqs.values())
+
+
+async def test_poison_in_a_batch_is_parked_and_the_rest_applied_in_order(
+    kafka_bootstrap: str, kdb: Database, kclock: OffsetClock, background: Background
+) -> None:
+    topic = unique_topic("batchpoison")
+    t = transport(kafka_bootstrap, topic_partitions={topic: 1})  # one partition: one batch
+    written = await emit_events(kdb, kclock, topic, 50, keys=1)
+    background.start(relay(kdb, kclock, t).run(background.stop))
+    await wait_until(lambda: _all_done(kdb, topic, 50), 30, "publish")
+
+    poison = written[20][0]
+    consumer = f"c-{uuid.uuid4().hex[:6]}"
+    calls: Counter[uuid.UUID] = Counter()
+    sizes: list[int] = []
+    run = runner(
+        kafka_bootstrap,
+        consumer,
+        {topic: effect_handler(kdb, consumer, calls, poison={poison})},
+        kdb,
+        kclock,
+        max_attempts=3,
+        batch_handlers={topic: effect_batch_handler(kdb, consumer, sizes, poison={poison})},
+    )
+    background.start(run.run(background.stop))
+    await wait_until(lambda: _effects_count(kdb, consumer, 49), 30, "the rest to be applied")
+    applied = [e for e, _, _ in await effects(kdb, consumer)]
+    assert applied == [e for e, _, _ in written if e != poison]  # in order, poison skipped
+    assert calls[poison] == 3  # the batch failed, one by one isolated it: retried, parked
+    assert sizes and sizes[0] > 1
+    async with kdb.connection() as conn:
+        parked = await conn.fetch(
+            "SELECT event_id, attempts FROM dead_letter WHERE consumer = $1", consumer
+        )
+    assert [(p["event_id"], p["attempts"]) for p in parked] == [(poison, 3)]

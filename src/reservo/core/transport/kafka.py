@@ -13,8 +13,11 @@ Consuming (``KafkaConsumerRunner``): one consumer group per consumer name
 (``<prefix>.<consumer>``) calls the SAME handlers the local transport calls.
 Records of one partition are handled in order, partitions concurrently; the
 offset is committed only after the handler returned (its transaction
-committed). A failing record is retried with backoff; after ``max_attempts`` it
-is parked (``dead_letter`` table, plus ``<topic>.dlt`` when enabled) and the
+committed). A topic with a batch handler gets each partition's fetched records
+in one call (one transaction for up to ``max_records`` events: the per-event
+commit is what limits a consumer otherwise); when that call fails the records
+are replayed one by one. A failing record is retried with backoff; after
+``max_attempts`` it is parked (``dead_letter`` table, plus ``<topic>.dlt`` when enabled) and the
 partition moves on. Crash before the commit means redelivery; handlers dedupe.
 """
 
@@ -40,7 +43,13 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
 from reservo.core.retry import retry_async
-from reservo.core.transport.base import Event, Handler, TransportUnavailable
+from reservo.core.transport.base import (
+    BatchHandler,
+    Event,
+    Handler,
+    Subscription,
+    TransportUnavailable,
+)
 from reservo.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -297,10 +306,12 @@ class KafkaConsumerRunner:
         session_timeout_ms: int = 10_000,
         request_timeout_ms: int = 30_000,
         concurrency: int = 16,
+        batch_handlers: dict[str, BatchHandler] | None = None,
     ) -> None:
         if not handlers:
             raise ValueError(f"consumer {consumer!r} has no topics")
         self.bootstrap, self.consumer, self.handlers = bootstrap, consumer, handlers
+        self.batch_handlers = batch_handlers or {}
         self.db, self.clock = db, clock
         self.group_id = f"{group_prefix}.{consumer}"
         self.partitions, self.replication_factor = partitions, replication_factor
@@ -392,6 +403,10 @@ class KafkaConsumerRunner:
         """Handle one partition's records: in order per key, different keys concurrently
         (the order Kafka promises is per key anyway, and one handler transaction per
         event is commit-latency bound). Commit up to the first record not finished."""
+        batch = self.batch_handlers.get(tp.topic)
+        if batch is not None and await self._try_batch(batch, tp, records):
+            await self._commit(consumer, tp, records[-1].offset + 1)
+            return
         by_key: dict[bytes | int, list[ConsumerRecord[Any, Any]]] = {}
         for record in records:
             by_key.setdefault(record.key if record.key is not None else record.offset, []).append(
@@ -423,11 +438,39 @@ class KafkaConsumerRunner:
             consumer.seek(tp, next_offset)  # re-read from there later
             await asyncio.sleep(backoff_delay(1, self.backoff_base_s, self.backoff_max_s))
         if next_offset > records[0].offset:
-            try:
-                await consumer.commit({tp: next_offset})
-            except KafkaError as exc:
-                # Partition moved to another member meanwhile: it will redeliver, handlers dedupe.
-                log.warning("kafka_commit_failed", consumer=self.consumer, error=repr(exc))
+            await self._commit(consumer, tp, next_offset)
+
+    async def _commit(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
+        try:
+            await consumer.commit({tp: offset})
+        except KafkaError as exc:
+            # Partition moved to another member meanwhile: it will redeliver, handlers dedupe.
+            log.warning("kafka_commit_failed", consumer=self.consumer, error=repr(exc))
+
+    async def _try_batch(
+        self, batch: BatchHandler, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]
+    ) -> bool:
+        """All of a partition's records through the batch handler; False (nothing
+        applied) sends them down the one-by-one path, which retries and parks."""
+        try:
+            events = [from_cloudevent(r.value) for r in records]
+        except ValueError:
+            return False  # the one-by-one path parks the malformed record
+        try:
+            async with self._slots:
+                await batch(events)
+        except Exception as exc:
+            log.warning(
+                "kafka_batch_failed",
+                consumer=self.consumer,
+                topic=tp.topic,
+                partition=tp.partition,
+                records=len(records),
+                error=repr(exc),
+            )
+            return False
+        KAFKA_CONSUMED.labels(consumer=self.consumer, topic=tp.topic).inc(len(records))
+        return True
 
     async def _handle(self, record: ConsumerRecord[Any, Any]) -> None:
         handler = self.handlers.get(record.topic)
@@ -520,13 +563,17 @@ def transport_from_settings(
 
 
 def consumer_from_settings(
-    settings: Settings, consumer: str, handlers: dict[str, Handler], db: Database, clock: Clock
+    settings: Settings,
+    consumer: str,
+    subscriptions: dict[str, Subscription],
+    db: Database,
+    clock: Clock,
 ) -> KafkaConsumerRunner:
     assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
     return KafkaConsumerRunner(
         settings.kafka_bootstrap,
         consumer,
-        handlers,
+        {topic: sub.handler for topic, sub in subscriptions.items()},
         db,
         clock,
         group_prefix=settings.kafka_group_prefix,
@@ -542,6 +589,7 @@ def consumer_from_settings(
         session_timeout_ms=settings.kafka_session_timeout_ms,
         request_timeout_ms=settings.kafka_request_timeout_ms,
         concurrency=settings.kafka_consumer_concurrency,
+        batch_handlers={t: sub.batch for t, sub in subscriptions.items() if sub.batch is not None},
     )
 
 
