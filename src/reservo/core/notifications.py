@@ -8,7 +8,9 @@ sent twice; a failed send raises, and the transport retries the event later."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
@@ -27,10 +29,17 @@ CONSUMER = "notifications"
 
 class NotificationConsumer:
     def __init__(
-        self, db: Database, channel: Channel, clock: Clock, renderers: Mapping[str, Renderer]
+        self,
+        db: Database,
+        channel: Channel,
+        clock: Clock,
+        renderers: Mapping[str, Renderer],
+        concurrency: int = 32,
     ) -> None:
         self.db, self.channel, self.clock = db, channel, clock
         self.renderers = dict(renderers)
+        # Sends in flight at once (a provider throttles a flood of connections).
+        self._sending = asyncio.Semaphore(concurrency)
 
     @property
     def topics(self) -> list[str]:
@@ -40,43 +49,51 @@ class NotificationConsumer:
         await self.handle_many([event])
 
     async def handle_many(self, events: Sequence[Event]) -> None:
-        """Every message of the batch in one upsert, then the sends. A message id
-        seen twice (a redelivered event in the same batch) is recorded once."""
-        messages: list[tuple[str, Notification]] = []
+        """Every message of the batch in one upsert, then the sends: in order per
+        aggregate (event key), aggregates concurrently, as the transports do for
+        events. A message id seen twice (a redelivered event in the same batch)
+        is recorded once. Any failed send fails the call, after the others."""
+        messages: list[tuple[Event, Notification]] = []
         seen: set[tuple[str, int]] = set()
         for event in events:
             render = self.renderers.get(event.topic)
             for n in render(event) if render is not None else ():
                 if (n.event_id, n.recipient_user_id) not in seen:
                     seen.add((n.event_id, n.recipient_user_id))
-                    messages.append((event.topic, n))
+                    messages.append((event, n))
         if not messages:
             return
         async with self.db.connection() as conn:
             rows = await conn.fetch(
                 Q.notification_upsert,
                 [uuid.UUID(n.event_id) for _, n in messages],
-                [topic for topic, _ in messages],
+                [event.topic for event, _ in messages],
                 [n.recipient_user_id for _, n in messages],
                 [self.channel.name] * len(messages),
                 [n.subject for _, n in messages],
                 [n.body for _, n in messages],
             )
-        pending = [
-            (row["id"], n)
-            for row, (_, n) in zip(rows, messages, strict=True)
-            if row["status"] != "SENT"
-        ]
+        by_key: dict[str, list[tuple[int, Notification]]] = defaultdict(list)
+        for row, (event, n) in zip(rows, messages, strict=True):
+            if row["status"] != "SENT":
+                by_key[event.key or str(event.id)].append((row["id"], n))
         sent: list[int] = []
+
+        async def send_in_order(items: list[tuple[int, Notification]]) -> None:
+            async with self._sending:
+                for row_id, n in items:
+                    try:
+                        await self.channel.send(n)
+                    except NotificationError as exc:
+                        async with self.db.connection() as conn:
+                            await conn.execute(Q.notification_failed, row_id, str(exc)[:2000])
+                        raise
+                    sent.append(row_id)
+
         try:
-            for row_id, n in pending:
-                try:
-                    await self.channel.send(n)
-                except NotificationError as exc:
-                    async with self.db.connection() as conn:
-                        await conn.execute(Q.notification_failed, row_id, str(exc)[:2000])
-                    raise
-                sent.append(row_id)
+            outcomes = await asyncio.gather(
+                *(send_in_order(items) for items in by_key.values()), return_exceptions=True
+            )
         finally:
             if sent:
                 async with self.db.connection() as conn:
@@ -88,3 +105,6 @@ class NotificationConsumer:
                     count=len(sent),
                     channel=self.channel.name,
                 )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome

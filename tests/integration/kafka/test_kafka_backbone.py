@@ -20,6 +20,7 @@ from reservo.core.db import Database
 from reservo.core.embedded import EmbeddedKafka
 from reservo.core.inbox import once_many
 from reservo.core.outbox import OutboxRelay
+from reservo.core.transport.kafka import KafkaConsumerRunner
 from tests.integration.kafka.conftest import Background, unique_topic
 from tests.integration.kafka.helpers import (
     count_status,
@@ -276,6 +277,29 @@ def effect_batch_handler(
     return handle
 
 
+def batch_runner(
+    bootstrap: str,
+    db: Database,
+    clock: OffsetClock,
+    topic: str,
+    calls: Counter[uuid.UUID],
+    sizes: list[int],
+    poison: set[uuid.UUID] | None = None,
+    **kw: Any,
+) -> tuple[str, KafkaConsumerRunner]:
+    """A fresh consumer group with both forms of the effect handler."""
+    consumer = f"c-{uuid.uuid4().hex[:6]}"
+    return consumer, runner(
+        bootstrap,
+        consumer,
+        {topic: effect_handler(db, consumer, calls, poison=poison)},
+        db,
+        clock,
+        batch_handlers={topic: effect_batch_handler(db, consumer, sizes, poison=poison)},
+        **kw,
+    )
+
+
 async def test_batch_handler_consumes_each_event_once_in_order_per_key(
     kafka_bootstrap: str, kdb: Database, kclock: OffsetClock, background: Background
 ) -> None:
@@ -284,17 +308,9 @@ async def test_batch_handler_consumes_each_event_once_in_order_per_key(
     background.start(relay(kdb, kclock, transport(kafka_bootstrap)).run(background.stop))
     await wait_until(lambda: _all_done(kdb, topic, 3000), 30, "publish")
 
-    consumer = f"c-{uuid.uuid4().hex[:6]}"
     calls: Counter[uuid.UUID] = Counter()
     sizes: list[int] = []
-    run = runner(
-        kafka_bootstrap,
-        consumer,
-        {topic: effect_handler(kdb, consumer, calls)},
-        kdb,
-        kclock,
-        batch_handlers={topic: effect_batch_handler(kdb, consumer, sizes)},
-    )
+    consumer, run = batch_runner(kafka_bootstrap, kdb, kclock, topic, calls, sizes)
     background.start(run.run(background.stop))
     await wait_until(lambda: _effects_count(kdb, consumer, 3000), 30, "consumer to apply all")
 
@@ -318,17 +334,10 @@ async def test_poison_in_a_batch_is_parked_and_the_rest_applied_in_order(
     await wait_until(lambda: _all_done(kdb, topic, 50), 30, "publish")
 
     poison = written[20][0]
-    consumer = f"c-{uuid.uuid4().hex[:6]}"
     calls: Counter[uuid.UUID] = Counter()
     sizes: list[int] = []
-    run = runner(
-        kafka_bootstrap,
-        consumer,
-        {topic: effect_handler(kdb, consumer, calls, poison={poison})},
-        kdb,
-        kclock,
-        max_attempts=3,
-        batch_handlers={topic: effect_batch_handler(kdb, consumer, sizes, poison={poison})},
+    consumer, run = batch_runner(
+        kafka_bootstrap, kdb, kclock, topic, calls, sizes, poison={poison}, max_attempts=3
     )
     background.start(run.run(background.stop))
     await wait_until(lambda: _effects_count(kdb, consumer, 49), 30, "the rest to be applied")

@@ -20,9 +20,9 @@ class Event:
 
 
 Handler = Callable[[Event], Awaitable[None]]
-# Applies many events of one topic, in order, in one go (one transaction, one
-# statement per table): what lets a consumer keep up with thousands of events
-# a second. Must have the same effect as calling the Handler on each event.
+# Applies many events (of the consumer's topics, in delivery order) in one go:
+# one transaction, one statement per table. What lets a consumer keep up with
+# thousands of events a second. Same effect as the Handler on each in turn.
 BatchHandler = Callable[[Sequence[Event]], Awaitable[None]]
 
 

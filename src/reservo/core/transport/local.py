@@ -4,9 +4,9 @@ Durable because the outbox row is marked done only after every handler of its
 topic succeeded; a failing handler makes the relay retry the event later (other
 handlers of that topic dedupe by event id through their inbox).
 
-A subscription with a batch handler gets all the batch's events of its topic in
-one call; if that fails, its events are replayed one by one through the plain
-handler, so only the bad event is retried."""
+A consumer with a batch handler gets all the batch's events of its topics in one
+call, in outbox order; if that fails, they are replayed one by one through the
+plain handler, so only the bad event (and what follows it for its key) is retried."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from reservo.core.transport.base import Event, Subscription, Subscriptions
 
 log = structlog.get_logger(__name__)
 Results = list[BaseException | None]
+Item = tuple[int, Event, Subscription]  # position in the batch, event, who handles it
 
 
 class LocalTransport:
@@ -34,41 +35,35 @@ class LocalTransport:
 
     async def deliver(self, events: Sequence[Event]) -> Results:
         results: Results = [None] * len(events)
-        by_topic: dict[str, list[tuple[int, Event]]] = defaultdict(list)
+        # Each consumer sees its events in outbox order (per-key order holds
+        # across topics too); consumers are independent and run concurrently.
+        by_consumer: dict[str, list[Item]] = defaultdict(list)
         for i, event in enumerate(events):
-            by_topic[event.topic].append((i, event))
-        await asyncio.gather(*(self._topic(items, results) for items in by_topic.values()))
+            for sub in self.subscriptions.for_topic(event.topic):
+                by_consumer[sub.consumer].append((i, event, sub))
+        await asyncio.gather(*(self._consumer(items, results) for items in by_consumer.values()))
         return results
 
-    async def _topic(self, items: list[tuple[int, Event]], results: Results) -> None:
-        for sub in self.subscriptions.for_topic(items[0][1].topic):
-            # An event a previous subscription failed is retried as a whole later.
-            pending = [(i, e) for i, e in items if results[i] is None]
-            if not pending:
+    async def _consumer(self, items: list[Item], results: Results) -> None:
+        batch = items[0][2].batch
+        if batch is not None and all(sub.batch == batch for _, _, sub in items):
+            try:
+                await batch([event for _, event, _ in items])
                 return
-            if sub.batch is not None:
-                try:
-                    await sub.batch([e for _, e in pending])
-                    continue
-                except Exception as exc:
-                    self._failed(sub, pending[0][1], exc, batch=len(pending))
-            await self._one_by_one(sub, pending, results)
+            except Exception as exc:  # replay one by one: only the bad event is retried
+                self._failed(items[0][2], items[0][1], exc, batch=len(items))
+        by_key: dict[str, list[Item]] = defaultdict(list)
+        for item in items:
+            by_key[item[1].key or str(item[1].id)].append(item)
 
-    async def _one_by_one(
-        self, sub: Subscription, items: list[tuple[int, Event]], results: Results
-    ) -> None:
-        by_key: dict[str, list[tuple[int, Event]]] = defaultdict(list)
-        for i, event in items:
-            by_key[event.key or str(event.id)].append((i, event))
-
-        async def run_key(group: list[tuple[int, Event]]) -> None:
+        async def run_key(group: list[Item]) -> None:
             # Events of one aggregate run in order; a failure holds back the rest.
-            for n, (_, event) in enumerate(group):
+            for n, (_, event, sub) in enumerate(group):
                 try:
                     await sub.handler(event)
                 except Exception as exc:  # the relay retries; one bad event must not stop the rest
                     self._failed(sub, event, exc)
-                    for later, _ in group[n:]:
+                    for later, _, _ in group[n:]:
                         results[later] = exc
                     return
 
