@@ -5,7 +5,7 @@
 INSERT INTO scheduled_job (category, urgency, run_at, payload, status, max_attempts,
                            idempotency_key, created_at)
 VALUES ($1, $2, $3, $4, 'SCHEDULED', $5, $6, $7)
-ON CONFLICT ON CONSTRAINT uq_job_idempotency DO NOTHING
+ON CONFLICT (category, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
 -- name: insert_jobs_bulk
@@ -28,18 +28,22 @@ SELECT id, status, run_at, category, urgency FROM scheduled_job WHERE id = ANY($
 -- retried row is left alone. SKIP LOCKED: a row locked right now is being
 -- claimed (or marked by another loader), so this never waits and never takes
 -- part in a deadlock; a row it skipped is at worst pushed again (a no-op).
--- (The locked set is a materialized CTE joined once: a FOR UPDATE subquery
--- under IN may be re-run per row.)
+-- The (id, revision) pairs are matched while locking, so the UPDATE joins the
+-- locked ids by primary key: joining the unnest there made the planner compare
+-- every pair with every locked row (quadratic in the batch).
 WITH locked AS MATERIALIZED (
-    SELECT id FROM scheduled_job
-     WHERE id = ANY($1::bigint[]) AND NOT pushed FOR UPDATE SKIP LOCKED
+    SELECT j.id
+      FROM scheduled_job j
+      JOIN unnest($1::bigint[], $2::int[]) AS t(id, rev) ON j.id = t.id AND j.revision = t.rev
+     WHERE NOT j.pushed AND j.status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+     ORDER BY j.id
+       FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE scheduled_job j
    SET pushed = true,
        status = CASE WHEN j.status = 'SCHEDULED' THEN 'QUEUED' ELSE j.status END
-  FROM unnest($1::bigint[], $2::int[]) AS t(id, rev), locked l
- WHERE j.id = t.id AND l.id = t.id AND j.revision = t.rev AND NOT j.pushed
-   AND j.status IN ('SCHEDULED', 'QUEUED', 'FAILED');
+  FROM locked l
+ WHERE j.id = l.id AND NOT j.pushed;
 
 -- name: unpushed
 -- The loader's incremental work: pending rows due before the horizon that
