@@ -386,6 +386,25 @@ def _idle(t: Any) -> float:
     return float(t.idle + getattr(t, "iowait", 0.0))
 
 
+def postgres_cpu_s() -> float:
+    """All of PostgreSQL's CPU so far: the postmaster, its live backends, and (in
+    the postmaster's children times) every backend that already exited, such as
+    the ones of a relay that finished."""
+    total = 0.0
+    for proc in psutil.process_iter(["name", "ppid"]):
+        try:
+            if proc.info["name"] != "postgres":
+                continue
+            if psutil.Process(proc.info["ppid"]).name() == "postgres":
+                continue  # a backend: counted through its postmaster
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+            total += sum(_cpu(c) for c in proc.children())
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 @dataclass
 class CpuMeter:
     """CPU seconds spent during a measurement by reservo's processes, by the

@@ -33,6 +33,9 @@ from typing import Any
 import asyncpg
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import benchlib
+
 PG_URL = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 TOPIC = "bench.relay.v1"
 CONSUMER = "bench"
@@ -181,25 +184,6 @@ def spawn(args: argparse.Namespace, role: str, db: str, bootstrap: str) -> subpr
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
-def postgres_cpu_s() -> float:
-    """All of PostgreSQL's CPU so far: the postmaster, its live backends, and (in
-    the postmaster's children times) every backend that already exited, such as
-    the ones of a relay that finished."""
-    total = 0.0
-    for proc in psutil.process_iter(["name", "ppid"]):
-        try:
-            if proc.info["name"] != "postgres":
-                continue
-            if psutil.Process(proc.info["ppid"]).name() == "postgres":
-                continue  # a backend: counted through its postmaster
-            t = proc.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-            total += cpu_s([c.pid for c in proc.children()])
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def cpu_s(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -235,7 +219,10 @@ async def orchestrate(args: argparse.Namespace) -> int:
         children += consumers + relays
         relay_ps = psutil.Process(relays[0].pid)
         broker_pid = broker._proc.pid if broker is not None and broker._proc else None
-        cpu0 = {"pg": postgres_cpu_s(), "broker": cpu_s([broker_pid] if broker_pid else [])}
+        cpu0 = {
+            "pg": benchlib.postgres_cpu_s(),
+            "broker": cpu_s([broker_pid] if broker_pid else []),
+        }
         profile = None
         if args.py_spy and shutil.which("py-spy"):
             profile = subprocess.Popen(  # noqa: ASYNC220 (fire and forget)
@@ -265,7 +252,10 @@ async def orchestrate(args: argparse.Namespace) -> int:
                 print(f"TIMEOUT pending={pending} consumed={consumed}")
                 return 1
         cons_cpu = cpu_s([c.pid for c in consumers])
-        cpu1 = {"pg": postgres_cpu_s(), "broker": cpu_s([broker_pid] if broker_pid else [])}
+        cpu1 = {
+            "pg": benchlib.postgres_cpu_s(),
+            "broker": cpu_s([broker_pid] if broker_pid else []),
+        }
         for c in consumers:
             c.terminate()
         outs = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1]) for p in relays]

@@ -24,13 +24,16 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psutil
 
 from reservo.core.clock import SystemClock
 from reservo.core.db import Database
@@ -38,6 +41,9 @@ from reservo.core.migrate import migrate
 from reservo.core.redis import make_client
 from reservo.scheduler import Config, Job, Scheduler
 from reservo.scheduler.workers import Loader, run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import benchlib
 
 CAT = "bench.noop"
 
@@ -51,6 +57,10 @@ class OwnRedis:
             self.port = int(s.getsockname()[1])
         self.dir = tempfile.mkdtemp(prefix="bench-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     @property
     def url(self) -> str:
@@ -184,6 +194,15 @@ async def bulk(s: Scheduler, run_ats: list[datetime], chunk: int = 20_000) -> fl
     return len(run_ats) / (time.perf_counter() - t0)
 
 
+def _cpu_s(pids: list[int | None]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, TypeError):
+            t = psutil.Process(pid).cpu_times()  # type: ignore[arg-type]
+            total += t.user + t.system
+    return total
+
+
 async def count(conn: asyncpg.Connection, status: str) -> int:
     return int(await conn.fetchval("SELECT count(*) FROM scheduled_job WHERE status=$1", status))
 
@@ -195,7 +214,7 @@ def quantiles(xs: list[float]) -> dict[str, float]:
 
 
 async def reset(conn: asyncpg.Connection, s: Scheduler) -> None:
-    await conn.execute("TRUNCATE scheduled_job CASCADE")
+    await conn.execute("TRUNCATE scheduled_job, job_execution")
     for _ in range(3):  # the pooled connection may have died with a restart
         try:
             await s.redis.flushall()
@@ -229,21 +248,42 @@ async def phase_drain(
 ) -> None:
     due = datetime.now(UTC) - timedelta(seconds=1)
     await bulk(s, [due] * args.backlog)
+    pg0, redis0 = benchlib.postgres_cpu_s(), _cpu_s([rd.pid])
     procs = start_workers(args.workers, db_url, rd.url, ns)
     t0 = time.perf_counter()
     first = None
+    profile = Path(tempfile.gettempdir()) / f"bench-sched-{uuid.uuid4().hex}.raw"
+    spy = None
     while (done := await count(conn, "DONE")) < args.backlog:
         if first is None and done > 0:
             first = (time.perf_counter(), done)
-        await asyncio.sleep(0.1)
+            if args.profile and shutil.which("py-spy"):
+                spy = subprocess.Popen(  # noqa: ASYNC220 (runs beside the drain)
+                    ["py-spy", "record", "--pid", str(procs[0].pid), "--duration",
+                     str(args.profile), "--rate", "250", "--nonblocking", "--format", "raw",
+                     "--output", str(profile)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+        await asyncio.sleep(0.1)  # count(*) scans the table: poll gently
     t1 = time.perf_counter()
+    workers_cpu = _cpu_s([p.pid for p in procs])
+    pg, redis_cpu = benchlib.postgres_cpu_s() - pg0, _cpu_s([rd.pid]) - redis0
     stop_workers(procs)
     assert first is not None
+    wall = t1 - t0
     print(
-        f"drain: {args.backlog} due jobs in {t1 - t0:.1f} s with {args.workers} worker "
-        f"processes: {args.backlog / (t1 - t0):,.0f} jobs/s overall, "
-        f"{(args.backlog - first[1]) / (t1 - first[0]):,.0f} jobs/s after the first completion"
+        f"drain: {args.backlog} due jobs in {wall:.1f} s with {args.workers} worker "
+        f"processes: {args.backlog / wall:,.0f} jobs/s overall, "
+        f"{(args.backlog - first[1]) / (t1 - first[0]):,.0f} jobs/s after the first completion; "
+        f"CPU s: workers {workers_cpu:.1f}, postgres {pg:.1f}, redis {redis_cpu:.1f} "
+        f"(2 cores x {wall:.1f} s = {2 * wall:.1f}); "
+        f"per job: workers {1e6 * workers_cpu / args.backlog:.0f} us, "
+        f"postgres {1e6 * pg / args.backlog:.0f} us, redis {1e6 * redis_cpu / args.backlog:.0f} us"
     )
+    if spy is not None:
+        spy.wait()
+        print(benchlib.summarize_profile(profile))
+        profile.unlink(missing_ok=True)
     await reset(conn, s)
 
 
@@ -312,6 +352,7 @@ async def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seconds", type=int, default=30)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--profile", type=int, default=0, help="py-spy seconds on worker 1 (drain)")
     args = ap.parse_args()
     phases = {p.strip() for p in args.phases.split(",")}
 
