@@ -28,22 +28,26 @@ SELECT id, status, run_at, category, urgency FROM scheduled_job WHERE id = ANY($
 -- retried row is left alone. SKIP LOCKED: a row locked right now is being
 -- claimed (or marked by another loader), so this never waits and never takes
 -- part in a deadlock; a row it skipped is at worst pushed again (a no-op).
--- The (id, revision) pairs are matched while locking, so the UPDATE joins the
--- locked ids by primary key: joining the unnest there made the planner compare
--- every pair with every locked row (quadratic in the batch).
+--
+-- Shape shared by the batch statements below: lock by primary key only (id =
+-- ANY(...), in id order), test the locked rows' columns in memory, update
+-- `id = ANY(ARRAY(...))`. A status or run_at test in the locking scan matches
+-- the predicate of a partial index, and the planner (with statistics from
+-- before a drain, or none yet) then scanned that whole index for every batch
+-- instead of looking the ids up: cost grew with the backlog.
 WITH locked AS MATERIALIZED (
-    SELECT j.id
-      FROM scheduled_job j
-      JOIN unnest($1::bigint[], $2::int[]) AS t(id, rev) ON j.id = t.id AND j.revision = t.rev
-     WHERE NOT j.pushed AND j.status IN ('SCHEDULED', 'QUEUED', 'FAILED')
-     ORDER BY j.id
-       FOR UPDATE OF j SKIP LOCKED
+    SELECT id, revision, pushed, status FROM scheduled_job
+     WHERE id = ANY($1::bigint[])
+     ORDER BY id
+       FOR UPDATE SKIP LOCKED
 )
 UPDATE scheduled_job j
    SET pushed = true,
        status = CASE WHEN j.status = 'SCHEDULED' THEN 'QUEUED' ELSE j.status END
-  FROM locked l
- WHERE j.id = l.id AND NOT j.pushed;
+ WHERE j.id = ANY(ARRAY(
+         SELECT l.id FROM locked l
+           JOIN unnest($1::bigint[], $2::int[]) AS t(id, rev) ON t.id = l.id AND t.rev = l.revision
+          WHERE NOT l.pushed AND l.status IN ('SCHEDULED', 'QUEUED', 'FAILED')));
 
 -- name: unpushed
 -- The loader's incremental work: pending rows due before the horizon that
@@ -66,19 +70,20 @@ SELECT id, category, urgency, run_at, revision
 -- name: claim
 -- The claim is the conditional update: only a pending, due row becomes RUNNING,
 -- so of two workers holding the same id only one gets it back. Rows are locked
--- in id order (as in complete/fail) so two batch statements never deadlock.
--- The columns are Job's fields, in order.
+-- in id order (as in complete/fail) so two batch statements never deadlock,
+-- and tested after the lock (the latest version): see mark_pushed for why the
+-- tests are not in the locking scan. The columns are Job's fields, in order.
 WITH locked AS MATERIALIZED (
-    SELECT id FROM scheduled_job
-     WHERE id = ANY($1::bigint[]) AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
-       AND run_at <= $2
+    SELECT id, status, run_at FROM scheduled_job
+     WHERE id = ANY($1::bigint[])
      ORDER BY id FOR UPDATE
 )
 UPDATE scheduled_job j
    SET status = 'RUNNING', attempts = j.attempts + 1, revision = j.revision + 1,
        worker = $3, heartbeat_at = $2, started_at = $2, finished_at = NULL
-  FROM locked l
- WHERE j.id = l.id AND j.status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND j.run_at <= $2
+ WHERE j.id = ANY(ARRAY(
+         SELECT id FROM locked
+          WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at <= $2))
 RETURNING j.id, j.category, j.urgency, j.run_at, j.payload, j.status, j.attempts,
           j.max_attempts, j.revision, j.idempotency_key, j.created_at, j.started_at,
           j.finished_at, j.last_error, j.worker;
@@ -86,18 +91,23 @@ RETURNING j.id, j.category, j.urgency, j.run_at, j.payload, j.status, j.attempts
 -- name: heartbeat
 -- SKIP LOCKED: a row locked now is being settled; one missed beat is harmless
 -- (the reaper's timeout is many beats) and the beat never waits or deadlocks.
+-- `worker` is set by the claim and cleared by every way out of RUNNING, so it
+-- alone says "still running here" (a status test would steer the planner to
+-- the partial RUNNING index and a scan of every running job).
 WITH locked AS MATERIALIZED (
     SELECT id FROM scheduled_job
-     WHERE id = ANY($1::bigint[]) AND status = 'RUNNING' AND worker = $3
+     WHERE id = ANY($1::bigint[]) AND worker = $3
+     ORDER BY id
        FOR UPDATE SKIP LOCKED
 )
 UPDATE scheduled_job j SET heartbeat_at = $2
-  FROM locked l
- WHERE j.id = l.id AND j.status = 'RUNNING' AND j.worker = $3;
+ WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.worker = $3;
 
 -- name: complete
 -- RUNNING -> DONE only with the revision of this claim: a worker the reaper
--- gave up on cannot complete the job a second time. One statement marks the
+-- gave up on cannot complete the job a second time. Every transition bumps the
+-- revision, so "the claim's revision is still current" means "still RUNNING
+-- under this claim" (no status test: see heartbeat). One statement marks the
 -- batch DONE and logs it (atomic without an explicit transaction).
 WITH locked AS MATERIALIZED (
     SELECT id FROM scheduled_job WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
@@ -105,8 +115,8 @@ WITH locked AS MATERIALIZED (
     UPDATE scheduled_job j
        SET status = 'DONE', revision = j.revision + 1, finished_at = $3, worker = NULL,
            last_error = NULL
-      FROM unnest($1::bigint[], $2::int[]) AS t(id, rev), locked l
-     WHERE j.id = t.id AND l.id = t.id AND j.revision = t.rev AND j.status = 'RUNNING'
+     WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
+       AND (j.id, j.revision) IN (SELECT * FROM unnest($1::bigint[], $2::int[]))
     RETURNING j.id, j.attempts, j.started_at
 ), logged AS (
     INSERT INTO job_execution (job_id, attempt, worker, started_at, finished_at, outcome)
@@ -116,6 +126,7 @@ SELECT id FROM done;
 
 -- name: fail
 -- A retry is just a new run_at (not pushed yet); out of attempts -> DEAD.
+-- Same revision rule and statement shape as complete.
 WITH locked AS MATERIALIZED (
     SELECT id FROM scheduled_job WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
 ), failed AS (
@@ -125,8 +136,8 @@ WITH locked AS MATERIALIZED (
            finished_at = CASE WHEN j.attempts >= j.max_attempts THEN $5::timestamptz END,
            revision = j.revision + 1, pushed = false, worker = NULL, last_error = t.err
       FROM unnest($1::bigint[], $2::int[], $3::text[], $4::timestamptz[])
-           AS t(id, rev, err, retry_at), locked l
-     WHERE j.id = t.id AND l.id = t.id AND j.revision = t.rev AND j.status = 'RUNNING'
+           AS t(id, rev, err, retry_at)
+     WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.id = t.id AND j.revision = t.rev
     RETURNING j.id, j.category, j.urgency, j.run_at, j.revision, j.status, j.attempts,
               j.started_at, j.last_error
 ), logged AS (
@@ -164,6 +175,14 @@ UPDATE scheduled_job
    SET status = 'CANCELLED', revision = revision + 1, finished_at = $2
  WHERE id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
 RETURNING *;
+
+-- name: cancel_by_key
+-- The same, for the job a module enqueued under its own idempotency key (a
+-- rental hold's expiry once the hold is paid or cancelled).
+UPDATE scheduled_job
+   SET status = 'CANCELLED', revision = revision + 1, finished_at = $3
+ WHERE category = $1 AND idempotency_key = $2 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+RETURNING id;
 
 -- name: executions
 SELECT attempt, worker, started_at, finished_at, outcome, error

@@ -135,5 +135,9 @@ async def cancel(conn: asyncpg.Connection, job_id: int, now: datetime) -> Job | 
     return None if row is None else to_job(row)
 
 
+async def cancel_by_key(conn: asyncpg.Connection, category: str, key: str, now: datetime) -> bool:
+    return await conn.fetchval(Q.cancel_by_key, category, key, now) is not None
+
+
 async def executions(conn: asyncpg.Connection, job_id: int) -> list[Row]:
     return list(await conn.fetch(Q.executions, job_id))

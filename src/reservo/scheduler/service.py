@@ -170,6 +170,11 @@ class Scheduler:
         async with self.db.transaction() as own:
             return await repo.cancel(own, job_id, now) is not None
 
+    async def cancel_by_key(self, category: str, key: str, *, conn: asyncpg.Connection) -> bool:
+        """Cancel the job enqueued with this idempotency key, in the caller's
+        transaction. True when this call cancelled it."""
+        return await repo.cancel_by_key(conn, category, key, self.clock.now())
+
     # -- use cases behind the HTTP API -------------------------------------------
 
     async def create(
