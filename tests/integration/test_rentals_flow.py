@@ -310,6 +310,38 @@ async def test_same_webhook_ten_times_concurrently_pays_and_confirms_once(
     assert status == "CONFIRMED"
 
 
+async def expiry_job_status(db: asyncpg.Connection, booking_id: int) -> str:
+    status: str = await db.fetchval(
+        "SELECT status FROM scheduled_job WHERE category = 'rentals.expire-hold' "
+        "AND (payload->>'bookingId')::bigint = $1",
+        booking_id,
+    )
+    return status
+
+
+async def test_paying_or_cancelling_a_hold_cancels_its_expiry_job(
+    client: httpx.AsyncClient, clock: OffsetClock, db: asyncpg.Connection
+) -> None:
+    car = await make_car(client)
+    customer = new_id()
+    paid = (await hold(client, car["id"], customer, at(100), at(110))).json()
+    dropped = (await hold(client, car["id"], customer, at(200), at(210))).json()
+    kept = (await hold(client, car["id"], customer, at(300), at(310))).json()
+    for b in (paid, dropped, kept):
+        assert await expiry_job_status(db, b["bookingId"]) in {"SCHEDULED", "QUEUED"}
+    txn = f"txn-{uuid.uuid4().hex}"
+    r = await webhook(client, clock, paid["bookingId"], paid["depositAmount"], txn)
+    assert r.json()["result"] == "confirmed"
+    r = await client.post(
+        f"/api/bookings/{dropped['bookingId']}/cancel", headers=auth("customer", customer)
+    )
+    assert r.status_code == 200, r.text
+    # Nothing left to expire: the jobs are cancelled with the status change.
+    assert await expiry_job_status(db, paid["bookingId"]) == "CANCELLED"
+    assert await expiry_job_status(db, dropped["bookingId"]) == "CANCELLED"
+    assert await expiry_job_status(db, kept["bookingId"]) in {"SCHEDULED", "QUEUED"}
+
+
 async def test_webhook_after_expiry_refunds_and_the_car_stays_with_its_new_holder(
     client: httpx.AsyncClient, container: Container, clock: OffsetClock, db: asyncpg.Connection
 ) -> None:

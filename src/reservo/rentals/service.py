@@ -53,8 +53,16 @@ class JobScheduler(Protocol):
     """The slice of the scheduler facade (reservo.scheduler) this module uses."""
 
     async def enqueue(
-        self, category: str, payload: dict[str, Any], *, run_at: datetime, conn: Any
+        self,
+        category: str,
+        payload: dict[str, Any],
+        *,
+        run_at: datetime,
+        idempotency_key: str | None = None,
+        conn: Any,
     ) -> Any: ...
+
+    async def cancel_by_key(self, category: str, key: str, *, conn: Any) -> bool: ...
 
     async def dispatch(self, jobs: Sequence[Any]) -> Any: ...
 
@@ -214,7 +222,11 @@ class RentalService:
             if self.scheduler is not None:
                 jobs.append(
                     await self.scheduler.enqueue(
-                        EXPIRE_HOLD, {"bookingId": booking["id"]}, run_at=expires, conn=conn
+                        EXPIRE_HOLD,
+                        {"bookingId": booking["id"]},
+                        run_at=expires,
+                        idempotency_key=_expiry_key(booking["id"]),
+                        conn=conn,
                     )
                 )
             await self._emit(conn, booking, now)
@@ -227,6 +239,12 @@ class RentalService:
             except Exception as exc:  # the job is durable; the sweeper is the safety net
                 log.warning("rentals_expiry_dispatch_failed", error=repr(exc))
         return booking
+
+    async def _drop_expiry(self, conn: asyncpg.Connection, booking_id: int) -> None:
+        """A paid or cancelled hold has nothing left to expire: its job would only
+        wake a worker to do nothing."""
+        if self.scheduler is not None:
+            await self.scheduler.cancel_by_key(EXPIRE_HOLD, _expiry_key(booking_id), conn=conn)
 
     async def _emit(self, conn: asyncpg.Connection, b: Booking, now: datetime) -> None:
         await emit(conn, events.BY_STATUS[b["status"]], events.key(b["id"]), events.payload(b), now)
@@ -254,6 +272,7 @@ class RentalService:
             row = await repo.confirm(conn, booking_id, amount, now)
             if row is not None:
                 await self._emit(conn, repo.as_dict(row), now)
+                await self._drop_expiry(conn, booking_id)
                 return "confirmed"
             # Paid too late (or too little, or after a cancel): the car may belong to
             # someone else by now, so the money goes back in full.
@@ -289,6 +308,7 @@ class RentalService:
                 await repo.set_refund(conn, booking_id, refund)
                 b["refund_amount"] = refund
                 await self._emit(conn, b, now)
+                await self._drop_expiry(conn, booking_id)
                 if refund > 0:
                     await emit(
                         conn,
@@ -370,3 +390,7 @@ class RefundConsumer:
                 conn, int(p["bookingId"]), txn, int(p["amount"]), ref, self.clock.now()
             )
         log.info("rentals_refunded", booking_id=p["bookingId"], amount=p["amount"], ref=ref)
+
+
+def _expiry_key(booking_id: int) -> str:
+    return f"booking:{booking_id}"
