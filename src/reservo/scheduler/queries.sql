@@ -159,6 +159,11 @@ WITH lost AS (
            worker = NULL
      WHERE id IN (SELECT id FROM scheduled_job
                    WHERE status = 'RUNNING' AND heartbeat_at < $1
+                   -- An ordered index scan (not a bitmap scan) marks the entries
+                   -- of rows that left RUNNING as dead as it passes them, so the
+                   -- next scans skip them instead of re-reading every job that
+                   -- ran since the last vacuum.
+                   ORDER BY heartbeat_at
                    LIMIT $3 FOR UPDATE SKIP LOCKED)
        AND status = 'RUNNING' AND heartbeat_at < $1
     RETURNING id, category, urgency, run_at, revision, status, attempts, started_at
