@@ -61,7 +61,9 @@ async def relay_main(args: argparse.Namespace) -> None:
         partitions=args.partitions,
         linger_ms=args.linger_ms,
     )
-    relay = OutboxRelay(db, transport, SystemClock(), batch_size=args.batch, poll_interval_s=0.05)
+    relay = OutboxRelay(
+        db, transport, SystemClock(), batch_size=args.batch, poll_interval_s=0.05, pipelined=True
+    )
     await transport.start()
     stop = asyncio.Event()
     running = asyncio.create_task(relay.run(stop))  # the loop `reservo worker` runs

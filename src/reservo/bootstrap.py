@@ -229,6 +229,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
         backoff_base_s=settings.outbox_backoff_base_s,
         backoff_max_s=settings.outbox_backoff_max_s,
         poll_interval_s=settings.outbox_poll_interval_s,
+        pipelined=bool(settings.kafka_bootstrap),
     )
     scheduler = build_scheduler(settings, db, clock)
     appointments = AppointmentService(

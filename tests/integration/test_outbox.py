@@ -26,6 +26,8 @@ from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
 from reservo.core.inbox import once, once_many
 from reservo.core.migrate import migrate
+from reservo.core.notifications import NotificationConsumer
+from reservo.core.notify import Notification, NotificationError
 from reservo.core.outbox import OutboxRelay, emit
 from reservo.core.transport.base import Event, Subscriptions
 from reservo.core.transport.local import LocalTransport
@@ -448,42 +450,6 @@ async def test_failed_batch_rolls_back_its_inbox_rows(own_db: Database) -> None:
     assert seen == [a]
 
 
-async def test_local_batch_handler_gets_the_batch_and_a_failure_falls_back_one_by_one(
-    own_db: Database, base_settings: Settings, clock: OffsetClock
-) -> None:
-    topic = "test.batchfallback.v1"
-    async with own_db.transaction() as conn:
-        ids = [await emit(conn, topic, f"agg-{i % 5}", {"i": i}, clock.now()) for i in range(40)]
-    poison = ids[17]  # key agg-2: the later events of that key must wait behind it
-    batches: list[int] = []
-    singles: Counter[uuid.UUID] = Counter()
-
-    async def batch(events: Sequence[Event]) -> None:
-        batches.append(len(events))
-        if any(e.id == poison for e in events):
-            raise RuntimeError("poison in the batch")
-
-    async def single(event: Event) -> None:
-        singles[event.id] += 1
-        if event.id == poison:
-            raise RuntimeError("poison")
-
-    subs = Subscriptions()
-    subs.add("batch-consumer", [topic], single, batch)
-    relay = relay_over(own_db, subs, clock, base_settings, batch_size=100)
-    assert await relay.run_once() == 40
-    assert batches == [40]  # the whole topic's share of the batch in one call
-    # Then replayed one by one, except the events of the poison's key written after
-    # it: they wait behind it (per-key order), and all of them are retried later.
-    held = {ids[i] for i in range(18, 40) if i % 5 == 2}
-    assert set(singles) == set(ids) - held and set(singles.values()) == {1}
-    async with own_db.connection() as conn:
-        rows = await conn.fetch("SELECT event_id, status FROM outbox WHERE topic = $1", topic)
-    pending = {r["event_id"] for r in rows if r["status"] == "PENDING"}
-    assert pending == {poison} | held
-    assert sum(r["status"] == "DONE" for r in rows) == 40 - len(pending)
-
-
 async def test_pipelined_relay_delivers_each_event_once_in_order_per_key(
     own_db: Database, base_settings: Settings, clock: OffsetClock
 ) -> None:
@@ -500,7 +466,7 @@ async def test_pipelined_relay_delivers_each_event_once_in_order_per_key(
 
     subs = Subscriptions()
     subs.add("pipeline", [topic], handler)
-    relay = relay_over(own_db, subs, clock, base_settings, batch_size=100)
+    relay = relay_over(own_db, subs, clock, base_settings, batch_size=100, pipelined=True)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
     try:
@@ -549,7 +515,7 @@ async def test_stopping_relay_settles_its_batch_and_hands_back_its_prefetch(
     topic = "test.prefetch.v1"
     await _emit_keyed(own_db, clock, topic, 300, keys=3)
     transport = _GatedTransport()
-    relay = OutboxRelay(own_db, transport, clock, batch_size=100, lease_s=300)
+    relay = OutboxRelay(own_db, transport, clock, batch_size=100, lease_s=300, pipelined=True)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
     await asyncio.wait_for(transport.started.wait(), 10)
@@ -576,3 +542,71 @@ async def test_stopping_relay_settles_its_batch_and_hands_back_its_prefetch(
     # never claimed.
     assert status == {("DONE", 1, True): 100, ("PENDING", 0, True): 200}
     assert len(transport.delivered) == 100
+
+
+class _RecordingChannel:
+    """An outbound channel that records what it was asked to send (and can fail)."""
+
+    name = "test"
+
+    def __init__(self, fail_subject: str | None = None) -> None:
+        self.sent: list[tuple[int, str]] = []
+        self.fail_subject = fail_subject
+
+    async def send(self, n: Notification) -> None:
+        await asyncio.sleep(0)
+        if n.subject == self.fail_subject:
+            raise NotificationError("provider refused")
+        self.sent.append((n.recipient_user_id, n.subject))
+
+
+def _render(event: Event) -> list[Notification]:
+    return [Notification(event.payload["to"], event.payload["subject"], "body", str(event.id))]
+
+
+async def test_notification_batch_sends_each_message_once_in_order_per_aggregate(
+    own_db: Database, clock: OffsetClock
+) -> None:
+    topic = "test.notify.v1"
+    batch = [
+        Event(uuid.uuid4(), topic, f"appt:{k}", {"to": k, "subject": f"{k}-{n}"}, clock.now())
+        for n in range(3)
+        for k in (1, 2)
+    ]
+    channel = _RecordingChannel()
+    consumer = NotificationConsumer(own_db, channel, clock, {topic: _render})
+    # The batch, with its first event delivered a second time inside it.
+    await consumer.handle_many([*batch, batch[0]])
+    assert sorted(channel.sent) == sorted((e.payload["to"], e.payload["subject"]) for e in batch)
+    for k in (1, 2):  # one aggregate's messages go out in event order
+        assert [s for to, s in channel.sent if to == k] == [f"{k}-0", f"{k}-1", f"{k}-2"]
+    # Redelivered as a whole: everything is already SENT, nothing goes out again.
+    await consumer.handle_many(batch)
+    assert len(channel.sent) == 6
+    async with own_db.connection() as conn:
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM notification WHERE topic = $1 AND status = 'SENT'", topic
+            )
+            == 6
+        )
+
+
+async def test_notification_batch_failure_keeps_what_was_sent(
+    own_db: Database, clock: OffsetClock
+) -> None:
+    topic = "test.notifyfail.v1"
+    batch = [
+        Event(uuid.uuid4(), topic, f"appt:{k}", {"to": k, "subject": f"{k}-{n}"}, clock.now())
+        for n in range(2)
+        for k in (1, 2)
+    ]
+    channel = _RecordingChannel(fail_subject="1-0")
+    consumer = NotificationConsumer(own_db, channel, clock, {topic: _render})
+    with pytest.raises(NotificationError):
+        await consumer.handle_many(batch)
+    # Aggregate 1 stopped at its failed first message; aggregate 2 went out.
+    assert channel.sent == [(2, "2-0"), (2, "2-1")]
+    channel.fail_subject = None
+    await consumer.handle_many(batch)  # the retry sends only what is missing
+    assert sorted(channel.sent) == [(1, "1-0"), (1, "1-1"), (2, "2-0"), (2, "2-1")]

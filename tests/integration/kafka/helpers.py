@@ -127,6 +127,7 @@ def relay(db: Database, clock: Clock, t: KafkaTransport, batch_size: int = 500) 
         backoff_base_s=0.05,
         backoff_max_s=0.5,
         poll_interval_s=0.05,
+        pipelined=True,
     )
 
 

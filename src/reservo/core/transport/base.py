@@ -31,8 +31,9 @@ class Subscription:
     consumer: str
     topic: str
     handler: Handler
-    # Optional fast path; the transports fall back to ``handler`` one event at a
-    # time when a batch fails, so one bad event is isolated (retried, parked).
+    # Optional fast path for the Kafka consumer runner; it falls back to
+    # ``handler`` one event at a time when a batch fails, so one bad event is
+    # isolated (retried, parked). The local transport calls ``handler`` only.
     batch: BatchHandler | None = None
 
 
