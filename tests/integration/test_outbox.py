@@ -564,15 +564,20 @@ def _render(event: Event) -> list[Notification]:
     return [Notification(event.payload["to"], event.payload["subject"], "body", str(event.id))]
 
 
+def _notify_batch(topic: str, per_key: int, clock: OffsetClock) -> list[Event]:
+    """Events for aggregates 1 and 2, interleaved; subject "<aggregate>-<n>"."""
+    return [
+        Event(uuid.uuid4(), topic, f"appt:{k}", {"to": k, "subject": f"{k}-{n}"}, clock.now())
+        for n in range(per_key)
+        for k in (1, 2)
+    ]
+
+
 async def test_notification_batch_sends_each_message_once_in_order_per_aggregate(
     own_db: Database, clock: OffsetClock
 ) -> None:
     topic = "test.notify.v1"
-    batch = [
-        Event(uuid.uuid4(), topic, f"appt:{k}", {"to": k, "subject": f"{k}-{n}"}, clock.now())
-        for n in range(3)
-        for k in (1, 2)
-    ]
+    batch = _notify_batch(topic, 3, clock)
     channel = _RecordingChannel()
     consumer = NotificationConsumer(own_db, channel, clock, {topic: _render})
     # The batch, with its first event delivered a second time inside it.
@@ -596,11 +601,7 @@ async def test_notification_batch_failure_keeps_what_was_sent(
     own_db: Database, clock: OffsetClock
 ) -> None:
     topic = "test.notifyfail.v1"
-    batch = [
-        Event(uuid.uuid4(), topic, f"appt:{k}", {"to": k, "subject": f"{k}-{n}"}, clock.now())
-        for n in range(2)
-        for k in (1, 2)
-    ]
+    batch = _notify_batch(topic, 2, clock)
     channel = _RecordingChannel(fail_subject="1-0")
     consumer = NotificationConsumer(own_db, channel, clock, {topic: _render})
     with pytest.raises(NotificationError):
