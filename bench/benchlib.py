@@ -386,6 +386,16 @@ def _idle(t: Any) -> float:
     return float(t.idle + getattr(t, "iowait", 0.0))
 
 
+def cpu_s(pids: Sequence[int | None]) -> float:
+    """User + system CPU seconds of these processes so far (gone ones count 0)."""
+    total = 0.0
+    for pid in pids:
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                total += _cpu(psutil.Process(pid))
+    return total
+
+
 def postgres_cpu_s() -> float:
     """All of PostgreSQL's CPU so far: the postmaster, its live backends, and (in
     the postmaster's children times) every backend that already exited, such as

@@ -70,8 +70,8 @@ async def relay_main(args: argparse.Namespace) -> None:
     seen, idle_since = -1, time.monotonic()
     while time.monotonic() - idle_since < 1.0:  # stop once nothing moved for a second
         await asyncio.sleep(0.1)
-        if relay.claimed_total != seen:
-            seen, idle_since = relay.claimed_total, time.monotonic()
+        if relay.settled_total != seen:
+            seen, idle_since = relay.settled_total, time.monotonic()
     stop.set()
     await running
     await transport.stop()
@@ -186,17 +186,6 @@ def spawn(args: argparse.Namespace, role: str, db: str, bootstrap: str) -> subpr
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 async def orchestrate(args: argparse.Namespace) -> int:
     from reservo.core.embedded import EmbeddedKafka
 
@@ -223,7 +212,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         broker_pid = broker._proc.pid if broker is not None and broker._proc else None
         cpu0 = {
             "pg": benchlib.postgres_cpu_s(),
-            "broker": cpu_s([broker_pid] if broker_pid else []),
+            "broker": benchlib.cpu_s([broker_pid]),
         }
         profile = None
         if args.py_spy and shutil.which("py-spy"):
@@ -253,10 +242,10 @@ async def orchestrate(args: argparse.Namespace) -> int:
             if with_time > args.timeout_s:
                 print(f"TIMEOUT pending={pending} consumed={consumed}")
                 return 1
-        cons_cpu = cpu_s([c.pid for c in consumers])
+        cons_cpu = benchlib.cpu_s([c.pid for c in consumers])
         cpu1 = {
             "pg": benchlib.postgres_cpu_s(),
-            "broker": cpu_s([broker_pid] if broker_pid else []),
+            "broker": benchlib.cpu_s([broker_pid]),
         }
         for c in consumers:
             c.terminate()

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import psutil
 
 from reservo.core.clock import SystemClock
 from reservo.core.db import Database
@@ -197,15 +196,6 @@ async def bulk(s: Scheduler, run_ats: list[datetime], chunk: int = 20_000) -> fl
     return len(run_ats) / (time.perf_counter() - t0)
 
 
-def _cpu_s(pids: list[int | None]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(psutil.Error, TypeError):
-            t = psutil.Process(pid).cpu_times()  # type: ignore[arg-type]
-            total += t.user + t.system
-    return total
-
-
 async def _print_table_stats(conn: asyncpg.Connection) -> None:
     """Where PostgreSQL's work went: rows read by scans of each index and table,
     updates (HOT or not), autovacuum runs. A figure that grows with the backlog
@@ -284,7 +274,7 @@ async def phase_drain(
 ) -> None:
     due = datetime.now(UTC) - timedelta(seconds=1)
     await bulk(s, [due] * args.backlog)
-    pg0, redis0 = benchlib.postgres_cpu_s(), _cpu_s([rd.pid])
+    pg0, redis0 = benchlib.postgres_cpu_s(), benchlib.cpu_s([rd.pid])
     procs = start_workers(args.workers, db_url, rd.url, ns)
     t0 = time.time()
     profile = Path(tempfile.gettempdir()) / f"bench-sched-{uuid.uuid4().hex}.raw"
@@ -303,8 +293,8 @@ async def phase_drain(
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         await asyncio.sleep(0.5)
-    workers_cpu = _cpu_s([p.pid for p in procs])
-    pg, redis_cpu = benchlib.postgres_cpu_s() - pg0, _cpu_s([rd.pid]) - redis0
+    workers_cpu = benchlib.cpu_s([p.pid for p in procs])
+    pg, redis_cpu = benchlib.postgres_cpu_s() - pg0, benchlib.cpu_s([rd.pid]) - redis0
     stop_workers(procs)
     await conn.execute("RESET enable_seqscan")
     assert await count(conn, "DONE") == args.backlog

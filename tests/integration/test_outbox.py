@@ -471,7 +471,7 @@ async def test_pipelined_relay_delivers_each_event_once_in_order_per_key(
     task = asyncio.create_task(relay.run(stop))
     try:
         for _ in range(400):
-            if relay.claimed_total >= 1200:
+            if relay.settled_total >= 1200:
                 break
             await asyncio.sleep(0.05)
     finally:

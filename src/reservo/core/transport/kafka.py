@@ -17,8 +17,8 @@ committed). A topic with a batch handler gets each partition's fetched records
 in one call (one transaction for up to ``max_records`` events: the per-event
 commit is what limits a consumer otherwise); when that call fails the records
 are replayed one by one. A failing record is retried with backoff; after
-``max_attempts`` it is parked (``dead_letter`` table, plus ``<topic>.dlt`` when enabled) and the
-partition moves on. Crash before the commit means redelivery; handlers dedupe.
+``max_attempts`` it is parked (``dead_letter`` table, plus ``<topic>.dlt`` when
+enabled) and the partition moves on. Crash before the commit means redelivery; handlers dedupe.
 """
 
 from __future__ import annotations
