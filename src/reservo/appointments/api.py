@@ -11,8 +11,6 @@ from fastapi.responses import JSONResponse
 
 from reservo.appointments.domain import ScheduleRule
 from reservo.appointments.schemas import (
-    MAX_DATE,
-    MIN_DATE,
     AppointmentIn,
     AppointmentOut,
     Doctor,
@@ -33,6 +31,7 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Claim
+from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
 
 router = APIRouter(prefix="/api", tags=["appointments"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -89,7 +88,7 @@ async def create_schedule(
 @router.get("/doctors/{doctorId}/slots", response_model=list[SlotOut], responses=PROBLEMS)
 async def list_slots(
     doctor_id: Annotated[PathId, Path(alias="doctorId")],
-    day: Annotated[date, Query(alias="date", ge=MIN_DATE, le=MAX_DATE)],
+    day: Annotated[date, Query(alias="date", ge=EARLIEST_DAY, le=LATEST_DAY)],
     caller: Caller,
     request: Request,
 ) -> JSONResponse:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, time
+from datetime import datetime, time
 from typing import Annotated, Literal
 
 from pydantic import Field, StrictInt, field_validator, model_validator
 
 from reservo.appointments.domain import InvalidTimezone, zone
-from reservo.core.schemas import ApiModel
+from reservo.core.schemas import ApiModel, Day
 
 Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
-# Calendar dates outside this range are absurd for a clinic and would overflow
-# date arithmetic; they are refused with 422.
-MIN_DATE, MAX_DATE = date(1970, 1, 1), date(2199, 12, 31)
-SaneDate = Annotated[date, Field(ge=MIN_DATE, le=MAX_DATE)]
 
 
 class DoctorIn(ApiModel):
@@ -40,8 +36,8 @@ class Doctor(ApiModel):
 
 
 class ScheduleIn(ApiModel):
-    from_: Annotated[SaneDate, Field(alias="from")]
-    to: SaneDate
+    from_: Annotated[Day, Field(alias="from")]
+    to: Day
     weekdays: Annotated[
         list[Annotated[StrictInt, Field(ge=1, le=7)]], Field(min_length=1, max_length=7)
     ]

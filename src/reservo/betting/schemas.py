@@ -6,10 +6,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, Field, StrictInt, field_validator, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
 from reservo.betting.domain import MARKETS, MAX_SELECTIONS
-from reservo.core.schemas import ApiModel
+from reservo.core.schemas import ApiModel, Instant
 
 Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
 Market = Literal["1X2", "TOTALS_2_5", "BTTS"]
@@ -30,7 +30,7 @@ class MatchIn(ApiModel):
     external_id: Text
     home: Text
     away: Text
-    starts_at: AwareDatetime
+    starts_at: Instant
     odds: dict[Market, dict[str, OddsStr]] = Field(
         examples=[{"1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"}}]
     )

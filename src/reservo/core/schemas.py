@@ -2,10 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, date, datetime
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+# The one accepted range of every instant and date a client sends (jobs, matches,
+# bookings, schedules, queries). Nothing reservo serves needs a time outside this
+# century, and times far outside it break on the way: year 1 minus an offset is
+# year 0, which Python cannot represent, so a stored row would fail every later
+# read. Refusing them at the edge (422) keeps such rows out for good; the
+# database repeats the rule as CHECK constraints.
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(2100, 1, 1, tzinfo=UTC)  # exclusive
+EARLIEST_DAY, LATEST_DAY = EARLIEST.date(), date(2099, 12, 31)
+
+
+def _in_range(value: datetime) -> datetime:
+    if not EARLIEST <= value < LATEST:
+        raise ValueError(
+            f"instant out of the accepted range [{EARLIEST.isoformat()}, {LATEST.isoformat()})"
+        )
+    return value
+
+
+# An instant with an explicit UTC offset, inside the accepted range.
+Instant = Annotated[AwareDatetime, AfterValidator(_in_range)]
+# A calendar date inside the accepted range.
+Day = Annotated[date, Field(ge=EARLIEST_DAY, le=LATEST_DAY)]
 
 
 def _unstorable(value: Any) -> str | None:

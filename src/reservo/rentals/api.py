@@ -21,6 +21,7 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Claim, validate_key
+from reservo.core.schemas import Instant
 from reservo.rentals import domain
 from reservo.rentals.schemas import (
     BookingIn,
@@ -30,7 +31,6 @@ from reservo.rentals.schemas import (
     City,
     WebhookIn,
     WebhookOut,
-    When,
 )
 from reservo.rentals.service import Booking, RentalService
 
@@ -101,8 +101,8 @@ async def create_car(
 @router.get("/cars", response_model=list[Car], responses=PROBLEMS)
 async def search_cars(
     city: Annotated[City, Query()],
-    from_: Annotated[When, Query(alias="from")],
-    to: Annotated[When, Query()],
+    from_: Annotated[Instant, Query(alias="from")],
+    to: Annotated[Instant, Query()],
     caller: Caller,
     request: Request,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,

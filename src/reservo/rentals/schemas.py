@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field, StrictInt, StringConstraints
+from pydantic import AfterValidator, Field, StrictInt, StringConstraints
 
-from reservo.core.schemas import ApiModel
+from reservo.core.schemas import ApiModel, Instant
 
 Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
 Money = Annotated[StrictInt, Field(ge=0, le=10**15)]
@@ -24,17 +24,6 @@ def _printable(v: str) -> str:
 
 City = Annotated[str, StringConstraints(min_length=1, max_length=50), AfterValidator(_printable)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=100), AfterValidator(_printable)]
-
-
-def _sane_year(v: datetime) -> datetime:
-    # Years near 1 or 9999 overflow when converted to UTC: refuse them as 422.
-    if not 1971 <= v.year <= 9000:
-        raise ValueError("year out of range")
-    return v
-
-
-# An instant with an explicit offset, in a sane year.
-When = Annotated[AwareDatetime, AfterValidator(_sane_year)]
 
 
 class CarIn(ApiModel):
@@ -57,8 +46,8 @@ class Car(ApiModel):
 class BookingIn(ApiModel):
     car_id: Id
     customer_id: Id
-    from_: Annotated[When, Field(alias="from", examples=["2026-01-25T08:00:00+07:00"])]
-    to: Annotated[When, Field(examples=["2026-01-28T20:00:00+07:00"])]
+    from_: Annotated[Instant, Field(alias="from", examples=["2026-01-25T08:00:00+07:00"])]
+    to: Annotated[Instant, Field(examples=["2026-01-28T20:00:00+07:00"])]
 
 
 BookingStatus = Literal["HOLD", "CONFIRMED", "ON_TRIP", "COMPLETED", "CANCELLED", "EXPIRED"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, Field, HttpUrl
+from pydantic import Field, HttpUrl
 
-from reservo.core.schemas import ApiModel
+from reservo.core.schemas import ApiModel, Instant
 
 MAX_DELAY_MS = 5 * 366 * 24 * 3600 * 1000
 
@@ -15,7 +15,7 @@ MAX_DELAY_MS = 5 * 366 * 24 * 3600 * 1000
 class JobIn(ApiModel):
     category: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$")
     urgency: int = Field(default=5, ge=0, le=9, strict=True)
-    run_at: AwareDatetime | None = None
+    run_at: Instant | None = None
     delay_ms: int | None = Field(default=None, ge=0, le=MAX_DELAY_MS, strict=True)
     payload: dict[str, Any] = Field(default_factory=dict)
 
