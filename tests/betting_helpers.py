@@ -10,6 +10,7 @@ import httpx
 import orjson
 
 from reservo.core.auth import sign_webhook
+from reservo.core.clock import Clock, OffsetClock
 from tests.conftest import auth, new_id
 
 ADMIN = auth("admin", 1)
@@ -92,12 +93,27 @@ def result_body(
     )
 
 
-async def post_result(client: httpx.AsyncClient, body: bytes) -> httpx.Response:
+async def post_result(
+    client: httpx.AsyncClient, body: bytes, clock: Clock | None = None
+) -> httpx.Response:
+    """Signed now, or at ``clock``'s now (the server's, when a test moved it)."""
+    t = None if clock is None else int(clock.now().timestamp())
     return await client.post(
         "/api/webhooks/match-results",
         content=body,
         headers={
-            "X-Signature": sign_webhook(RESULTS_SECRET, body),
+            "X-Signature": sign_webhook(RESULTS_SECRET, body, t),
             "Content-Type": "application/json",
         },
     )
+
+
+def kick_off(clock: Clock, *matches: dict[str, Any]) -> None:
+    """Move the server's clock just past the latest start of ``matches``: a final
+    result is refused before kick-off. Tokens live an hour (checked against this
+    clock), so tests that still call the API afterwards use matches starting soon."""
+    assert isinstance(clock, OffsetClock)
+    latest = max(datetime.fromisoformat(m["startsAt"]) for m in matches)
+    ahead = latest - clock.now() + timedelta(seconds=1)
+    if ahead > timedelta(0):
+        clock.advance(ahead)

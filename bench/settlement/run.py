@@ -40,8 +40,8 @@ async def seed(url: str, bets: int, unrelated: int, accounts: int) -> dict[str, 
     await conn.execute(
         f"""
         INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
-        SELECT 0, 'EUR', 'WORLD', 0, now()
-        UNION ALL SELECT 0, 'EUR', 'HOUSE', g, now() FROM generate_series(0, 7) g;
+        SELECT NULL::bigint, 'EUR', 'WORLD', 0, now()
+        UNION ALL SELECT NULL, 'EUR', 'HOUSE', g, now() FROM generate_series(0, 7) g;
         INSERT INTO wallet_account (owner_id, currency, created_at)
         SELECT 1000000 + g, 'EUR', now() FROM generate_series(1, {accounts}) g;
         """

@@ -40,8 +40,8 @@ async def seed(url: str, accounts: int, balance: int) -> list[int]:
     conn = await asyncpg.connect(url)
     await conn.execute(
         f"""INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
-            SELECT 0, 'EUR', 'WORLD', 0, now()
-            UNION ALL SELECT 0, 'EUR', 'HOUSE', g, now() FROM generate_series(0, 7) g;
+            SELECT NULL::bigint, 'EUR', 'WORLD', 0, now()
+            UNION ALL SELECT NULL, 'EUR', 'HOUSE', g, now() FROM generate_series(0, 7) g;
             INSERT INTO wallet_account (owner_id, currency, created_at)
             SELECT 5000000 + g, 'EUR', now() FROM generate_series(1, {accounts}) g;"""
     )

@@ -168,7 +168,9 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
     wallet = WalletService(db, clock, settings.wallet_house_shards)
     payouts = PayoutConsumer(db, clock, settings.wallet_house_shards)
     subscriptions.add(WALLET_PAYOUTS, [wallet_events.PAYOUT_REQUESTED], payouts.handle)
-    betting = BettingService(db, clock, settings.wallet_house_shards)
+    betting = BettingService(
+        db, clock, settings.wallet_house_shards, max_payout=settings.betting_max_payout
+    )
     settlement = Settlement(
         db,
         clock,

@@ -157,6 +157,9 @@ class Settings(BaseSettings):
     betting_resend_batch: int = 100
     betting_resend_max_attempts: int = 10
     betting_sweep_interval_s: float = 5.0
+    # The largest potential payout a bet may have, in minor units (default
+    # 10,000,000.00): above it the bet is refused (422 at the stake).
+    betting_max_payout: int = Field(default=1_000_000_000, ge=1, le=2**63 - 1)
 
     log_level: str = "INFO"
     log_json: bool = True

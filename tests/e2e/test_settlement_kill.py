@@ -18,7 +18,7 @@ from reservo.betting.domain import Leg
 from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.betting_helpers import make_account, make_match, post_result, result_body
+from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
 from tests.e2e.procs import env_for, running
 
 BETS = 1_500
@@ -61,8 +61,9 @@ async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
                     10 + i % 50,
                     [Leg(match["id"], "1X2", pick, Decimal(odds))],
                 )
+            kick_off(container.clock, match)
             assert (
-                await post_result(client, result_body(match["externalId"], 2, 0))
+                await post_result(client, result_body(match["externalId"], 2, 0), container.clock)
             ).status_code == 202
         before = {
             a: await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", a)

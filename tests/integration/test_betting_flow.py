@@ -13,6 +13,7 @@ from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from tests.betting_helpers import (
     ADMIN,
+    kick_off,
     make_account,
     make_match,
     place,
@@ -63,9 +64,10 @@ async def test_place_bet_debits_stake_and_refuses_bad_bets(
 
 
 async def test_result_posted_twice_settles_once_and_pays_once(
-    client: httpx.AsyncClient, container: Container, db: asyncpg.Connection
+    client: httpx.AsyncClient, container: Container, db: asyncpg.Connection, clock: OffsetClock
 ) -> None:
-    m1, m2 = await make_match(client), await make_match(client)
+    soon = timedelta(minutes=1)  # results are accepted once the matches started
+    m1, m2 = await make_match(client, soon), await make_match(client, soon)
     winner, w_owner = await make_account(client, 1_000)
     loser, l_owner = await make_account(client, 1_000)
     acca, a_owner = await make_account(client, 1_000)
@@ -75,8 +77,9 @@ async def test_result_posted_twice_settles_once_and_pays_once(
         client, acca, a_owner, 100, [(m1["id"], "TOTALS_2_5", "OVER"), (m2["id"], "1X2", "DRAW")]
     )
     assert {r.status_code for r in (r1, r2, r3)} == {201}
+    kick_off(clock, m1, m2)
     body = result_body(m1["externalId"], 2, 1)
-    first, again = await post_result(client, body), await post_result(client, body)
+    first, again = await post_result(client, body, clock), await post_result(client, body, clock)
     assert first.status_code == again.status_code == 202
     assert first.json() == {"accepted": True}
     await drain(container)
@@ -94,7 +97,9 @@ async def test_result_posted_twice_settles_once_and_pays_once(
     assert bet3["status"] == "PENDING"
     assert [s["status"] for s in bet3["selections"]] == ["WON", "PENDING"]
     # The second leg settles the accumulator: floor(100 * 1.95 * 3.40) = 663.
-    assert (await post_result(client, result_body(m2["externalId"], 1, 1))).status_code == 202
+    assert (
+        await post_result(client, result_body(m2["externalId"], 1, 1), clock)
+    ).status_code == 202
     await drain(container)
     assert await balance(client, acca) == 900 + 663
     payouts = await db.fetchval(
@@ -124,19 +129,22 @@ async def test_result_posted_twice_settles_once_and_pays_once(
 
 
 async def test_cancelled_match_voids_and_refunds(
-    client: httpx.AsyncClient, container: Container
+    client: httpx.AsyncClient, container: Container, clock: OffsetClock
 ) -> None:
-    m1, m2 = await make_match(client), await make_match(client)
+    m1, m2 = await make_match(client), await make_match(client, timedelta(minutes=1))
     account, owner = await make_account(client, 500)
     single = await place(client, account, owner, 100, [(m1["id"], "1X2", "AWAY")])
     acca = await place(
         client, account, owner, 100, [(m1["id"], "BTTS", "YES"), (m2["id"], "BTTS", "YES")]
     )
     assert single.status_code == acca.status_code == 201
-    await post_result(client, result_body(m1["externalId"], 0, 0, status="CANCELLED"))
+    # Called off before kick-off (m1 starts in 2 hours): accepted, voids its legs.
+    r = await post_result(client, result_body(m1["externalId"], 0, 0, status="CANCELLED"))
+    assert r.status_code == 202, r.text
     await drain(container)
     assert await balance(client, account) == 300 + 100  # the single refunded
-    await post_result(client, result_body(m2["externalId"], 1, 1))
+    kick_off(clock, m2)
+    await post_result(client, result_body(m2["externalId"], 1, 1), clock)
     await drain(container)
     # The VOID leg counts 1.00: floor(100 * 1.70).
     assert await balance(client, account) == 400 + 170

@@ -21,7 +21,7 @@ from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
 from reservo.settings import Settings
-from tests.betting_helpers import make_account, make_match, post_result, result_body
+from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
 from tests.integration.test_betting_flow import drain
 
 
@@ -59,7 +59,10 @@ async def test_kafka_down_answers_202_from_the_fallback_then_resend_settles(
         transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
     ) as down:
         event = f"prov-{uuid.uuid4()}"
-        r = await post_result(down, result_body(match["externalId"], 0, 3, event=event))
+        kick_off(kafka_down.clock, match)
+        r = await post_result(
+            down, result_body(match["externalId"], 0, 3, event=event), kafka_down.clock
+        )
         assert r.status_code == 202, r.text
     row = await db.fetchrow(
         "SELECT status FROM webhook_events_fallback WHERE provider_event_id = $1", event
@@ -92,7 +95,9 @@ async def test_same_provider_event_through_kafka_handler_and_fallback_settles_on
     )
     event = f"prov-{uuid.uuid4()}"
     body = result_body(match["externalId"], 1, 1, event=event)
-    assert (await post_result(client, body)).status_code == 202  # -> fallback (no Kafka here)
+    kick_off(container.clock, match)
+    # -> fallback (no Kafka here)
+    assert (await post_result(client, body, container.clock)).status_code == 202
     import orjson
 
     payload = orjson.loads(body)

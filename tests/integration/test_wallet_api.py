@@ -80,3 +80,28 @@ async def test_transfer_refusals_and_replay(client: httpx.AsyncClient) -> None:
     )
     assert (r.status_code, r.json()["code"]) == (404, "account_not_found")
     assert (await client.get(f"/api/accounts/{a}", headers=headers)).json()["balance"] == 40
+
+
+async def test_refusals_tell_nothing_about_the_other_account(client: httpx.AsyncClient) -> None:
+    mine, owner = await make_account(client, 100)
+    other = await client.post(
+        "/api/accounts", json={"ownerId": new_id(), "currency": "NOK"}, headers=ADMIN
+    )
+    assert other.status_code == 201, other.text
+    headers = {**auth("bettor", owner), "Idempotency-Key": str(uuid.uuid4())}
+    r = await client.post(
+        "/api/transfers",
+        json={"fromAccountId": mine, "toAccountId": other.json()["id"], "amount": 1},
+        headers=headers,
+    )
+    assert (r.status_code, r.json()["code"]) == (409, "currency_mismatch")
+    assert "NOK" not in r.text
+    # Too little money: the detail names the caller's own account, in its own currency.
+    theirs, _ = await make_account(client, 0)
+    r = await client.post(
+        "/api/transfers",
+        json={"fromAccountId": mine, "toAccountId": theirs, "amount": 101},
+        headers={**auth("bettor", owner), "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert (r.status_code, r.json()["code"]) == (409, "insufficient_funds")
+    assert r.json()["detail"] == f"account {mine} does not hold 101 EUR"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal
+from fractions import Fraction
 
 import pytest
 from hypothesis import given
@@ -57,3 +59,33 @@ def test_check_bet_refuses_started_matches_and_changed_odds() -> None:
     with pytest.raises(domain.BetRefused) as exc:
         domain.check_bet([domain.Leg(1, "BTTS", "YES", Decimal("1.70"))], {1: future}, now)
     assert exc.value.code == "odds_changed"
+
+
+any_odds = st.decimals(min_value=Decimal("1.01"), max_value=Decimal("1000"), places=2)
+
+
+@given(st.integers(1, 10**12), st.lists(any_odds, min_size=1, max_size=20), st.integers(1, 10**12))
+def test_payout_cap_is_exact_and_names_the_largest_stake(
+    stake: int, legs: list[Decimal], cap: int
+) -> None:
+    product = Fraction(1)
+    for o in legs:
+        product *= Fraction(o)
+    exact = math.floor(stake * product)
+    if exact <= cap:
+        assert domain.check_payout(stake, legs, cap) == exact
+        return
+    with pytest.raises(domain.BetRefused) as refused:
+        domain.check_payout(stake, legs, cap)
+    assert refused.value.code == "validation_error"
+    largest = int(refused.value.detail.rsplit(" ", 1)[1])
+    assert math.floor(largest * product) <= cap < math.floor((largest + 1) * product)
+
+
+def test_no_final_result_before_kick_off() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    with pytest.raises(domain.BetRefused) as refused:
+        domain.check_result("FINISHED", now + timedelta(seconds=1), now)
+    assert refused.value.code == "match_not_started"
+    domain.check_result("FINISHED", now, now)
+    domain.check_result("CANCELLED", now + timedelta(days=1), now)

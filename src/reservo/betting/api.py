@@ -117,8 +117,11 @@ async def place_bet(
     caller.require("bettor")
     key = required_key(idempotency_key)
     svc = _svc(request)
-    caller.require_owner("bettor", await svc.account_owner(body.account_id))
     legs = [Leg(s.match_id, s.market, s.pick, Decimal(s.odds)) for s in body.selections]
+    # The payout cap is checked before anything touches the database (the
+    # idempotency claim included): it needs only the request.
+    svc.potential_payout(body.stake, legs)
+    caller.require_owner("bettor", await svc.account_owner(body.account_id))
 
     async def work(claim: Claim | None) -> tuple[int, Any]:
         async def within(conn: asyncpg.Connection, bet: dict[str, Any]) -> None:

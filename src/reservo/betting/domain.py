@@ -63,6 +63,33 @@ def floor_payout(stake: int, odds: Iterable[Decimal]) -> int:
     return int(product.to_integral_value(rounding=ROUND_FLOOR))
 
 
+def _product(odds: Iterable[Decimal]) -> tuple[int, int]:
+    """The exact product of the odds as (numerator, denominator): integers, so no
+    Decimal context rounds a long product (20 legs carry 40 decimals)."""
+    num, den = 1, 1
+    for o in odds:
+        n, d = o.as_integer_ratio()
+        num, den = num * n, den * d
+    return num, den
+
+
+def check_payout(stake: int, odds: Sequence[Decimal], max_payout: int) -> int:
+    """The bet's potential payout, refused above ``max_payout``: an accumulator of
+    long odds turns a stake of 1 into more than any house can pay (and, past
+    bigint, into a database error)."""
+    num, den = _product(odds)
+    potential = stake * num // den
+    if potential > max_payout:
+        # The largest stake s with floor(s * num / den) <= max_payout.
+        max_stake = ((max_payout + 1) * den - 1) // num
+        raise BetRefused(
+            "validation_error",
+            f"the potential payout exceeds the maximum of {max_payout}; "
+            f"at these odds the stake can be at most {max_stake}",
+        )
+    return potential
+
+
 def settle(stake: int, legs: Sequence[tuple[str, Decimal]]) -> tuple[str, int | None]:
     """A bet's status and payout from its legs' (status, odds).
 
@@ -90,3 +117,17 @@ def check_bet(legs: Sequence[Leg], matches: Mapping[int, MatchState], now: datet
             raise BetRefused(
                 "odds_changed", f"match {leg.match_id} {leg.market}/{leg.pick} is now at {now_at}"
             )
+
+
+def check_result(status: str, starts_at: datetime, now: datetime) -> None:
+    """A match is FINISHED only once it started: a final result posted before
+    kick-off would settle (and pay) bets on a game not yet played.
+
+    CANCELLED is accepted whenever it comes: a match called off before kick-off is
+    exactly when it is cancelled, and voiding its bets (stakes back) is the only way
+    their money comes back; refusing it would keep it staked on a game that never
+    takes place."""
+    if status != "CANCELLED" and starts_at > now:
+        raise BetRefused(
+            "match_not_started", f"the match starts at {starts_at.isoformat()}; no result yet"
+        )

@@ -12,7 +12,8 @@ SELECT m.*,
   FROM betting_match m WHERE m.id = $1;
 
 -- name: match_by_external_id
-SELECT id, settlement_status FROM betting_match WHERE external_id = $1;
+-- starts_at: the result webhook refuses a final result before kick-off.
+SELECT id, starts_at, settlement_status FROM betting_match WHERE external_id = $1;
 
 -- name: matches_for_bet
 SELECT id, starts_at, odds, result_status FROM betting_match WHERE id = ANY($1::bigint[]);

@@ -18,6 +18,10 @@ register_constraints(
     {
         "betting_match_external_id": ("match_exists", "a match with this externalId exists"),
         "betting_selection_pkey": ("validation_error", "a bet's selections must be distinct"),
+        "betting_match_starts_at_range": (
+            "validation_error",
+            "startsAt must be within [2000-01-01Z, 2100-01-01Z)",
+        ),
     }
 )
 

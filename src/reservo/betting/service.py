@@ -43,6 +43,7 @@ DomainError.register(
         "match_exists": 409,
         "match_closed": 409,
         "odds_changed": 409,
+        "match_not_started": 409,
     }
 )
 
@@ -53,8 +54,25 @@ Within = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
 
 
 class BettingService:
-    def __init__(self, db: Database, clock: Clock, house_shards: int = 8) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        house_shards: int = 8,
+        max_payout: int = 1_000_000_000,
+    ) -> None:
         self.db, self.clock, self.house_shards = db, clock, house_shards
+        self.max_payout = max_payout
+
+    def potential_payout(self, stake: int, legs: Sequence[domain.Leg]) -> int:
+        """The bet's potential payout, or 422 at the stake when it exceeds
+        ``max_payout``. Pure: callers run it before touching the database."""
+        try:
+            return domain.check_payout(stake, [leg.odds for leg in legs], self.max_payout)
+        except domain.BetRefused as exc:
+            at_stake = {"loc": ["body", "stake"], "msg": exc.detail, "type": "max_payout"}
+            extra = {"errors": [at_stake]}
+            raise DomainError(exc.code, exc.detail, status=422, extra=extra) from None
 
     async def create_match(
         self,
@@ -89,6 +107,7 @@ class BettingService:
     ) -> dict[str, Any]:
         """Insert the bet and debit its stake in one transaction: either both
         happen or neither (the wallet's conditional update refuses overdrafts)."""
+        potential = self.potential_payout(stake, legs)
         now = self.clock.now()
         async with self.db.transaction() as conn:
             account = await wallet.get_account_in(conn, account_id)
@@ -108,7 +127,6 @@ class BettingService:
                 domain.check_bet(legs, matches, now)
             except domain.BetRefused as exc:
                 raise DomainError(exc.code, exc.detail) from None
-            potential = domain.floor_payout(stake, (leg.odds for leg in legs))
             bet = repo.as_dict(
                 await repo.insert_bet(
                     conn,
@@ -351,6 +369,7 @@ class ResultIntake:
                 status=422,
                 extra={"errors": orjson.loads(exc.json(include_url=False, include_input=False))},
             ) from None
+        await self._check_started(result, now)
         payload = result.wire()
         event = Event(
             events.result_event_id(result.provider_event_id),
@@ -389,6 +408,28 @@ class ResultIntake:
             raise DomainError(
                 "unavailable", "the result could not be stored; retry", status=503
             ) from exc
+
+    async def _check_started(self, result: ResultIn, now: datetime) -> None:
+        """Refuse (409, nothing stored) a final result for a match that has not
+        started by this server's clock. Decided here, at intake, against the match
+        row: the settlement consumer runs later (and maybe elsewhere), when the
+        match may have started. An unknown match passes, as before: the consumer
+        records it as UNKNOWN_MATCH. Fails closed: if PostgreSQL cannot answer,
+        the provider gets a 503 rather than an unchecked result."""
+        async with self.db.connection() as conn:
+            match = await repo.match_by_external_id(conn, result.match_external_id)
+        if match is None:
+            return
+        try:
+            domain.check_result(result.status, match["starts_at"], now)
+        except domain.BetRefused as exc:
+            log.warning(
+                "match_result_refused",
+                code=exc.code,
+                provider_event_id=result.provider_event_id,
+                match_external_id=result.match_external_id,
+            )
+            raise DomainError(exc.code, exc.detail) from None
 
     async def _reject(self, raw: bytes, exc: Exception, now: datetime) -> None:
         try:

@@ -10,7 +10,7 @@ KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
 @dataclass(frozen=True)
 class AccountRef:
     id: int
-    owner_id: int
+    owner_id: int | None  # None for the system accounts (WORLD, HOUSE): nobody's
     currency: str
     kind: str
 
@@ -21,17 +21,37 @@ class TransferRefused(Exception):
         self.code, self.detail = code, detail
 
 
-def check_transfer(source: AccountRef, target: AccountRef, amount: int) -> None:
-    """Rules a transfer must pass before it touches a balance."""
+# Which accounts each kind of movement may debit and credit. Money enters only by
+# a DEPOSIT (from WORLD); the house takes stakes and pays payouts and refunds; a
+# TRANSFER (the public endpoint, whoever calls it, admin included) moves money
+# between customers only, so it can neither mint money out of WORLD nor drain or
+# feed a HOUSE account.
+ROUTES: dict[str, tuple[str, str]] = {
+    "DEPOSIT": ("WORLD", "CUSTOMER"),
+    "TRANSFER": ("CUSTOMER", "CUSTOMER"),
+    "STAKE": ("CUSTOMER", "HOUSE"),
+    "PAYOUT": ("HOUSE", "CUSTOMER"),
+    "REFUND": ("HOUSE", "CUSTOMER"),
+}
+
+
+def check_transfer(kind: str, source: AccountRef, target: AccountRef, amount: int) -> None:
+    """Rules a movement of ``kind`` must pass before it touches a balance.
+
+    Details never describe the other account (its currency, its balance): the
+    target is often somebody else's."""
     if amount <= 0:
         raise TransferRefused("validation_error", "amount must be positive")
     if source.id == target.id:
         raise TransferRefused("same_account", "cannot transfer to the same account")
-    if source.currency != target.currency:
+    if (source.kind, target.kind) != ROUTES.get(kind):
+        if kind == "TRANSFER":
+            raise TransferRefused("forbidden", "system accounts cannot be moved through transfers")
         raise TransferRefused(
-            "currency_mismatch",
-            f"account {source.id} holds {source.currency}, account {target.id} {target.currency}",
+            "forbidden", f"a {kind} cannot move money from a {source.kind} to a {target.kind}"
         )
+    if source.currency != target.currency:
+        raise TransferRefused("currency_mismatch", "the two accounts hold different currencies")
 
 
 def house_shard(account_id: int, shards: int) -> int:

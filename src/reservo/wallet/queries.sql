@@ -6,9 +6,10 @@ VALUES ($1, $2, 'CUSTOMER', 0, $3)
 RETURNING id, owner_id, currency, kind, balance;
 
 -- name: ensure_system_accounts
--- The world account and the house sub-accounts of a currency, created once.
+-- The world account and the house sub-accounts of a currency, created once,
+-- owned by nobody (NULL: no caller's sub ever matches it).
 INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
-SELECT 0, $1::text, k, s, $3::timestamptz
+SELECT NULL::bigint, $1::text, k, s, $3::timestamptz
   FROM (SELECT 'WORLD' AS k, 0 AS s
         UNION ALL
         SELECT 'HOUSE', g FROM generate_series(0, $2::int - 1) AS g) AS sys
@@ -31,10 +32,18 @@ SELECT id, owner_id, currency, kind, balance
 -- name: apply_transfer
 -- Debit only when the funds are there (the CHECK is the last line of defence),
 -- credit only when the debit happened, and write the transfer and its two
--- entries, all in one statement. No row returned means insufficient funds.
-WITH debit AS (
+-- entries, all in one statement. No row returned means insufficient funds (or,
+-- behind the domain's check_transfer, a TRANSFER touching a system account:
+-- customers move only customers' money; WORLD and HOUSE move by deposits,
+-- stakes, payouts and refunds).
+WITH allowed AS (
+    SELECT 1 FROM wallet_account s, wallet_account t
+     WHERE s.id = $1 AND t.id = $2
+       AND ($4 <> 'TRANSFER' OR (s.kind = 'CUSTOMER' AND t.kind = 'CUSTOMER'))
+), debit AS (
     UPDATE wallet_account SET balance = balance - $3
      WHERE id = $1 AND (kind <> 'CUSTOMER' OR balance >= $3)
+       AND EXISTS (SELECT 1 FROM allowed)
     RETURNING balance
 ), credit AS (
     UPDATE wallet_account SET balance = balance + $3

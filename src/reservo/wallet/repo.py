@@ -19,6 +19,10 @@ register_constraints(
             "insufficient_funds",
             "the account does not hold enough money",
         ),
+        "wallet_account_owner": (
+            "validation_error",
+            "a customer account needs an owner (>= 1); system accounts have none",
+        ),
         "wallet_transfer_reference_once": (
             "duplicate_reference",
             "a transfer of this kind with this reference already exists",

@@ -16,13 +16,15 @@ Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$", examples=["EUR"])]
 
 
 class AccountIn(ApiModel):
+    # A real user (>= 1): 0 or below would collide with "nobody" (CHECK wallet_account_owner).
     owner_id: Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
     currency: Currency
 
 
 class AccountOut(ApiModel):
     id: int
-    owner_id: int
+    # null for the system accounts (WORLD, HOUSE): they belong to nobody.
+    owner_id: int | None
     currency: str
     balance: int
 

@@ -66,23 +66,22 @@ async def transfer_in(
         if account_id not in rows:
             raise _not_found(account_id)
     try:
-        domain.check_transfer(_ref(rows[source_id]), _ref(rows[target_id]), amount)
+        domain.check_transfer(kind, _ref(rows[source_id]), _ref(rows[target_id]), amount)
     except domain.TransferRefused as exc:
         raise DomainError(exc.code, exc.detail) from None
     row = await repo.apply_transfer(conn, source_id, target_id, amount, kind, reference, now)
     if row is None:
+        # Names only the source, the caller's own account (the target may be anybody's).
+        currency = rows[source_id]["currency"]
         raise DomainError(
-            "insufficient_funds", f"account {source_id} does not hold {amount} {_cur(rows)}"
+            "insufficient_funds", f"account {source_id} does not hold {amount} {currency}"
         )
     return repo.as_dict(row)
 
 
-def _cur(rows: dict[int, repo.Row]) -> str:
-    return str(next(iter(rows.values()))["currency"])
-
-
 async def get_account_in(conn: asyncpg.Connection, account_id: int) -> dict[str, Any] | None:
-    """An account (id, owner_id, currency, kind, balance), or None."""
+    """An account (id, owner_id, currency, kind, balance), or None. owner_id is
+    None for the system accounts (WORLD, HOUSE)."""
     row = await repo.get_account(conn, account_id)
     return None if row is None else repo.as_dict(row)
 

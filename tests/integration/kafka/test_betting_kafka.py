@@ -19,7 +19,7 @@ from reservo.betting.domain import Leg
 from reservo.bootstrap import Container, build, run_workers
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.betting_helpers import make_account, make_match, post_result, result_body
+from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
 from tests.integration.kafka.helpers import wait_until
 
 
@@ -61,7 +61,8 @@ async def test_result_through_kafka_and_fallback_settles_once(
             )
             event = f"prov-{uuid.uuid4()}"
             body = result_body(match["externalId"], 3, 2, event=event)
-            r = await post_result(client, body)
+            kick_off(c.clock, match)
+            r = await post_result(client, body, c.clock)
             assert r.status_code == 202, r.text
             async with c.db.connection() as conn:
                 # Kafka acknowledged it: nothing went to the fallback table.
