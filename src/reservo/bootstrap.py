@@ -28,6 +28,7 @@ from reservo.core.breaker import CircuitBreaker
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
 from reservo.core.db import Database, Queries
+from reservo.core.deadletters import LocalDeadLetters
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.notifications import CONSUMER as NOTIFICATIONS
@@ -213,7 +214,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
     transport: Transport = (
         transport_from_settings(settings, subscriptions.topics)
         if settings.kafka_bootstrap
-        else LocalTransport(subscriptions)
+        else LocalTransport(subscriptions, LocalDeadLetters(db, clock, settings.kafka_source))
     )
     relay = OutboxRelay(
         db,
@@ -225,7 +226,6 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
             else settings.outbox_batch_size
         ),
         lease_s=settings.outbox_lease_s,
-        max_attempts=settings.outbox_max_attempts,
         backoff_base_s=settings.outbox_backoff_base_s,
         backoff_max_s=settings.outbox_backoff_max_s,
         poll_interval_s=settings.outbox_poll_interval_s,
