@@ -114,6 +114,19 @@ class Container:
             checks["kafka"] = await broker_answers(self.settings.kafka_bootstrap)
         return checks
 
+    async def backlog(self) -> dict[str, float]:
+        """Work waiting, for /readyz: an outage shows here as a growing backlog
+        being retried, not as lost events."""
+        async with self.db.connection() as conn:
+            row = await conn.fetchrow(CORE_SQL.backlog, self.clock.now())
+        return {
+            "outboxPending": row["pending"],
+            "outboxRetrying": row["retrying"],
+            "outboxOldestSeconds": round(row["oldest_s"], 3),
+            "deadEvents": row["dead_events"],
+            "deadLetters": row["dead_letters"],
+        }
+
 
 def build(settings: Settings, clock: Clock | None = None) -> Container:
     if not settings.database_url or not settings.redis_url:

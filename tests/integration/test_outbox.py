@@ -19,9 +19,10 @@ import asyncpg
 import httpx
 import pytest
 
+from reservo.app import create_app
 from reservo.appointments import events as appointment_events
 from reservo.appointments.service import _full_key
-from reservo.bootstrap import Container
+from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
 from reservo.core.deadletters import LocalDeadLetters
@@ -201,6 +202,19 @@ def relay_over(
     )
 
 
+async def readyz_backlog(url: str, settings: Settings) -> dict[str, Any]:
+    container = build(settings.model_copy(update={"database_url": url}))
+    try:
+        transport = httpx.ASGITransport(app=create_app(container, owns_container=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            r = await client.get("/readyz")
+    finally:
+        await container.close()
+    assert r.status_code == 200, r.text
+    backlog: dict[str, Any] = r.json()["backlog"]
+    return backlog
+
+
 async def emit_many(database: Database, clock: OffsetClock, topic: str, n: int) -> list[uuid.UUID]:
     async with database.transaction() as conn:
         return [await emit(conn, topic, None, {"n": i}, clock.now()) for i in range(n)]
@@ -306,7 +320,7 @@ async def test_a_rejected_event_is_parked_at_once_for_its_consumer_alone(
 
 
 async def test_a_consumer_outage_outlasting_any_budget_delays_no_other_consumer(
-    own_db: Database, base_settings: Settings, clock: OffsetClock
+    own_db: Database, own_url: str, base_settings: Settings, clock: OffsetClock
 ) -> None:
     """One consumer's dependency is away for 30 deliveries (the old budget was 8):
     the event is never DEAD, the other consumer of the topic applied it on the
@@ -353,9 +367,13 @@ async def test_a_consumer_outage_outlasting_any_budget_delays_no_other_consumer(
     assert "smtp refused the connection" in row["last_error"]
     # Capped backoff: the next try is never more than the cap away.
     assert row["available_at"] - clock.now() <= timedelta(seconds=relay.backoff_max_s)
+    # An operator sees it: /readyz stays 200 and shows the event being retried.
+    backlog = await readyz_backlog(own_url, base_settings)
+    assert backlog["outboxRetrying"] == 1 and backlog["deadLetters"] == 0
     away = False
     await retry_until_idle(relay, clock, own_db)
     assert await applied() == ["flaky", "healthy"]
+    assert (await readyz_backlog(own_url, base_settings))["outboxPending"] == 0
     async with own_db.connection() as conn:
         assert await conn.fetchval("SELECT status FROM outbox WHERE event_id = $1", event_id) == (
             "DONE"

@@ -120,3 +120,16 @@ ON CONFLICT (consumer, topic, partition, record_offset) DO NOTHING;
 INSERT INTO dead_letter (consumer, topic, event_id, key, value, error, attempts, parked_at)
 VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
 ON CONFLICT (consumer, event_id) WHERE partition IS NULL DO NOTHING;
+
+-- name: backlog
+-- What /readyz shows of work waiting: outbox events pending and those being
+-- retried (capped counts: cheap even with a large backlog), the age of the oldest
+-- pending event, and the dead letters no one has replayed yet.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'PENDING' LIMIT 100000) p)
+           AS pending,
+       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'PENDING' AND attempts > 0
+                               LIMIT 100000) r) AS retrying,
+       coalesce((SELECT extract(epoch FROM ($1::timestamptz - created_at)) FROM outbox
+                  WHERE status = 'PENDING' ORDER BY id LIMIT 1), 0)::float8 AS oldest_s,
+       (SELECT count(*) FROM outbox WHERE status = 'DEAD') AS dead_events,
+       (SELECT count(*) FROM dead_letter WHERE replayed_at IS NULL) AS dead_letters;
