@@ -63,7 +63,11 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     async def readyz() -> JSONResponse:
         checks = await container.ready()
         ok = all(checks.values())
-        return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+        body: dict[str, object] = {"ready": ok, "checks": checks}
+        if checks["postgres"]:
+            with contextlib.suppress(Exception):  # detail only: never fails readiness
+                body["backlog"] = await container.backlog()
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
     async def metrics_endpoint() -> Response:

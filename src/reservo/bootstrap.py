@@ -28,6 +28,7 @@ from reservo.core.breaker import CircuitBreaker
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
 from reservo.core.db import Database, Queries
+from reservo.core.deadletters import LocalDeadLetters
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.notifications import CONSUMER as NOTIFICATIONS
@@ -112,6 +113,19 @@ class Container:
         if self.settings.kafka_bootstrap:
             checks["kafka"] = await broker_answers(self.settings.kafka_bootstrap)
         return checks
+
+    async def backlog(self) -> dict[str, float]:
+        """Work waiting, for /readyz: an outage shows here as a growing backlog
+        being retried, not as lost events."""
+        async with self.db.connection() as conn:
+            row = await conn.fetchrow(CORE_SQL.backlog, self.clock.now())
+        return {
+            "outboxPending": row["pending"],
+            "outboxRetrying": row["retrying"],
+            "outboxOldestSeconds": round(row["oldest_s"], 3),
+            "deadEvents": row["dead_events"],
+            "deadLetters": row["dead_letters"],
+        }
 
 
 def build(settings: Settings, clock: Clock | None = None) -> Container:
@@ -215,7 +229,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
     transport: Transport = (
         transport_from_settings(settings, subscriptions.topics)
         if settings.kafka_bootstrap
-        else LocalTransport(subscriptions)
+        else LocalTransport(subscriptions, LocalDeadLetters(db, clock, settings.kafka_source))
     )
     relay = OutboxRelay(
         db,
@@ -227,7 +241,6 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
             else settings.outbox_batch_size
         ),
         lease_s=settings.outbox_lease_s,
-        max_attempts=settings.outbox_max_attempts,
         backoff_base_s=settings.outbox_backoff_base_s,
         backoff_max_s=settings.outbox_backoff_max_s,
         poll_interval_s=settings.outbox_poll_interval_s,

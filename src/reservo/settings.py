@@ -47,9 +47,10 @@ class Settings(BaseSettings):
     outbox_batch_size: int = 100
     outbox_poll_interval_s: float = 0.2
     outbox_lease_s: int = 30
-    outbox_max_attempts: int = 8
     outbox_backoff_base_s: float = 0.5
-    outbox_backoff_max_s: float = 300.0
+    # Transient failures are retried forever; the cap keeps work resuming within
+    # about a minute of an outage's end.
+    outbox_backoff_max_s: float = 60.0
 
     # Kafka (core/transport/kafka.py). Unset bootstrap = the in-process local transport.
     kafka_bootstrap: str | None = None
@@ -65,7 +66,9 @@ class Settings(BaseSettings):
     # With Kafka the relay claims bigger batches: one ack round trip per batch.
     kafka_relay_batch_size: int = 2000
     kafka_group_prefix: str = "reservo"
-    kafka_consumer_max_attempts: int = 5
+    # Immediate retries of a transiently failing record before its partition backs off
+    # (it is retried after that too, for as long as it takes; a rejection is parked at once).
+    kafka_consumer_quick_retries: int = 3
     kafka_consumer_backoff_base_s: float = 0.2
     kafka_consumer_backoff_max_s: float = 5.0
     kafka_consumer_max_records: int = 1000

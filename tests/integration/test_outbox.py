@@ -19,11 +19,13 @@ import asyncpg
 import httpx
 import pytest
 
+from reservo.app import create_app
 from reservo.appointments import events as appointment_events
 from reservo.appointments.service import _full_key
-from reservo.bootstrap import Container
+from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
+from reservo.core.deadletters import LocalDeadLetters
 from reservo.core.inbox import once, once_many
 from reservo.core.migrate import migrate
 from reservo.core.notifications import NotificationConsumer
@@ -190,13 +192,27 @@ def relay_over(
 ) -> OutboxRelay:
     options: dict[str, Any] = {
         "lease_s": settings.outbox_lease_s,
-        "max_attempts": settings.outbox_max_attempts,
         "backoff_base_s": settings.outbox_backoff_base_s,
         "backoff_max_s": settings.outbox_backoff_max_s,
         "poll_interval_s": settings.outbox_poll_interval_s,
     }
     options.update(kw)
-    return OutboxRelay(database, LocalTransport(subs), clock, **options)
+    return OutboxRelay(
+        database, LocalTransport(subs, LocalDeadLetters(database, clock)), clock, **options
+    )
+
+
+async def readyz_backlog(url: str, settings: Settings) -> dict[str, Any]:
+    container = build(settings.model_copy(update={"database_url": url}))
+    try:
+        transport = httpx.ASGITransport(app=create_app(container, owns_container=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            r = await client.get("/readyz")
+    finally:
+        await container.close()
+    assert r.status_code == 200, r.text
+    backlog: dict[str, Any] = r.json()["backlog"]
+    return backlog
 
 
 async def emit_many(database: Database, clock: OffsetClock, topic: str, n: int) -> list[uuid.UUID]:
@@ -261,10 +277,9 @@ async def test_failing_handler_is_retried_and_its_effect_applies_once(
     assert effects == 1
 
 
-async def test_poison_event_goes_dead_without_blocking_others(
+async def test_a_rejected_event_is_parked_at_once_for_its_consumer_alone(
     own_db: Database, base_settings: Settings, clock: OffsetClock
 ) -> None:
-    max_attempts = base_settings.outbox_max_attempts
     poison_calls = 0
     ok_calls: Counter[uuid.UUID] = Counter()
 
@@ -278,41 +293,92 @@ async def test_poison_event_goes_dead_without_blocking_others(
 
     subs = Subscriptions()
     subs.add("test-poison", ["test.poison.v1"], poison)
-    subs.add("test-ok", ["test.ok.v1"], ok)
+    subs.add("test-ok", ["test.ok.v1", "test.poison.v1"], ok)
     relay = relay_over(own_db, subs, clock, base_settings)
 
     # The poison event sits between healthy ones in the same batch.
     before = await emit_many(own_db, clock, "test.ok.v1", 3)
     (bad,) = await emit_many(own_db, clock, "test.poison.v1", 1)
     after = await emit_many(own_db, clock, "test.ok.v1", 3)
-    later: list[uuid.UUID] = []
-    for _ in range(max_attempts + 2):
-        await relay.run_once()
-        # New events keep arriving while the poison one is retried: each later
-        # batch must flow through as well.
-        later += await emit_many(own_db, clock, "test.ok.v1", 2)
-        clock.advance(timedelta(seconds=relay.backoff_max_s + 1))
     await retry_until_idle(relay, clock, own_db)
 
     async with own_db.connection() as conn:
-        dead = await conn.fetchrow("SELECT * FROM outbox WHERE event_id = $1", bad)
-        statuses = dict(
-            await conn.fetch(
-                "SELECT event_id, status FROM outbox WHERE event_id = ANY($1::uuid[])",
-                before + after + later,
-            )
-        )
-    assert dead["status"] == "DEAD"
-    assert dead["attempts"] == max_attempts
-    assert poison_calls == max_attempts
-    assert "cannot ever handle this payload" in dead["last_error"]
-    assert len(statuses) == len(before + after + later)
-    assert set(statuses.values()) == {"DONE"}
-    assert all(ok_calls[e] == 1 for e in before + after + later)
-    # A dead event is never claimed again.
+        statuses = dict(await conn.fetch("SELECT event_id, status FROM outbox"))
+        parked = await conn.fetch("SELECT consumer, topic, event_id, error FROM dead_letter")
+    # Rejected: parked once, for the consumer that rejected it, never retried...
+    assert poison_calls == 1
+    assert [(p["consumer"], p["topic"], p["event_id"]) for p in parked] == [
+        ("test-poison", "test.poison.v1", bad)
+    ]
+    assert "cannot ever handle this payload" in parked[0]["error"]
+    # ...and the other consumer of that topic and every other event flowed through.
+    assert set(statuses.values()) == {"DONE"} and len(statuses) == 7
+    assert all(ok_calls[e] == 1 for e in [*before, bad, *after])
     clock.advance(timedelta(hours=1))
     assert await relay.run_once() == 0
-    assert poison_calls == max_attempts
+    assert poison_calls == 1
+
+
+async def test_a_consumer_outage_outlasting_any_budget_delays_no_other_consumer(
+    own_db: Database, own_url: str, base_settings: Settings, clock: OffsetClock
+) -> None:
+    """One consumer's dependency is away for 30 deliveries (the old budget was 8):
+    the event is never DEAD, the other consumer of the topic applied it on the
+    first pass, and the failing one applies it once when its dependency is back."""
+    async with own_db.connection() as conn:
+        await conn.execute("CREATE TABLE effect2 (consumer text, event_id uuid)")
+    away = True
+    flaky_calls = 0
+
+    def effect(consumer: str) -> Any:
+        async def handle(ev: Event) -> None:
+            nonlocal flaky_calls
+            if consumer == "flaky":
+                flaky_calls += 1
+                if away:
+                    raise ConnectionRefusedError("smtp refused the connection")
+
+            async def write(conn: asyncpg.Connection) -> None:
+                await conn.execute("INSERT INTO effect2 VALUES ($1, $2)", consumer, ev.id)
+
+            await once(own_db, f"test-{consumer}", ev.id, write)
+
+        return handle
+
+    subs = Subscriptions()
+    subs.add("flaky", ["test.outage.v1"], effect("flaky"))
+    subs.add("healthy", ["test.outage.v1"], effect("healthy"))
+    relay = relay_over(own_db, subs, clock, base_settings)
+    (event_id,) = await emit_many(own_db, clock, "test.outage.v1", 1)
+
+    async def applied() -> list[str]:
+        async with own_db.connection() as conn:
+            rows = await conn.fetch("SELECT consumer FROM effect2 WHERE event_id = $1", event_id)
+        return sorted(r[0] for r in rows)
+
+    await relay.run_once()
+    assert await applied() == ["healthy"]
+    for _ in range(30):
+        clock.advance(timedelta(seconds=relay.backoff_max_s + 1))
+        await relay.run_once()
+    async with own_db.connection() as conn:
+        row = await conn.fetchrow("SELECT * FROM outbox WHERE event_id = $1", event_id)
+    assert row["status"] == "PENDING" and row["attempts"] == 31 and flaky_calls == 31
+    assert "smtp refused the connection" in row["last_error"]
+    # Capped backoff: the next try is never more than the cap away.
+    assert row["available_at"] - clock.now() <= timedelta(seconds=relay.backoff_max_s)
+    # An operator sees it: /readyz stays 200 and shows the event being retried.
+    backlog = await readyz_backlog(own_url, base_settings)
+    assert backlog["outboxRetrying"] == 1 and backlog["deadLetters"] == 0
+    away = False
+    await retry_until_idle(relay, clock, own_db)
+    assert await applied() == ["flaky", "healthy"]
+    assert (await readyz_backlog(own_url, base_settings))["outboxPending"] == 0
+    async with own_db.connection() as conn:
+        assert await conn.fetchval("SELECT status FROM outbox WHERE event_id = $1", event_id) == (
+            "DONE"
+        )
+        assert await conn.fetchval("SELECT count(*) FROM dead_letter") == 0
 
 
 async def test_two_concurrent_relays_deliver_each_event_exactly_once(

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from reservo.core.transport.base import Event
-from reservo.core.transport.kafka import from_cloudevent, to_cloudevent
+from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
 
 
 def test_envelope_round_trip_keeps_what_handlers_see() -> None:

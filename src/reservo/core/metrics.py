@@ -49,6 +49,16 @@ OUTBOX_OLDEST = Gauge(
 OUTBOX_DEAD = Gauge(
     "reservo_outbox_dead", "Events that exhausted their retries", multiprocess_mode="max"
 )
+TRANSIENT_FAILURES = Counter(
+    "reservo_transient_failures_total",
+    "Deliveries that failed because a dependency was away (retried until they succeed)",
+    ["consumer"],
+)
+PARKED = Counter(
+    "reservo_dead_letters_total",
+    "Events a consumer rejected, parked as dead letters (replayable)",
+    ["consumer", "topic"],
+)
 
 
 def render() -> tuple[bytes, str]:

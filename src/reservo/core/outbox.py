@@ -18,6 +18,7 @@ from reservo.core.backoff import backoff_delay
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
+from reservo.core.failures import is_transient
 from reservo.core.transport.base import Event, Transport, TransportUnavailable
 
 log = structlog.get_logger(__name__)
@@ -42,14 +43,13 @@ class OutboxRelay:
         *,
         batch_size: int = 100,
         lease_s: int = 30,
-        max_attempts: int = 8,
         backoff_base_s: float = 0.5,
-        backoff_max_s: float = 300.0,
+        backoff_max_s: float = 60.0,
         poll_interval_s: float = 0.2,
         pipelined: bool = False,
     ) -> None:
         self.db, self.transport, self.clock = db, transport, clock
-        self.batch_size, self.lease_s, self.max_attempts = batch_size, lease_s, max_attempts
+        self.batch_size, self.lease_s = batch_size, lease_s
         self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
         self.poll_interval_s, self.pipelined = poll_interval_s, pipelined
         self._outages = 0  # consecutive batches the transport was unavailable for
@@ -96,16 +96,19 @@ class OutboxRelay:
             for row, err in zip(rows, results, strict=True):
                 if err is None or isinstance(err, TransportUnavailable):
                     continue
+                # Transient: again after a capped backoff, for as long as it takes.
+                # Permanent (the transport refused the event itself): parked now.
+                permanent = not is_transient(err)
                 delay = backoff_delay(row["attempts"], self.backoff_base_s, self.backoff_max_s)
-                status = await conn.fetchval(
+                await conn.execute(
                     Q.outbox_retry,
                     row["id"],
                     repr(err)[:2000],
                     now + timedelta(seconds=delay),
-                    self.max_attempts,
+                    permanent,
                 )
                 metrics.OUTBOX_FAILURES.labels(topic=row["topic"]).inc()
-                if status == "DEAD":
+                if permanent:
                     log.error(
                         "outbox_event_dead",
                         event_id=str(row["event_id"]),

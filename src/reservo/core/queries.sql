@@ -60,11 +60,12 @@ UPDATE outbox SET locked_until = NULL, attempts = greatest(attempts - 1, 0), ava
  WHERE id = ANY($1::bigint[]);
 
 -- name: outbox_retry
+-- A failed delivery: PENDING again at $3 (transient), or DEAD at once when $4
+-- says the failure is permanent.
 UPDATE outbox
-   SET status = CASE WHEN attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
+   SET status = CASE WHEN $4::boolean THEN 'DEAD' ELSE 'PENDING' END,
        available_at = $3, locked_until = NULL, last_error = $2
- WHERE id = $1
-RETURNING status;
+ WHERE id = $1;
 
 -- name: outbox_lag
 SELECT count(*) AS pending,
@@ -113,3 +114,22 @@ INSERT INTO dead_letter
        (consumer, topic, partition, record_offset, event_id, key, value, error, attempts, parked_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (consumer, topic, partition, record_offset) DO NOTHING;
+
+-- name: dead_letter_park_local
+-- The in-process transport parks an event a consumer rejected (once per consumer and event).
+INSERT INTO dead_letter (consumer, topic, event_id, key, value, error, attempts, parked_at)
+VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
+ON CONFLICT (consumer, event_id) WHERE partition IS NULL DO NOTHING;
+
+-- name: backlog
+-- What /readyz shows of work waiting: outbox events pending and those being
+-- retried (capped counts: cheap even with a large backlog), the age of the oldest
+-- pending event, and the dead letters no one has replayed yet.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'PENDING' LIMIT 100000) p)
+           AS pending,
+       (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'PENDING' AND attempts > 0
+                               LIMIT 100000) r) AS retrying,
+       coalesce((SELECT extract(epoch FROM ($1::timestamptz - created_at)) FROM outbox
+                  WHERE status = 'PENDING' ORDER BY id LIMIT 1), 0)::float8 AS oldest_s,
+       (SELECT count(*) FROM outbox WHERE status = 'DEAD') AS dead_events,
+       (SELECT count(*) FROM dead_letter WHERE replayed_at IS NULL) AS dead_letters;

@@ -8,8 +8,9 @@ Usage::
         with attempt:
             await publish(event)
 
-Only exceptions in ``retry_on`` are retried (never BreakerOpen by default: an
-open breaker means "stop trying for now", retrying it would defeat its purpose);
+Only exceptions in ``retry_on`` that ``retry_if`` accepts are retried (never
+BreakerOpen: an open breaker means "stop trying for now", retrying it would
+defeat its purpose);
 after the last attempt the original exception is re-raised.
 """
 
@@ -45,6 +46,7 @@ def retrying(
     base_s: float = 0.1,
     max_s: float = 10.0,
     retry_on: tuple[type[BaseException], ...] = (Exception,),
+    retry_if: Callable[[BaseException], bool] | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncRetrying:
     """A tenacity controller: waits base*2^(n-1) plus up to ``base_s`` of jitter,
@@ -53,7 +55,9 @@ def retrying(
         raise ValueError("attempts must be >= 1")
 
     def should_retry(exc: BaseException) -> bool:
-        return isinstance(exc, retry_on) and not isinstance(exc, BreakerOpen)
+        if not isinstance(exc, retry_on) or isinstance(exc, BreakerOpen):
+            return False
+        return retry_if is None or retry_if(exc)
 
     def before_sleep(state: RetryCallState) -> None:
         RETRIES.labels(operation=name).inc()
@@ -82,11 +86,18 @@ async def retry_async(
     base_s: float = 0.1,
     max_s: float = 10.0,
     retry_on: tuple[type[BaseException], ...] = (Exception,),
+    retry_if: Callable[[BaseException], bool] | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> T:
     """Await ``call()`` until it succeeds or ``attempts`` ran out (then re-raise)."""
     controller = retrying(
-        name, attempts=attempts, base_s=base_s, max_s=max_s, retry_on=retry_on, sleep=sleep
+        name,
+        attempts=attempts,
+        base_s=base_s,
+        max_s=max_s,
+        retry_on=retry_on,
+        retry_if=retry_if,
+        sleep=sleep,
     )
 
     # tenacity awaits only what it recognises as a coroutine function; a lambda

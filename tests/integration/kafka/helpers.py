@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from reservo.core.clock import Clock
 from reservo.core.db import Database
+from reservo.core.failures import Rejected
 from reservo.core.inbox import once
 from reservo.core.outbox import OutboxRelay, emit
 from reservo.core.transport.base import Event, Handler
@@ -92,7 +93,7 @@ def effect_handler(
         if calls is not None:
             calls[event.id] += 1
         if poison and event.id in poison:
-            raise RuntimeError(f"poison event {event.id}")
+            raise Rejected(f"poison event {event.id}")
 
         async def apply(conn: Any) -> None:
             await conn.execute(
@@ -123,7 +124,6 @@ def relay(db: Database, clock: Clock, t: KafkaTransport, batch_size: int = 500) 
         clock,
         batch_size=batch_size,
         lease_s=30,
-        max_attempts=5,
         backoff_base_s=0.05,
         backoff_max_s=0.5,
         poll_interval_s=0.05,

@@ -227,24 +227,65 @@ async def test_poison_event_is_parked_and_the_partition_moves_on(
     poison = written[1][0]
     calls: Counter[uuid.UUID] = Counter()
     handler = effect_handler(kdb, consumer, calls, poison={poison})
-    run = runner(kafka_bootstrap, consumer, {topic: handler}, kdb, kclock, max_attempts=3)
+    run = runner(kafka_bootstrap, consumer, {topic: handler}, kdb, kclock)
     background.start(run.run(background.stop))
     await wait_until(lambda: _effects_count(kdb, consumer, 3), 30, "the partition to move on")
     applied = [e for e, _, _ in await effects(kdb, consumer)]
     assert applied == [written[0][0], written[2][0], tail[0][0]]  # in order, poison skipped
-    assert calls[poison] == 3  # retried, then parked
+    assert calls[poison] == 1  # rejected: parked at once, never retried
     async with kdb.connection() as conn:
         parked = await conn.fetch(
             "SELECT event_id, attempts, error, record_offset FROM dead_letter "
             "WHERE consumer = $1 ORDER BY record_offset",
             consumer,
         )
-    assert [(p["event_id"], p["attempts"]) for p in parked] == [(poison, 3), (None, 1)]
+    assert [(p["event_id"], p["attempts"]) for p in parked] == [(poison, 1), (None, 1)]
     assert "poison event" in parked[0]["error"]
     dlt = await read_topic(kafka_bootstrap, topic + ".dlt")
     assert sorted(r.value for r in dlt) == sorted(
         [b"{not json", _value_of(await read_topic(kafka_bootstrap, topic), poison)]
     )
+
+
+async def test_a_transient_failure_is_retried_past_any_budget_and_never_parked(
+    kafka_bootstrap: str, kdb: Database, kclock: OffsetClock, background: Background
+) -> None:
+    """A dependency away for far longer than the quick retries: the record waits,
+    is read again and again, and applies once when the dependency is back."""
+    topic = unique_topic("transient")
+    consumer = f"c-{uuid.uuid4().hex[:6]}"
+    t = transport(kafka_bootstrap, topic_partitions={topic: 1})
+    written = await emit_events(kdb, kclock, topic, 3, keys=1)
+    background.start(relay(kdb, kclock, t).run(background.stop))
+    await wait_until(lambda: _all_done(kdb, topic, 3), 30, "publish")
+
+    calls: Counter[uuid.UUID] = Counter()
+    inner = effect_handler(kdb, consumer, calls)
+    outage = asyncio.Event()
+
+    async def flaky(event: Any) -> None:
+        if not outage.is_set():
+            calls[event.id] += 1
+            raise ConnectionRefusedError("the dependency is away")
+        await inner(event)
+
+    run = runner(kafka_bootstrap, consumer, {topic: flaky}, kdb, kclock, quick_retries=2)
+    background.start(run.run(background.stop))
+    first = written[0][0]
+    await wait_until(lambda: _calls_over(calls, first, 12), 30, "many retries")
+    assert await effects(kdb, consumer) == []  # nothing applied, nothing skipped
+    outage.set()
+    await wait_until(lambda: _effects_count(kdb, consumer, 3), 30, "the backlog after the outage")
+    assert [e for e, _, _ in await effects(kdb, consumer)] == [e for e, _, _ in written]
+    async with kdb.connection() as conn:
+        parked = await conn.fetchval(
+            "SELECT count(*) FROM dead_letter WHERE consumer = $1", consumer
+        )
+    assert parked == 0
+
+
+async def _calls_over(calls: Counter[uuid.UUID], event_id: uuid.UUID, n: int) -> bool:
+    return calls[event_id] > n
 
 
 def _value_of(records: list[Any], event_id: uuid.UUID) -> bytes:
@@ -336,17 +377,15 @@ async def test_poison_in_a_batch_is_parked_and_the_rest_applied_in_order(
     poison = written[20][0]
     calls: Counter[uuid.UUID] = Counter()
     sizes: list[int] = []
-    consumer, run = batch_runner(
-        kafka_bootstrap, kdb, kclock, topic, calls, sizes, poison={poison}, max_attempts=3
-    )
+    consumer, run = batch_runner(kafka_bootstrap, kdb, kclock, topic, calls, sizes, poison={poison})
     background.start(run.run(background.stop))
     await wait_until(lambda: _effects_count(kdb, consumer, 49), 30, "the rest to be applied")
     applied = [e for e, _, _ in await effects(kdb, consumer)]
     assert applied == [e for e, _, _ in written if e != poison]  # in order, poison skipped
-    assert calls[poison] == 3  # the batch failed, one by one isolated it: retried, parked
+    assert calls[poison] == 1  # the batch failed, one by one isolated it and parked it
     assert sizes and sizes[0] > 1
     async with kdb.connection() as conn:
         parked = await conn.fetch(
             "SELECT event_id, attempts FROM dead_letter WHERE consumer = $1", consumer
         )
-    assert [(p["event_id"], p["attempts"]) for p in parked] == [(poison, 3)]
+    assert [(p["event_id"], p["attempts"]) for p in parked] == [(poison, 1)]

@@ -16,21 +16,21 @@ offset is committed only after the handler returned (its transaction
 committed). A topic with a batch handler gets each partition's fetched records
 in one call (one transaction for up to ``max_records`` events: the per-event
 commit is what limits a consumer otherwise); when that call fails the records
-are replayed one by one. A failing record is retried with backoff; after
-``max_attempts`` it is parked (``dead_letter`` table, plus ``<topic>.dlt`` when
-enabled) and the partition moves on. Crash before the commit means redelivery; handlers dedupe.
+are replayed one by one. A record whose handler fails transiently (a
+dependency away: core.failures) is retried a few times at once, then the
+partition waits with a growing backoff (capped) and reads it again, for as long
+as the outage lasts; a record the handler rejects (a permanent failure) is
+parked at once (``dead_letter`` table, plus ``<topic>.dlt`` when enabled) and
+the partition moves on. Crash before the commit means redelivery; handlers dedupe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
 from typing import Any
 
-import orjson
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -41,7 +41,8 @@ from reservo.core.backoff import backoff_delay
 from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
-from reservo.core.errors import DomainError
+from reservo.core.failures import is_transient
+from reservo.core.metrics import PARKED, TRANSIENT_FAILURES
 from reservo.core.retry import retry_async
 from reservo.core.transport.base import (
     BatchHandler,
@@ -50,6 +51,7 @@ from reservo.core.transport.base import (
     Subscription,
     TransportUnavailable,
 )
+from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
 from reservo.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -62,51 +64,6 @@ KAFKA_PUBLISHED = Counter("reservo_kafka_published_total", "Records acked by Kaf
 KAFKA_CONSUMED = Counter(
     "reservo_kafka_consumed_total", "Records handled by a consumer group", ["consumer", "topic"]
 )
-KAFKA_PARKED = Counter(
-    "reservo_kafka_parked_total", "Records parked as dead letters", ["consumer", "topic"]
-)
-
-
-# -- envelope -------------------------------------------------------------------------
-
-
-def to_cloudevent(event: Event, source: str) -> bytes:
-    """CloudEvents 1.0, structured JSON mode."""
-    envelope: dict[str, Any] = {
-        "specversion": "1.0",
-        "id": str(event.id),
-        "source": source,
-        "type": event.topic,
-        "time": event.created_at,  # orjson writes RFC 3339
-        "datacontenttype": "application/json",
-        "data": event.payload,
-    }
-    if event.key is not None:
-        envelope["subject"] = event.key
-    return orjson.dumps(envelope)
-
-
-def from_cloudevent(value: bytes | None) -> Event:
-    """The Event a handler sees; ValueError when the record is not a valid envelope."""
-    if value is None:
-        raise ValueError("empty record")
-    try:
-        doc = orjson.loads(value)
-        if not isinstance(doc, dict) or doc.get("specversion") != "1.0":
-            raise ValueError("not a CloudEvents 1.0 envelope")
-        data = doc["data"]
-        if not isinstance(data, dict):
-            raise ValueError("data must be a JSON object")
-        subject = doc.get("subject")
-        return Event(
-            id=uuid.UUID(doc["id"]),
-            topic=str(doc["type"]),
-            key=None if subject is None else str(subject),
-            payload=data,
-            created_at=datetime.fromisoformat(doc["time"]),
-        )
-    except (KeyError, TypeError, orjson.JSONDecodeError) as exc:
-        raise ValueError(f"invalid envelope: {exc!r}") from exc
 
 
 # -- topics ---------------------------------------------------------------------------
@@ -297,7 +254,7 @@ class KafkaConsumerRunner:
         partitions: int = 6,
         replication_factor: int = 1,
         topic_partitions: dict[str, int] | None = None,
-        max_attempts: int = 5,
+        quick_retries: int = 3,
         backoff_base_s: float = 0.2,
         backoff_max_s: float = 5.0,
         dead_letter_topic: bool = True,
@@ -316,7 +273,9 @@ class KafkaConsumerRunner:
         self.group_id = f"{group_prefix}.{consumer}"
         self.partitions, self.replication_factor = partitions, replication_factor
         self.topic_partitions = topic_partitions or {}
-        self.max_attempts = max_attempts
+        self.quick_retries = quick_retries
+        # Consecutive deferrals per partition: the backoff grows while an outage lasts.
+        self._deferrals: dict[TopicPartition, int] = {}
         self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
         self.dead_letter_topic, self.idempotence = dead_letter_topic, idempotence
         self.max_records, self.session_timeout_ms = max_records, session_timeout_ms
@@ -436,7 +395,11 @@ class KafkaConsumerRunner:
                 error=repr(min(failed, key=lambda f: f[0])[1]),
             )
             consumer.seek(tp, next_offset)  # re-read from there later
-            await asyncio.sleep(backoff_delay(1, self.backoff_base_s, self.backoff_max_s))
+            deferrals = self._deferrals[tp] = self._deferrals.get(tp, 0) + 1
+            TRANSIENT_FAILURES.labels(consumer=self.consumer).inc()
+            await asyncio.sleep(backoff_delay(deferrals, self.backoff_base_s, self.backoff_max_s))
+        else:
+            self._deferrals.pop(tp, None)
         if next_offset > records[0].offset:
             await self._commit(consumer, tp, next_offset)
 
@@ -485,14 +448,15 @@ class KafkaConsumerRunner:
             await retry_async(
                 lambda: handler(event),
                 name=f"kafka_consumer.{self.consumer}",
-                attempts=self.max_attempts,
+                attempts=self.quick_retries,
                 base_s=self.backoff_base_s,
                 max_s=self.backoff_max_s,
+                retry_if=is_transient,
             )
         except Exception as exc:
-            if _infrastructure(exc):
-                raise  # the database is away, not the event's fault: do not park
-            await self._park(record, event, exc, attempts=self.max_attempts)
+            if is_transient(exc):
+                raise  # not the event's fault: the partition waits and reads it again
+            await self._park(record, event, exc, attempts=1)
             return
         KAFKA_CONSUMED.labels(consumer=self.consumer, topic=record.topic).inc()
 
@@ -535,11 +499,7 @@ class KafkaConsumerRunner:
             await self._dlt.send_and_wait(
                 record.topic + DLT_SUFFIX, record.value, key=record.key, headers=headers
             )
-        KAFKA_PARKED.labels(consumer=self.consumer, topic=record.topic).inc()
-
-
-def _infrastructure(exc: BaseException) -> bool:
-    return isinstance(exc, DomainError) and exc.status >= 500
+        PARKED.labels(consumer=self.consumer, topic=record.topic).inc()
 
 
 # -- wiring from settings (used by the composition root and the benchmark) -----------
@@ -580,7 +540,7 @@ def consumer_from_settings(
         partitions=settings.kafka_partitions,
         replication_factor=settings.kafka_replication_factor,
         topic_partitions=settings.kafka_topic_partitions,
-        max_attempts=settings.kafka_consumer_max_attempts,
+        quick_retries=settings.kafka_consumer_quick_retries,
         backoff_base_s=settings.kafka_consumer_backoff_base_s,
         backoff_max_s=settings.kafka_consumer_backoff_max_s,
         dead_letter_topic=settings.kafka_dead_letter_topic,

@@ -1,25 +1,34 @@
 """In-process transport: the relay's own process runs the handlers.
 
-Durable because the outbox row is marked done only after every handler of its
-topic succeeded; a failing handler makes the relay retry the event later (other
-handlers of that topic dedupe by event id through their inbox)."""
+Every consumer of a topic gets every event, whatever the others do: each one has
+its own progress. A consumer that fails transiently (its dependency is away)
+makes the relay retry the event later; the consumers that succeeded dedupe the
+redelivery through their inbox, so one consumer's outage delays no other. A
+consumer that rejects the event (a permanent failure) gets it parked as its own
+dead letter, and the event counts as delivered for everybody else."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
+from reservo.core import metrics
+from reservo.core.failures import is_transient
 from reservo.core.transport.base import Event, Subscriptions
 
 log = structlog.get_logger(__name__)
 
+# Records an event a consumer rejected: (consumer, event, error).
+Park = Callable[[str, Event, BaseException], Awaitable[None]]
+
 
 class LocalTransport:
-    def __init__(self, subscriptions: Subscriptions) -> None:
+    def __init__(self, subscriptions: Subscriptions, park: Park) -> None:
         self.subscriptions = subscriptions
+        self.park = park
 
     async def start(self) -> None:
         return None
@@ -28,19 +37,31 @@ class LocalTransport:
         return None
 
     async def _deliver_one(self, event: Event) -> BaseException | None:
+        """None when every consumer applied (or parked) the event, else the first
+        transient failure, which makes the relay deliver it again later."""
+        retry: BaseException | None = None
         for sub in self.subscriptions.for_topic(event.topic):
             try:
                 await sub.handler(event)
-            except Exception as exc:  # the relay retries; one bad event must not stop the rest
-                log.warning(
-                    "handler_failed",
-                    consumer=sub.consumer,
-                    topic=event.topic,
-                    event_id=str(event.id),
-                    error=repr(exc),
-                )
-                return exc
-        return None
+                continue
+            except Exception as exc:
+                failure: BaseException = exc
+            if not is_transient(failure):
+                try:
+                    await self.park(sub.consumer, event, failure)
+                    continue
+                except Exception as exc:  # cannot even park it (database away): retry
+                    failure = exc
+            metrics.TRANSIENT_FAILURES.labels(consumer=sub.consumer).inc()
+            log.warning(
+                "handler_retrying",
+                consumer=sub.consumer,
+                topic=event.topic,
+                event_id=str(event.id),
+                error=repr(failure),
+            )
+            retry = retry or failure
+        return retry
 
     async def _deliver_key(
         self, events: list[tuple[int, Event]], results: list[BaseException | None]
