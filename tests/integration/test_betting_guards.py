@@ -9,10 +9,14 @@ from typing import Any
 
 import asyncpg
 import httpx
+import orjson
 import pytest
 
+from reservo.betting.events import RESULT_TOPIC
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
+from reservo.core.failures import Rejected, is_transient
+from reservo.core.transport.base import Event
 from tests.betting_helpers import (
     ADMIN,
     ODDS,
@@ -134,6 +138,28 @@ async def test_final_result_before_kick_off_is_refused_and_stores_nothing(
     later = {"Authorization": f"Bearer {token('bettor', owner, ttl_s=3 * 86_400)}"}
     got = await client.get(f"/api/accounts/{account}", headers=later)
     assert got.json()["balance"] == 900 + 180
+
+
+async def test_the_settlement_consumer_rejects_a_result_the_intake_could_not_check(
+    client: httpx.AsyncClient, container: Container, db: asyncpg.Connection
+) -> None:
+    """With PostgreSQL away at intake the result still goes out (the provider never
+    resends); the consumer applies the same rule and rejects it: it is parked as a
+    dead letter, nothing recorded, the bet still pending."""
+    match = await make_match(client, timedelta(days=1))
+    account, owner = await make_account(client, 1_000)
+    bet = await place(client, account, owner, 100, [(match["id"], "1X2", "HOME")])
+    payload = orjson.loads(result_body(match["externalId"], 2, 0, event=f"p-{uuid.uuid4()}"))
+    event = Event(uuid.uuid4(), RESULT_TOPIC, match["externalId"], payload, datetime.now(UTC))
+    with pytest.raises(Rejected, match="no result yet"):
+        await container.settlement.handle(event)
+    assert not is_transient(Rejected("x"))  # so every transport parks it at once
+    row = await db.fetchrow(
+        "SELECT result_status, settlement_status FROM betting_match WHERE id = $1", match["id"]
+    )
+    assert tuple(row) == (None, "OPEN")
+    status = await db.fetchval("SELECT status FROM betting_bet WHERE id = $1", bet.json()["id"])
+    assert status == "PENDING"
 
 
 async def test_cancelled_before_kick_off_and_unknown_matches_are_still_accepted(

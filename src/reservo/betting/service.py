@@ -30,6 +30,7 @@ from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
+from reservo.core.failures import Rejected
 from reservo.core.outbox import emit
 from reservo.core.retry import retry_async
 from reservo.core.transport.base import Event, Transport
@@ -205,6 +206,12 @@ class Settlement:
         settling, so a redelivery resumes an interrupted settlement)."""
         result = ResultIn.model_validate(payload)
         now = self.clock.now()
+        started = await repo.match_by_external_id(conn, result.match_external_id)
+        if started is not None:
+            try:  # the intake's rule again, for a result it could not check
+                domain.check_result(result.status, started["starts_at"], now)
+            except domain.BetRefused as exc:
+                raise Rejected(exc.detail) from None
         if await repo.claim_result(conn, result.provider_event_id, result.match_external_id, now):
             match_id = await repo.record_result(
                 conn,
@@ -412,12 +419,18 @@ class ResultIntake:
     async def _check_started(self, result: ResultIn, now: datetime) -> None:
         """Refuse (409, nothing stored) a final result for a match that has not
         started by this server's clock. Decided here, at intake, against the match
-        row: the settlement consumer runs later (and maybe elsewhere), when the
-        match may have started. An unknown match passes, as before: the consumer
-        records it as UNKNOWN_MATCH. Fails closed: if PostgreSQL cannot answer,
-        the provider gets a 503 rather than an unchecked result."""
-        async with self.db.connection() as conn:
-            match = await repo.match_by_external_id(conn, result.match_external_id)
+        row. An unknown match passes, as before: the consumer records it as
+        UNKNOWN_MATCH. When PostgreSQL cannot answer, the result is not refused:
+        the provider never resends, and Kafka may still hold it durably; the
+        settlement consumer applies the same rule before it records anything."""
+        try:
+            async with self.db.connection() as conn:
+                match = await repo.match_by_external_id(conn, result.match_external_id)
+        except DomainError as exc:
+            if exc.status != 503:
+                raise
+            log.warning("match_result_unchecked", provider_event_id=result.provider_event_id)
+            return
         if match is None:
             return
         try:
