@@ -101,6 +101,9 @@ def base_settings(database_url: str, redis_url: str) -> Settings:
         jwt_secret=JWT_SECRET,
         payments_webhook_secret="pay-secret",
         results_webhook_secret="results-secret",
+        # Never a default: the suite pays holds on the sandbox page and executes
+        # refunds, so it chooses the sandbox gateway explicitly.
+        rentals_payment_gateway="sandbox",
         redis_namespace=f"test-{uuid.uuid4().hex[:8]}",
         db_pool_max=30,
         outbox_poll_interval_s=0.05,

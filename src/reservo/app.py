@@ -16,6 +16,7 @@ from reservo.bootstrap import Container
 from reservo.core import metrics
 from reservo.core.http import install_error_handlers, install_metrics
 from reservo.rentals.api import router as rentals_router
+from reservo.rentals.gateway import SandboxGateway
 from reservo.rentals.sandbox import router as rentals_sandbox_router
 from reservo.scheduler.api import router as scheduler_router
 from reservo.wallet.api import router as wallet_router
@@ -50,7 +51,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     install_metrics(app)
     app.include_router(appointments_router)
     app.include_router(rentals_router)
-    app.include_router(rentals_sandbox_router)
+    if isinstance(container.rentals_gateway, SandboxGateway):  # chosen explicitly only
+        app.include_router(rentals_sandbox_router)
     app.include_router(wallet_router)
     app.include_router(betting_router)
     app.include_router(scheduler_router)

@@ -45,7 +45,7 @@ from reservo.core.transport.kafka import (
 )
 from reservo.core.transport.local import LocalTransport
 from reservo.rentals import events as rental_events
-from reservo.rentals.gateway import PaymentGateway, build_gateway
+from reservo.rentals.gateway import PaymentGateway, SandboxGateway, build_gateway
 from reservo.rentals.service import Config as RentalsConfig
 from reservo.rentals.service import RefundConsumer, RentalService
 from reservo.scheduler import Scheduler
@@ -97,13 +97,14 @@ class Container:
     resender: FallbackResender
     scheduler: Scheduler
     rentals: RentalService
-    rentals_gateway: PaymentGateway
+    rentals_gateway: PaymentGateway | None  # None: none configured (refunds wait)
 
     async def close(self) -> None:
         await self.db.close()
         await self.redis.aclose()
         await self.scheduler.close()
-        await self.rentals_gateway.aclose()
+        if self.rentals_gateway is not None:
+            await self.rentals_gateway.aclose()
         aclose = getattr(self.channel, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -174,7 +175,10 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
         settings.rentals_gateway_url,
         settings.rentals_gateway_token,
         settings.rentals_gateway_timeout_s,
+        page_base=settings.rentals_payment_url_base
+        or f"http://{settings.http_host}:{settings.http_port}",
     )
+    _warn_about_gateway(rentals_gateway)
     refunds = RefundConsumer(db, rentals_gateway, clock)
     subscriptions.add(
         rental_events.REFUND_CONSUMER, [rental_events.REFUND_REQUESTED], refunds.handle
@@ -274,9 +278,8 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
             hold_rate_limit=settings.rentals_hold_rate_limit,
             hold_rate_window_s=settings.rentals_hold_rate_window_s,
             search_cache_ttl_s=settings.rentals_search_cache_ttl_s,
-            payment_url_base=settings.rentals_payment_url_base
-            or f"http://{settings.http_host}:{settings.http_port}",
         ),
+        gateway=rentals_gateway,
     )
     rentals.attach_scheduler(scheduler)  # one expiry job per hold ("rentals.expire-hold")
     idempotency = IdempotencyStore(
@@ -309,6 +312,23 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
         rentals,
         rentals_gateway,
     )
+
+
+def _warn_about_gateway(gateway: PaymentGateway | None) -> None:
+    """Once per process (build runs once per API or worker process): both are
+    fine for a demo and wrong for production, so say so where operators look."""
+    if isinstance(gateway, SandboxGateway):
+        log.warning(
+            "rentals_sandbox_gateway",
+            warning="sandbox payment gateway enabled: payments are simulated, "
+            "do not use in production",
+        )
+    elif gateway is None:
+        log.warning(
+            "rentals_no_gateway",
+            warning="no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY; "
+            "bookings have no paymentUrl and refunds wait until one is set",
+        )
 
 
 async def _every(

@@ -126,7 +126,13 @@ def worker(
 
 @app.command()
 def up(
-    demo: Annotated[bool, typer.Option(help="load demo doctors and schedules")] = False,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            help="load demo doctors, schedules and cars; payments go through the sandbox "
+            "gateway unless RESERVO_RENTALS_PAYMENT_GATEWAY is set"
+        ),
+    ] = False,
     kafka: Annotated[
         bool,
         typer.Option(
@@ -143,6 +149,10 @@ def up(
     settings = _settings()
     if port is not None:
         settings = settings.model_copy(update={"http_port": port})
+    if demo:
+        from reservo.demo import settings_for_demo
+
+        settings = settings_for_demo(settings)
     data_dir = Path(settings.data_dir).resolve()
     with contextlib.ExitStack() as stack:
         if not settings.database_url:
@@ -197,6 +207,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         f"[bold green]reservo is up[/bold green]: API {base}  docs {base}/docs  "
         f"metrics {base}/metrics\n  PostgreSQL {settings.database_url}\n"
         f"  Redis {settings.redis_url}\n  Kafka {settings.kafka_bootstrap or '(local transport)'}"
+        f"\n  payment gateway: {settings.rentals_payment_gateway or 'none (refunds wait)'}"
         f"\n  admin token: reservo token --role admin "
         f"--sub 1\n  Ctrl-C stops everything."
     )

@@ -1,4 +1,5 @@
-"""Demo data for `reservo up --demo`: a few doctors with two weeks of slots."""
+"""Demo data for `reservo up --demo`: a few doctors with two weeks of slots, rental
+cars, and the sandbox payment gateway (never a default) so a hold can be paid by hand."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from datetime import time, timedelta
 from reservo.appointments.domain import ScheduleRule
 from reservo.bootstrap import Container
 from reservo.core.errors import DomainError
+from reservo.settings import Settings
 
 DOCTORS = [
     ("Dr. Ana Souza", "America/Sao_Paulo", "cardiology", 1),
@@ -21,6 +23,13 @@ CARS = [
     ("DEMO-002", "VinFast VF8", "HN", 150_000, 2),
     ("DEMO-003", "Honda City", "HCM", 90_000, 3),
 ]
+
+
+def settings_for_demo(settings: Settings) -> Settings:
+    """The demo pays on the sandbox page, unless the environment chose a gateway."""
+    if settings.rentals_payment_gateway is not None:
+        return settings
+    return settings.model_copy(update={"rentals_payment_gateway": "sandbox"})
 
 
 async def load(c: Container) -> list[int]:

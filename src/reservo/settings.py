@@ -136,10 +136,12 @@ class Settings(BaseSettings):
     rentals_hold_rate_window_s: int = 900
     rentals_search_cache_ttl_s: int = Field(default=30, ge=1)
     rentals_sweep_interval_s: float = 30.0
-    # Where customers pay; None = this API's own sandbox page (http_host:http_port).
+    # Public base URL of this API for the sandbox page's links; None = http_host:http_port.
     rentals_payment_url_base: str | None = None
-    # `sandbox` records refunds locally; `http` calls rentals_gateway_url.
-    rentals_payment_gateway: Literal["sandbox", "http"] = "sandbox"
+    # `sandbox` simulates payments (its page) and records refunds locally; `http`
+    # calls rentals_gateway_url. Never a default: None serves no payment page and
+    # refunds wait (retried) until a gateway is set. `reservo up --demo` picks sandbox.
+    rentals_payment_gateway: Literal["sandbox", "http"] | None = None
     rentals_gateway_url: str | None = None
     rentals_gateway_token: str | None = None
     rentals_gateway_timeout_s: float = 5.0

@@ -37,6 +37,8 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
             "RESERVO_LOG_LEVEL": "WARNING",
         }
     )
+    if settings.rentals_payment_gateway is not None:
+        env["RESERVO_RENTALS_PAYMENT_GATEWAY"] = settings.rentals_payment_gateway
     env.update(extra)
     return env
 

@@ -8,17 +8,20 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import httpx
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.auth import sign_webhook
 from reservo.core.clock import OffsetClock
 from reservo.rentals import events
+from reservo.rentals.gateway import SandboxGateway, link_token
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 
@@ -110,6 +113,15 @@ async def confirmed_booking(
     w = await webhook(client, clock, b["bookingId"], b["depositAmount"])
     assert w.json() == {"result": "confirmed"}, w.text
     return car, b, customer
+
+
+def page_of(b: dict[str, Any]) -> tuple[str, str]:
+    """(path, token) of a booking's paymentUrl: the sandbox page and its link token."""
+    url = urlsplit(b["paymentUrl"])
+    assert url.path == f"/sandbox/pay/{b['bookingId']}", b["paymentUrl"]
+    token = parse_qs(url.query)["token"]
+    assert len(token) == 1 and len(token[0]) == 32
+    return url.path, token[0]
 
 
 async def drain(c: Container) -> None:
@@ -259,9 +271,8 @@ async def test_sweeper_and_expiry_job_flip_holds_once(
     )
     assert job is not None and job["on_time"]
     seen = await client.get(f"/api/bookings/{a['bookingId']}", headers=auth("customer", customer))
-    assert seen.json()["status"] == "HOLD" and seen.json()["paymentUrl"].endswith(
-        f"/sandbox/pay/{a['bookingId']}"
-    )
+    assert seen.json()["status"] == "HOLD"
+    page_of(seen.json())  # the sandbox page's tokenised link
     clock.advance(timedelta(seconds=901))
     seen = await client.get(f"/api/bookings/{a['bookingId']}", headers=auth("customer", customer))
     assert seen.json()["status"] == "EXPIRED"  # read as expired before any flip
@@ -521,14 +532,191 @@ async def test_search_lists_only_cars_free_for_the_whole_period(
     }
 
 
+# -- the sandbox payment page -------------------------------------------------------
+
+
 async def test_sandbox_payment_page_confirms_through_the_signed_webhook(
     client: httpx.AsyncClient,
 ) -> None:
     car = await make_car(client)
     b = (await hold(client, car["id"], new_id(), at(50), at(60))).json()
-    path = "/sandbox/pay/" + str(b["bookingId"])
-    assert b["paymentUrl"].endswith(path)
-    page = await client.get(path)
+    # Adapted: the link now carries its token, and the form posts it back.
+    path, token = page_of(b)
+    page = await client.get(path, params={"token": token})
     assert page.status_code == 200 and "<form" in page.text and "HOLD" in page.text
-    paid = await client.post(path)
+    assert f'<input type="hidden" name="token" value="{token}">' in page.text
+    paid = await client.post(path, data={"token": token})
     assert paid.status_code == 200 and "confirmed" in paid.text and "CONFIRMED" in paid.text
+
+
+async def test_sandbox_page_without_its_links_token_is_not_found_and_changes_nothing(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    car = await make_car(client)
+    customer = new_id()
+    b = (await hold(client, car["id"], customer, at(50), at(60))).json()
+    other = (await hold(client, car["id"], new_id(), at(70), at(80))).json()
+    path, token = page_of(b)
+    _, other_token = page_of(other)
+    assert token != other_token
+    # A booking id alone is not enough: no token, a wrong one, another booking's.
+    for bad in (None, "", "0" * 32, other_token, token[:-1], token + "0", token.upper()):
+        params = {} if bad is None else {"token": bad}
+        seen = await client.get(path, params=params)
+        assert seen.status_code == 404 and seen.json()["code"] == "not_found", (bad, seen.text)
+        assert "Booking" not in seen.text and str(b["depositAmount"]) not in seen.text
+        paid = await client.post(path, data=params)
+        assert paid.status_code == 404 and paid.json()["code"] == "not_found", (bad, paid.text)
+    # The form field is the proof: the right token in the query string of a POST is not.
+    paid = await client.post(path, params={"token": token})
+    assert paid.status_code == 404
+    # Same answer as for a booking that does not exist: the token reveals nothing.
+    missing = await client.get("/sandbox/pay/999999999999", params={"token": token})
+    assert (missing.status_code, missing.json()["code"]) == (404, "not_found")
+    assert await db.fetchval("SELECT status FROM booking WHERE id = $1", b["bookingId"]) == "HOLD"
+    payments = "SELECT count(*) FROM payment WHERE booking_id = $1"
+    assert await count(db, payments, b["bookingId"]) == 0
+    assert await events_of(db, events.CONFIRMED, b["bookingId"]) == 0
+    seen = await client.get(f"/api/bookings/{b['bookingId']}", headers=auth("customer", customer))
+    assert seen.json()["status"] == "HOLD"
+    # The right token still works afterwards.
+    paid = await client.post(path, data={"token": token})
+    assert paid.status_code == 200 and "CONFIRMED" in paid.text
+    assert await db.fetchval("SELECT status FROM booking WHERE id = $1", b["bookingId"]) == (
+        "CONFIRMED"
+    )
+
+
+async def test_paying_twice_on_the_sandbox_page_pays_once(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    car = await make_car(client)
+    twice = (await hold(client, car["id"], new_id(), at(50), at(60))).json()
+    path, token = page_of(twice)
+    first = await client.post(path, data={"token": token})
+    assert "Gateway result: <b>confirmed</b>" in first.text
+    second = await client.post(path, data={"token": token})
+    assert second.status_code == 200 and "CONFIRMED" in second.text
+    assert "nothing to pay" in second.text and "<form" not in second.text
+    # A double submit racing: five posts released together.
+    racing = (await hold(client, car["id"], new_id(), at(70), at(80))).json()
+    path, token = page_of(racing)
+    gate = asyncio.Event()
+
+    async def submit() -> httpx.Response:
+        await gate.wait()
+        return await client.post(path, data={"token": token})
+
+    tasks = [asyncio.create_task(submit()) for _ in range(5)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    answers = await asyncio.gather(*tasks)
+    assert [r.status_code for r in answers] == [200] * 5
+    assert sum("Gateway result: <b>confirmed</b>" in r.text for r in answers) == 1
+    for b in (twice, racing):
+        payments = "SELECT count(*) FROM payment WHERE booking_id = $1"
+        assert await count(db, payments, b["bookingId"]) == 1
+        assert await events_of(db, events.CONFIRMED, b["bookingId"]) == 1
+        assert await events_of(db, events.REFUND_REQUESTED, b["bookingId"]) == 0
+        status = await db.fetchval("SELECT status FROM booking WHERE id = $1", b["bookingId"])
+        assert status == "CONFIRMED"
+
+
+async def test_without_a_gateway_there_is_no_sandbox_page_and_no_payment_url(
+    base_settings: Settings, clock: OffsetClock, db: asyncpg.Connection
+) -> None:
+    with capture_logs() as logs:
+        clients = _client_with(base_settings, clock, rentals_payment_gateway=None)
+        client = await anext(clients)
+    assert any(e["event"] == "rentals_no_gateway" and e["log_level"] == "warning" for e in logs)
+    try:
+        car = await make_car(client)
+        customer = new_id()
+        r = await hold(client, car["id"], customer, at(50), at(60))
+        assert r.status_code == 201 and r.json()["status"] == "HOLD"
+        assert "paymentUrl" in r.json() and r.json()["paymentUrl"] is None
+        bid = r.json()["bookingId"]
+        seen = await client.get(f"/api/bookings/{bid}", headers=auth("customer", customer))
+        assert seen.json()["status"] == "HOLD" and seen.json()["paymentUrl"] is None
+        # Not even the right token opens a page that is not served.
+        token = link_token(PAY_SECRET, bid)
+        assert (await client.get(f"/sandbox/pay/{bid}", params={"token": token})).status_code == (
+            404
+        )
+        paid = await client.post(f"/sandbox/pay/{bid}", data={"token": token})
+        assert paid.status_code == 404
+        assert await db.fetchval("SELECT status FROM booking WHERE id = $1", bid) == "HOLD"
+    finally:
+        await clients.aclose()
+
+
+async def test_the_sandbox_is_announced_when_it_is_on(
+    base_settings: Settings, clock: OffsetClock
+) -> None:
+    with capture_logs() as logs:
+        c = build(base_settings, clock)
+    await c.close()
+    assert isinstance(c.rentals_gateway, SandboxGateway)
+    warned = [e for e in logs if e["event"] == "rentals_sandbox_gateway"]
+    assert len(warned) == 1 and warned[0]["log_level"] == "warning"
+    assert "payments are simulated, do not use in production" in warned[0]["warning"]
+
+
+async def test_a_refund_without_a_gateway_waits_until_one_is_configured(
+    base_settings: Settings, fresh_database_url: str, clock: OffsetClock
+) -> None:
+    settings = base_settings.model_copy(
+        update={"database_url": fresh_database_url, "rentals_payment_gateway": None}
+    )
+    db = await asyncpg.connect(fresh_database_url)
+    bare = build(settings, clock)
+    refund_event = "SELECT status, attempts, last_error FROM outbox WHERE topic = $1"
+    refunds = "SELECT count(*) FROM payment WHERE booking_id = $1 AND type = 'REFUND'"
+    try:
+        transport = httpx.ASGITransport(app=create_app(bare, owns_container=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as client:
+            car = await make_car(client)
+            b = (await hold(client, car["id"], new_id(), at(100), at(130))).json()
+            assert (await webhook(client, clock, b["bookingId"], b["depositAmount"])).json() == {
+                "result": "confirmed"
+            }
+            r = await client.post(
+                f"/api/bookings/{b['bookingId']}/cancel", headers=auth("host", car["hostId"])
+            )
+            assert r.json()["refundAmount"] == b["depositAmount"]
+        # One relay pass: the refund fails loudly and stays to be retried.
+        with capture_logs() as logs:
+            assert await bare.relay.run_once() > 0
+        row = await db.fetchrow(refund_event, events.REFUND_REQUESTED)
+        assert (row["status"], row["attempts"]) == ("PENDING", 1)
+        assert (
+            "no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY"
+            in (row["last_error"])
+        )
+        assert any(e["event"] == "rentals_refund_waiting" for e in logs)
+        assert await count(db, refunds, b["bookingId"]) == 0
+        # The rest of the outbox is not held up.
+        others = "SELECT count(*) FROM outbox WHERE topic <> $1 AND status <> 'DONE'"
+        assert await count(db, others, events.REFUND_REQUESTED) == 0
+    finally:
+        await bare.close()
+    # The same database, now with a gateway: the waiting refund goes through, once.
+    sandboxed = build(settings.model_copy(update={"rentals_payment_gateway": "sandbox"}), clock)
+    try:
+        clock.advance(timedelta(seconds=5))  # past the retry's backoff
+        await drain(sandboxed)
+        await drain(sandboxed)
+        row = await db.fetchrow(refund_event, events.REFUND_REQUESTED)
+        assert row["status"] == "DONE"
+        assert await count(db, refunds, b["bookingId"]) == 1
+        amount = await db.fetchval(
+            "SELECT amount FROM payment WHERE booking_id = $1 AND type = 'REFUND'", b["bookingId"]
+        )
+        assert amount == b["depositAmount"]
+        assert isinstance(sandboxed.rentals_gateway, SandboxGateway)
+        assert [r.amount for r in sandboxed.rentals_gateway.refunds.values()] == [
+            b["depositAmount"]
+        ]
+    finally:
+        await sandboxed.close()
+        await db.close()

@@ -1,17 +1,21 @@
 """Payment-gateway adapters. The refund consumer only knows ``PaymentGateway``.
 
-- ``SandboxGateway`` (default): records refunds in memory and can "pay" a hold by
-  sending the signed webhook, so the whole flow runs without a real provider.
+- ``SandboxGateway`` (only when chosen explicitly, e.g. `reservo up --demo`):
+  records refunds in memory and serves a page that "pays" a hold by sending the
+  signed webhook, so the whole flow runs without a real provider. Its links carry
+  a per-booking token, so only whoever got the booking's paymentUrl can use them.
 - ``HttpGateway``: POSTs refunds to a provider with an Idempotency-Key (the
   refund event id), retrying transient failures with backoff, behind a circuit
   breaker.
 
+With no gateway configured there is none: no payment page, and refunds wait.
 Neither is ever called inside a database transaction.
 """
 
 from __future__ import annotations
 
-import uuid
+import hashlib
+import hmac
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,7 +51,22 @@ class PaymentGateway(Protocol):
         (the same reference twice refunds once). Returns the gateway's reference."""
         ...
 
+    def payment_url(self, booking_id: int) -> str | None:
+        """Where the customer pays this booking, or None when this service knows no page."""
+        ...
+
     async def aclose(self) -> None: ...
+
+
+# Domain separation: the link key is derived from the webhook secret with this
+# label, so a link token is never a valid X-Signature (and the reverse).
+_LINK_LABEL = b"reservo/rentals/sandbox-payment-link/v1"
+
+
+def link_token(webhook_secret: str, booking_id: int) -> str:
+    """The token of the sandbox page's link for ``booking_id`` (128 bits, hex)."""
+    key = hmac.new(webhook_secret.encode(), _LINK_LABEL, hashlib.sha256).digest()
+    return hmac.new(key, str(booking_id).encode(), hashlib.sha256).hexdigest()[:32]
 
 
 @dataclass
@@ -61,9 +80,11 @@ class SandboxRefund:
 class SandboxGateway:
     """Local stand-in for a provider. Refunds are kept (deduplicated by
     reference) and logged; ``checkout`` builds the signed webhook a provider
-    would send after a successful payment."""
+    would send after a successful payment. ``page_base`` is the public base URL
+    of this API (its /sandbox/pay page)."""
 
     webhook_secret: str
+    page_base: str = "http://127.0.0.1:8000"
     name: str = "sandbox"
     refunds: dict[str, SandboxRefund] = field(default_factory=dict)
 
@@ -73,14 +94,26 @@ class SandboxGateway:
             log.info("sandbox_refund", booking_id=booking_id, amount=amount, reference=reference)
         return f"sandbox-refund-{reference}"
 
-    def checkout(
-        self, booking_id: int, amount: int, t: int, txn_id: str | None = None
-    ) -> tuple[bytes, str]:
-        """(raw body, X-Signature at Unix time ``t``) of a SUCCEEDED payment webhook."""
+    def link_token(self, booking_id: int) -> str:
+        return link_token(self.webhook_secret, booking_id)
+
+    def link_token_ok(self, booking_id: int, token: str | None) -> bool:
+        if not token:
+            return False
+        return hmac.compare_digest(self.link_token(booking_id).encode(), token.encode())
+
+    def payment_url(self, booking_id: int) -> str | None:
+        base = self.page_base.rstrip("/")
+        return f"{base}/sandbox/pay/{booking_id}?token={self.link_token(booking_id)}"
+
+    def checkout(self, booking_id: int, amount: int, t: int) -> tuple[bytes, str]:
+        """(raw body, X-Signature at Unix time ``t``) of a SUCCEEDED payment webhook.
+        One booking is one sandbox transaction (``sandbox-<id>``): a double submit
+        is a redelivery the webhook answers ``duplicate``, never a second payment."""
         body = orjson.dumps(
             {
                 "bookingId": booking_id,
-                "providerTxnId": txn_id or f"sandbox-{uuid.uuid4().hex}",
+                "providerTxnId": f"sandbox-{booking_id}",
                 "amount": amount,
                 "status": "SUCCEEDED",
             }
@@ -137,6 +170,9 @@ class HttpGateway:
             ref = None
         return str(ref or reference)
 
+    def payment_url(self, booking_id: int) -> str | None:
+        return None  # the provider's checkout link is not part of this integration
+
     async def refund(self, booking_id: int, amount: int, reference: str) -> str:
         return await self.breaker.call(self._refund_with_retry, booking_id, amount, reference)
 
@@ -157,10 +193,18 @@ class HttpGateway:
 
 
 def build_gateway(
-    kind: str, webhook_secret: str, url: str | None, token: str | None, timeout_s: float
-) -> PaymentGateway:
+    kind: str | None,
+    webhook_secret: str,
+    url: str | None,
+    token: str | None,
+    timeout_s: float,
+    page_base: str,
+) -> PaymentGateway | None:
+    """None when no gateway was chosen: nothing is simulated by default."""
     if kind == "http":
         if not url:
             raise RuntimeError("RESERVO_RENTALS_GATEWAY_URL is required with the http gateway")
         return HttpGateway(url, token, timeout_s)
-    return SandboxGateway(webhook_secret)
+    if kind == "sandbox":
+        return SandboxGateway(webhook_secret, page_base)
+    return None

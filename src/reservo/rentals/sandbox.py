@@ -1,26 +1,39 @@
 """The sandbox payment page behind a booking's paymentUrl.
 
-Only served when the sandbox gateway is configured. Its button makes the sandbox
-gateway send the signed webhook through the same verification path as a real
-provider's, so `reservo up --demo` can be tried by hand end to end."""
+Mounted only when the sandbox gateway was chosen explicitly. Its button makes the
+sandbox gateway send the signed webhook through the same verification path as a
+real provider's, so `reservo up --demo` can be tried by hand end to end.
+
+A browser follows the link without a bearer token, so the link itself is the
+credential: ``?token=`` is an HMAC of the booking id (gateway.link_token) that only
+the booking's own responses (its customer, host or an admin) carry. Without the
+right token both GET and POST answer the same 404 as a booking that does not exist,
+and the form posts the token back in a hidden field as the proof behind the state
+change. The POST pays only a live HOLD, always as the same transaction
+(``sandbox-<id>``), so a double submit pays once."""
 
 from __future__ import annotations
 
 import html
 from typing import Annotated
+from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse
 
 from reservo.core.errors import DomainError
+from reservo.rentals import domain
 from reservo.rentals.api import process_webhook, svc_of
 from reservo.rentals.gateway import SandboxGateway
 
 router = APIRouter(prefix="/sandbox", tags=["rentals sandbox"], include_in_schema=False)
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+# The form carries one short field; anything bigger is not our form.
+MAX_FORM_BYTES = 1024
 
 _PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>Sandbox payment</title>
+<meta name="referrer" content="no-referrer">
 <style>body{{font-family:sans-serif;max-width:32em;margin:3em auto}}
 button{{font-size:1.2em;padding:.4em 1.2em}}</style></head>
 <body><h1>Sandbox payment gateway</h1>
@@ -32,19 +45,31 @@ button{{font-size:1.2em;padding:.4em 1.2em}}</style></head>
 </body></html>"""
 
 
-def _gateway(request: Request) -> SandboxGateway:
+def _not_found() -> DomainError:
+    # The same answer as an unknown booking: a wrong token reveals nothing.
+    return DomainError("not_found", "no such payment page", status=404)
+
+
+def _checked(request: Request, booking_id: int, token: str | None) -> tuple[SandboxGateway, str]:
     gateway = request.app.state.container.rentals_gateway
-    if not isinstance(gateway, SandboxGateway):
-        raise DomainError("not_found", "the sandbox gateway is not enabled", status=404)
-    return gateway
+    if (
+        not isinstance(gateway, SandboxGateway)
+        or token is None
+        or not gateway.link_token_ok(booking_id, token)
+    ):
+        raise _not_found()
+    return gateway, token
 
 
-async def _page(request: Request, booking_id: int, message: str = "") -> HTMLResponse:
-    _gateway(request)
-    b = await svc_of(request).get(booking_id)
+async def _page(request: Request, booking_id: int, token: str, message: str = "") -> HTMLResponse:
+    svc = svc_of(request)
+    b = await svc.get(booking_id)
+    status = domain.effective_status(b["status"], b["hold_expires_at"], svc.clock.now())
     action = (
-        f'<form method="post"><button type="submit">Pay {b["deposit_amount"]}</button></form>'
-        if b["status"] == "HOLD"
+        '<form method="post">'
+        f'<input type="hidden" name="token" value="{html.escape(token)}">'
+        f'<button type="submit">Pay {b["deposit_amount"]}</button></form>'
+        if status == "HOLD"
         else ""
     )
     if message:
@@ -55,29 +80,50 @@ async def _page(request: Request, booking_id: int, message: str = "") -> HTMLRes
             car_id=b["car_id"],
             start=html.escape(b["from_at"].isoformat()),
             end=html.escape(b["return_at"].isoformat()),
-            status=html.escape(b["status"]),
+            status=html.escape(status),
             amount=b["deposit_amount"],
             action=action,
-        )
+        ),
+        headers={"Cache-Control": "no-store"},
     )
 
 
 @router.get("/pay/{bookingId}", response_class=HTMLResponse)
 async def pay_page(
-    booking_id: Annotated[PathId, Path(alias="bookingId")], request: Request
+    booking_id: Annotated[PathId, Path(alias="bookingId")],
+    request: Request,
+    token: Annotated[str | None, Query(max_length=128)] = None,
 ) -> HTMLResponse:
-    return await _page(request, booking_id)
+    _, checked = _checked(request, booking_id, token)
+    return await _page(request, booking_id, checked)
+
+
+async def _posted_token(request: Request) -> str | None:
+    raw = await request.body()
+    if len(raw) > MAX_FORM_BYTES:
+        return None
+    try:
+        values = parse_qs(raw.decode("latin-1"), max_num_fields=4).get("token")
+    except ValueError:  # too many fields: not our form
+        return None
+    return values[0] if values else None
 
 
 @router.post("/pay/{bookingId}", response_class=HTMLResponse)
 async def pay(
     booking_id: Annotated[PathId, Path(alias="bookingId")], request: Request
 ) -> HTMLResponse:
-    gateway = _gateway(request)
+    """Only the form's hidden token counts (not the query string): it is the proof
+    that whoever asks for the payment was given this booking's link."""
+    gateway, token = _checked(request, booking_id, await _posted_token(request))
     svc = svc_of(request)
     b = await svc.get(booking_id)
+    status = domain.effective_status(b["status"], b["hold_expires_at"], svc.clock.now())
+    if status != "HOLD":
+        # Paid, cancelled or run out: nothing to pay, nothing is sent.
+        return await _page(request, booking_id, token, f"nothing to pay: booking is {status}")
     raw, signature = gateway.checkout(
         booking_id, b["deposit_amount"], int(svc.clock.now().timestamp())
     )
     result = await process_webhook(request, raw, signature)
-    return await _page(request, booking_id, result)
+    return await _page(request, booking_id, token, result)

@@ -36,6 +36,7 @@ DomainError.register(
         "booking_not_found": 404,
         "not_cancellable": 409,
         "invalid_state": 409,
+        "payment_gateway_unconfigured": 503,
     }
 )
 
@@ -45,6 +46,7 @@ Booking = dict[str, Any]
 Within = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
 
 EXPIRE_HOLD = "rentals.expire-hold"
+NO_GATEWAY = "no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY"
 # A customer's clock may lag ours a little: a period starting this long ago is accepted.
 START_GRACE = timedelta(minutes=5)
 
@@ -75,7 +77,6 @@ class Config:
     hold_rate_limit: int = 3
     hold_rate_window_s: int = 900
     search_cache_ttl_s: int = 30
-    payment_url_base: str = "http://127.0.0.1:8000"
 
 
 class RentalService:
@@ -87,9 +88,10 @@ class RentalService:
         limiter: RateLimiter,
         config: Config = Config(),
         scheduler: JobScheduler | None = None,
+        gateway: PaymentGateway | None = None,
     ) -> None:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
-        self.config, self.scheduler = config, scheduler
+        self.config, self.scheduler, self.gateway = config, scheduler, gateway
 
     def attach_scheduler(self, scheduler: Any) -> None:
         """Use the scheduler facade (reservo.scheduler.Scheduler) for one expiry job
@@ -101,8 +103,11 @@ class RentalService:
 
         scheduler.register(EXPIRE_HOLD, expire)
 
-    def payment_url(self, booking_id: int) -> str:
-        return f"{self.config.payment_url_base.rstrip('/')}/sandbox/pay/{booking_id}"
+    def payment_url(self, booking_id: int) -> str | None:
+        """Where the holder pays (None: no gateway offers a page). Only ever shown in
+        responses about the booking, which only its customer, host or an admin see:
+        the sandbox link's token is what lets its page act on this booking."""
+        return None if self.gateway is None else self.gateway.payment_url(booking_id)
 
     def check_period(self, start: datetime, end: datetime) -> None:
         try:
@@ -373,7 +378,7 @@ class RefundConsumer:
     gateway gets the event id as its idempotency key, so a redelivered event
     refunds once."""
 
-    def __init__(self, db: Database, gateway: PaymentGateway, clock: Clock) -> None:
+    def __init__(self, db: Database, gateway: PaymentGateway | None, clock: Clock) -> None:
         self.db, self.gateway, self.clock = db, gateway, clock
 
     async def handle(self, event: Event) -> None:
@@ -384,6 +389,17 @@ class RefundConsumer:
         async with self.db.connection() as conn:
             if await repo.refund_recorded(conn, txn):
                 return
+        if self.gateway is None:
+            # Failing (not returning) keeps the event: the relay retries it with
+            # backoff, and a Kafka consumer defers it (a 5xx DomainError is never
+            # parked), until a restart with a gateway executes it.
+            log.error(
+                "rentals_refund_waiting",
+                event_id=str(event.id),
+                booking_id=p["bookingId"],
+                error=NO_GATEWAY,
+            )
+            raise DomainError("payment_gateway_unconfigured", NO_GATEWAY, status=503)
         ref = await self.gateway.refund(int(p["bookingId"]), int(p["amount"]), str(event.id))
         async with self.db.transaction() as conn:
             await repo.insert_refund(
