@@ -31,12 +31,18 @@ from tenacity import (
 
 from reservo.core.auth import sign_webhook
 from reservo.core.breaker import CircuitBreaker
+from reservo.core.failures import Rejected
 
 log = structlog.get_logger(__name__)
 
 
 class GatewayError(Exception):
     """The refund did not go through; the event is retried later by the relay."""
+
+
+class RefundRefused(GatewayError, Rejected):
+    """The gateway answered 4xx: it refuses this refund for good. Parked as a dead
+    letter (replayable once the cause is fixed), never retried blindly."""
 
 
 class TransientGatewayError(GatewayError):
@@ -163,7 +169,7 @@ class HttpGateway:
         if r.status_code >= 500 or r.status_code == 429:
             raise TransientGatewayError(f"gateway answered {r.status_code}")
         if r.status_code >= 400:
-            raise GatewayError(f"gateway refused the refund: {r.status_code} {r.text[:200]}")
+            raise RefundRefused(f"gateway refused the refund: {r.status_code} {r.text[:200]}")
         try:
             ref = r.json().get("id")
         except ValueError:
