@@ -186,7 +186,7 @@ class HttpGateway:
         # Retries are safe: the provider dedupes by the Idempotency-Key.
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential_jitter(initial=0.2, max=2.0),
+            wait=wait_exponential_jitter(multiplier=0.2, max=2.0),
             retry=retry_if_exception_type(TransientGatewayError),
             reraise=True,
         ):
