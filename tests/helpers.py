@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import uuid
 from datetime import date, timedelta
 from typing import Any
 
 import httpx
 
-from tests.conftest import auth
+from tests.conftest import JWT_SECRET, auth
 
 ADMIN = auth("admin", 1)
 
@@ -63,3 +66,21 @@ async def book(
     return await client.post(
         "/api/appointments", json={"slotId": slot_id, "patientId": patient_id}, headers=headers
     )
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def forge_token(
+    payload: str | bytes,
+    header: str | bytes = '{"alg":"HS256","typ":"JWT"}',
+    secret: str = JWT_SECRET,
+) -> str:
+    """An HS256 JWT over exactly these header/payload bytes, correctly signed: for
+    claims no JSON encoder writes (NaN, Infinity, odd types) or odd headers."""
+    head = header.encode() if isinstance(header, str) else header
+    body = payload.encode() if isinstance(payload, str) else payload
+    signing_input = f"{_b64url(head)}.{_b64url(body)}"
+    mac = hmac.new(secret.encode(), signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{_b64url(mac)}"

@@ -14,7 +14,7 @@ from reservo.appointments.api import router as appointments_router
 from reservo.betting.api import router as betting_router
 from reservo.bootstrap import Container
 from reservo.core import metrics
-from reservo.core.http import install_error_handlers, install_metrics
+from reservo.core.http import install_body_limit, install_error_handlers, install_metrics
 from reservo.rentals.api import router as rentals_router
 from reservo.rentals.gateway import SandboxGateway
 from reservo.rentals.sandbox import router as rentals_sandbox_router
@@ -48,6 +48,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     app.state.results = container.results
     app.state.scheduler = container.scheduler
     install_error_handlers(app)
+    # Added before the metrics middleware so it runs inside it: 413s are counted.
+    install_body_limit(app, container.settings.max_body_bytes)
     install_metrics(app)
     app.include_router(appointments_router)
     app.include_router(rentals_router)

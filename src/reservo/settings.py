@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     payments_webhook_secret: str = "dev-payments-secret"
     results_webhook_secret: str = "dev-results-secret"
     webhook_tolerance_s: int = 300
+    # Largest request body accepted (413 above it, before the body is read).
+    max_body_bytes: int = Field(default=1_048_576, ge=1)
 
     # Idempotency keys are kept at least this long, then pruned.
     idempotency_retention_hours: int = Field(default=24, ge=24)

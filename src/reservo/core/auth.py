@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import jwt
 
@@ -17,6 +19,16 @@ Role = Literal["admin", "doctor", "patient", "customer", "host", "bettor", "serv
 ROLES: frozenset[str] = frozenset(
     {"admin", "doctor", "patient", "customer", "host", "bettor", "service"}
 )
+# User ids are PostgreSQL bigints from 1 up; 0 and below belong to no user (system
+# accounts use owner 0), so no token may carry them.
+MAX_SUB = 2**63 - 1
+# One spelling per id: ASCII digits, no sign, no leading zero. str.isdigit()/int()
+# also take "01", U+0660 (Arabic-Indic zero) or U+FF11 (fullwidth one), which
+# would alias other users.
+_SUB = re.compile(r"[1-9][0-9]*", re.ASCII)
+# X-Signature parts: a Unix time (12 digits reach the year 33658) and a SHA-256 hex MAC.
+_SIG_T = re.compile(r"[0-9]{1,12}", re.ASCII)
+_SIG_V1 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,8 @@ def unauthenticated(detail: str) -> DomainError:
 def mint_token(secret: str, role: str, sub: int, ttl: timedelta, now: datetime) -> str:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; one of {sorted(ROLES)}")
+    if not 1 <= sub <= MAX_SUB:
+        raise ValueError(f"sub must be a user id in [1, {MAX_SUB}]")
     exp = now + ttl
     return jwt.encode(
         {"sub": str(sub), "role": role, "exp": int(exp.timestamp())}, secret, algorithm="HS256"
@@ -72,12 +86,31 @@ def decode_token(secret: str, authorization: str | None, now: datetime) -> Princ
         )
     except jwt.PyJWTError as exc:
         raise unauthenticated(f"invalid token: {exc}") from exc
-    exp = claims.get("exp")
-    if not isinstance(exp, int | float) or exp <= now.timestamp():
+    except Exception as exc:
+        # The token is untrusted input: whatever the parser trips on (OverflowError,
+        # ValueError, TypeError, RecursionError on odd headers or claims) is a
+        # refusal, never a 500.
+        raise unauthenticated("invalid token") from exc
+    return _principal(claims, now)
+
+
+def _principal(claims: dict[str, Any], now: datetime) -> Principal:
+    """The caller named by verified claims; every claim is checked by type and
+    shape, since JSON can put lists, objects, NaN or huge numbers anywhere."""
+    exp: Any = claims.get("exp")
+    # bool is an int; NaN compares False to everything, so it would never expire.
+    # (No isfinite() on ints: a huge one overflows the float conversion.)
+    finite = isinstance(exp, int) or (isinstance(exp, float) and math.isfinite(exp))
+    if isinstance(exp, bool) or not finite:
+        raise unauthenticated("token has an invalid exp")
+    if exp <= now.timestamp():
         raise unauthenticated("token expired")
     role, sub = claims.get("role"), claims.get("sub")
-    if role not in ROLES or not isinstance(sub, str) or not sub.isdigit():
-        raise unauthenticated("token has an unknown role or a non-numeric sub")
+    if not isinstance(role, str) or role not in ROLES:
+        raise unauthenticated("token has an unknown role")
+    # Length first: int() of thousands of digits raises instead of answering.
+    if not isinstance(sub, str) or len(sub) > 19 or not _SUB.fullmatch(sub) or int(sub) > MAX_SUB:
+        raise unauthenticated("token sub must be a user id in [1, 2^63-1]")
     return Principal(sub=int(sub), role=role)
 
 
@@ -88,18 +121,37 @@ def sign_webhook(secret: str, body: bytes, t: int | None = None) -> str:
     return f"t={t},v1={mac}"
 
 
-def verify_webhook(
-    secret: str, header: str | None, body: bytes, now: datetime, tolerance_s: int = 300
-) -> None:
+def parse_signature(header: str | None) -> tuple[str, str]:
+    """(t, v1) of an ``X-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>`` header.
+
+    Strict on purpose: the header is attacker-controlled, and a lenient parse
+    (int() of hundreds of digits, Unicode digits, non-ASCII MACs) raised instead
+    of refusing. Unknown parts are ignored; t and v1 must appear exactly once."""
     bad = DomainError("bad_signature", "missing or invalid X-Signature", status=401)
     if not header:
         raise bad
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
-    t, v1 = parts.get("t", ""), parts.get("v1", "")
-    if not t.isdigit() or not v1:
+    seen: dict[str, str] = {}
+    for part in header.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip(" \t")
+        if not sep or name not in ("t", "v1"):
+            continue
+        if name in seen:
+            raise bad
+        seen[name] = value.strip(" \t")
+    t, v1 = seen.get("t", ""), seen.get("v1", "")
+    if not _SIG_T.fullmatch(t) or not _SIG_V1.fullmatch(v1):
         raise bad
+    return t, v1
+
+
+def verify_webhook(
+    secret: str, header: str | None, body: bytes, now: datetime, tolerance_s: int = 300
+) -> None:
+    t, v1 = parse_signature(header)
+    # The MAC covers t as sent (leading zeros included), so t stays text here.
     if abs(now.timestamp() - int(t)) > tolerance_s:
         raise DomainError("bad_signature", "signature timestamp outside tolerance", status=401)
     expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, v1.strip()):
-        raise bad
+    if not hmac.compare_digest(expected.encode("ascii"), v1.encode("ascii")):
+        raise DomainError("bad_signature", "missing or invalid X-Signature", status=401)

@@ -20,8 +20,11 @@ from typing import Any
 
 import asyncpg
 import orjson
+import structlog
 
 from reservo.core.errors import DomainError, translate
+
+log = structlog.get_logger(__name__)
 
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -150,14 +153,22 @@ class Database:
         except asyncpg.IntegrityConstraintViolationError as exc:
             raise (translate(exc) or exc) from exc
         except asyncpg.DataError as exc:
-            # SQLSTATE class 22: a value the database cannot take (out of range,
-            # bad encoding). Input validation should catch these first; this is
-            # the net that keeps bad input from ever becoming a 500.
+            # SQLSTATE class 22 (or asyncpg refusing to encode an argument): a value
+            # the database cannot take. Input validation should catch these first;
+            # this is the net that keeps bad input from ever becoming a 500. The
+            # driver's text names query arguments and internals: it goes to the
+            # log, never to the client.
+            log.warning(
+                "database_data_error",
+                error_type=type(exc).__name__,
+                sqlstate=getattr(exc, "sqlstate", None),
+                error=str(exc),
+            )
             raise DomainError(
                 "validation_error",
                 "a value is out of range or badly encoded",
                 status=422,
-                extra={"errors": [{"loc": [], "msg": str(exc), "type": "data_error"}]},
+                extra={"errors": [{"loc": [], "msg": "value rejected", "type": "data_error"}]},
             ) from exc
         except UNAVAILABLE as exc:
             raise unavailable() from exc

@@ -26,6 +26,7 @@ class DomainError(Exception):
         "idempotency_key_required": 400,
         "idempotency_key_reused": 422,
         "request_in_progress": 409,
+        "payload_too_large": 413,
     }
 
     def __init__(

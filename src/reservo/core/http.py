@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import orjson
 import structlog
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +30,7 @@ _PHRASES = {
     403: "Forbidden",
     404: "Not found",
     409: "Conflict",
+    413: "Payload too large",
     422: "Validation error",
     429: "Rate limited",
     503: "Unavailable",
@@ -80,7 +82,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.status_code, "http_error"
+        )
         return JSONResponse(
             problem_body(exc.status_code, code, str(exc.detail)),
             status_code=exc.status_code,
@@ -132,6 +136,91 @@ class _ObserveRequests:
             method = scope["method"]
             metrics.HTTP_LATENCY.labels(method, route).observe(time.perf_counter() - started)
             metrics.HTTP_REQUESTS.labels(method, route, str(status)).inc()
+
+
+def install_body_limit(app: FastAPI, max_bytes: int) -> None:
+    app.add_middleware(_LimitRequestBody, max_bytes=max_bytes)
+
+
+class _BodyTooLarge(Exception):
+    """Raised into the app from ``receive`` once a body passes the limit."""
+
+
+class _LimitRequestBody:
+    """Refuses request bodies over ``max_bytes`` with 413, before any of it is
+    read and before authentication: a declared Content-Length over the limit is
+    answered at once; an unsized (chunked) body is counted while it streams and
+    cut off as soon as it passes the limit. Without this, every route read
+    whatever size it was sent into memory."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        for name, value in scope["headers"]:
+            # A malformed Content-Length is the server's to refuse; the stream
+            # count below still applies. (Length before int(): int() refuses
+            # thousands of digits by raising.)
+            if name != b"content-length" or not value.isdigit():
+                continue
+            digits = value.lstrip(b"0")
+            if len(digits) > 18 or int(digits or b"0") > limit:
+                await _send_too_large(send, limit)
+                return
+        received = 0
+        over = started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    over = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if over and not started:
+                # Whatever the app answers to its cut-off body (FastAPI turns a
+                # failing read into a 400) is replaced by the 413 below.
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not over or started:
+                raise
+        if over and not started:
+            await _send_too_large(send, limit)
+
+
+async def _send_too_large(send: Send, limit: int) -> None:
+    body = orjson.dumps(
+        problem_body(413, "payload_too_large", f"the request body is larger than {limit} bytes")
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", PROBLEM_JSON.encode()),
+                (b"content-length", str(len(body)).encode()),
+                # The rest of the body is never read: the connection cannot be reused.
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 async def current_principal(

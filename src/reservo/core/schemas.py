@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
@@ -33,25 +34,37 @@ Instant = Annotated[AwareDatetime, AfterValidator(_in_range)]
 Day = Annotated[date, Field(ge=EARLIEST_DAY, le=LATEST_DAY)]
 
 
+# Deepest JSON nesting a request may carry (objects and arrays, the body itself
+# counting as level 1). Nothing reservo accepts needs more than a few levels;
+# orjson refuses to write more than 254, which a stored payload must survive.
+MAX_DEPTH = 32
+
+
 def _unstorable(value: Any) -> str | None:
-    """Why a JSON value cannot be stored (PostgreSQL text has no NUL; our JSON codec
-    and PostgreSQL bigint stop at 64 bits), or None."""
-    if isinstance(value, str):
-        return "strings may not contain NUL characters" if "\x00" in value else None
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return None if -(2**63) <= value < 2**64 else "integers must fit in 64 bits"
-    if isinstance(value, dict):
-        for k, v in value.items():
-            reason = _unstorable(k) or _unstorable(v)
-            if reason:
-                return reason
-    if isinstance(value, list | tuple):
-        for v in value:
-            reason = _unstorable(v)
-            if reason:
-                return reason
+    """Why a JSON value cannot be stored, or None: PostgreSQL text has no NUL; our
+    JSON codec and PostgreSQL bigint stop at 64 bits; NaN and Infinity are not
+    JSON; nesting is bounded. Walks with its own stack (no recursion), so no
+    input depth can exhaust the interpreter's."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "strings may not contain NUL characters"
+        elif isinstance(item, bool):
+            continue
+        elif isinstance(item, int):
+            if not -(2**63) <= item < 2**64:
+                return "integers must fit in 64 bits"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "numbers must be finite (NaN and Infinity are not JSON)"
+        elif isinstance(item, dict | list | tuple):
+            if depth >= MAX_DEPTH:
+                return f"JSON may nest at most {MAX_DEPTH} levels"
+            children = item.items() if isinstance(item, dict) else ((v,) for v in item)
+            for pair in children:
+                stack.extend((child, depth + 1) for child in pair)
     return None
 
 
