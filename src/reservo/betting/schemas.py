@@ -14,7 +14,7 @@ from reservo.core.schemas import ApiModel, Instant
 Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
 Market = Literal["1X2", "TOTALS_2_5", "BTTS"]
 # Decimal strings with at most two decimals, between 1.01 and 1000.
-OddsStr = Annotated[str, Field(pattern=r"^\d{1,4}(\.\d{1,2})?$", examples=["1.85"])]
+OddsStr = Annotated[str, Field(pattern=r"^[0-9]{1,4}(\.[0-9]{1,2})?$", examples=["1.85"])]
 Score = Annotated[StrictInt, Field(ge=0, le=1000)]
 # PostgreSQL text cannot hold NUL: refuse it here (422) rather than fail in the database.
 Text = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
