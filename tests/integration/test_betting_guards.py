@@ -213,14 +213,14 @@ async def test_match_start_outside_the_accepted_range_is_refused(
 
 
 async def test_odds_are_ascii_decimals(client: httpx.AsyncClient, db: asyncpg.Connection) -> None:
-    """ "١.٨٠" is 1.80 to Decimal, but no client writes odds that way: 422."""
+    """Arabic-Indic "1.80" is 1.80 to Decimal, but no client writes odds that way: 422."""
     before = await db.fetchval("SELECT count(*) FROM betting_match")
     body = {
         "externalId": f"ext-{uuid.uuid4()}",
         "home": "A",
         "away": "B",
         "startsAt": (datetime.now(UTC) + timedelta(hours=2)).isoformat(),
-        "odds": {"1X2": {"HOME": "١.٨٠", "DRAW": "3.40", "AWAY": "4.20"}},
+        "odds": {"1X2": {"HOME": "\u0661.\u0668\u0660", "DRAW": "3.40", "AWAY": "4.20"}},
     }
     r = await client.post("/api/matches", json=body, headers=ADMIN)
     assert (r.status_code, r.json()["code"]) == (422, "validation_error"), r.text

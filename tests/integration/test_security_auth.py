@@ -47,7 +47,7 @@ async def test_a_sub_0_token_does_not_own_the_system_accounts(
     client: httpx.AsyncClient, db: asyncpg.Connection
 ) -> None:
     await make_account(client, 100)  # the first deposit creates the system accounts
-    system = await db.fetchval("SELECT id FROM wallet_account WHERE owner_id = 0 LIMIT 1")
+    system = await db.fetchval("SELECT id FROM wallet_account WHERE kind = 'WORLD' LIMIT 1")
     assert system is not None
     r = await client.get(f"/api/accounts/{system}", headers=bearer('"0"'))
     assert problem(r) == (401, "unauthenticated")
