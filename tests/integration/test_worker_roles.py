@@ -1,0 +1,50 @@
+"""The roles a worker process runs are derived from the subscriptions: `reservo up`
+and `reservo worker --roles all` run every consumer any module subscribed, the
+help lists them, and an unknown role is a clear error."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from reservo import cli
+from reservo.bootstrap import ALL, BACKGROUND_ROLES, Container, declared_consumers
+from reservo.settings import Settings
+
+
+def test_up_runs_every_subscribed_consumer(container: Container) -> None:
+    consumers = container.subscriptions.consumers()
+    # Every module that consumes events is there (a list kept by hand once named only one).
+    assert {"betting.settlement", "wallet.payouts", "rentals-refunds", "notifications"} <= set(
+        consumers
+    )
+    up = container.resolve_roles(cli.UP_ROLES)
+    assert set(consumers) <= set(up)
+    assert set(BACKGROUND_ROLES) <= set(up)
+    assert up == container.all_roles() == container.resolve_roles([ALL])
+    # `--roles all` mixed with explicit names adds nothing twice.
+    assert container.resolve_roles(["relay", ALL, "wallet.payouts"]) == [
+        "relay",
+        *[r for r in container.all_roles() if r != "relay"],
+    ]
+
+
+def test_help_lists_the_consumers_the_modules_subscribe(container: Container) -> None:
+    assert list(declared_consumers()) == container.consumer_roles()
+    out = CliRunner().invoke(cli.app, ["worker", "--help"], env={"COLUMNS": "400"}).output
+    for role in [ALL, *container.all_roles()]:
+        assert role in out, out
+
+
+def test_unknown_role_is_a_clear_error(container: Container, base_settings: Settings) -> None:
+    with pytest.raises(ValueError, match=r"unknown role\(s\) bogus; known: all, .*wallet\.payouts"):
+        container.resolve_roles(["relay", "bogus"])
+    env = {
+        "RESERVO_DATABASE_URL": base_settings.database_url or "",
+        "RESERVO_REDIS_URL": base_settings.redis_url or "",
+        "COLUMNS": "400",
+    }
+    result = CliRunner().invoke(cli.app, ["worker", "--roles", "relay,bogus"], env=env)
+    assert result.exit_code == 2, result.output
+    assert "unknown role(s) bogus" in result.output
+    assert "betting.settlement" in result.output
