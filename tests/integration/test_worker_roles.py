@@ -4,12 +4,15 @@ help lists them, and an unknown role is a clear error."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from typer.testing import CliRunner
 
 from reservo import cli
 from reservo.bootstrap import ALL, BACKGROUND_ROLES, Container, declared_consumers
 from reservo.settings import Settings
+from tests.e2e.procs import BIN, env_for
 
 
 def test_up_runs_every_subscribed_consumer(container: Container) -> None:
@@ -39,12 +42,14 @@ def test_help_lists_the_consumers_the_modules_subscribe(container: Container) ->
 def test_unknown_role_is_a_clear_error(container: Container, base_settings: Settings) -> None:
     with pytest.raises(ValueError, match=r"unknown role\(s\) bogus; known: all, .*wallet\.payouts"):
         container.resolve_roles(["relay", "bogus"])
-    env = {
-        "RESERVO_DATABASE_URL": base_settings.database_url or "",
-        "RESERVO_REDIS_URL": base_settings.redis_url or "",
-        "COLUMNS": "400",
-    }
-    result = CliRunner().invoke(cli.app, ["worker", "--roles", "relay,bogus"], env=env)
-    assert result.exit_code == 2, result.output
-    assert "unknown role(s) bogus" in result.output
-    assert "betting.settlement" in result.output
+    # A real process: the command configures logging for the whole interpreter.
+    result = subprocess.run(
+        [str(BIN), "worker", "--roles", "relay,bogus"],
+        env=env_for(base_settings, COLUMNS="400"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "unknown role(s) bogus" in result.stderr
+    assert "betting.settlement" in result.stderr
