@@ -235,6 +235,7 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
         publisher=publisher,
         batch=settings.betting_resend_batch,
         max_attempts=settings.betting_resend_max_attempts,
+        lease_s=settings.betting_resend_lease_s,
     )
     clash = {ALL, *BACKGROUND_ROLES} & set(subscriptions.consumers())
     if clash:  # a consumer named like a background role could not be selected apart
