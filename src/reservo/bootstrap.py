@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -60,18 +61,21 @@ from reservo.wallet.service import WalletService
 log = structlog.get_logger(__name__)
 CORE_SQL = Queries.load("reservo.core")
 
-# Roles a worker process can run; `reservo worker --roles` picks a subset.
-# Consumer roles (e.g. "notifications") are the consumer names in Subscriptions: with
-# Kafka each runs its consumer group; with the local transport the relay runs them.
-ROLES = (
+# Roles of a worker process that are not event consumers; `reservo worker --roles`
+# picks a subset. The other roles are the consumer names of the Container's
+# Subscriptions (never listed by hand: a list kept apart from the subscriptions
+# once left most consumer groups unstarted): with Kafka each runs its consumer
+# group; with the local transport the relay runs every subscription in-process.
+BACKGROUND_ROLES = (
     "relay",
     "maintenance",
-    NOTIFICATIONS,
     "scheduler",
     "rentals",
     "settlement",
     "results_resend",
 )
+# `reservo worker --roles all`: every background role and every consumer.
+ALL = "all"
 
 
 @dataclass
@@ -98,6 +102,29 @@ class Container:
     scheduler: Scheduler
     rentals: RentalService
     rentals_gateway: PaymentGateway | None  # None: none configured (refunds wait)
+
+    def consumer_roles(self) -> list[str]:
+        """Every consumer that subscribed to a topic (with Kafka: its group's name)."""
+        return self.subscriptions.consumers()
+
+    def all_roles(self) -> list[str]:
+        """What a process running everything (`reservo up`, `--roles all`) runs."""
+        return [*BACKGROUND_ROLES, *self.consumer_roles()]
+
+    def resolve_roles(self, wanted: Sequence[str]) -> list[str]:
+        """Expand ``all`` and refuse unknown names (ValueError naming the known ones)."""
+        roles: list[str] = []
+        for role in wanted:
+            for r in self.all_roles() if role == ALL else [role]:
+                if r not in roles:
+                    roles.append(r)
+        unknown = [r for r in roles if r not in self.all_roles()]
+        if unknown:
+            raise ValueError(
+                f"unknown role(s) {', '.join(unknown)}; known: {ALL}, "
+                + ", ".join(self.all_roles())
+            )
+        return roles
 
     async def close(self) -> None:
         await self.db.close()
@@ -129,7 +156,9 @@ class Container:
         }
 
 
-def build(settings: Settings, clock: Clock | None = None) -> Container:
+def build(settings: Settings, clock: Clock | None = None, *, announce: bool = True) -> Container:
+    """The whole graph. ``announce`` logs the start-up warnings (sandbox or no
+    payment gateway); off when the graph is built only to read what it declares."""
     if not settings.database_url or not settings.redis_url:
         raise RuntimeError(
             "RESERVO_DATABASE_URL and RESERVO_REDIS_URL must be set "
@@ -178,7 +207,8 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
         page_base=settings.rentals_payment_url_base
         or f"http://{settings.http_host}:{settings.http_port}",
     )
-    _warn_about_gateway(rentals_gateway)
+    if announce:
+        _warn_about_gateway(rentals_gateway)
     refunds = RefundConsumer(db, rentals_gateway, clock)
     subscriptions.add(
         rental_events.REFUND_CONSUMER, [rental_events.REFUND_REQUESTED], refunds.handle
@@ -228,7 +258,11 @@ def build(settings: Settings, clock: Clock | None = None) -> Container:
         publisher=publisher,
         batch=settings.betting_resend_batch,
         max_attempts=settings.betting_resend_max_attempts,
+        lease_s=settings.betting_resend_lease_s,
     )
+    clash = {ALL, *BACKGROUND_ROLES} & set(subscriptions.consumers())
+    if clash:  # a consumer named like a background role could not be selected apart
+        raise RuntimeError(f"consumer names {sorted(clash)} are taken by worker roles")
     # Kafka when configured; otherwise the relay runs the handlers in-process.
     transport: Transport = (
         transport_from_settings(settings, subscriptions.topics)
@@ -331,6 +365,18 @@ def _warn_about_gateway(gateway: PaymentGateway | None) -> None:
         )
 
 
+@functools.cache
+def declared_consumers() -> tuple[str, ...]:
+    """The consumer roles without a deployment at hand (``reservo worker --help``):
+    read off a container built from the defaults. Building dials nothing (pools
+    and clients connect on first use), so the addresses below are never used."""
+    settings = Settings.model_construct(
+        database_url="postgresql://declared-roles.invalid/reservo",
+        redis_url="redis://declared-roles.invalid:6379/0",
+    )
+    return tuple(build(settings, announce=False).consumer_roles())
+
+
 async def _every(
     stop: asyncio.Event, period_s: float, name: str, work: Callable[[], Awaitable[object]]
 ) -> None:
@@ -383,15 +429,16 @@ async def _resend(c: Container, stop: asyncio.Event) -> None:
 
 async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -> None:
     """Run the background roles until ``stop`` is set."""
-    known = set(ROLES) | set(c.subscriptions.consumers())
-    unknown = set(roles) - known
-    if unknown:
-        raise ValueError(f"unknown roles {sorted(unknown)}; known: {', '.join(sorted(known))}")
+    roles = c.resolve_roles(roles)
+    consumers = [r for r in roles if r in c.consumer_roles()]
+    if consumers and not c.settings.kafka_bootstrap and "relay" not in roles:
+        # Nothing is lost (the events wait in the outbox), but nothing here consumes them.
+        log.warning("consumers_run_in_the_relay", consumers=consumers)
     tasks: list[Awaitable[None]] = []
     if "relay" in roles:
         tasks.append(_relay(c, stop))
     if c.settings.kafka_bootstrap:
-        for consumer in sorted(set(roles) & set(c.subscriptions.consumers())):
+        for consumer in consumers:
             runner = consumer_from_settings(
                 c.settings, consumer, c.subscriptions.for_consumer(consumer), c.db, c.clock
             )
@@ -410,5 +457,5 @@ async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -
         tasks.append(_every(stop, sweep_s, "settlement_sweep", c.settlement.sweep))
     if "results_resend" in roles:
         tasks.append(_resend(c, stop))
-    log.info("workers_started", roles=list(roles))
+    log.info("workers_started", roles=roles)
     await asyncio.gather(*tasks)

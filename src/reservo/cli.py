@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import tempfile
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +17,7 @@ import typer
 import uvicorn
 from rich.console import Console
 
-from reservo.bootstrap import ROLES
+from reservo.bootstrap import ALL, BACKGROUND_ROLES, declared_consumers
 from reservo.core.logging import configure as configure_logging
 from reservo.settings import Settings
 
@@ -27,6 +28,9 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database administration.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 console = Console(stderr=True)
+# What `reservo up` runs: every background role and every consumer the modules
+# subscribed (Container.all_roles()), whatever the transport.
+UP_ROLES = (ALL,)
 
 
 def _settings() -> Settings:
@@ -99,12 +103,14 @@ def worker(
     roles: Annotated[
         str,
         typer.Option(
-            help="comma-separated, any of: " + ",".join(ROLES) + " and consumer names "
-            "(with Kafka each runs its consumer group)"
+            help=f"comma-separated; '{ALL}' (what `reservo up` runs) or any of the "
+            f"background roles {', '.join(BACKGROUND_ROLES)} and the event consumers "
+            f"{', '.join(declared_consumers())} (with Kafka each consumer runs its "
+            "consumer group; with the local transport the relay runs them all)"
         ),
     ] = "relay,maintenance",
 ) -> None:
-    """Run background roles (outbox relay, maintenance) until SIGINT/SIGTERM."""
+    """Run background roles (outbox relay, maintenance, consumers...) until SIGINT/SIGTERM."""
     from reservo.bootstrap import build, run_workers
 
     settings = _settings()
@@ -112,6 +118,11 @@ def worker(
 
     async def main() -> None:
         container = build(settings)
+        try:
+            container.resolve_roles(wanted)
+        except ValueError as exc:
+            await container.close()
+            raise typer.BadParameter(str(exc), param_hint="--roles") from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -175,10 +186,23 @@ def up(
         asyncio.run(_serve_everything(settings, demo))
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises the stopping signal once the server has shut down. Here that
+    would kill the process (SIGTERM) or cancel it (SIGINT) before the workers have
+    stopped and the embedded services have shut down; the signal was already acted
+    on, so it is not raised again (a second Ctrl-C still cuts the clean-up short)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
+
+
 async def _serve_everything(settings: Settings, demo: bool) -> None:
     from reservo import demo as demo_data
     from reservo.app import create_app
-    from reservo.bootstrap import ROLES, build, run_workers
+    from reservo.bootstrap import build, run_workers
     from reservo.core.migrate import migrate
 
     assert settings.database_url
@@ -190,7 +214,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         console.print(f"demo data: doctors {ids} with 14 days of slots")
     if settings.jwt_secret == Settings.model_fields["jwt_secret"].default:
         console.print("[yellow]warning: RESERVO_JWT_SECRET is the demo default[/yellow]")
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             create_app(container, owns_container=False),
             host=settings.http_host,
@@ -201,7 +225,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         )
     )
     stop = asyncio.Event()
-    workers = asyncio.create_task(run_workers(container, ROLES, stop))
+    workers = asyncio.create_task(run_workers(container, UP_ROLES, stop))
     base = f"http://{settings.http_host}:{settings.http_port}"
     console.print(
         f"[bold green]reservo is up[/bold green]: API {base}  docs {base}/docs  "

@@ -163,6 +163,8 @@ class Settings(BaseSettings):
     betting_resend_interval_s: float = 0.5
     betting_resend_batch: int = 100
     betting_resend_max_attempts: int = 10
+    # How long a resender keeps the fallback rows it claimed while it publishes them.
+    betting_resend_lease_s: float = Field(default=60.0, gt=0)
     betting_sweep_interval_s: float = 5.0
     # The largest potential payout a bet may have, in minor units (default
     # 10,000,000.00): above it the bet is refused (422 at the stake).

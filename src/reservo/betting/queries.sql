@@ -133,24 +133,38 @@ INSERT INTO webhook_events_fallback (id, provider_event_id, payload, created_at)
 VALUES ($1, $2, $3, $4);
 
 -- name: fallback_claim
--- Several resend workers share the backlog; SKIP LOCKED keeps them off each other's rows.
-SELECT id, payload, attempts FROM webhook_events_fallback
- WHERE status = 'PENDING'
- ORDER BY created_at
- LIMIT $1
-   FOR UPDATE SKIP LOCKED;
+-- Lease a batch of PENDING rows: SKIP LOCKED keeps resenders off each other's rows
+-- for this statement only; the lease ($2 + $3 s) keeps them off while the rows are
+-- published after the commit, and brings back the rows of a resender that died.
+UPDATE webhook_events_fallback f
+   SET leased_until = $2::timestamptz + make_interval(secs => $3)
+  FROM (SELECT id FROM webhook_events_fallback
+         WHERE status = 'PENDING' AND (leased_until IS NULL OR leased_until < $2)
+         ORDER BY created_at
+         LIMIT $1
+           FOR UPDATE SKIP LOCKED) c
+ WHERE f.id = c.id
+RETURNING f.id, f.payload, f.attempts, f.created_at;
 
 -- name: fallback_resent
+-- Published (or settled): done. A row another resender already finished is left alone.
 UPDATE webhook_events_fallback
-   SET status = 'RESENT', resent_at = $2, attempts = attempts + 1, last_error = NULL
- WHERE id = $1;
+   SET status = 'RESENT', resent_at = $2, attempts = attempts + 1, last_error = NULL,
+       leased_until = NULL
+ WHERE id = ANY($1::uuid[]) AND status = 'PENDING';
 
 -- name: fallback_failed
+-- One more failed attempt; FAILED after $3 of them, else PENDING and free to retry.
 UPDATE webhook_events_fallback
-   SET attempts = attempts + 1, last_error = $2,
+   SET attempts = attempts + 1, last_error = $2, leased_until = NULL,
        status = CASE WHEN attempts + 1 >= $3 THEN 'FAILED' ELSE 'PENDING' END
- WHERE id = $1
+ WHERE id = $1 AND status = 'PENDING'
 RETURNING status;
+
+-- name: fallback_release
+-- Leased but never tried (the lease ran short): back without spending an attempt.
+UPDATE webhook_events_fallback SET leased_until = NULL
+ WHERE id = ANY($1::uuid[]) AND status = 'PENDING';
 
 -- name: record_rejected
 INSERT INTO webhook_events_rejected (source, body, error, received_at) VALUES ($1, $2, $3, $4);

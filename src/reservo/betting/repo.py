@@ -171,18 +171,30 @@ async def fallback_insert(
     await conn.execute(Q.fallback_insert, row_id, provider_event_id, payload, now)
 
 
-async def fallback_claim(conn: asyncpg.Connection, limit: int) -> list[Row]:
-    return list(await conn.fetch(Q.fallback_claim, limit))
+async def fallback_claim(
+    conn: asyncpg.Connection, limit: int, now: datetime, lease_s: float
+) -> list[Row]:
+    """Leased PENDING rows, oldest first (the first result of a match wins)."""
+    rows = await conn.fetch(Q.fallback_claim, limit, now, lease_s)
+    return sorted(rows, key=lambda r: (r["created_at"], r["id"]))
 
 
-async def fallback_resent(conn: asyncpg.Connection, row_id: uuid.UUID, now: datetime) -> None:
-    await conn.execute(Q.fallback_resent, row_id, now)
+async def fallback_resent(
+    conn: asyncpg.Connection, row_ids: list[uuid.UUID], now: datetime
+) -> None:
+    await conn.execute(Q.fallback_resent, row_ids, now)
 
 
 async def fallback_failed(
     conn: asyncpg.Connection, row_id: uuid.UUID, error: str, max_attempts: int
-) -> str:
-    return str(await conn.fetchval(Q.fallback_failed, row_id, error, max_attempts))
+) -> str | None:
+    """The row's new status; None when it was no longer PENDING."""
+    status = await conn.fetchval(Q.fallback_failed, row_id, error, max_attempts)
+    return None if status is None else str(status)
+
+
+async def fallback_release(conn: asyncpg.Connection, row_ids: list[uuid.UUID]) -> None:
+    await conn.execute(Q.fallback_release, row_ids)
 
 
 async def record_rejected(

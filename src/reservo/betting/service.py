@@ -14,7 +14,7 @@ import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
@@ -457,10 +457,15 @@ class ResultIntake:
 
 
 class FallbackResender:
-    """Republishes PENDING fallback rows (FOR UPDATE SKIP LOCKED, several
-    instances in parallel) and marks them RESENT or, after too many failures,
-    FAILED. Without Kafka it hands each result straight to the settlement
-    handler, in the same transaction that marks the row RESENT."""
+    """Republishes PENDING fallback rows and marks them RESENT or, after too many
+    failures, FAILED. No transaction stays open while it publishes (the outbox
+    relay's pattern): a batch is leased (FOR UPDATE SKIP LOCKED and ``leased_until``
+    in one committed statement), published with no connection held, then marked
+    in one short transaction. Several instances share the backlog; the rows of one
+    that died mid-publish come back when their lease ends, and a result published
+    twice is settled once (the settlement inbox, keyed by providerEventId).
+    Without Kafka it hands each result to the settlement handler, in the
+    transaction that marks the row RESENT (a database-only step)."""
 
     def __init__(
         self,
@@ -471,40 +476,76 @@ class FallbackResender:
         publisher: Publisher | None = None,
         batch: int = 100,
         max_attempts: int = 10,
+        lease_s: float = 60.0,
     ) -> None:
         self.db, self.clock, self.settlement = db, clock, settlement
         self.publisher, self.batch, self.max_attempts = publisher, batch, max_attempts
+        self.lease_s = lease_s
 
     async def run_once(self) -> int:
-        to_settle: list[int] = []
-        async with self.db.transaction() as conn:
-            rows = await repo.fallback_claim(conn, self.batch)
-            for row in rows:
-                now = self.clock.now()
-                payload = row["payload"]
-                try:
-                    if self.publisher is not None:
-                        await self.publisher.publish(
-                            Event(
-                                events.result_event_id(payload["providerEventId"]),
-                                events.RESULT_TOPIC,
-                                payload["matchExternalId"],
-                                payload,
-                                now,
-                            )
-                        )
-                    else:
-                        async with conn.transaction():  # a savepoint per row
-                            match_id = await self.settlement.accept_in(conn, payload)
-                        if match_id is not None:
-                            to_settle.append(match_id)
-                except Exception as exc:
-                    status = await repo.fallback_failed(
-                        conn, row["id"], repr(exc)[:2000], self.max_attempts
-                    )
-                    log.warning("fallback_resend_failed", id=str(row["id"]), status=status)
-                    continue
-                await repo.fallback_resent(conn, row["id"], now)
-        for match_id in dict.fromkeys(to_settle):
-            await self.settlement.settle(match_id)
+        """Lease, resend and mark one batch; returns how many rows it leased."""
+        now = self.clock.now()
+        async with self.db.connection() as conn:
+            rows = await repo.fallback_claim(conn, self.batch, now, self.lease_s)
+        if not rows:
+            return 0
+        if self.publisher is None:
+            to_settle = [m for row in rows if (m := await self._accept(row)) is not None]
+            for match_id in dict.fromkeys(to_settle):
+                await self.settlement.settle(match_id)
+        else:
+            await self._publish(self.publisher, rows, now + timedelta(seconds=self.lease_s / 2))
         return len(rows)
+
+    async def _publish(
+        self, publisher: Publisher, rows: list[asyncpg.Record], until: datetime
+    ) -> None:
+        resent: list[uuid.UUID] = []
+        failed: list[tuple[uuid.UUID, str]] = []
+        unstarted: list[uuid.UUID] = []
+        for row in rows:
+            now = self.clock.now()
+            if now >= until:
+                # Past half the lease (slow or timing-out publishes): a row started now
+                # could outlive it and be sent by another resender at the same time.
+                unstarted.append(row["id"])
+                continue
+            payload = row["payload"]
+            try:
+                await publisher.publish(
+                    Event(
+                        events.result_event_id(payload["providerEventId"]),
+                        events.RESULT_TOPIC,
+                        payload["matchExternalId"],
+                        payload,
+                        now,
+                    )
+                )
+            except Exception as exc:
+                failed.append((row["id"], repr(exc)[:2000]))
+            else:
+                resent.append(row["id"])
+        async with self.db.transaction() as conn:
+            if resent:
+                await repo.fallback_resent(conn, resent, self.clock.now())
+            for row_id, error in failed:
+                status = await repo.fallback_failed(conn, row_id, error, self.max_attempts)
+                log.warning("fallback_resend_failed", id=str(row_id), status=status)
+            if unstarted:
+                await repo.fallback_release(conn, unstarted)
+
+    async def _accept(self, row: asyncpg.Record) -> int | None:
+        """Record the result and mark the row RESENT in one transaction; returns the
+        match to settle (settled after the commit, chunk by chunk)."""
+        try:
+            async with self.db.transaction() as conn:
+                match_id = await self.settlement.accept_in(conn, row["payload"])
+                await repo.fallback_resent(conn, [row["id"]], self.clock.now())
+            return match_id
+        except Exception as exc:
+            async with self.db.transaction() as conn:
+                status = await repo.fallback_failed(
+                    conn, row["id"], repr(exc)[:2000], self.max_attempts
+                )
+            log.warning("fallback_resend_failed", id=str(row["id"]), status=status)
+            return None

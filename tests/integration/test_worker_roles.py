@@ -1,0 +1,125 @@
+"""The roles a worker process runs are derived from the subscriptions: `reservo up`
+and `reservo worker --roles all` run every consumer any module subscribed, the
+help lists them, and an unknown role is a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from reservo import cli
+from reservo.app import create_app
+from reservo.bootstrap import (
+    ALL,
+    BACKGROUND_ROLES,
+    Container,
+    build,
+    declared_consumers,
+    run_workers,
+)
+from reservo.settings import Settings
+from tests.betting_helpers import make_account, make_match, place, post_result, result_body
+from tests.conftest import new_id
+from tests.e2e.procs import BIN, env_for
+
+
+def test_up_runs_every_subscribed_consumer(container: Container) -> None:
+    consumers = container.subscriptions.consumers()
+    # Every module that consumes events is there (a list kept by hand once named only one).
+    assert {"betting.settlement", "wallet.payouts", "rentals-refunds", "notifications"} <= set(
+        consumers
+    )
+    up = container.resolve_roles(cli.UP_ROLES)
+    assert set(consumers) <= set(up)
+    assert set(BACKGROUND_ROLES) <= set(up)
+    assert up == container.all_roles() == container.resolve_roles([ALL])
+    # `--roles all` mixed with explicit names adds nothing twice.
+    assert container.resolve_roles(["relay", ALL, "wallet.payouts"]) == [
+        "relay",
+        *[r for r in container.all_roles() if r != "relay"],
+    ]
+
+
+def test_help_lists_the_consumers_the_modules_subscribe(container: Container) -> None:
+    assert list(declared_consumers()) == container.consumer_roles()
+    out = CliRunner().invoke(cli.app, ["worker", "--help"], env={"COLUMNS": "400"}).output
+    for role in [ALL, *container.all_roles()]:
+        assert role in out, out
+
+
+def test_unknown_role_is_a_clear_error(container: Container, base_settings: Settings) -> None:
+    with pytest.raises(ValueError, match=r"unknown role\(s\) bogus; known: all, .*wallet\.payouts"):
+        container.resolve_roles(["relay", "bogus"])
+    # A real process: the command configures logging for the whole interpreter.
+    result = subprocess.run(
+        [str(BIN), "worker", "--roles", "relay,bogus"],
+        env=env_for(base_settings, COLUMNS="400"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "unknown role(s) bogus" in result.stderr
+    assert "betting.settlement" in result.stderr
+
+
+async def test_up_roles_without_kafka_settle_pay_and_refund(
+    base_settings: Settings, fresh_database_url: str
+) -> None:
+    """The local transport: the relay runs every subscription in-process and the
+    resender hands results to settlement, so `up`'s roles lose nothing either."""
+    own = {  # its scheduler role must not meet other tests' job ids in Redis
+        "database_url": fresh_database_url,
+        "redis_namespace": f"{base_settings.redis_namespace}-roles-{uuid.uuid4().hex[:6]}",
+    }
+    c = build(base_settings.model_copy(update=own))
+    stop = asyncio.Event()
+    workers = asyncio.create_task(run_workers(c, cli.UP_ROLES, stop))
+    db = await asyncpg.connect(fresh_database_url)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(c, owns_container=False)),
+            base_url="http://reservo.test",
+        ) as client:
+            match = await make_match(client)
+            account, owner = await make_account(client, 1_000)
+            r = await place(client, account, owner, 200, [(match["id"], "TOTALS_2_5", "OVER")])
+            assert r.status_code == 201, r.text
+            r = await post_result(client, result_body(match["externalId"], 3, 2))
+            assert r.status_code == 202, r.text
+        # Rentals: a paid booking cancelled 100 h before pickup (full refund).
+        car = await c.rentals.create_car(f"T-{uuid.uuid4().hex[:8]}", "Uno", "Porto", 10_000, 7)
+        start = (datetime.now(UTC) + timedelta(hours=100)).replace(second=0, microsecond=0)
+        booking = await c.rentals.hold(car["id"], new_id(), start, start + timedelta(days=1))
+        paid = await c.rentals.on_payment(
+            booking["id"], f"txn-{uuid.uuid4().hex}", booking["deposit_amount"], "SUCCEEDED"
+        )
+        assert paid == "confirmed"
+        cancelled = await c.rentals.cancel(booking["id"], "customer")
+        assert cancelled["refund_amount"] == booking["deposit_amount"] > 0
+        for sql, args, want in [
+            ("SELECT settlement_status FROM betting_match WHERE id = $1", [match["id"]], "SETTLED"),
+            ("SELECT balance FROM wallet_account WHERE id = $1", [account], 800 + 390),
+            (
+                "SELECT amount FROM payment WHERE booking_id = $1 AND type = 'REFUND'",
+                [booking["id"]],
+                booking["deposit_amount"],
+            ),
+        ]:
+            for _ in range(300):
+                if await db.fetchval(sql, *args) == want:
+                    break
+                await asyncio.sleep(0.1)
+            assert await db.fetchval(sql, *args) == want, sql
+    finally:
+        stop.set()
+        await asyncio.wait_for(workers, 30)
+        await db.close()
+        await c.close()
