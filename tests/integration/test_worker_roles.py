@@ -5,6 +5,8 @@ help lists them, and an unknown role is a clear error."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -24,8 +26,16 @@ from reservo.bootstrap import (
     declared_consumers,
     run_workers,
 )
+from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.betting_helpers import make_account, make_match, place, post_result, result_body
+from tests.betting_helpers import (
+    kick_off,
+    make_account,
+    make_match,
+    place,
+    post_result,
+    result_body,
+)
 from tests.conftest import new_id
 from tests.e2e.procs import BIN, env_for
 
@@ -70,6 +80,22 @@ def test_unknown_role_is_a_clear_error(container: Container, base_settings: Sett
     assert "betting.settlement" in result.stderr
 
 
+def test_token_prints_only_the_token() -> None:
+    """`ADMIN=$(reservo token ...)` must capture a token and nothing else, with no
+    gateway configured (the start-up warnings belong to servers, not to --help)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESERVO_")}
+    result = subprocess.run(
+        [str(BIN), "token", "--role", "admin", "--sub", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"[\w-]+\.[\w-]+\.[\w-]+\n", result.stdout), result.stdout
+    assert result.stderr == ""
+
+
 async def test_up_roles_without_kafka_settle_pay_and_refund(
     base_settings: Settings, fresh_database_url: str
 ) -> None:
@@ -79,7 +105,8 @@ async def test_up_roles_without_kafka_settle_pay_and_refund(
         "database_url": fresh_database_url,
         "redis_namespace": f"{base_settings.redis_namespace}-roles-{uuid.uuid4().hex[:6]}",
     }
-    c = build(base_settings.model_copy(update=own))
+    clock = OffsetClock()
+    c = build(base_settings.model_copy(update=own), clock)
     stop = asyncio.Event()
     workers = asyncio.create_task(run_workers(c, cli.UP_ROLES, stop))
     db = await asyncpg.connect(fresh_database_url)
@@ -88,11 +115,12 @@ async def test_up_roles_without_kafka_settle_pay_and_refund(
             transport=httpx.ASGITransport(app=create_app(c, owns_container=False)),
             base_url="http://reservo.test",
         ) as client:
-            match = await make_match(client)
+            match = await make_match(client, timedelta(minutes=5))
             account, owner = await make_account(client, 1_000)
             r = await place(client, account, owner, 200, [(match["id"], "TOTALS_2_5", "OVER")])
             assert r.status_code == 201, r.text
-            r = await post_result(client, result_body(match["externalId"], 3, 2))
+            kick_off(clock, match)  # a final result is refused before the match starts
+            r = await post_result(client, result_body(match["externalId"], 3, 2), clock)
             assert r.status_code == 202, r.text
         # Rentals: a paid booking cancelled 100 h before pickup (full refund).
         car = await c.rentals.create_car(f"T-{uuid.uuid4().hex[:8]}", "Uno", "Porto", 10_000, 7)

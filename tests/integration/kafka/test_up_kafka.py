@@ -64,7 +64,9 @@ async def test_up_with_kafka_settles_pays_and_refunds(
         with running(["up", "--kafka"], env, log) as proc:
             await asyncio.to_thread(wait_http, f"{base}/readyz", proc, log, 60)
             async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-                # Sportsbook: a bet, then the result webhook (straight to Kafka).
+                # Sportsbook: a bet, then, once the match started, the result
+                # webhook (straight to Kafka).
+                kick_off = datetime.now(UTC) + timedelta(seconds=3)
                 r = await client.post(
                     "/api/matches",
                     headers=ADMIN,
@@ -72,7 +74,7 @@ async def test_up_with_kafka_settles_pays_and_refunds(
                         "externalId": f"ext-{uuid.uuid4()}",
                         "home": "Porto",
                         "away": "Benfica",
-                        "startsAt": _at(2),
+                        "startsAt": kick_off.isoformat(),
                         "odds": {
                             "1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"},
                             "TOTALS_2_5": {"OVER": "1.95", "UNDER": "1.85"},
@@ -96,6 +98,7 @@ async def test_up_with_kafka_settles_pays_and_refunds(
                 assert r.status_code == 201, r.text
                 r = await place(client, account, owner, 200, [(match["id"], "TOTALS_2_5", "OVER")])
                 assert r.status_code == 201, r.text
+                await asyncio.sleep((kick_off - datetime.now(UTC)).total_seconds() + 0.2)
                 body = result_body(match["externalId"], 3, 2)
                 r = await client.post(
                     "/api/webhooks/match-results",
