@@ -49,6 +49,11 @@ OUTBOX_OLDEST = Gauge(
 OUTBOX_DEAD = Gauge(
     "reservo_outbox_dead", "Events that exhausted their retries", multiprocess_mode="max"
 )
+POISON_ROWS = Counter(
+    "reservo_poison_rows_total",
+    "Rows a background loop could not process even alone and parked",
+    ["loop"],
+)
 
 
 def render() -> tuple[bytes, str]:
