@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from reservo.core.egress import parse_allow
 
 
 class Settings(BaseSettings):
@@ -124,6 +126,11 @@ class Settings(BaseSettings):
     scheduler_reaper_period_s: float = Field(default=2.0, gt=0)
     scheduler_redis_timeout_s: float = Field(default=5.0, gt=0)
     scheduler_http_timeout_s: float = Field(default=10.0, gt=0)
+    # Destinations `http` jobs may call although the default policy refuses them
+    # (loopback, private, link-local/metadata, reserved ranges; core/egress.py):
+    # comma-separated host names, addresses and CIDR networks, e.g.
+    # "callbacks.internal,10.1.0.0/16". Empty: public addresses only.
+    jobs_http_allow: str = ""
 
     # Rentals.
     rentals_turnaround_minutes: int = Field(default=120, ge=0, le=7 * 24 * 60)
@@ -157,6 +164,12 @@ class Settings(BaseSettings):
     betting_resend_batch: int = 100
     betting_resend_max_attempts: int = 10
     betting_sweep_interval_s: float = 5.0
+
+    @field_validator("jobs_http_allow")
+    @classmethod
+    def _allow_list(cls, value: str) -> str:
+        parse_allow(value)  # a typo fails at start, not at the first job
+        return value
 
     log_level: str = "INFO"
     log_json: bool = True

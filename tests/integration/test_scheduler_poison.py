@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,14 +16,17 @@ import asyncpg
 import httpx
 import pytest
 
-from reservo.app import create_app
-from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
 from reservo.core.migrate import migrate
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
 from tests.conftest import auth
-from tests.integration.scheduler_support import Recorder, category, drop_namespace, wait_until
+from tests.integration.scheduler_support import (
+    Recorder,
+    Stack,
+    api_stack,
+    category,
+    wait_until,
+)
 
 SERVICE = auth("service", 1)
 # Year 1 decodes in Python but breaks the rule; year 1 at +05:00 is year 0 in
@@ -33,44 +35,14 @@ BEYOND_RULE = "0001-01-01T00:00:00Z"
 UNDECODABLE = "0001-01-01T00:00:00+05:00"
 
 
-@dataclass
-class Stack:
-    container: Container
-    client: httpx.AsyncClient
-    db: asyncpg.Connection
-
-
 @pytest.fixture
 async def s(
     fresh_database_url: str, base_settings: Settings, redis_url: str
 ) -> AsyncIterator[Stack]:
-    ns = f"poison-{uuid.uuid4().hex[:8]}"
-    settings = base_settings.model_copy(
-        update={
-            "database_url": fresh_database_url,
-            "redis_namespace": ns,
-            "scheduler_window_s": 2.0,
-            "scheduler_loader_period_s": 0.1,
-            "scheduler_mover_idle_s": 0.005,
-            "scheduler_executor_idle_s": 0.05,
-            "scheduler_heartbeat_s": 0.2,
-            "scheduler_reaper_timeout_s": 1.0,
-            "scheduler_reaper_period_s": 0.2,
-            "scheduler_backoff_base_s": 0.2,
-        }
-    )
-    c = build(settings, OffsetClock())
-    db = await asyncpg.connect(fresh_database_url)
-    # What an older version could write: the rule did not exist yet.
-    await db.execute("ALTER TABLE scheduled_job DROP CONSTRAINT ck_job_run_at_range")
-    app = create_app(c, owns_container=False)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
-    ) as client:
-        yield Stack(c, client, db)
-    await db.close()
-    await c.close()
-    await drop_namespace(redis_url, ns)
+    async with api_stack(base_settings, fresh_database_url, redis_url) as stack:
+        # What an older version could write: the rule did not exist yet.
+        await stack.db.execute("ALTER TABLE scheduled_job DROP CONSTRAINT ck_job_run_at_range")
+        yield stack
 
 
 async def _legacy_row(db: asyncpg.Connection, cat: str, run_at: str, **cols: Any) -> int:
