@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 
@@ -93,7 +93,7 @@ class AllowList:
     """Host names (exact, case-insensitive) and networks an operator allows."""
 
     hosts: frozenset[str] = frozenset()
-    networks: tuple[IPNetwork, ...] = field(default=())
+    networks: tuple[IPNetwork, ...] = ()
 
     def allows_host(self, host: str) -> bool:
         return _host_key(host) in self.hosts
