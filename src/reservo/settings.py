@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from reservo.core.egress import parse_allow
 
 
 class Settings(BaseSettings):
@@ -129,6 +131,11 @@ class Settings(BaseSettings):
     scheduler_reaper_period_s: float = Field(default=2.0, gt=0)
     scheduler_redis_timeout_s: float = Field(default=5.0, gt=0)
     scheduler_http_timeout_s: float = Field(default=10.0, gt=0)
+    # Destinations `http` jobs may call although the default policy refuses them
+    # (loopback, private, link-local/metadata, reserved ranges; core/egress.py):
+    # comma-separated host names, addresses and CIDR networks, e.g.
+    # "callbacks.internal,10.1.0.0/16". Empty: public addresses only.
+    jobs_http_allow: str = ""
 
     # Rentals.
     rentals_turnaround_minutes: int = Field(default=120, ge=0, le=7 * 24 * 60)
@@ -169,6 +176,12 @@ class Settings(BaseSettings):
     # The largest potential payout a bet may have, in minor units (default
     # 10,000,000.00): above it the bet is refused (422 at the stake).
     betting_max_payout: int = Field(default=1_000_000_000, ge=1, le=2**63 - 1)
+
+    @field_validator("jobs_http_allow")
+    @classmethod
+    def _allow_list(cls, value: str) -> str:
+        parse_allow(value)  # a typo fails at start, not at the first job
+        return value
 
     log_level: str = "INFO"
     log_json: bool = True

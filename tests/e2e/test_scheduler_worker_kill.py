@@ -70,6 +70,8 @@ async def test_sigkilled_worker_job_is_rerun_by_another_and_completes_once(
         RESERVO_SCHEDULER_REAPER_TIMEOUT_S="2",
         RESERVO_SCHEDULER_REAPER_PERIOD_S="0.2",
         RESERVO_SCHEDULER_HTTP_TIMEOUT_S="600",
+        # The target listens on loopback, which http jobs may only call when allowed.
+        RESERVO_JOBS_HTTP_ALLOW="127.0.0.1",
     )
     s = make(database_url, settings.redis_url or "", ns)
     try:

@@ -12,19 +12,23 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncpg
+import httpx
 import redis.asyncio
 
-from reservo.core.clock import Clock, SystemClock
+from reservo.app import create_app
+from reservo.bootstrap import Container, build
+from reservo.core.clock import Clock, OffsetClock, SystemClock
 from reservo.core.db import Database
 from reservo.core.redis import make_client
 from reservo.scheduler import Config, Job, Scheduler
 from reservo.scheduler.workers import run
+from reservo.settings import Settings
 
 FAST = Config(
     window_s=300,
@@ -40,6 +44,58 @@ FAST = Config(
     max_attempts=3,
     executors=2,
 )
+
+
+# Fast scheduler timings for an API stack whose workers a test runs.
+FAST_SETTINGS: dict[str, Any] = {
+    "scheduler_window_s": 2.0,
+    "scheduler_loader_period_s": 0.1,
+    "scheduler_mover_idle_s": 0.005,
+    "scheduler_executor_idle_s": 0.05,
+    "scheduler_heartbeat_s": 0.2,
+    "scheduler_reaper_timeout_s": 1.0,
+    "scheduler_reaper_period_s": 0.2,
+    "scheduler_backoff_base_s": 0.2,
+}
+
+
+@dataclass
+class Stack:
+    """The whole application on a database of the test's own: an HTTP client,
+    the container (whose scheduler the test runs) and a direct connection."""
+
+    container: Container
+    client: httpx.AsyncClient
+    db: asyncpg.Connection
+
+
+@asynccontextmanager
+async def api_stack(
+    base: Settings, database_url: str, redis_url: str, **settings: Any
+) -> AsyncIterator[Stack]:
+    ns = f"stack-{uuid.uuid4().hex[:8]}"
+    c = build(
+        base.model_copy(
+            update={
+                "database_url": database_url,
+                "redis_namespace": ns,
+                **FAST_SETTINGS,
+                **settings,
+            }
+        ),
+        OffsetClock(),
+    )
+    db = await asyncpg.connect(database_url)
+    try:
+        app = create_app(c, owns_container=False)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
+        ) as client:
+            yield Stack(c, client, db)
+    finally:
+        await db.close()
+        await c.close()
+        await drop_namespace(redis_url, ns)
 
 
 def category() -> str:
@@ -130,6 +186,52 @@ async def drop_namespace(redis_url: str, ns: str) -> None:
             await client.delete(*keys[i : i + 500])
     finally:
         await client.aclose()
+
+
+class HookServer:
+    """A real HTTP endpoint on 127.0.0.1 for ``http`` jobs: records each request
+    (headers lower-cased) and answers ``status(n)`` to the n-th one (from 1)."""
+
+    def __init__(self, status: Callable[[int], int] = lambda n: 204) -> None:
+        self.status = status
+        self.requests: list[dict[str, str]] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def __aenter__(self) -> HookServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode()
+            request_line, *lines = head.split("\r\n")
+            headers = {":request": request_line}
+            for line in lines:
+                name, sep, value = line.partition(":")
+                if sep:
+                    headers[name.strip().lower()] = value.strip()
+            await reader.readexactly(int(headers.get("content-length", "0")))
+            self.requests.append(headers)
+            status = self.status(len(self.requests))
+            writer.write(
+                f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode()
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
 
 
 def _free_port() -> int:

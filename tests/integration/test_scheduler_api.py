@@ -120,3 +120,22 @@ async def test_idempotency_key_replays_the_same_job(client: httpx.AsyncClient) -
     other = await client.post("/api/jobs", json={**HTTP_JOB, "urgency": 1}, headers=headers)
     assert other.status_code == 422 and other.json()["code"] == "idempotency_key_reused"
     await client.delete(f"/api/jobs/{first.json()['jobId']}", headers=SERVICE)
+
+
+async def test_run_at_outside_the_accepted_range_is_422_and_stores_nothing(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    # Year 1 was once stored (500, but committed) and stalled the loader: year 1
+    # at an offset is year 0 in UTC, which no worker could decode.
+    before = await db.fetchval("SELECT count(*) FROM scheduled_job")
+    for run_at in (
+        "0001-01-01T00:00:00Z",
+        "0001-01-01T00:00:00+05:00",
+        "1999-12-31T23:59:59Z",
+        "9999-12-31T23:59:59Z",
+        "2100-01-01T00:00:00Z",
+    ):
+        r = await client.post("/api/jobs", json={**HTTP_JOB, "runAt": run_at}, headers=SERVICE)
+        assert r.status_code == 422, (run_at, r.text)
+        assert r.json()["code"] == "validation_error"
+    assert await db.fetchval("SELECT count(*) FROM scheduled_job") == before

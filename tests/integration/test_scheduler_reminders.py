@@ -15,7 +15,13 @@ import httpx
 from reservo.bootstrap import Container
 from tests.conftest import auth, new_id
 from tests.helpers import book, make_slots
-from tests.integration.scheduler_support import drop_namespace, make, running, wait_until
+from tests.integration.scheduler_support import (
+    HookServer,
+    drop_namespace,
+    make,
+    running,
+    wait_until,
+)
 
 
 async def test_booking_creates_a_reminder_24h_before_and_cancel_cancels_it(
@@ -76,32 +82,29 @@ async def test_reminder_handler_emits_one_notification_event(
 async def test_http_job_sends_idempotency_key_and_retries_until_2xx(
     database_url: str, redis_url: str, db: asyncpg.Connection
 ) -> None:
+    # A real endpoint on 127.0.0.1, which the default destination policy
+    # refuses: this test's handler allows it, as RESERVO_JOBS_HTTP_ALLOW would.
+    # (It used to hand the handler an in-process ASGI client for a made-up
+    # host; the handler now resolves and pins the address itself.)
+    from reservo.core.egress import parse_allow
     from reservo.scheduler.handlers import HttpHandler
-
-    calls: list[str] = []
-
-    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
-        headers = dict(scope["headers"])
-        calls.append(headers[b"idempotency-key"].decode())
-        status = 503 if len(calls) < 3 else 204
-        await send({"type": "http.response.start", "status": status, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
 
     ns = f"http-{uuid.uuid4().hex[:8]}"
     s = make(database_url, redis_url, ns, backoff_base_s=0.2, max_attempts=5)
-    handler = HttpHandler()
-    handler.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
+    handler = HttpHandler(allow=parse_allow("127.0.0.1"))
     s.register("http", handler)
     try:
-        job = await s.enqueue("http", {"url": "http://target.test/hook", "method": "PUT"})
-        async with running(s):
+        async with HookServer(lambda n: 503 if n < 3 else 204) as target:
+            job = await s.enqueue("http", {"url": target.url, "method": "PUT"})
+            async with running(s):
 
-            async def done() -> bool:
-                return (await s.get(job.id)).status == "DONE"
+                async def done() -> bool:
+                    return (await s.get(job.id)).status == "DONE"
 
-            await wait_until(done, 20)
-            await asyncio.sleep(0.3)
-        assert calls == [str(job.id)] * 3
+                await wait_until(done, 20)
+                await asyncio.sleep(0.3)
+        assert [r["idempotency-key"] for r in target.requests] == [str(job.id)] * 3
+        assert all(r[":request"].startswith("PUT /hook ") for r in target.requests)
         log = await s.executions(job.id)
         assert [e["outcome"] for e in log] == ["FAILED", "FAILED", "DONE"]
         assert "503" in (log[0]["error"] or "")

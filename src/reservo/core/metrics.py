@@ -59,6 +59,11 @@ PARKED = Counter(
     "Events a consumer rejected, parked as dead letters (replayable)",
     ["consumer", "topic"],
 )
+POISON_ROWS = Counter(
+    "reservo_poison_rows_total",
+    "Rows a background loop could not process even alone and parked",
+    ["loop"],
+)
 
 
 def render() -> tuple[bytes, str]:

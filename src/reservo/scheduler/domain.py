@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from reservo.core.schemas import EARLIEST, LATEST
+
 SCHEDULED, QUEUED, RUNNING, DONE = "SCHEDULED", "QUEUED", "RUNNING", "DONE"
 FAILED, DEAD, CANCELLED = "FAILED", "DEAD", "CANCELLED"
 STATUSES = (SCHEDULED, QUEUED, RUNNING, DONE, FAILED, DEAD, CANCELLED)
@@ -38,6 +40,17 @@ class Job:
     worker: str | None = field(default=None, compare=False)
 
 
+class JobFailure(Exception):
+    """A handler's failure that keeps apart what the API may show about it
+    (``public``, stored as the job's last_error) and what only operators see
+    (``detail``: server log and execution log). ``permanent``: no retry, the job
+    is DEAD at once (retrying cannot help, e.g. a refused destination)."""
+
+    def __init__(self, public: str, detail: str, *, permanent: bool = False) -> None:
+        super().__init__(detail)
+        self.public, self.detail, self.permanent = public, detail, permanent
+
+
 def valid_category(category: str) -> bool:
     return bool(CATEGORY.match(category))
 
@@ -56,7 +69,19 @@ def resolve_run_at(now: datetime, run_at: datetime | None, delay: timedelta | No
         raise ValueError("run_at needs a time zone offset")
     if run_at - now > MAX_HORIZON:
         raise ValueError("run_at is too far in the future")
+    check_run_at(run_at)
     return run_at
+
+
+def check_run_at(run_at: datetime) -> None:
+    """The accepted range of every instant (core.schemas.Instant), which the
+    database repeats (ck_job_run_at_range). A row outside it was written by
+    something older than the rule: the loops park it instead of running it."""
+    if not EARLIEST <= run_at < LATEST:
+        raise ValueError(
+            f"run_at {run_at.isoformat()} is outside the accepted range "
+            f"[{EARLIEST.isoformat()}, {LATEST.isoformat()})"
+        )
 
 
 def ms(t: datetime) -> int:

@@ -58,6 +58,15 @@ SELECT id, category, urgency, run_at, revision
  ORDER BY run_at
  LIMIT $2;
 
+-- name: unpushed_ids
+-- The same page as unpushed, ids only: the loader's fallback when a row of the
+-- page cannot be decoded (its rows are then read one at a time).
+SELECT id
+  FROM scheduled_job
+ WHERE NOT pushed AND status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at < $1
+ ORDER BY run_at
+ LIMIT $2;
+
 -- name: pending_page
 -- The loader's full resync (Redis flushed or restarted), paged by run_at/id.
 SELECT id, category, urgency, run_at, revision
@@ -66,6 +75,37 @@ SELECT id, category, urgency, run_at, revision
    AND (run_at, id) > ($2, $3)
  ORDER BY run_at, id
  LIMIT $4;
+
+-- name: pending_page_ids
+-- The same page as pending_page, ids only (the loader's fallback, as above).
+SELECT id
+  FROM scheduled_job
+ WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at < $1
+   AND (run_at, id) > ($2, $3)
+ ORDER BY run_at, id
+ LIMIT $4;
+
+-- name: loadable_rows
+-- What the loader pushes, for given ids still pending.
+SELECT id, category, urgency, run_at, revision
+  FROM scheduled_job
+ WHERE id = ANY($1::bigint[]) AND status IN ('SCHEDULED', 'QUEUED', 'FAILED');
+
+-- name: park
+-- A row a background loop could not handle even alone (poison) -> DEAD, by id,
+-- with the reason. Reads no value back (nothing to decode), and clamps run_at
+-- into the accepted range so the row can be read again (GET /api/jobs/{id});
+-- a clamped value is kept, as text, in last_error. Pending or RUNNING rows
+-- only: a settled row is no longer in any loop's way.
+UPDATE scheduled_job
+   SET status = 'DEAD', revision = revision + 1, pushed = false, worker = NULL,
+       finished_at = $3,
+       last_error = $2 || CASE
+           WHEN run_at >= '2000-01-01 00:00:00+00' AND run_at < '2100-01-01 00:00:00+00' THEN ''
+           ELSE ' (run_at was ' || run_at::text || ')' END,
+       run_at = LEAST(GREATEST(run_at, '2000-01-01 00:00:00+00'::timestamptz),
+                      '2099-12-31 23:59:59.999999+00'::timestamptz)
+ WHERE id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED', 'RUNNING');
 
 -- name: claim
 -- The claim is the conditional update: only a pending, due row becomes RUNNING,
@@ -87,6 +127,14 @@ UPDATE scheduled_job j
 RETURNING j.id, j.category, j.urgency, j.run_at, j.payload, j.status, j.attempts,
           j.max_attempts, j.revision, j.idempotency_key, j.created_at, j.started_at,
           j.finished_at, j.last_error, j.worker;
+
+-- name: claimed_by
+-- A row this worker's claim made RUNNING (a batch claim commits even when a
+-- returned row then fails to decode): the executor's one-by-one fallback.
+SELECT id, category, urgency, run_at, payload, status, attempts, max_attempts, revision,
+       idempotency_key, created_at, started_at, finished_at, last_error, worker
+  FROM scheduled_job
+ WHERE id = $1 AND worker = $2 AND status = 'RUNNING';
 
 -- name: heartbeat
 -- SKIP LOCKED: a row locked now is being settled; one missed beat is harmless
@@ -125,51 +173,63 @@ WITH locked AS MATERIALIZED (
 SELECT id FROM done;
 
 -- name: fail
--- A retry is just a new run_at (not pushed yet); out of attempts -> DEAD.
--- Same revision rule and statement shape as complete.
+-- A retry is just a new run_at (not pushed yet); out of attempts, or a failure
+-- the handler calls permanent ($8), -> DEAD. last_error is the text the API
+-- shows ($3); the execution log keeps the operator's detail ($7). Same
+-- revision rule and statement shape as complete.
 WITH locked AS MATERIALIZED (
     SELECT id FROM scheduled_job WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
 ), failed AS (
     UPDATE scheduled_job j
-       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'DEAD' ELSE 'FAILED' END,
-           run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at ELSE t.retry_at END,
-           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN $5::timestamptz END,
+       SET status = CASE WHEN t.dead OR j.attempts >= j.max_attempts THEN 'DEAD' ELSE 'FAILED' END,
+           run_at = CASE WHEN t.dead OR j.attempts >= j.max_attempts THEN j.run_at
+                         ELSE t.retry_at END,
+           finished_at = CASE WHEN t.dead OR j.attempts >= j.max_attempts
+                              THEN $5::timestamptz END,
            revision = j.revision + 1, pushed = false, worker = NULL, last_error = t.err
-      FROM unnest($1::bigint[], $2::int[], $3::text[], $4::timestamptz[])
-           AS t(id, rev, err, retry_at)
+      FROM unnest($1::bigint[], $2::int[], $3::text[], $4::timestamptz[], $7::text[],
+                  $8::boolean[]) AS t(id, rev, err, retry_at, detail, dead)
      WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.id = t.id AND j.revision = t.rev
     RETURNING j.id, j.category, j.urgency, j.run_at, j.revision, j.status, j.attempts,
-              j.started_at, j.last_error
+              j.started_at, t.detail
 ), logged AS (
     INSERT INTO job_execution (job_id, attempt, worker, started_at, finished_at, outcome, error)
     SELECT id, attempts, $6, started_at, $5,
-           CASE WHEN status = 'DEAD' THEN 'DEAD' ELSE 'FAILED' END, last_error
+           CASE WHEN status = 'DEAD' THEN 'DEAD' ELSE 'FAILED' END, detail
       FROM failed
 )
 SELECT id, category, urgency, run_at, revision, status FROM failed;
 
+-- name: stale_running
+-- RUNNING rows whose worker stopped heartbeating, ids only (the reaper reaps
+-- them by id, so one row it cannot handle is isolated from the others).
+-- An ordered index scan (not a bitmap scan) marks the entries of rows that left
+-- RUNNING as dead as it passes them, so the next scans skip them instead of
+-- re-reading every job that ran since the last vacuum.
+SELECT id FROM scheduled_job
+ WHERE status = 'RUNNING' AND heartbeat_at < $1
+ ORDER BY heartbeat_at
+ LIMIT $2;
+
 -- name: reap
--- RUNNING rows whose worker stopped heartbeating go back to the queue (or DEAD
--- when that was the last attempt); the lost attempt is logged.
+-- Those rows go back to the queue (or DEAD when that was the last attempt);
+-- the lost attempt is logged. The tests are repeated on the locked rows: a row
+-- that heartbeated or settled since stale_running is left alone.
 WITH lost AS (
     UPDATE scheduled_job
        SET status = CASE WHEN attempts >= max_attempts THEN 'DEAD' ELSE 'QUEUED' END,
-           finished_at = CASE WHEN attempts >= max_attempts THEN $2::timestamptz END,
+           finished_at = CASE WHEN attempts >= max_attempts THEN $3::timestamptz END,
            revision = revision + 1, pushed = false, last_error = 'worker lost: no heartbeat',
            worker = NULL
      WHERE id IN (SELECT id FROM scheduled_job
-                   WHERE status = 'RUNNING' AND heartbeat_at < $1
-                   -- An ordered index scan (not a bitmap scan) marks the entries
-                   -- of rows that left RUNNING as dead as it passes them, so the
-                   -- next scans skip them instead of re-reading every job that
-                   -- ran since the last vacuum.
-                   ORDER BY heartbeat_at
-                   LIMIT $3 FOR UPDATE SKIP LOCKED)
-       AND status = 'RUNNING' AND heartbeat_at < $1
+                   WHERE id = ANY($1::bigint[])
+                   ORDER BY id
+                   FOR UPDATE SKIP LOCKED)
+       AND status = 'RUNNING' AND heartbeat_at < $2
     RETURNING id, category, urgency, run_at, revision, status, attempts, started_at
 ), logged AS (
     INSERT INTO job_execution (job_id, attempt, worker, started_at, finished_at, outcome, error)
-    SELECT id, attempts, NULL, started_at, $2, 'LOST', 'worker lost: no heartbeat' FROM lost
+    SELECT id, attempts, NULL, started_at, $3, 'LOST', 'worker lost: no heartbeat' FROM lost
 )
 SELECT id, category, urgency, run_at, revision, status FROM lost;
 

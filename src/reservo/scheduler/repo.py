@@ -9,9 +9,19 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from reservo.core.db import Queries
+from reservo.core.errors import register_constraints
 from reservo.scheduler.domain import Job
 
 Q = Queries.load("reservo.scheduler")
+
+register_constraints(
+    {
+        "ck_job_run_at_range": (
+            "validation_error",
+            "run_at is outside the accepted range [2000-01-01T00:00:00Z, 2100-01-01T00:00:00Z)",
+        )
+    }
+)
 Row: TypeAlias = asyncpg.Record
 
 _FIELDS = [
@@ -90,16 +100,39 @@ async def unpushed(conn: asyncpg.Connection, horizon: datetime, limit: int) -> l
     return list(await conn.fetch(Q.unpushed, horizon, limit))
 
 
+async def unpushed_ids(conn: asyncpg.Connection, horizon: datetime, limit: int) -> list[int]:
+    return [r["id"] for r in await conn.fetch(Q.unpushed_ids, horizon, limit)]
+
+
 async def pending_page(
     conn: asyncpg.Connection, horizon: datetime, after: tuple[datetime, int], limit: int
 ) -> list[Row]:
     return list(await conn.fetch(Q.pending_page, horizon, after[0], after[1], limit))
 
 
+async def pending_page_ids(
+    conn: asyncpg.Connection, horizon: datetime, after: tuple[datetime, int], limit: int
+) -> list[int]:
+    return [r["id"] for r in await conn.fetch(Q.pending_page_ids, horizon, *after, limit)]
+
+
+async def loadable_rows(conn: asyncpg.Connection, ids: Sequence[int]) -> list[Row]:
+    return list(await conn.fetch(Q.loadable_rows, list(ids)))
+
+
+async def park(conn: asyncpg.Connection, job_id: int, reason: str, now: datetime) -> None:
+    await conn.execute(Q.park, job_id, reason[:2000], now)
+
+
 async def claim(conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str) -> list[Job]:
     # The claim returns Job's fields in order: positional construction is the
     # cheap path on the executor's hot loop.
     return [Job(*r) for r in await conn.fetch(Q.claim, ids, now, worker)]
+
+
+async def claimed_by(conn: asyncpg.Connection, job_id: int, worker: str) -> Job | None:
+    row = await conn.fetchrow(Q.claimed_by, job_id, worker)
+    return None if row is None else Job(*row)
 
 
 async def heartbeat(conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str) -> None:
@@ -120,14 +153,24 @@ async def fail(
     retry_ats: list[datetime],
     now: datetime,
     worker: str,
+    details: list[str],
+    permanent: list[bool],
 ) -> list[Row]:
-    return list(await conn.fetch(Q.fail, ids, revisions, errors, retry_ats, now, worker))
+    """``errors`` become last_error (shown by the API); ``details`` go to the
+    execution log only; a ``permanent`` failure is DEAD at once."""
+    return list(
+        await conn.fetch(Q.fail, ids, revisions, errors, retry_ats, now, worker, details, permanent)
+    )
+
+
+async def stale_running(conn: asyncpg.Connection, stale_before: datetime, limit: int) -> list[int]:
+    return [r["id"] for r in await conn.fetch(Q.stale_running, stale_before, limit)]
 
 
 async def reap(
-    conn: asyncpg.Connection, stale_before: datetime, now: datetime, limit: int
+    conn: asyncpg.Connection, ids: Sequence[int], stale_before: datetime, now: datetime
 ) -> list[Row]:
-    return list(await conn.fetch(Q.reap, stale_before, now, limit))
+    return list(await conn.fetch(Q.reap, list(ids), stale_before, now))
 
 
 async def cancel(conn: asyncpg.Connection, job_id: int, now: datetime) -> Job | None:

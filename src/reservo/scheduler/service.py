@@ -29,6 +29,9 @@ log = structlog.get_logger(__name__)
 DomainError.register({"job_not_found": 404, "not_cancellable": 409, "unknown_category": 422})
 
 Handler = Callable[[Job], Awaitable[None]]
+# Refuses a payload at enqueue time through the API (raises DomainError), e.g.
+# an http job's destination; the handler checks again when it runs.
+Check = Callable[[dict[str, Any]], None]
 # Runs inside the enqueue transaction (the API stores its idempotent response there).
 Within = Callable[[asyncpg.Connection, Job], Awaitable[None]]
 
@@ -69,14 +72,17 @@ class Scheduler:
         self.keys = Keys(ns)
         self.dispatcher = Dispatch(client, self.keys)
         self.handlers: dict[str, Handler] = {}
+        self.checks: dict[str, Check] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
 
     # -- facade ------------------------------------------------------------------
 
-    def register(self, category: str, handler: Handler) -> None:
+    def register(self, category: str, handler: Handler, check: Check | None = None) -> None:
         if not domain.valid_category(category):
             raise ValueError(f"bad category name {category!r}")
         self.handlers[category] = handler
+        if check is not None:
+            self.checks[category] = check
 
     def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
         self._closers.append(closer)
@@ -189,6 +195,9 @@ class Scheduler:
     ) -> Job:
         if category not in self.handlers:
             raise DomainError("unknown_category", f"no handler for category {category!r}")
+        check = self.checks.get(category)
+        if check is not None:
+            check(payload)
         now = self.clock.now()
         try:
             when = domain.resolve_run_at(now, run_at, delay)

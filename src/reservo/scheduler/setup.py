@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from reservo.core.clock import Clock
 from reservo.core.db import Database
+from reservo.core.egress import parse_allow
 from reservo.core.redis import make_client
 from reservo.scheduler.handlers import HttpHandler
 from reservo.scheduler.service import Config, Scheduler
@@ -40,7 +41,7 @@ def build_scheduler(settings: Settings, db: Database, clock: Clock) -> Scheduler
     # than the fail-fast request-path client.
     client = make_client(settings.redis_url, settings.scheduler_redis_timeout_s)
     scheduler = Scheduler(db, clock, client, settings.redis_namespace, config_from(settings))
-    http = HttpHandler(settings.scheduler_http_timeout_s)
-    scheduler.register("http", http)
+    http = HttpHandler(settings.scheduler_http_timeout_s, parse_allow(settings.jobs_http_allow))
+    scheduler.register("http", http, http.check)
     scheduler.on_close(http.aclose)
     return scheduler

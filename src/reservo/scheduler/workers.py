@@ -9,19 +9,33 @@ import contextlib
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 
+import asyncpg
 import structlog
 
 from reservo.core.backoff import backoff_delay
 from reservo.core.errors import DomainError
+from reservo.core.poison import ROW_ERRORS, isolate, report
 from reservo.scheduler import domain, repo
-from reservo.scheduler.domain import Job
+from reservo.scheduler.domain import Job, JobFailure
 from reservo.scheduler.service import Scheduler
 
 log = structlog.get_logger(__name__)
 Groups = dict[tuple[str, int], list[int]]
+# The `loop` label of reservo_poison_rows_total.
+LOADER, EXECUTOR, REAPER = "scheduler.loader", "scheduler.executor", "scheduler.reaper"
+Fetch = Callable[[asyncpg.Connection], Awaitable[list[repo.Row]]]
+FetchIds = Callable[[asyncpg.Connection], Awaitable[list[int]]]
+
+
+async def _park(s: Scheduler, loop: str, job_id: int, exc: BaseException) -> None:
+    """Poison: DEAD by id, with a statement that reads none of the row's values."""
+    reason = f"parked by the {loop}: this row could not be processed ({exc!r})"
+    async with s.db.connection() as conn:
+        await repo.park(conn, job_id, reason, s.clock.now())
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:
@@ -90,34 +104,82 @@ class Loader:
             loaded += await self._full(horizon)
             self.epoch, self.last_full = token, time.monotonic()
         while True:
-            async with self.s.db.connection() as conn:
-                rows = await repo.unpushed(conn, horizon, cfg.loader_batch)
-            if not rows:
+            rows, seen = await self._page(
+                lambda c: repo.unpushed(c, horizon, cfg.loader_batch),
+                lambda c: repo.unpushed_ids(c, horizon, cfg.loader_batch),
+            )
+            if not seen:
                 break
             loaded += await self._push(rows)
-            if len(rows) < cfg.loader_batch:
+            if seen < cfg.loader_batch:
                 break
         return loaded
 
     async def _full(self, horizon: datetime) -> int:
+        # datetime.min is sent as -infinity: the first page starts before any row.
         after: tuple[datetime, int] = (datetime.min.replace(tzinfo=horizon.tzinfo), 0)
+        batch = self.s.config.loader_batch
         loaded = 0
         while True:
-            async with self.s.db.connection() as conn:
-                rows = await repo.pending_page(conn, horizon, after, self.s.config.loader_batch)
-            if not rows:
+            rows, seen = await self._page(
+                partial(repo.pending_page, horizon=horizon, after=after, limit=batch),
+                partial(repo.pending_page_ids, horizon=horizon, after=after, limit=batch),
+            )
+            if not seen:
                 return loaded
             loaded += await self._push(rows)
-            after = (rows[-1]["run_at"], rows[-1]["id"])
+            # A page whose rows were all parked keeps the cursor: they are no
+            # longer pending, so the same query now returns the rows after them.
+            if rows:
+                after = max((r["run_at"], r["id"]) for r in rows)
+
+    async def _page(self, fetch: Fetch, fetch_ids: FetchIds) -> tuple[list[repo.Row], int]:
+        """A page of rows and how many rows it had. A page that cannot be decoded
+        (a timestamp Python cannot represent) is read again as ids, then row by
+        row, and the rows that fail alone are parked: one bad row must not hold
+        back every row after it in run_at order."""
+        async with self.s.db.connection() as conn:
+            try:
+                rows = await fetch(conn)
+                return rows, len(rows)
+            except ROW_ERRORS as exc:
+                log.warning("scheduler_page_undecodable", error=repr(exc))
+                ids = await fetch_ids(conn)
+        rows = await isolate(ids, self._rows, self._park_id, loop=LOADER)
+        return rows, len(ids)
+
+    async def _rows(self, ids: Sequence[int]) -> list[repo.Row]:
+        async with self.s.db.connection() as conn:
+            return await repo.loadable_rows(conn, ids)
+
+    async def _park_id(self, job_id: int, exc: BaseException) -> None:
+        await _park(self.s, LOADER, job_id, exc)
 
     async def _push(self, rows: list[repo.Row]) -> int:
+        good = []
+        for r in rows:
+            try:
+                domain.check_run_at(r["run_at"])
+                good.append(r)
+            except ValueError as exc:  # written before the rule: never run it
+                await report(LOADER, r["id"], exc, self._park_id(r["id"], exc))
+        added = await isolate(
+            good,
+            self._push_batch,
+            lambda r, exc: self._park_id(r["id"], exc),
+            loop=LOADER,
+            key=lambda r: r["id"],
+        )
+        return sum(added)
+
+    async def _push_batch(self, rows: Sequence[repo.Row]) -> list[int]:
         # Redis first, then the flag: a crash in between only means a no-op reload.
         added = await self.s.dispatcher.load(
             (r["id"], r["category"], r["urgency"], domain.ms(r["run_at"])) for r in rows
         )
         async with self.s.db.connection() as conn:
             await repo.mark_pushed(conn, [r["id"] for r in rows], [r["revision"] for r in rows])
-        return added
+        return [added]
 
 
 class Mover:
@@ -170,8 +232,20 @@ class Reaper:
         cfg = self.s.config
         now = self.s.clock.now()
         stale = now - timedelta(seconds=cfg.reaper_timeout_s)
-        async with self.s.db.transaction() as conn:
-            rows = await repo.reap(conn, stale, now, 1000)
+        async with self.s.db.connection() as conn:
+            ids = await repo.stale_running(conn, stale, 1000)
+
+        async def reap(batch: Sequence[int]) -> list[repo.Row]:
+            async with self.s.db.transaction() as conn:
+                rows = await repo.reap(conn, batch, stale, now)
+                for r in rows:  # a row written before the rule: parked, not requeued
+                    domain.check_run_at(r["run_at"])
+            return rows
+
+        async def park(job_id: int, exc: BaseException) -> None:
+            await _park(self.s, REAPER, job_id, exc)
+
+        rows = await isolate(ids, reap, park, loop=REAPER)
         for r in rows:
             log.warning("scheduler_job_reaped", job_id=r["id"], status=r["status"])
         back = [r for r in rows if r["status"] in domain.PENDING]
@@ -243,14 +317,36 @@ class Executor:
         where: dict[int, tuple[str, int]] = {i: p for p, ids in got for i in ids}
         now = s.clock.now()
         async with s.db.connection() as conn:
-            jobs = await repo.claim(conn, list(where), now, self.worker)
+
+            async def claim(ids: Sequence[int]) -> list[Job]:
+                jobs = await repo.claim(conn, list(ids), now, self.worker)
+                for j in jobs:  # a row written before the rule: parked, not run
+                    domain.check_run_at(j.run_at)
+                return jobs
+
+            async def claim_one(job_id: int) -> list[Job]:
+                # The failed batch claim may have committed (only its result
+                # failed to decode): this worker's RUNNING row is then ours.
+                jobs = await repo.claim(conn, [job_id], now, self.worker)
+                if not jobs:
+                    mine = await repo.claimed_by(conn, job_id, self.worker)
+                    jobs = [mine] if mine is not None else []
+                for j in jobs:
+                    domain.check_run_at(j.run_at)
+                return jobs
+
+            async def status_of(ids: Sequence[int]) -> list[repo.Row]:
+                return await repo.status_of(conn, ids)
+
+            jobs = await isolate(list(where), claim, self._park, loop=EXECUTOR, one=claim_one)
             claimed = {j.id for j in jobs}
             missed = [i for i in where if i not in claimed]
             early = []
             if missed:
-                # Not claimable: settled, cancelled, running elsewhere (skip them) or
-                # not due yet by our clock (a stale copy): put those back.
-                for r in await repo.status_of(conn, missed):
+                # Not claimable: settled, cancelled, running elsewhere, parked
+                # (skip them) or not due yet by our clock (a stale copy): put
+                # those back.
+                for r in await isolate(missed, status_of, self._park, loop=EXECUTOR):
                     if r["status"] in domain.PENDING and r["run_at"] > now:
                         early.append(r)
         self.running.update(j.id for j in jobs)
@@ -262,29 +358,50 @@ class Executor:
             retried: list[repo.Row] = []
             # Each settle statement is atomic on its own (UPDATE + log in one
             # statement), and jobs are independent: no BEGIN/COMMIT round trips.
+            # A job whose settle fails alone (a constraint its row breaks) is
+            # parked rather than left RUNNING for the reaper to rerun forever.
             async with s.db.connection() as conn:
-                if done:
-                    await repo.complete(
-                        conn, [d[0] for d in done], [d[1] for d in done], now, self.worker
+
+                async def complete(batch: Sequence[tuple[int, int]]) -> list[int]:
+                    return await repo.complete(
+                        conn, [d[0] for d in batch], [d[1] for d in batch], now, self.worker
                     )
-                if failed:
+
+                async def fail(batch: Sequence[tuple[Job, JobFailure]]) -> list[repo.Row]:
                     retry_ats = [
                         now
                         + timedelta(
                             seconds=backoff_delay(j.attempts, cfg.backoff_base_s, cfg.backoff_max_s)
                         )
-                        for j, _ in failed
+                        for j, _ in batch
                     ]
-                    rows = await repo.fail(
+                    return await repo.fail(
                         conn,
-                        [j.id for j, _ in failed],
-                        [j.revision for j, _ in failed],
-                        [err[:2000] for _, err in failed],
+                        [j.id for j, _ in batch],
+                        [j.revision for j, _ in batch],
+                        [f.public[:2000] for _, f in batch],
                         retry_ats,
                         now,
                         self.worker,
+                        [f.detail[:2000] for _, f in batch],
+                        [f.permanent for _, f in batch],
                     )
-                    retried = [r for r in rows if r["status"] == domain.FAILED]
+
+                await isolate(
+                    done,
+                    complete,
+                    lambda d, exc: self._park(d[0], exc),
+                    loop=EXECUTOR,
+                    key=lambda d: d[0],
+                )
+                rows = await isolate(
+                    failed,
+                    fail,
+                    lambda f, exc: self._park(f[0].id, exc),
+                    loop=EXECUTOR,
+                    key=lambda f: f[0].id,
+                )
+                retried = [r for r in rows if r["status"] == domain.FAILED]
         finally:
             self.running.difference_update(j.id for j in jobs)
         groups: Groups = defaultdict(list)
@@ -300,15 +417,29 @@ class Executor:
                 if r["run_at"] < horizon
             )
 
-    async def _run(self, job: Job) -> str | None:
+    async def _park(self, job_id: int, exc: BaseException) -> None:
+        await _park(self.s, EXECUTOR, job_id, exc)
+
+    async def _run(self, job: Job) -> JobFailure | None:
         handler = self.s.handlers.get(job.category)
         if handler is None:
-            return f"no handler for category {job.category!r}"
+            text = f"no handler for category {job.category!r}"
+            return JobFailure(text, text)
         try:
             await handler(job)
+        except JobFailure as exc:
+            log.info(
+                "scheduler_job_failed",
+                job_id=job.id,
+                attempt=job.attempts,
+                error=exc.detail,
+                permanent=exc.permanent,
+            )
+            return exc
         except Exception as exc:
             log.info("scheduler_job_failed", job_id=job.id, attempt=job.attempts, error=repr(exc))
-            return repr(exc) or type(exc).__name__
+            text = repr(exc) or type(exc).__name__
+            return JobFailure(text, text)
         return None
 
 

@@ -1,0 +1,202 @@
+"""Where an outbound call chosen by a client may go: pure rules, no I/O.
+
+A URL a caller stores (an ``http`` job) is called later from inside the network,
+so by default it may not reach what only the inside can reach: loopback,
+link-local (cloud metadata at 169.254.169.254 and fd00:ec2::254), private,
+shared, unspecified, multicast, reserved and documentation ranges, also when
+written as an IPv4-mapped, NAT64 or 6to4 IPv6 address. Credentials in a URL are
+refused outright. An operator allows exceptions with an allow list of host names
+and CIDR networks (``RESERVO_JOBS_HTTP_ALLOW``).
+
+The rules decide on addresses; the caller resolves names and must check every
+address a name resolves to, then connect to the checked one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from dataclasses import dataclass
+
+import httpx
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# (network, why it is refused). Spelled out rather than read from ipaddress'
+# is_private/is_global, whose tables changed between Python releases.
+_REFUSED: tuple[tuple[IPNetwork, str], ...] = tuple(
+    (ipaddress.ip_network(net), why)
+    for net, why in (
+        ("0.0.0.0/8", "unspecified"),
+        ("10.0.0.0/8", "private"),
+        ("100.64.0.0/10", "shared (carrier-grade NAT)"),
+        ("127.0.0.0/8", "loopback"),
+        ("169.254.0.0/16", "link-local (cloud metadata)"),
+        ("172.16.0.0/12", "private"),
+        ("192.0.0.0/24", "reserved (IETF protocol assignments)"),
+        ("192.0.2.0/24", "reserved (documentation)"),
+        ("192.88.99.0/24", "reserved (6to4 relay)"),
+        ("192.168.0.0/16", "private"),
+        ("198.18.0.0/15", "reserved (benchmarking)"),
+        ("198.51.100.0/24", "reserved (documentation)"),
+        ("203.0.113.0/24", "reserved (documentation)"),
+        ("224.0.0.0/4", "multicast"),
+        ("240.0.0.0/4", "reserved (includes broadcast)"),
+        ("::/128", "unspecified"),
+        ("::1/128", "loopback"),
+        # IPv4-compatible (deprecated); the mapped form ::ffff:0:0/96 is unwrapped instead.
+        ("::/96", "reserved (IPv4-compatible)"),
+        ("64:ff9b:1::/48", "reserved (local NAT64)"),
+        ("100::/64", "reserved (discard)"),
+        ("2001::/23", "reserved (IETF protocol assignments, Teredo)"),
+        ("2001:db8::/32", "reserved (documentation)"),
+        ("3fff::/20", "reserved (documentation)"),
+        ("fc00::/7", "private (unique local, includes fd00:ec2::254 metadata)"),
+        ("fe80::/10", "link-local"),
+        ("fec0::/10", "reserved (site-local)"),
+        ("ff00::/8", "multicast"),
+    )
+)
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_LEGACY_V4 = re.compile(r"^[0-9a-fA-Fx.]+$")
+_LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
+_NAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+
+
+def unmapped(ip: IPAddress) -> IPAddress:
+    """The IPv4 address behind an IPv4-mapped IPv6 one (``::ffff:127.0.0.1``): the
+    socket connects to that IPv4 address."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def refused_range(ip: IPAddress) -> str | None:
+    """Why the default policy refuses this address, or None for a public one."""
+    ip = unmapped(ip)
+    for net, why in _REFUSED:
+        if ip.version == net.version and ip in net:
+            return why
+    if isinstance(ip, ipaddress.IPv6Address):
+        # IPv6 forms that carry an IPv4 address a gateway forwards to.
+        if ip in _NAT64:
+            return refused_range(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+        if ip.sixtofour is not None:
+            return refused_range(ip.sixtofour)
+    return None
+
+
+@dataclass(frozen=True)
+class AllowList:
+    """Host names (exact, case-insensitive) and networks an operator allows."""
+
+    hosts: frozenset[str] = frozenset()
+    networks: tuple[IPNetwork, ...] = ()
+
+    def allows_host(self, host: str) -> bool:
+        return _host_key(host) in self.hosts
+
+    def allows_address(self, ip: IPAddress) -> bool:
+        candidates = {ip, unmapped(ip)}
+        return any(c.version == n.version and c in n for c in candidates for n in self.networks)
+
+
+def _host_key(host: str) -> str:
+    return host.strip().rstrip(".").lower()
+
+
+def parse_allow(text: str) -> AllowList:
+    """``"127.0.0.1, 10.0.0.0/8, callbacks.internal"``: addresses, CIDR networks
+    and host names, comma separated. Raises ValueError on an entry that is none
+    of those."""
+    hosts: set[str] = set()
+    networks: list[IPNetwork] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry.strip("[]"), strict=True))
+            continue
+        except ValueError as exc:
+            if "/" in entry:
+                raise ValueError(f"bad network {entry!r} in the allow list: {exc}") from exc
+        ip = literal_address(entry)
+        if ip is not None:
+            # "127.1" and friends: allow the address they denote, not a "name".
+            networks.append(ipaddress.ip_network(ip))
+            continue
+        name = _host_key(entry)
+        if not _NAME.match(name):
+            raise ValueError(f"bad host name {entry!r} in the allow list")
+        hosts.add(name)
+    return AllowList(frozenset(hosts), tuple(networks))
+
+
+def literal_address(host: str) -> IPAddress | None:
+    """The address a host written as an IP literal denotes, including the legacy
+    IPv4 forms the system resolver accepts without DNS (``127.1``, ``0x7f.1``,
+    ``2130706433``); None for a name that needs DNS."""
+    h = host.strip().strip("[]")
+    h = h.split("%", 1)[0]  # an IPv6 zone id
+    try:
+        return ipaddress.ip_address(h)
+    except ValueError:
+        pass
+    if h and _LEGACY_V4.match(h):
+        try:
+            # inet_aton parses numbers only (no lookup): what getaddrinfo would do.
+            return ipaddress.IPv4Address(socket.inet_aton(h))
+        except OSError:
+            return None
+    return None
+
+
+def address_refusal(allow: AllowList, ip: IPAddress) -> str | None:
+    """Why a call to ``ip`` is refused, or None when it may go."""
+    if allow.allows_address(ip):
+        return None
+    why = refused_range(ip)
+    return None if why is None else f"{unmapped(ip)} is {why}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed outbound URL: what the caller resolves and connects to."""
+
+    url: httpx.URL
+    host: str
+    port: int
+
+
+def parse_target(url: str) -> Target:
+    """Parses like the HTTP client will; raises ValueError when the URL is
+    refused whatever it resolves to (credentials, scheme, no host)."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"invalid URL: {exc}") from exc
+    if parsed.scheme not in ("http", "https"):
+        raise ValueError("only http and https URLs are allowed")
+    if parsed.userinfo:
+        raise ValueError("URLs with credentials (user:password@) are not allowed")
+    if not parsed.host:
+        raise ValueError("the URL has no host")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    return Target(parsed, parsed.host, port)
+
+
+def static_refusal(allow: AllowList, url: str) -> str | None:
+    """The check that needs no DNS (at request time): credentials, scheme, and a
+    host written as an address in a refused range. A host name passes here; its
+    addresses are checked when the call is made."""
+    try:
+        target = parse_target(url)
+    except ValueError as exc:
+        return str(exc)
+    if allow.allows_host(target.host):
+        return None
+    ip = literal_address(target.host)
+    return None if ip is None else address_refusal(allow, ip)

@@ -1,0 +1,205 @@
+"""The destination policy of outbound calls a client chooses (core.egress)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reservo.core.egress import (
+    AllowList,
+    address_refusal,
+    literal_address,
+    parse_allow,
+    refused_range,
+    static_refusal,
+)
+
+REFUSED = [
+    "127.0.0.1",
+    "127.255.255.254",
+    "10.1.2.3",
+    "172.16.0.1",
+    "172.31.255.255",
+    "192.168.1.1",
+    "169.254.169.254",  # cloud metadata
+    "169.254.0.1",
+    "0.0.0.0",
+    "100.64.0.1",
+    "224.0.0.1",
+    "239.255.255.250",
+    "255.255.255.255",
+    "240.0.0.1",
+    "192.0.2.1",
+    "::",
+    "::1",
+    "fe80::1",
+    "fd00:ec2::254",  # AWS metadata over IPv6
+    "fc00::1",
+    "ff02::1",
+    "::ffff:127.0.0.1",  # IPv4-mapped forms
+    "::ffff:169.254.169.254",
+    "::ffff:10.0.0.1",
+    "::127.0.0.1",  # IPv4-compatible (deprecated)
+    "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+    "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+    "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+    "2001:db8::1",
+]
+PUBLIC = [
+    "8.8.8.8",
+    "1.1.1.1",
+    "93.184.216.34",
+    "172.15.255.255",
+    "172.32.0.1",
+    "192.169.0.1",
+    "100.128.0.1",
+    "::ffff:8.8.8.8",
+    "2606:4700:4700::1111",
+    "2a00:1450:4001:80b::200e",
+    "64:ff9b::808:808",  # NAT64 of 8.8.8.8
+]
+
+
+@pytest.mark.parametrize("address", REFUSED)
+def test_inside_addresses_are_refused_by_default(address: str) -> None:
+    ip = ipaddress.ip_address(address)
+    assert refused_range(ip) is not None
+    assert address_refusal(AllowList(), ip) is not None
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_public_addresses_may_be_called(address: str) -> None:
+    assert refused_range(ipaddress.ip_address(address)) is None
+
+
+def test_parse_allow_reads_addresses_networks_and_names() -> None:
+    allow = parse_allow(" 127.0.0.1, 10.0.0.0/8 ,Callbacks.Internal., [::1], 127.2 ,")
+    assert allow.hosts == frozenset({"callbacks.internal"})
+    assert set(map(str, allow.networks)) == {
+        "127.0.0.1/32",
+        "10.0.0.0/8",
+        "::1/128",
+        "127.0.0.2/32",
+    }
+    assert allow.allows_host("CALLBACKS.internal")
+    assert not allow.allows_host("other.internal")
+    assert parse_allow("") == AllowList()
+
+
+@pytest.mark.parametrize(
+    "entry", ["10.0.0.1/8", "10.0.0.0/33", "not a host", "-bad.example", "a..b", "http://x/"]
+)
+def test_parse_allow_refuses_what_it_cannot_read(entry: str) -> None:
+    with pytest.raises(ValueError):
+        parse_allow(entry)
+
+
+def test_allow_list_lifts_the_refusal_of_its_addresses_only() -> None:
+    allow = parse_allow("127.0.0.1,10.0.0.0/8")
+    for allowed in ("127.0.0.1", "::ffff:127.0.0.1", "10.200.0.1"):
+        assert address_refusal(allow, ipaddress.ip_address(allowed)) is None
+    for refused in ("127.0.0.2", "::1", "169.254.169.254", "192.168.0.1"):
+        assert address_refusal(allow, ipaddress.ip_address(refused)) is not None
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("127.1", "127.0.0.1"),
+        ("0x7f.1", "127.0.0.1"),
+        ("2130706433", "127.0.0.1"),
+        ("017700000001", "127.0.0.1"),
+        ("0xa9fea9fe", "169.254.169.254"),
+        ("[::1]", "::1"),
+        ("::ffff:127.0.0.1", "::ffff:127.0.0.1"),
+        ("fe80::1%eth0", "fe80::1"),
+    ],
+)
+def test_literal_address_reads_every_numeric_form(host: str, address: str) -> None:
+    assert literal_address(host) == ipaddress.ip_address(address)
+
+
+@pytest.mark.parametrize("host", ["example.com", "localhost", "deadbeef", "1.2.3.4.example"])
+def test_names_are_not_literals(host: str) -> None:
+    assert literal_address(host) is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:pw@example.com/hook",
+        "http://user@example.com/hook",
+        "https://:pw@example.com/",
+        "ftp://example.com/",
+        "http://127.0.0.1:8080/hook",
+        "http://[::1]/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://2130706433/",
+        "http://0x7f.1/",
+        "http://10.0.0.1/",
+        "http://[fd00:ec2::254]/",
+    ],
+)
+def test_static_check_refuses_credentials_and_inside_literals(url: str) -> None:
+    assert static_refusal(AllowList(), url) is not None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.com/hook?x=1",
+        "http://8.8.8.8/",
+        # Names are resolved, and checked, when the call is made.
+        "http://localhost:8080/",
+        "http://metadata.google.internal/",
+    ],
+)
+def test_static_check_passes_public_literals_and_names(url: str) -> None:
+    assert static_refusal(AllowList(), url) is None
+
+
+def test_static_check_honours_the_allow_list_but_never_credentials() -> None:
+    allow = parse_allow("127.0.0.1,callbacks.internal")
+    assert static_refusal(allow, "http://127.0.0.1:9000/hook") is None
+    assert static_refusal(allow, "http://callbacks.internal/hook") is None
+    assert static_refusal(allow, "http://u:p@127.0.0.1/") is not None
+    assert static_refusal(allow, "http://u:p@callbacks.internal/") is not None
+
+
+ipv4 = st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address)
+ipv6 = st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address)
+
+
+@given(ipv4)
+def test_mapped_ipv6_forms_get_the_ipv4_decision(ip: ipaddress.IPv4Address) -> None:
+    mapped = ipaddress.IPv6Address(f"::ffff:{ip}")
+    assert (refused_range(mapped) is None) == (refused_range(ip) is None)
+
+
+@given(ipv4)
+def test_every_accepted_ipv4_is_global_unicast(ip: ipaddress.IPv4Address) -> None:
+    if refused_range(ip) is None:
+        assert ip.is_global and not ip.is_multicast
+
+
+@given(ipv6)
+def test_every_accepted_ipv6_is_global_unicast(ip: ipaddress.IPv6Address) -> None:
+    if refused_range(ip) is None and ip.ipv4_mapped is None:
+        assert ip.is_global and not ip.is_multicast and not ip.is_link_local
+
+
+@given(st.sampled_from(["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8"]), st.data())
+def test_an_allowed_network_lifts_exactly_its_own_addresses(net: str, data: st.DataObject) -> None:
+    network = ipaddress.IPv4Network(net)
+    inside = ipaddress.IPv4Address(
+        data.draw(st.integers(int(network.network_address), int(network.broadcast_address)))
+    )
+    allow = parse_allow(net)
+    assert refused_range(inside) is not None
+    assert address_refusal(allow, inside) is None
+    assert address_refusal(AllowList(), inside) is not None
