@@ -21,11 +21,12 @@ class Rejected(Exception):
 
 
 # Failures that come from the data, not the moment: the same event fails the same way.
-_PERMANENT: tuple[type[BaseException], ...] = (
+PERMANENT: tuple[type[BaseException], ...] = (
     Rejected,
     LookupError,  # KeyError, IndexError: a field the event lacks
     TypeError,
     ValueError,  # includes UnicodeError and pydantic's ValidationError
+    ArithmeticError,  # OverflowError: a value (a timestamp) Python cannot represent
     AssertionError,
     asyncpg.IntegrityConstraintViolationError,
     asyncpg.DataError,
@@ -37,4 +38,4 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, DomainError):
         # 503 unavailable, 429 rate limited: the moment; any other refusal: the event.
         return exc.status >= 500 or exc.status == 429
-    return not isinstance(exc, _PERMANENT)
+    return not isinstance(exc, PERMANENT)

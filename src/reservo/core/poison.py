@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-import asyncpg
 import structlog
 
+from reservo.core.failures import PERMANENT
 from reservo.core.metrics import POISON_ROWS
 
 log = structlog.get_logger(__name__)
@@ -27,15 +27,9 @@ R = TypeVar("R")
 
 # Errors that belong to the data of a row, not to the path to the database: a
 # value asyncpg cannot decode (OverflowError, ValueError) or encode (DataError),
-# a rule refusing it (ValueError), a constraint it breaks.
-ROW_ERRORS: tuple[type[Exception], ...] = (
-    ValueError,
-    OverflowError,
-    TypeError,
-    KeyError,
-    asyncpg.DataError,
-    asyncpg.IntegrityConstraintViolationError,
-)
+# a rule refusing it (ValueError), a constraint it breaks. The same split as an
+# event's permanent failures (core.failures).
+ROW_ERRORS = PERMANENT
 
 
 async def report(loop: str, item: object, exc: BaseException, parking: Awaitable[object]) -> None:
