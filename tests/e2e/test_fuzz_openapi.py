@@ -1,7 +1,9 @@
-"""A schemathesis fuzz pass over the served OpenAPI schema finds no 5xx."""
+"""A schemathesis fuzz pass over the served OpenAPI schema finds no 5xx, with the
+hostile shapes of tests/e2e/hostile_shapes.py mixed into the generated bodies."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from tests.conftest import token
 from tests.e2e.procs import env_for, free_port, running, wait_http
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(600)
@@ -46,6 +49,8 @@ def test_fuzzing_the_api_finds_no_server_error(base_settings: Settings, tmp_path
                 capture_output=True,
                 text=True,
                 timeout=240,
+                env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.e2e.hostile_shapes"},
+                cwd=REPO_ROOT,
             )
             assert result.returncode == 0, (
                 f"schemathesis ({role}) found a server error:\n{result.stdout[-6000:]}\n"
