@@ -257,7 +257,6 @@ def build(settings: Settings, clock: Clock | None = None, *, announce: bool = Tr
         settlement,
         publisher=publisher,
         batch=settings.betting_resend_batch,
-        max_attempts=settings.betting_resend_max_attempts,
         lease_s=settings.betting_resend_lease_s,
     )
     clash = {ALL, *BACKGROUND_ROLES} & set(subscriptions.consumers())

@@ -169,7 +169,6 @@ class Settings(BaseSettings):
     betting_breaker_reset_s: float = 10.0
     betting_resend_interval_s: float = 0.5
     betting_resend_batch: int = 100
-    betting_resend_max_attempts: int = 10
     # How long a resender keeps the fallback rows it claimed while it publishes them.
     betting_resend_lease_s: float = Field(default=60.0, gt=0)
     betting_sweep_interval_s: float = 5.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import asyncpg
@@ -68,13 +68,30 @@ async def test_kafka_down_answers_202_from_the_fallback_then_resend_settles(
         "SELECT status FROM webhook_events_fallback WHERE provider_event_id = $1", event
     )
     assert row["status"] == "PENDING"
-    # Its resend worker cannot publish either: the row stays PENDING, one attempt counted.
+    # Its resend worker cannot publish either: the row stays PENDING, one attempt
+    # counted, and waits out a backoff before the next try.
     await kafka_down.resender.run_once()
     row = await db.fetchrow(
-        "SELECT status, attempts FROM webhook_events_fallback WHERE provider_event_id = $1", event
+        "SELECT status, attempts, leased_until FROM webhook_events_fallback"
+        " WHERE provider_event_id = $1",
+        event,
     )
     assert (row["status"], row["attempts"]) == ("PENDING", 1)
+    assert row["leased_until"] > kafka_down.clock.now()
+    # Kafka stays away for longer than any retry budget (the old one was 10): the
+    # row is retried every time its backoff is over and never becomes FAILED.
+    for _ in range(12):
+        kafka_down.clock.advance(timedelta(seconds=61))  # the backoff's cap is 60 s
+        await kafka_down.resender.run_once()
+    row = await db.fetchrow(
+        "SELECT status, attempts, leased_until FROM webhook_events_fallback"
+        " WHERE provider_event_id = $1",
+        event,
+    )
+    assert (row["status"], row["attempts"]) == ("PENDING", 13)
+    assert row["leased_until"] - kafka_down.clock.now() <= timedelta(seconds=60)
     # A resend worker without Kafka hands it to the settlement handler.
+    kafka_down.clock.advance(timedelta(seconds=61))
     await drain(container)
     row = await db.fetchrow(
         "SELECT status FROM webhook_events_fallback WHERE provider_event_id = $1", event
@@ -143,6 +160,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
             legs.append(Leg(other["id"], "BTTS", "NO", Decimal("2.10")))
         bets.append(await container.betting.place_bet(account, 10 + i, legs))
     # The other match finished 0-0 (BTTS NO wins) and is fully settled first.
+    kick_off(container.clock, match, other)  # results count only once a match started
     async with container.db.transaction() as conn:
         other_id = await container.settlement.accept_in(
             conn,

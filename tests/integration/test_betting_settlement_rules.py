@@ -72,7 +72,7 @@ async def test_sql_settlement_matches_the_model(
     container: Container, db: asyncpg.Connection, bet: tuple[int, list]
 ) -> None:
     stake, legs = bet
-    starts = datetime.now(UTC) + timedelta(hours=1)
+    starts = datetime.now(UTC) - timedelta(hours=1)  # results count once a match started
     match_ids = []
     for _ in legs:
         match_ids.append(

@@ -24,7 +24,13 @@ from reservo.core.clock import OffsetClock
 from reservo.core.db import Database
 from reservo.core.transport.kafka import KafkaTransport
 from reservo.settings import Settings
-from tests.betting_helpers import make_account, make_match, post_result, result_body
+from tests.betting_helpers import (
+    kick_off,
+    make_account,
+    make_match,
+    post_result,
+    result_body,
+)
 
 STUCK = "reservo-resender-stuck"
 
@@ -95,7 +101,8 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
             account, 100, [Leg(match["id"], "1X2", "AWAY", Decimal("4.20"))]
         )
         event = f"prov-{uuid.uuid4()}"
-        r = await post_result(client, result_body(match["externalId"], 0, 3, event=event))
+        kick_off(clock, match)
+        r = await post_result(client, result_body(match["externalId"], 0, 3, event=event), clock)
         assert r.status_code == 202, r.text  # no Kafka here: held in the fallback table
     db = await asyncpg.connect(fresh_database_url)
     fallback = (
@@ -173,9 +180,12 @@ async def test_rows_not_started_within_half_the_lease_go_back_unspent(
         transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
     ) as client:
         match = await make_match(client)
+        kick_off(clock, match)
         events = [f"prov-{uuid.uuid4()}" for _ in range(2)]
         for event in events:
-            r = await post_result(client, result_body(match["externalId"], 1, 0, event=event))
+            r = await post_result(
+                client, result_body(match["externalId"], 1, 0, event=event), clock
+            )
             assert r.status_code == 202, r.text
     hole = Blackhole()
     async with hole as bootstrap:
@@ -196,8 +206,10 @@ async def test_rows_not_started_within_half_the_lease_go_back_unspent(
         )
     finally:
         await db.close()
-    # The first timed out (1.2 s, past half the 2 s lease): one attempt spent.
-    assert (rows[0]["status"], rows[0]["attempts"], rows[0]["leased_until"]) == ("PENDING", 1, None)
+    # The first timed out (1.2 s, past half the 2 s lease): one attempt spent, and
+    # it waits out a backoff (a transient failure) before anyone tries it again.
+    assert (rows[0]["status"], rows[0]["attempts"]) == ("PENDING", 1)
+    assert rows[0]["leased_until"] is not None
     assert "TimeoutError" in rows[0]["last_error"]
     # The second was never tried: free again at once, no attempt spent.
     assert (rows[1]["status"], rows[1]["attempts"], rows[1]["leased_until"]) == ("PENDING", 0, None)

@@ -154,10 +154,14 @@ UPDATE webhook_events_fallback
  WHERE id = ANY($1::uuid[]) AND status = 'PENDING';
 
 -- name: fallback_failed
--- One more failed attempt; FAILED after $3 of them, else PENDING and free to retry.
+-- One more failed attempt. Permanent ($3: the result itself is refused): FAILED,
+-- parked for an operator. Transient (Kafka away): PENDING again, and the lease
+-- becomes "not before" $4, the backoff, so the row is retried for as long as the
+-- outage lasts without hammering the broker.
 UPDATE webhook_events_fallback
-   SET attempts = attempts + 1, last_error = $2, leased_until = NULL,
-       status = CASE WHEN attempts + 1 >= $3 THEN 'FAILED' ELSE 'PENDING' END
+   SET attempts = attempts + 1, last_error = $2,
+       leased_until = CASE WHEN $3::boolean THEN NULL ELSE $4::timestamptz END,
+       status = CASE WHEN $3::boolean THEN 'FAILED' ELSE 'PENDING' END
  WHERE id = $1 AND status = 'PENDING'
 RETURNING status;
 

@@ -186,10 +186,14 @@ async def fallback_resent(
 
 
 async def fallback_failed(
-    conn: asyncpg.Connection, row_id: uuid.UUID, error: str, max_attempts: int
+    conn: asyncpg.Connection,
+    row_id: uuid.UUID,
+    error: str,
+    permanent: bool,
+    retry_at: datetime,
 ) -> str | None:
     """The row's new status; None when it was no longer PENDING."""
-    status = await conn.fetchval(Q.fallback_failed, row_id, error, max_attempts)
+    status = await conn.fetchval(Q.fallback_failed, row_id, error, permanent, retry_at)
     return None if status is None else str(status)
 
 

@@ -25,12 +25,14 @@ from pydantic import ValidationError
 from reservo import wallet
 from reservo.betting import domain, events, repo
 from reservo.betting.schemas import ResultIn
+from reservo.core import metrics
 from reservo.core.auth import verify_webhook
+from reservo.core.backoff import backoff_delay
 from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
-from reservo.core.failures import Rejected
+from reservo.core.failures import Rejected, is_transient
 from reservo.core.outbox import emit
 from reservo.core.retry import retry_async
 from reservo.core.transport.base import Event, Transport
@@ -457,8 +459,10 @@ class ResultIntake:
 
 
 class FallbackResender:
-    """Republishes PENDING fallback rows and marks them RESENT or, after too many
-    failures, FAILED. No transaction stays open while it publishes (the outbox
+    """Republishes PENDING fallback rows and marks them RESENT. A transient failure
+    (Kafka away, breaker open) leaves the row PENDING with a capped backoff, for as
+    long as the outage lasts; only a result refused for good (core.failures) is
+    FAILED, parked for an operator. No transaction stays open while it publishes (the outbox
     relay's pattern): a batch is leased (FOR UPDATE SKIP LOCKED and ``leased_until``
     in one committed statement), published with no connection held, then marked
     in one short transaction. Several instances share the backlog; the rows of one
@@ -475,12 +479,13 @@ class FallbackResender:
         *,
         publisher: Publisher | None = None,
         batch: int = 100,
-        max_attempts: int = 10,
         lease_s: float = 60.0,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 60.0,
     ) -> None:
         self.db, self.clock, self.settlement = db, clock, settlement
-        self.publisher, self.batch, self.max_attempts = publisher, batch, max_attempts
-        self.lease_s = lease_s
+        self.publisher, self.batch, self.lease_s = publisher, batch, lease_s
+        self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
 
     async def run_once(self) -> int:
         """Lease, resend and mark one batch; returns how many rows it leased."""
@@ -501,7 +506,7 @@ class FallbackResender:
         self, publisher: Publisher, rows: list[asyncpg.Record], until: datetime
     ) -> None:
         resent: list[uuid.UUID] = []
-        failed: list[tuple[uuid.UUID, str]] = []
+        failed: list[tuple[asyncpg.Record, BaseException]] = []
         unstarted: list[uuid.UUID] = []
         for row in rows:
             now = self.clock.now()
@@ -522,15 +527,14 @@ class FallbackResender:
                     )
                 )
             except Exception as exc:
-                failed.append((row["id"], repr(exc)[:2000]))
+                failed.append((row, exc))
             else:
                 resent.append(row["id"])
         async with self.db.transaction() as conn:
             if resent:
                 await repo.fallback_resent(conn, resent, self.clock.now())
-            for row_id, error in failed:
-                status = await repo.fallback_failed(conn, row_id, error, self.max_attempts)
-                log.warning("fallback_resend_failed", id=str(row_id), status=status)
+            for failed_row, error in failed:
+                await self._failed(conn, failed_row, error)
             if unstarted:
                 await repo.fallback_release(conn, unstarted)
 
@@ -544,8 +548,18 @@ class FallbackResender:
             return match_id
         except Exception as exc:
             async with self.db.transaction() as conn:
-                status = await repo.fallback_failed(
-                    conn, row["id"], repr(exc)[:2000], self.max_attempts
-                )
-            log.warning("fallback_resend_failed", id=str(row["id"]), status=status)
+                await self._failed(conn, row, exc)
             return None
+
+    async def _failed(
+        self, conn: asyncpg.Connection, row: asyncpg.Record, exc: BaseException
+    ) -> None:
+        permanent = not is_transient(exc)
+        delay = backoff_delay(row["attempts"] + 1, self.backoff_base_s, self.backoff_max_s)
+        retry_at = self.clock.now() + timedelta(seconds=delay)
+        status = await repo.fallback_failed(conn, row["id"], repr(exc)[:2000], permanent, retry_at)
+        if permanent:
+            log.error("fallback_result_parked", id=str(row["id"]), error=repr(exc))
+        else:
+            metrics.TRANSIENT_FAILURES.labels(consumer="results_resend").inc()
+            log.warning("fallback_resend_retrying", id=str(row["id"]), status=status)
