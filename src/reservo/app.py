@@ -15,6 +15,7 @@ from reservo.betting.api import router as betting_router
 from reservo.bootstrap import Container
 from reservo.core import metrics
 from reservo.core.http import install_body_limit, install_error_handlers, install_metrics
+from reservo.ops.api import router as ops_router
 from reservo.rentals.api import router as rentals_router
 from reservo.rentals.gateway import SandboxGateway
 from reservo.rentals.sandbox import router as rentals_sandbox_router
@@ -58,6 +59,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     app.include_router(wallet_router)
     app.include_router(betting_router)
     app.include_router(scheduler_router)
+    app.include_router(ops_router)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

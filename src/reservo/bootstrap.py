@@ -29,7 +29,7 @@ from reservo.core.breaker import CircuitBreaker
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
 from reservo.core.db import Database, Queries
-from reservo.core.deadletters import LocalDeadLetters
+from reservo.core.deadletters import DeadLetterBox, LocalDeadLetters
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.notifications import CONSUMER as NOTIFICATIONS
@@ -102,6 +102,7 @@ class Container:
     scheduler: Scheduler
     rentals: RentalService
     rentals_gateway: PaymentGateway | None  # None: none configured (refunds wait)
+    dead_letters: DeadLetterBox
 
     def consumer_roles(self) -> list[str]:
         """Every consumer that subscribed to a topic (with Kafka: its group's name)."""
@@ -344,6 +345,7 @@ def build(settings: Settings, clock: Clock | None = None, *, announce: bool = Tr
         scheduler,
         rentals,
         rentals_gateway,
+        DeadLetterBox(db, clock, subscriptions),
     )
 
 

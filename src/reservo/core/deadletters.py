@@ -4,13 +4,20 @@ park here)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+import asyncpg
 import structlog
 
 from reservo.core import metrics
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
-from reservo.core.transport.base import Event
-from reservo.core.transport.envelope import to_cloudevent
+from reservo.core.errors import DomainError
+from reservo.core.failures import Rejected, is_transient
+from reservo.core.transport.base import Event, Subscriptions
+from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
 
 log = structlog.get_logger(__name__)
 Q = Queries.load("reservo.core")
@@ -43,3 +50,72 @@ class LocalDeadLetters:
             event_id=str(event.id),
             error=repr(error),
         )
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: int
+    consumer: str
+    topic: str
+    event_id: UUID | None
+    error: str
+    attempts: int
+    parked_at: datetime
+    replayed_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> DeadLetter:
+        return cls(
+            row["id"],
+            row["consumer"],
+            row["topic"],
+            row["event_id"],
+            row["error"],
+            row["attempts"],
+            row["parked_at"],
+            row["replayed_at"],
+        )
+
+
+class DeadLetterBox:
+    """Lists dead letters and replays one to the consumer that parked it, through
+    the same handler (which dedupes by event id through its inbox: a replay is
+    applied at most once, however often it is asked for)."""
+
+    def __init__(self, db: Database, clock: Clock, subscriptions: Subscriptions) -> None:
+        self.db, self.clock, self.subscriptions = db, clock, subscriptions
+
+    async def page(
+        self, consumer: str | None, before_id: int | None, limit: int
+    ) -> list[DeadLetter]:
+        """Newest first; ``limit`` rows at most."""
+        async with self.db.connection() as conn:
+            rows = await conn.fetch(Q.dead_letter_page, consumer, before_id, limit)
+        return [DeadLetter.from_row(r) for r in rows]
+
+    async def replay(self, letter_id: int) -> None:
+        """Deliver the parked event to its consumer again. Already replayed: done
+        (nothing is delivered twice). A replay that fails leaves it parked with the
+        new error: 503 when a dependency is still away, 409 otherwise."""
+        async with self.db.connection() as conn:
+            row = await conn.fetchrow(Q.dead_letter_take_for_replay, letter_id, self.clock.now())
+            if row is None:
+                if await conn.fetchval(Q.dead_letter_exists, letter_id):
+                    return
+                raise DomainError("not_found", f"no dead letter {letter_id}", status=404)
+        try:
+            event = from_cloudevent(bytes(row["value"]))
+            subscription = self.subscriptions.for_consumer(row["consumer"]).get(row["topic"])
+            if subscription is None:
+                raise Rejected(f"{row['consumer']} no longer consumes {row['topic']}")
+            await subscription.handler(event)
+        except Exception as exc:
+            async with self.db.connection() as conn:
+                await conn.execute(Q.dead_letter_replay_failed, letter_id, repr(exc)[:2000])
+            log.warning("dead_letter_replay_failed", id=letter_id, error=repr(exc))
+            if is_transient(exc):
+                raise DomainError("unavailable", "a dependency is away; replay later") from exc
+            raise DomainError(
+                "not_replayable", f"the consumer refused the event again: {exc!r}", status=409
+            ) from exc
+        log.info("dead_letter_replayed", id=letter_id, consumer=row["consumer"])

@@ -133,3 +133,24 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'PENDING' LIMI
                   WHERE status = 'PENDING' ORDER BY id LIMIT 1), 0)::float8 AS oldest_s,
        (SELECT count(*) FROM outbox WHERE status = 'DEAD') AS dead_events,
        (SELECT count(*) FROM dead_letter WHERE replayed_at IS NULL) AS dead_letters;
+
+-- name: dead_letter_page
+-- Newest first, optionally of one consumer; keyset on id (index dead_letter_consumer_id).
+SELECT id, consumer, topic, event_id, error, attempts, parked_at, replayed_at
+  FROM dead_letter
+ WHERE ($1::text IS NULL OR consumer = $1) AND ($2::bigint IS NULL OR id < $2)
+ ORDER BY id DESC
+ LIMIT $3;
+
+-- name: dead_letter_take_for_replay
+-- Claim a dead letter for a replay (one replay at a time); NULL when it is already replayed.
+UPDATE dead_letter SET replayed_at = $2
+ WHERE id = $1 AND replayed_at IS NULL
+RETURNING consumer, topic, value;
+
+-- name: dead_letter_exists
+SELECT EXISTS (SELECT 1 FROM dead_letter WHERE id = $1);
+
+-- name: dead_letter_replay_failed
+-- The replay failed: the letter stays parked, with the new error and one more attempt.
+UPDATE dead_letter SET replayed_at = NULL, error = $2, attempts = attempts + 1 WHERE id = $1;

@@ -1,0 +1,1 @@
+"""Operations: what an operator does through the API (dead letters today)."""

@@ -1,0 +1,63 @@
+"""HTTP routes of the Operations API: dead letters, listed and replayed (admin)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from reservo.core.deadletters import DeadLetter, DeadLetterBox
+from reservo.core.http import Caller, json_response, problem_responses
+from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.ops.schemas import DeadLetterOut, DeadLetterPage, Replayed
+
+router = APIRouter(prefix="/api/ops", tags=["operations"])
+PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
+
+
+def _box(request: Request) -> DeadLetterBox:
+    box: DeadLetterBox = request.app.state.container.dead_letters
+    return box
+
+
+def render(d: DeadLetter) -> DeadLetterOut:
+    return DeadLetterOut(
+        id=d.id,
+        consumer=d.consumer,
+        topic=d.topic,
+        event_id=d.event_id,
+        error=d.error,
+        attempts=d.attempts,
+        created_at=d.parked_at,
+        replayed_at=d.replayed_at,
+    )
+
+
+@router.get("/dead-letters", response_model=DeadLetterPage, responses=PROBLEMS)
+async def list_dead_letters(
+    caller: Caller,
+    request: Request,
+    consumer: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    limit: Limit = DEFAULT_LIMIT,
+    after: After = None,
+) -> JSONResponse:
+    """Events consumers rejected, newest first, replayed ones included (`replayedAt`)."""
+    caller.require("admin")
+    before = decode_cursor(after, int)[0] if after is not None else None
+    letters = await _box(request).page(consumer, before, limit + 1)
+    items, nxt = page(letters, limit, lambda d: d.id)
+    body = DeadLetterPage(items=[render(d) for d in items], next=nxt)
+    return json_response(200, body.wire())
+
+
+@router.post("/dead-letters/{id}/replay", response_model=Replayed, responses=PROBLEMS)
+async def replay_dead_letter(
+    letter_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> JSONResponse:
+    """Deliver the event again to the consumer that parked it; it is applied at
+    most once (the consumer dedupes by event id), so replaying twice is harmless."""
+    caller.require("admin")
+    await _box(request).replay(letter_id)
+    return json_response(200, Replayed(replayed=True).wire())
