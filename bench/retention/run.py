@@ -7,7 +7,7 @@ worker` as real processes, wrk) runs twice for the same time: once alone, once
 while the retention pruner (reservo.core.retention with the default rules,
 batch size and pause) deletes those rows. Printed: the storm's attempts/s and
 latency with and without pruning, and the prune rate (rows/s) during the storm
-and, for what it left, on the quiet machine afterwards.
+and, for what it left, afterwards without the storm.
 
     python bench/retention/run.py                      # 10,000,000 rows
     python bench/retention/run.py --rows 2000000 --duration 30
@@ -308,7 +308,7 @@ def one_run(
 
 
 async def finish_pruning() -> tuple[int, float]:
-    """Prune what the storm run left, on the quiet machine (same pruner)."""
+    """Prune what the storm run left, without the storm (same pruner)."""
     db = Database(benchlib.db_url(), min_size=1, max_size=2)
     settings = Settings()
     pruner = Pruner(
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if quiet[0]:
         print(
-            f"the rest, on the quiet machine: {quiet[0]:,} rows in {quiet[1]:.1f} s = "
+            f"the rest, without the storm: {quiet[0]:,} rows in {quiet[1]:.1f} s = "
             f"{quiet[0] / max(1e-9, quiet[1]):,.0f} rows/s"
         )
     print(f"old rows left: {left:,}; needed rows (PENDING, DEAD) kept: {kept}/2")
