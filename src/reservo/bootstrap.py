@@ -49,6 +49,7 @@ from reservo.rentals import events as rental_events
 from reservo.rentals.gateway import PaymentGateway, SandboxGateway, build_gateway
 from reservo.rentals.service import Config as RentalsConfig
 from reservo.rentals.service import RefundConsumer, RentalService
+from reservo.retention import build_pruner
 from reservo.scheduler import Scheduler
 from reservo.scheduler.setup import build_scheduler
 from reservo.scheduler.workers import run as run_scheduler
@@ -445,7 +446,10 @@ async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -
             )
             tasks.append(runner.run(stop))
     if "maintenance" in roles:
-        tasks.append(_every(stop, 3600, "idempotency_prune", c.idempotency.prune))
+        if c.settings.retention_enabled:  # every growing table, idempotency keys included
+            pruner = build_pruner(c.settings, c.db, c.clock)
+            period_s = c.settings.retention_interval_s
+            tasks.append(_every(stop, period_s, "retention", lambda: pruner.run(stop)))
         tasks.append(_every(stop, 5, "outbox_metrics", lambda: _sample_outbox(c)))
     if "scheduler" in roles:
         tasks.append(run_scheduler(c.scheduler, stop))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reservo.core.egress import parse_allow
@@ -182,5 +182,52 @@ class Settings(BaseSettings):
         parse_allow(value)  # a typo fails at start, not at the first job
         return value
 
+    # Retention (core/retention.py): the `maintenance` role deletes rows nothing
+    # needs any more every `retention_interval_s`, in batches of
+    # `retention_batch_size` rows (each its own transaction) with a pause between
+    # batches. Never pruned: PENDING and DEAD outbox rows, notifications not SENT,
+    # jobs not finished, dead letters not replayed, fallback rows not RESENT, and
+    # the business records (bookings, payments, ledger, bets, results).
+    retention_enabled: bool = True
+    retention_interval_s: float = Field(default=300.0, gt=0)
+    retention_batch_size: int = Field(default=5000, ge=1, le=100_000)
+    retention_pause_s: float = Field(default=0.05, ge=0)
+    # DONE outbox events, from their publication.
+    retention_outbox_hours: int = Field(default=72, ge=1)
+    # Inbox rows must outlive every redelivery of their event: an operator replay
+    # of an outbox row still kept (retention_outbox_hours) or a consumer group
+    # re-reading its topic (Kafka's default retention.ms is 7 days). 72 h + 7 days
+    # = 10 days; raise it with the topics' retention. Must exceed the outbox's.
+    retention_inbox_hours: int = Field(default=240, ge=1)
+    # SENT notifications. The table is the notifications consumer's inbox, so it is
+    # kept at least as long as the inbox.
+    retention_notification_days: int = Field(default=30, ge=1)
+    # DONE/CANCELLED jobs and their executions, from their finish.
+    retention_job_days: int = Field(default=30, ge=1)
+    # DEAD jobs, and dead letters from their replay, are kept longer: post-mortems.
+    retention_dead_job_days: int = Field(default=90, ge=1)
+    retention_dead_letter_days: int = Field(default=90, ge=1)
+    # Result webhooks resent from the fallback table; rejected (malformed) webhooks.
+    retention_webhook_fallback_hours: int = Field(default=168, ge=1)
+    retention_webhook_rejected_days: int = Field(default=30, ge=1)
+
     log_level: str = "INFO"
     log_json: bool = True
+
+    @model_validator(mode="after")
+    def _retention_keeps_what_a_redelivery_needs(self) -> Settings:
+        if self.retention_inbox_hours <= self.retention_outbox_hours:
+            raise ValueError(
+                "RESERVO_RETENTION_INBOX_HOURS must exceed RESERVO_RETENTION_OUTBOX_HOURS: "
+                "an inbox row must outlive every redelivery of its event"
+            )
+        if self.retention_notification_days * 24 < self.retention_inbox_hours:
+            raise ValueError(
+                "RESERVO_RETENTION_NOTIFICATION_DAYS must cover RESERVO_RETENTION_INBOX_HOURS: "
+                "the notification table is the notifications consumer's inbox"
+            )
+        if self.retention_dead_job_days < self.retention_job_days:
+            raise ValueError(
+                "RESERVO_RETENTION_DEAD_JOB_DAYS must be at least RESERVO_RETENTION_JOB_DAYS"
+            )
+        return self

@@ -140,8 +140,7 @@ class IdempotencyStore:
         total = 0
         async with self.db.connection() as conn:
             while True:
-                done = await conn.execute(Q.idem_prune, cutoff, batch)
-                n = int(done.split()[-1])
+                n = int(await conn.fetchval(Q.idem_prune, cutoff, batch))
                 total += n
                 if n < batch:
                     return total

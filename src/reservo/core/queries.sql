@@ -29,8 +29,18 @@ DELETE FROM idempotency_key
  WHERE caller = $1 AND endpoint = $2 AND key = $3 AND status = 'IN_PROGRESS';
 
 -- name: idem_prune
-DELETE FROM idempotency_key
- WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_key WHERE created_at < $1 LIMIT $2));
+-- Retention (core/retention.py): keys created before $1, at most $2, oldest first.
+-- Every *_prune statement has this shape: ($1 cutoff, $2 batch size) -> one row
+-- counting the deleted rows per table. FOR UPDATE SKIP LOCKED: a row a request
+-- holds right now is left for the next run, so pruning never waits on the hot path.
+WITH gone AS (
+    DELETE FROM idempotency_key
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_key
+                              WHERE created_at < $1
+                              ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING 1
+)
+SELECT count(*) AS idempotency_key FROM gone;
 
 -- name: outbox_insert
 INSERT INTO outbox (event_id, topic, key, payload, created_at, available_at)
@@ -76,9 +86,16 @@ SELECT count(*) AS pending,
 SELECT count(*) FROM outbox WHERE status = 'DEAD';
 
 -- name: outbox_prune
-DELETE FROM outbox
- WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox
-                          WHERE status = 'DONE' AND published_at < $1 LIMIT $2));
+-- Retention: DONE events published before $1 (index outbox_done_published).
+-- PENDING rows (still to deliver) and DEAD ones (to replay) are never pruned.
+WITH gone AS (
+    DELETE FROM outbox
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox
+                              WHERE status = 'DONE' AND published_at < $1
+                              ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING 1
+)
+SELECT count(*) AS outbox FROM gone;
 
 -- name: inbox_claim
 INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
@@ -154,3 +171,38 @@ SELECT EXISTS (SELECT 1 FROM dead_letter WHERE id = $1);
 -- name: dead_letter_replay_failed
 -- The replay failed: the letter stays parked, with the new error and one more attempt.
 UPDATE dead_letter SET replayed_at = NULL, error = $2, attempts = attempts + 1 WHERE id = $1;
+
+-- name: inbox_prune
+-- Retention: inbox rows processed before $1. Settings make that cutoff older
+-- than any redelivery of the event can be (see retention_inbox_hours).
+WITH gone AS (
+    DELETE FROM inbox
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM inbox
+                              WHERE processed_at < $1
+                              ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING 1
+)
+SELECT count(*) AS inbox FROM gone;
+
+-- name: notification_prune
+-- Retention: SENT notifications sent before $1, walked in creation order (index
+-- notification_created_at; sent_at >= created_at). PENDING ones are never pruned.
+WITH gone AS (
+    DELETE FROM notification
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM notification
+                              WHERE created_at < $1 AND status = 'SENT' AND sent_at < $1
+                              ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING 1
+)
+SELECT count(*) AS notification FROM gone;
+
+-- name: dead_letter_prune
+-- Retention: dead letters replayed before $1. One not replayed yet is never pruned.
+WITH gone AS (
+    DELETE FROM dead_letter
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM dead_letter
+                              WHERE replayed_at < $1
+                              ORDER BY replayed_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING 1
+)
+SELECT count(*) AS dead_letter FROM gone;

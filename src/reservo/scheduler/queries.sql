@@ -252,3 +252,31 @@ RETURNING id;
 -- name: executions
 SELECT attempt, worker, started_at, finished_at, outcome, error
   FROM job_execution WHERE job_id = $1 ORDER BY attempt;
+
+-- name: job_prune_finished
+-- Retention (core/retention.py): DONE and CANCELLED jobs finished before $1, at
+-- most $2, with their executions (same statement, by job_execution's key).
+-- SCHEDULED/QUEUED/RUNNING/FAILED jobs are never pruned.
+WITH gone AS (
+    DELETE FROM scheduled_job
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM scheduled_job
+                              WHERE status IN ('DONE', 'CANCELLED') AND finished_at < $1
+                              ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING id
+), runs AS (
+    DELETE FROM job_execution WHERE job_id = ANY (ARRAY(SELECT id FROM gone)) RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS scheduled_job, (SELECT count(*) FROM runs) AS job_execution;
+
+-- name: job_prune_dead
+-- Retention: DEAD jobs (kept longer, for the post-mortem) finished before $1.
+WITH gone AS (
+    DELETE FROM scheduled_job
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM scheduled_job
+                              WHERE status = 'DEAD' AND finished_at < $1
+                              ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING id
+), runs AS (
+    DELETE FROM job_execution WHERE job_id = ANY (ARRAY(SELECT id FROM gone)) RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS scheduled_job, (SELECT count(*) FROM runs) AS job_execution;

@@ -1,0 +1,75 @@
+"""What the retention pruner deletes and after how long: each module's prune
+statements (its queries.sql) paired with the settings that say how long rows are
+kept. The pruner itself is reservo.core.retention; the `maintenance` role runs it.
+
+Not here, on purpose (business records a booking, a refund or an audit needs):
+appointments, rental bookings and payments (deposits and refunds; rentals keeps
+no separate webhook log), the wallet's transfers and entries, bets, matches and
+betting_result_inbox (which provider event settled a match: one row per result).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from reservo.core.clock import Clock
+from reservo.core.db import Database, Queries
+from reservo.core.retention import Pruner, PruneRule
+from reservo.settings import Settings
+
+
+def rules(s: Settings) -> list[PruneRule]:
+    core = Queries.load("reservo.core")
+    jobs = Queries.load("reservo.scheduler")
+    betting = Queries.load("reservo.betting")
+
+    def hours(n: int) -> timedelta:
+        return timedelta(hours=n)
+
+    def days(n: int) -> timedelta:
+        return timedelta(days=n)
+
+    return [
+        PruneRule(
+            "idem_prune", "idempotency_key", core.idem_prune, hours(s.idempotency_retention_hours)
+        ),
+        PruneRule("outbox_prune", "outbox", core.outbox_prune, hours(s.retention_outbox_hours)),
+        PruneRule("inbox_prune", "inbox", core.inbox_prune, hours(s.retention_inbox_hours)),
+        PruneRule(
+            "notification_prune",
+            "notification",
+            core.notification_prune,
+            days(s.retention_notification_days),
+        ),
+        PruneRule(
+            "dead_letter_prune",
+            "dead_letter",
+            core.dead_letter_prune,
+            days(s.retention_dead_letter_days),
+        ),
+        PruneRule(
+            "job_prune_finished",
+            "scheduled_job",
+            jobs.job_prune_finished,
+            days(s.retention_job_days),
+        ),
+        PruneRule(
+            "job_prune_dead", "scheduled_job", jobs.job_prune_dead, days(s.retention_dead_job_days)
+        ),
+        PruneRule(
+            "fallback_prune",
+            "webhook_events_fallback",
+            betting.fallback_prune,
+            hours(s.retention_webhook_fallback_hours),
+        ),
+        PruneRule(
+            "rejected_prune",
+            "webhook_events_rejected",
+            betting.rejected_prune,
+            days(s.retention_webhook_rejected_days),
+        ),
+    ]
+
+
+def build_pruner(s: Settings, db: Database, clock: Clock) -> Pruner:
+    return Pruner(db, clock, rules(s), batch=s.retention_batch_size, pause_s=s.retention_pause_s)
