@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import uuid
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from reservo.betting.domain import Leg
 from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
+from tests.betting_helpers import make_account, make_match, post_result, result_body
 from tests.e2e.procs import env_for, running
 
 BETS = 1_500
@@ -51,7 +52,9 @@ async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
         ) as client:
-            match = await make_match(client)
+            # The workers run in their own processes on the real clock: the match
+            # really starts (in a few seconds) before its result is posted.
+            match = await make_match(client, timedelta(seconds=20))
             accounts = [await make_account(client, 1_000_000) for _ in range(20)]
             picks = [("HOME", "1.80"), ("DRAW", "3.40"), ("AWAY", "4.20")]
             for i in range(BETS):
@@ -61,9 +64,10 @@ async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
                     10 + i % 50,
                     [Leg(match["id"], "1X2", pick, Decimal(odds))],
                 )
-            kick_off(container.clock, match)
+            starts = datetime.fromisoformat(match["startsAt"])
+            await asyncio.sleep(max(0.0, (starts - datetime.now(UTC)).total_seconds() + 0.5))
             assert (
-                await post_result(client, result_body(match["externalId"], 2, 0), container.clock)
+                await post_result(client, result_body(match["externalId"], 2, 0))
             ).status_code == 202
         before = {
             a: await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", a)
