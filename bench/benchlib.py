@@ -758,3 +758,16 @@ def sweep(
         print(f"\npy-spy profile of one API worker ({opts.profile}):")
         print(summarize_profile(opts.profile))
     return configs, results
+
+
+def finish(failures: list[str], drop_db: bool, ok: str) -> int:
+    """The end of every runner: drop the benchmark database when asked, then print
+    the failed checks (exit 1) or what held (exit 0)."""
+    if drop_db:
+        run_async(drop_database())
+        print(f"dropped database {DB_NAME}")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print(f"OK: {ok}")
+    return 0

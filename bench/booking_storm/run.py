@@ -296,14 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     failures = [f"{r.workers}w/-c{r.connections}: {f}" for r in results for f in r.failures]
-    if opts.drop_db:
-        benchlib.run_async(benchlib.drop_database())
-        print(f"dropped database {benchlib.DB_NAME}")
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("OK: zero 5xx, zero overbooking, every booking has its outbox event")
-    return 0
+    return benchlib.finish(
+        failures, opts.drop_db, "zero 5xx, zero overbooking, every booking has its outbox event"
+    )
 
 
 if __name__ == "__main__":

@@ -412,14 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     failures = [f"{r.label}: {f}" for r in runs for f in r.failures]
     if kept != 2:
         failures.append("a PENDING or DEAD outbox row was pruned")
-    if opts.drop_db:
-        benchlib.run_async(benchlib.drop_database())
-        print(f"dropped database {benchlib.DB_NAME}")
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("OK: zero 5xx, zero overbooking, needed outbox rows kept")
-    return 0
+    return benchlib.finish(
+        failures, opts.drop_db, "zero 5xx, zero overbooking, needed outbox rows kept"
+    )
 
 
 if __name__ == "__main__":
