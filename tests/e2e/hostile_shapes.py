@@ -1,9 +1,10 @@
 """Schemathesis hooks (loaded through SCHEMATHESIS_HOOKS by the fuzz test): besides
 the bodies the schema describes, send the shapes a black-box probe used against
 reservo: one field of a generated body replaced by an absurd instant, a value
-nested far deeper than JSON needs, NaN or Infinity (not JSON, which Python's
-encoder writes anyway), an integer past 64 bits, digits of another script. Every
-one must be a 4xx, never a 5xx."""
+nested far deeper than JSON needs, an integer past 64 bits, digits of another
+script, a NUL. Every one must be a 4xx, never a 5xx. (NaN and Infinity are not
+JSON: the fuzzer's client refuses to send them, so tests/integration/
+test_security_auth.py sends them as raw bytes.)"""
 
 from __future__ import annotations
 
@@ -25,8 +26,6 @@ HOSTILE: list[Any] = [
     "0001-01-01T00:00:00Z",
     "9999-12-31T23:59:59-12:00",
     "1900-01-01",
-    float("nan"),
-    float("inf"),
     2**70,
     -(2**70),
     _deep(300),
