@@ -19,8 +19,8 @@ Role = Literal["admin", "doctor", "patient", "customer", "host", "bettor", "serv
 ROLES: frozenset[str] = frozenset(
     {"admin", "doctor", "patient", "customer", "host", "bettor", "service"}
 )
-# User ids are PostgreSQL bigints from 1 up; 0 and below belong to no user (system
-# accounts use owner 0), so no token may carry them.
+# User ids are PostgreSQL bigints from 1 up; 0 and below belong to no user, so no
+# token may carry them (system accounts have no owner at all).
 MAX_SUB = 2**63 - 1
 # One spelling per id: ASCII digits, no sign, no leading zero. str.isdigit()/int()
 # also take "01", U+0660 (Arabic-Indic zero) or U+FF11 (fullwidth one), which
