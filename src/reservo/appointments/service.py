@@ -21,18 +21,6 @@ from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
 from reservo.scheduler import Job, Scheduler
 
-DomainError.register(
-    {
-        "doctor_not_found": 404,
-        "slot_not_found": 404,
-        "appointment_not_found": 404,
-        "slot_full": 409,
-        "already_booked": 409,
-        "patient_busy": 409,
-        "slot_in_past": 409,
-    }
-)
-
 Appointment = dict[str, Any]
 # A reminder job runs this long before the slot starts (skipped when booked later).
 REMINDER_JOB = "appointments.reminder"

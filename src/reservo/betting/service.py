@@ -39,17 +39,6 @@ from reservo.core.transport.base import Event, Transport
 
 log = structlog.get_logger(__name__)
 
-DomainError.register(
-    {
-        "match_not_found": 404,
-        "bet_not_found": 404,
-        "match_exists": 409,
-        "match_closed": 409,
-        "odds_changed": 409,
-        "match_not_started": 409,
-    }
-)
-
 Within = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
 
 

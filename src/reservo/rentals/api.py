@@ -40,7 +40,7 @@ PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 def svc_of(request: Request) -> RentalService:
-    svc: RentalService = request.app.state.container.rentals
+    svc: RentalService = request.app.state.rentals
     return svc
 
 

@@ -28,18 +28,6 @@ from reservo.rentals.gateway import PaymentGateway
 
 log = structlog.get_logger(__name__)
 
-DomainError.register(
-    {
-        "plate_taken": 409,
-        "car_not_found": 404,
-        "car_unavailable": 409,
-        "booking_not_found": 404,
-        "not_cancellable": 409,
-        "invalid_state": 409,
-        "payment_gateway_unconfigured": 503,
-    }
-)
-
 Booking = dict[str, Any]
 # A hook that runs inside the creating transaction (the API stores its
 # idempotent response there, so response and row commit together).
@@ -93,15 +81,10 @@ class RentalService:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
         self.config, self.scheduler, self.gateway = config, scheduler, gateway
 
-    def attach_scheduler(self, scheduler: Any) -> None:
-        """Use the scheduler facade (reservo.scheduler.Scheduler) for one expiry job
-        per hold; without it the sweeper and in-transaction expiry still suffice."""
-        self.scheduler = scheduler
-
-        async def expire(job: Any) -> None:
-            await self.expire_hold(int(job.payload["bookingId"]))
-
-        scheduler.register(EXPIRE_HOLD, expire)
+    async def expire_job(self, job: Any) -> None:
+        """Handler of the per-hold expiry job (a reservo.scheduler.Job); without a
+        scheduler the sweeper and in-transaction expiry still suffice."""
+        await self.expire_hold(int(job.payload["bookingId"]))
 
     def payment_url(self, booking_id: int) -> str | None:
         """Where the holder pays (None: no gateway offers a page). Only ever shown in

@@ -26,8 +26,6 @@ from reservo.scheduler.domain import Job, Keys
 
 log = structlog.get_logger(__name__)
 
-DomainError.register({"job_not_found": 404, "not_cancellable": 409, "unknown_category": 422})
-
 Handler = Callable[[Job], Awaitable[None]]
 # Refuses a payload at enqueue time through the API (raises DomainError), e.g.
 # an http job's destination; the handler checks again when it runs.

@@ -18,16 +18,6 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.wallet import domain, repo
 
-DomainError.register(
-    {
-        "account_not_found": 404,
-        "insufficient_funds": 409,
-        "currency_mismatch": 409,
-        "same_account": 422,
-        "duplicate_reference": 409,
-    }
-)
-
 Transfer = dict[str, Any]
 Within = Callable[[asyncpg.Connection, Transfer], Awaitable[None]]
 

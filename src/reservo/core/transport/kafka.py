@@ -48,11 +48,9 @@ from reservo.core.transport.base import (
     BatchHandler,
     Event,
     Handler,
-    Subscription,
     TransportUnavailable,
 )
 from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
-from reservo.settings import Settings
 
 log = structlog.get_logger(__name__)
 Q = Queries.load("reservo.core")
@@ -500,57 +498,6 @@ class KafkaConsumerRunner:
                 record.topic + DLT_SUFFIX, record.value, key=record.key, headers=headers
             )
         PARKED.labels(consumer=self.consumer, topic=record.topic).inc()
-
-
-# -- wiring from settings (used by the composition root and the benchmark) -----------
-
-
-def transport_from_settings(
-    settings: Settings, topics: Callable[[], Iterable[str]]
-) -> KafkaTransport:
-    assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
-    return KafkaTransport(
-        settings.kafka_bootstrap,
-        source=settings.kafka_source,
-        topics=topics,
-        partitions=settings.kafka_partitions,
-        replication_factor=settings.kafka_replication_factor,
-        topic_partitions=settings.kafka_topic_partitions,
-        idempotence=settings.kafka_idempotence,
-        linger_ms=settings.kafka_linger_ms,
-        request_timeout_ms=settings.kafka_request_timeout_ms,
-    )
-
-
-def consumer_from_settings(
-    settings: Settings,
-    consumer: str,
-    subscriptions: dict[str, Subscription],
-    db: Database,
-    clock: Clock,
-) -> KafkaConsumerRunner:
-    assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
-    return KafkaConsumerRunner(
-        settings.kafka_bootstrap,
-        consumer,
-        {topic: sub.handler for topic, sub in subscriptions.items()},
-        db,
-        clock,
-        group_prefix=settings.kafka_group_prefix,
-        partitions=settings.kafka_partitions,
-        replication_factor=settings.kafka_replication_factor,
-        topic_partitions=settings.kafka_topic_partitions,
-        quick_retries=settings.kafka_consumer_quick_retries,
-        backoff_base_s=settings.kafka_consumer_backoff_base_s,
-        backoff_max_s=settings.kafka_consumer_backoff_max_s,
-        dead_letter_topic=settings.kafka_dead_letter_topic,
-        idempotence=settings.kafka_idempotence,
-        max_records=settings.kafka_consumer_max_records,
-        session_timeout_ms=settings.kafka_session_timeout_ms,
-        request_timeout_ms=settings.kafka_request_timeout_ms,
-        concurrency=settings.kafka_consumer_concurrency,
-        batch_handlers={t: sub.batch for t, sub in subscriptions.items() if sub.batch is not None},
-    )
 
 
 async def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
