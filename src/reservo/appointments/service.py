@@ -149,7 +149,6 @@ class AppointmentService:
                 "rate_limited",
                 f"at most {self.limits.booking_rate_limit} booking attempts per "
                 f"{self.limits.booking_rate_window_s} s",
-                status=429,
                 headers={"Retry-After": str(max(1, decision.retry_after_s))},
             )
         if full and not seen:

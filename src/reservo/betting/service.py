@@ -31,7 +31,7 @@ from reservo.core.backoff import backoff_delay
 from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
 from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.errors import DomainError, validation_error
 from reservo.core.failures import Rejected, is_transient
 from reservo.core.outbox import emit
 from reservo.core.retry import retry_async
@@ -63,8 +63,7 @@ class BettingService:
             return domain.check_payout(stake, [leg.odds for leg in legs], self.max_payout)
         except domain.BetRefused as exc:
             at_stake = {"loc": ["body", "stake"], "msg": exc.detail, "type": "max_payout"}
-            extra = {"errors": [at_stake]}
-            raise DomainError(exc.code, exc.detail, status=422, extra=extra) from None
+            raise validation_error(exc.detail, [at_stake], code=exc.code) from None
 
     async def create_match(
         self,
@@ -91,7 +90,7 @@ class BettingService:
         async with self.db.connection() as conn:
             account = await wallet.get_account_in(conn, account_id)
         if account is None or account["kind"] != "CUSTOMER":
-            raise DomainError("account_not_found", f"no account {account_id}", status=404)
+            raise DomainError("account_not_found", f"no account {account_id}")
         return int(account["owner_id"])
 
     async def place_bet(
@@ -104,7 +103,7 @@ class BettingService:
         async with self.db.transaction() as conn:
             account = await wallet.get_account_in(conn, account_id)
             if account is None or account["kind"] != "CUSTOMER":
-                raise DomainError("account_not_found", f"no account {account_id}", status=404)
+                raise DomainError("account_not_found", f"no account {account_id}")
             rows = await repo.matches_for_bet(conn, [leg.match_id for leg in legs])
             matches = {
                 r["id"]: domain.MatchState(
@@ -361,12 +360,8 @@ class ResultIntake:
             result = ResultIn.model_validate_json(raw)
         except ValidationError as exc:
             await self._reject(raw, exc, now)
-            raise DomainError(
-                "validation_error",
-                "the result payload is not valid",
-                status=422,
-                extra={"errors": orjson.loads(exc.json(include_url=False, include_input=False))},
-            ) from None
+            errors = orjson.loads(exc.json(include_url=False, include_input=False))
+            raise validation_error("the result payload is not valid", errors) from None
         await self._check_started(result, now)
         payload = result.wire()
         event = Event(
@@ -403,9 +398,7 @@ class ResultIntake:
             log.error(
                 "match_result_not_durable", payload=raw.decode(errors="replace"), error=repr(exc)
             )
-            raise DomainError(
-                "unavailable", "the result could not be stored; retry", status=503
-            ) from exc
+            raise DomainError("unavailable", "the result could not be stored; retry") from exc
 
     async def _check_started(self, result: ResultIn, now: datetime) -> None:
         """Refuse (409, nothing stored) a final result for a match that has not

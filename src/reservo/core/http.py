@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from reservo.core import metrics
 from reservo.core.auth import Principal, decode_token
 from reservo.core.clock import Clock
-from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body
+from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, validate_key
 
 log = structlog.get_logger(__name__)
@@ -73,12 +73,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = _jsonable(list(exc.errors()))
-        return JSONResponse(
-            problem_body(422, "validation_error", "the request is not valid", errors=errors),
-            status_code=422,
-            media_type=PROBLEM_JSON,
-        )
+        return problem(validation_error("the request is not valid", _jsonable(list(exc.errors()))))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -32,14 +32,12 @@ def validate_key(key: str | None, *, required: bool) -> str | None:
             raise DomainError(
                 "idempotency_key_required",
                 "this endpoint requires an Idempotency-Key header",
-                status=400,
             )
         return None
     if not _KEY.match(key):
         raise DomainError(
             "idempotency_key_required",
             "Idempotency-Key must be 1-255 visible ASCII characters",
-            status=400,
         )
     return key
 
@@ -98,7 +96,6 @@ class IdempotencyStore:
                 raise DomainError(
                     "idempotency_key_reused",
                     "this Idempotency-Key was used with a different request body",
-                    status=422,
                 )
             if row["status"] == "DONE":
                 status = row["response_status"]
@@ -121,7 +118,6 @@ class IdempotencyStore:
         raise DomainError(
             "request_in_progress",
             "a request with this Idempotency-Key is still being processed",
-            status=409,
             headers={"Retry-After": "1"},
         )
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from reservo.core.auth import Principal, verify_webhook
-from reservo.core.errors import DomainError
+from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -147,7 +147,7 @@ def _who(caller: Principal, b: Booking, *, customer: bool) -> domain.Canceller:
         return "host"
     if customer and caller.role == "customer" and caller.sub == b["customer_id"]:
         return "customer"
-    raise DomainError("forbidden", "not your booking", status=403)
+    raise DomainError("forbidden", "not your booking")
 
 
 async def _authorized(
@@ -220,12 +220,7 @@ async def process_webhook(request: Request, raw: bytes, signature: str | None) -
             {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
             for e in exc.errors()
         ]
-        raise DomainError(
-            "validation_error",
-            "the webhook body is not valid",
-            status=422,
-            extra={"errors": errors},
-        ) from None
+        raise validation_error("the webhook body is not valid", errors) from None
     return await svc_of(request).on_payment(
         body.booking_id, body.provider_txn_id, body.amount, body.status
     )

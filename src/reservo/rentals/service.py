@@ -19,7 +19,7 @@ from reservo.core import metrics
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock
 from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.errors import DomainError, validation_error
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.transport.base import Event
@@ -96,12 +96,8 @@ class RentalService:
         try:
             domain.check_period(start, end, self.clock.now() - START_GRACE)
         except domain.InvalidPeriod as exc:
-            raise DomainError(
-                "validation_error",
-                str(exc),
-                status=422,
-                extra={"errors": [{"loc": ["from"], "msg": str(exc), "type": "value_error"}]},
-            ) from None
+            at_from = {"loc": ["from"], "msg": str(exc), "type": "value_error"}
+            raise validation_error(str(exc), [at_from]) from None
 
     # -- cars ------------------------------------------------------------------
 
@@ -174,7 +170,6 @@ class RentalService:
             raise DomainError(
                 "rate_limited",
                 f"at most {c.hold_rate_limit} holds per {c.hold_rate_window_s} s",
-                status=429,
                 headers={"Retry-After": str(max(1, decision.retry_after_s))},
             )
 
@@ -382,7 +377,7 @@ class RefundConsumer:
                 booking_id=p["bookingId"],
                 error=NO_GATEWAY,
             )
-            raise DomainError("payment_gateway_unconfigured", NO_GATEWAY, status=503)
+            raise DomainError("payment_gateway_unconfigured", NO_GATEWAY)
         ref = await self.gateway.refund(int(p["bookingId"]), int(p["amount"]), str(event.id))
         async with self.db.transaction() as conn:
             await repo.insert_refund(

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from reservo.core.errors import DomainError
+from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -51,25 +51,21 @@ def render(job: Job) -> dict[str, Any]:
     ).wire()
 
 
-def _invalid(detail: str, errors: list[dict[str, Any]] | None = None) -> DomainError:
-    return DomainError("validation_error", detail, status=422, extra={"errors": errors or []})
-
-
 @router.post("/jobs", status_code=201, response_model=JobCreated, responses=PROBLEMS)
 async def create_job(
     body: JobIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     caller.require("service")
     if body.run_at is not None and body.delay_ms is not None:
-        raise _invalid("give runAt or delayMs, not both")
+        raise validation_error("give runAt or delayMs, not both")
     if len(orjson.dumps(body.payload)) > MAX_PAYLOAD_BYTES:
-        raise _invalid(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
+        raise validation_error(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
     if body.category == "http":
         try:
             HttpPayload.model_validate(body.payload)
         except ValidationError as exc:
             errors = [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
-            raise _invalid("bad payload for category http", errors) from exc
+            raise validation_error("bad payload for category http", errors) from exc
     svc = _svc(request)
     store = idempotency_store(request)
     key = validate_key(idempotency_key, required=False)

@@ -200,7 +200,7 @@ class Scheduler:
         try:
             when = domain.resolve_run_at(now, run_at, delay)
         except ValueError as exc:
-            raise DomainError("validation_error", str(exc), status=422) from exc
+            raise DomainError("validation_error", str(exc)) from exc
         async with self.db.transaction() as conn:
             job = await self._insert(conn, category, urgency, when, payload, None, now)
             if within is not None:
