@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated, Any
 
-import asyncpg
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
@@ -30,7 +29,7 @@ from reservo.core.http import (
     required_key,
     run_idempotent,
 )
-from reservo.core.idempotency import Claim
+from reservo.core.idempotency import Within
 from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
 
 router = APIRouter(prefix="/api", tags=["appointments"])
@@ -109,16 +108,11 @@ async def book(
         # recorded, so a retry with this key is simply evaluated again.
         raise DomainError("slot_full", "this slot has no capacity left")
 
-    async def work(claim: Claim | None) -> tuple[int, Any]:
+    async def book_once(within: Within[Appointment] | None) -> Appointment:
         await svc.remember_key(scoped_key)
+        return await svc.book(body.slot_id, body.patient_id, within)
 
-        async def within(conn: asyncpg.Connection, appt: Appointment) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, render(appt))
-
-        return 201, render(await svc.book(body.slot_id, body.patient_id, within))
-
-    return await run_idempotent(store, caller, endpoint, key, raw, work)
+    return await run_idempotent(store, caller, endpoint, key, raw, book_once, render)
 
 
 async def _owned(request: Request, caller: Caller, appointment_id: int) -> Appointment:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
@@ -17,6 +16,7 @@ from reservo.core.cache import Cache
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
+from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
 from reservo.scheduler import Job, Scheduler
@@ -25,9 +25,6 @@ Appointment = dict[str, Any]
 # A reminder job runs this long before the slot starts (skipped when booked later).
 REMINDER_JOB = "appointments.reminder"
 REMINDER_LEAD = timedelta(hours=24)
-# A hook that runs inside the booking transaction (the API stores its
-# idempotent response there, so response and booking commit together).
-Within = Callable[[asyncpg.Connection, Appointment], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -162,7 +159,7 @@ class AppointmentService:
         await self.cache.mark(_seen_key(request_key), self.limits.key_memory_s)
 
     async def book(
-        self, slot_id: int, patient_id: int, within: Within | None = None
+        self, slot_id: int, patient_id: int, within: Within[Appointment] | None = None
     ) -> Appointment:
         now = self.clock.now()
         async with self.db.transaction() as conn:

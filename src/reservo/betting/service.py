@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -33,13 +33,12 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.failures import Rejected, is_transient
+from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.retry import retry_async
 from reservo.core.transport.base import Event, Transport
 
 log = structlog.get_logger(__name__)
-
-Within = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
 
 
 # -- matches and bets ------------------------------------------------------------------
@@ -94,7 +93,11 @@ class BettingService:
         return int(account["owner_id"])
 
     async def place_bet(
-        self, account_id: int, stake: int, legs: Sequence[domain.Leg], within: Within | None = None
+        self,
+        account_id: int,
+        stake: int,
+        legs: Sequence[domain.Leg],
+        within: Within[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Insert the bet and debit its stake in one transaction: either both
         happen or neither (the wallet's conditional update refuses overdrafts)."""

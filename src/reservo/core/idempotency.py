@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -24,6 +25,11 @@ from reservo.core.errors import DomainError
 
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 Q = Queries.load("reservo.core")
+T = TypeVar("T")
+# A hook a use case runs inside its own transaction with what it created. The
+# API stores its idempotent response there, so the response and the effect
+# commit together ("created but not recorded" cannot happen).
+Within = Callable[[asyncpg.Connection, T], Awaitable[None]]
 
 
 def validate_key(key: str | None, *, required: bool) -> str | None:
@@ -67,6 +73,14 @@ class Claim:
     async def complete(self, conn: asyncpg.Connection, status: int, body: Any) -> None:
         """Store the response; call inside the business transaction."""
         await conn.execute(Q.idem_complete, self.caller, self.endpoint, self.key, status, body)
+
+    def storing(self, status: int, render: Callable[[T], Any]) -> Within[T]:
+        """The hook that completes this claim with ``render(created)``."""
+
+        async def within(conn: asyncpg.Connection, created: T) -> None:
+            await self.complete(conn, status, render(created))
+
+        return within
 
 
 class IdempotencyStore:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from functools import partial
 from typing import Annotated, Any
 
-import asyncpg
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -20,7 +21,7 @@ from reservo.core.http import (
     required_key,
     run_idempotent,
 )
-from reservo.core.idempotency import Claim, validate_key
+from reservo.core.idempotency import Within, validate_key
 from reservo.core.schemas import Instant
 from reservo.rentals import domain
 from reservo.rentals.schemas import (
@@ -84,18 +85,13 @@ async def create_car(
     key = validate_key(idempotency_key, required=False)
     svc, raw = svc_of(request), await request.body()
 
-    async def work(claim: Claim | None) -> tuple[int, Any]:
-        async def within(conn: asyncpg.Connection, car: dict[str, Any]) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, _car(car))
-
-        car = await svc.create_car(
+    def create(within: Within[dict[str, Any]] | None) -> Awaitable[dict[str, Any]]:
+        return svc.create_car(
             body.plate, body.model, body.city, body.daily_price, body.host_id, within
         )
-        return 201, _car(car)
 
     store = idempotency_store(request)
-    return await run_idempotent(store, caller, "POST /api/cars", key, raw, work)
+    return await run_idempotent(store, caller, "POST /api/cars", key, raw, create, _car)
 
 
 @router.get("/cars", response_model=list[Car], responses=PROBLEMS)
@@ -124,19 +120,15 @@ async def hold(
     key = required_key(idempotency_key)
     svc, raw = svc_of(request), await request.body()
 
-    async def work(claim: Claim | None) -> tuple[int, Any]:
+    async def hold_once(within: Within[Booking] | None) -> Booking:
         # Inside the idempotent run: a replayed success is not counted again.
         await svc.check_rate(body.customer_id)
-
-        async def within(conn: asyncpg.Connection, b: Booking) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, render(svc, b))
-
-        b = await svc.hold(body.car_id, body.customer_id, body.from_, body.to, within)
-        return 201, render(svc, b)
+        return await svc.hold(body.car_id, body.customer_id, body.from_, body.to, within)
 
     store = idempotency_store(request)
-    return await run_idempotent(store, caller, "POST /api/bookings", key, raw, work)
+    return await run_idempotent(
+        store, caller, "POST /api/bookings", key, raw, hold_once, partial(render, svc)
+    )
 
 
 def _who(caller: Principal, b: Booking, *, customer: bool) -> domain.Canceller:

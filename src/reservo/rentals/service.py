@@ -5,7 +5,7 @@ conditional status flips); Redis only rate-limits holds and caches searches."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -20,6 +20,7 @@ from reservo.core.cache import Cache
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
+from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.transport.base import Event
@@ -29,9 +30,6 @@ from reservo.rentals.gateway import PaymentGateway
 log = structlog.get_logger(__name__)
 
 Booking = dict[str, Any]
-# A hook that runs inside the creating transaction (the API stores its
-# idempotent response there, so response and row commit together).
-Within = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
 
 EXPIRE_HOLD = "rentals.expire-hold"
 NO_GATEWAY = "no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY"
@@ -108,7 +106,7 @@ class RentalService:
         city: str,
         daily_price: int,
         host_id: int,
-        within: Within | None = None,
+        within: Within[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         async with self.db.transaction() as conn:
             car = repo.as_dict(
@@ -179,7 +177,7 @@ class RentalService:
         customer_id: int,
         start: datetime,
         end: datetime,
-        within: Within | None = None,
+        within: Within[dict[str, Any]] | None = None,
     ) -> Booking:
         self.check_period(start, end)
         now = self.clock.now()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Annotated, Any
 
-import asyncpg
 import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
@@ -20,7 +20,7 @@ from reservo.core.http import (
     problem_responses,
     run_idempotent,
 )
-from reservo.core.idempotency import Claim, validate_key
+from reservo.core.idempotency import Within, validate_key
 from reservo.scheduler.domain import Job
 from reservo.scheduler.schemas import HttpPayload, JobCreated, JobIn, JobOut
 from reservo.scheduler.service import Scheduler
@@ -71,12 +71,8 @@ async def create_job(
     key = validate_key(idempotency_key, required=False)
     delay = timedelta(milliseconds=body.delay_ms) if body.delay_ms is not None else None
 
-    async def work(claim: Claim | None) -> tuple[int, Any]:
-        async def within(conn: asyncpg.Connection, job: Job) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, created(job))
-
-        job = await svc.create(
+    def create(within: Within[Job] | None) -> Awaitable[Job]:
+        return svc.create(
             body.category,
             body.payload,
             urgency=body.urgency,
@@ -84,9 +80,9 @@ async def create_job(
             delay=delay,
             within=within,
         )
-        return 201, created(job)
 
-    return await run_idempotent(store, caller, "POST /api/jobs", key, await request.body(), work)
+    raw = await request.body()
+    return await run_idempotent(store, caller, "POST /api/jobs", key, raw, create, created)
 
 
 def created(job: Job) -> dict[str, Any]:

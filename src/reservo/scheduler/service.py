@@ -20,6 +20,7 @@ import structlog
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
+from reservo.core.idempotency import Within
 from reservo.scheduler import domain, repo
 from reservo.scheduler.dispatch import Dispatch
 from reservo.scheduler.domain import Job, Keys
@@ -30,8 +31,6 @@ Handler = Callable[[Job], Awaitable[None]]
 # Refuses a payload at enqueue time through the API (raises DomainError), e.g.
 # an http job's destination; the handler checks again when it runs.
 Check = Callable[[dict[str, Any]], None]
-# Runs inside the enqueue transaction (the API stores its idempotent response there).
-Within = Callable[[asyncpg.Connection, Job], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -189,7 +188,7 @@ class Scheduler:
         urgency: int,
         run_at: datetime | None,
         delay: timedelta | None,
-        within: Within | None = None,
+        within: Within[Job] | None = None,
     ) -> Job:
         if category not in self.handlers:
             raise DomainError("unknown_category", f"no handler for category {category!r}")
