@@ -2,7 +2,7 @@
 through its ``setup``, and wires what the modules declare (routes, subscriptions,
 job kinds, roles, error codes). Tests build the same graph with their own settings.
 
-Adding a module is one line in ``MODULES``."""
+Adding a module is its import and one line in ``MODULES``."""
 
 from __future__ import annotations
 
