@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, TypeVar
 
-import redis.asyncio
 import structlog
 
 from reservo import core_modules
@@ -39,7 +38,6 @@ from reservo.ops import setup as ops
 from reservo.rentals import setup as rentals
 from reservo.rentals.gateway import PaymentGateway
 from reservo.rentals.service import RentalService
-from reservo.scheduler import Scheduler
 from reservo.scheduler import setup as scheduler
 from reservo.settings import Settings
 from reservo.shared import Shared, consumer_from_settings
@@ -66,18 +64,10 @@ ALL = "all"
 M = TypeVar("M", bound=Module)
 
 
-@dataclass(kw_only=True)
-class Container:
-    settings: Settings
-    clock: Clock
-    db: Database
-    redis: redis.asyncio.Redis
-    gate: RedisGate
-    cache: Cache
-    limiter: RateLimiter
-    idempotency: IdempotencyStore
-    scheduler: Scheduler
-    subscriptions: Subscriptions
+@dataclass(frozen=True, kw_only=True)
+class Container(Shared):
+    """The shared parts and every built module."""
+
     modules: tuple[Module, ...]
 
     def module(self, kind: type[M]) -> M:
@@ -251,19 +241,8 @@ def build(settings: Settings, clock: Clock | None = None, *, announce: bool = Tr
         *business,
     )
     wire(shared, modules)
-    return Container(
-        settings=settings,
-        clock=shared.clock,
-        db=shared.db,
-        redis=shared.redis,
-        gate=shared.gate,
-        cache=shared.cache,
-        limiter=shared.limiter,
-        idempotency=shared.idempotency,
-        scheduler=shared.scheduler,
-        subscriptions=shared.subscriptions,
-        modules=modules,
-    )
+    parts = {f.name: getattr(shared, f.name) for f in fields(Shared)}
+    return Container(**parts, modules=modules)
 
 
 def wire(shared: Shared, modules: Sequence[Module]) -> None:
