@@ -10,17 +10,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from reservo import __version__
-from reservo.appointments.api import router as appointments_router
-from reservo.betting.api import router as betting_router
 from reservo.bootstrap import Container
 from reservo.core import metrics
 from reservo.core.http import install_body_limit, install_error_handlers, install_metrics
-from reservo.ops.api import router as ops_router
-from reservo.rentals.api import router as rentals_router
-from reservo.rentals.gateway import SandboxGateway
-from reservo.rentals.sandbox import router as rentals_sandbox_router
-from reservo.scheduler.api import router as scheduler_router
-from reservo.wallet.api import router as wallet_router
 
 
 def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
@@ -43,23 +35,16 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     app.state.clock = container.clock
     app.state.jwt_secret = container.settings.jwt_secret
     app.state.idempotency = container.idempotency
-    app.state.appointments = container.appointments
-    app.state.wallet = container.wallet
-    app.state.betting = container.betting
-    app.state.results = container.results
-    app.state.scheduler = container.scheduler
+    for module in container.modules:  # what each module's routes read
+        for name, value in module.state.items():
+            setattr(app.state, name, value)
     install_error_handlers(app)
     # Added before the metrics middleware so it runs inside it: 413s are counted.
     install_body_limit(app, container.settings.max_body_bytes)
     install_metrics(app)
-    app.include_router(appointments_router)
-    app.include_router(rentals_router)
-    if isinstance(container.rentals_gateway, SandboxGateway):  # chosen explicitly only
-        app.include_router(rentals_sandbox_router)
-    app.include_router(wallet_router)
-    app.include_router(betting_router)
-    app.include_router(scheduler_router)
-    app.include_router(ops_router)
+    for module in container.modules:
+        for router in module.routers:
+            app.include_router(router)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

@@ -7,9 +7,61 @@ duplicate or a missing instant."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+
+@dataclass(frozen=True)
+class Appointment:
+    """A booking of one place in a slot (what the use cases hand around)."""
+
+    id: int
+    slot_id: int
+    patient_id: int
+    doctor_id: int
+    status: str  # BOOKED | CANCELLED
+    start_at: datetime
+    end_at: datetime
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Appointment:
+        return cls(
+            row["id"],
+            row["slot_id"],
+            row["patient_id"],
+            row["doctor_id"],
+            row["status"],
+            row["start_at"],
+            row["end_at"],
+            row["created_at"],
+        )
+
+
+@dataclass(frozen=True)
+class OpenSlot:
+    """A slot with room left, as the availability list shows it."""
+
+    id: int
+    doctor_id: int
+    start_at: datetime
+    end_at: datetime
+    capacity: int
+    booked_count: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> OpenSlot:
+        return cls(
+            row["id"],
+            row["doctor_id"],
+            row["start_at"],
+            row["end_at"],
+            row["capacity"],
+            row["booked_count"],
+        )
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from reservo.appointments.domain import Appointment
 from reservo.core.notify import Notification
 from reservo.core.transport.base import Event
 
@@ -14,14 +15,14 @@ REMINDER = "appointments.reminder.v1"
 TOPICS = (BOOKED, CANCELLED, REMINDER)
 
 
-def payload(appt: dict[str, Any]) -> dict[str, Any]:
+def payload(appt: Appointment) -> dict[str, Any]:
     return {
-        "appointmentId": appt["id"],
-        "slotId": appt["slot_id"],
-        "patientId": appt["patient_id"],
-        "doctorId": appt["doctor_id"],
-        "startAt": appt["start_at"].isoformat(),
-        "endAt": appt["end_at"].isoformat(),
+        "appointmentId": appt.id,
+        "slotId": appt.slot_id,
+        "patientId": appt.patient_id,
+        "doctorId": appt.doctor_id,
+        "startAt": appt.start_at.isoformat(),
+        "endAt": appt.end_at.isoformat(),
     }
 
 

@@ -8,19 +8,8 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from reservo.core.db import Queries
-from reservo.core.errors import register_constraints
 
 Q = Queries.load("reservo.appointments")
-
-register_constraints(
-    {
-        "uq_active_patient_slot": ("already_booked", "you already hold a booking in this slot"),
-        "ex_patient_overlap": (
-            "patient_busy",
-            "you already hold a booking that overlaps this slot's time",
-        ),
-    }
-)
 
 Row: TypeAlias = asyncpg.Record
 

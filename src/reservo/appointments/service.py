@@ -3,43 +3,29 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, NoReturn
 from zoneinfo import ZoneInfo
 
 import asyncpg
 
 from reservo.appointments import domain, events, repo
+from reservo.appointments.domain import Appointment, OpenSlot
 from reservo.core import metrics
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
+from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
 from reservo.scheduler import Job, Scheduler
 
-DomainError.register(
-    {
-        "doctor_not_found": 404,
-        "slot_not_found": 404,
-        "appointment_not_found": 404,
-        "slot_full": 409,
-        "already_booked": 409,
-        "patient_busy": 409,
-        "slot_in_past": 409,
-    }
-)
-
-Appointment = dict[str, Any]
 # A reminder job runs this long before the slot starts (skipped when booked later).
 REMINDER_JOB = "appointments.reminder"
 REMINDER_LEAD = timedelta(hours=24)
-# A hook that runs inside the booking transaction (the API stores its
-# idempotent response there, so response and booking commit together).
-Within = Callable[[asyncpg.Connection, Appointment], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -111,8 +97,11 @@ class AppointmentService:
         await self.cache.delete(*(_slots_key(doctor_id, d) for d in days))
         return created, len(slots) - created
 
-    async def list_slots(self, doctor_id: int, day: date) -> list[dict[str, Any]]:
-        """Future slots of a local date with room left; may be a few seconds stale."""
+    async def list_slots(
+        self, doctor_id: int, day: date, shape: Callable[[OpenSlot], dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Future slots of a local date with room left, each as ``shape`` makes it
+        (the API's wire form, cached as is); may be a few seconds stale."""
         key = _slots_key(doctor_id, day)
         cached = await self.cache.get_json(key)
         now = self.clock.now()
@@ -121,18 +110,7 @@ class AppointmentService:
                 tz = await self._zone(conn, doctor_id)
                 start, end = domain.day_bounds(day, tz)
                 rows = await repo.available_slots(conn, doctor_id, start, end, now)
-            cached = [
-                {
-                    "id": r["id"],
-                    "doctorId": r["doctor_id"],
-                    "startAt": r["start_at"].isoformat(),
-                    "endAt": r["end_at"].isoformat(),
-                    "capacity": r["capacity"],
-                    "bookedCount": r["booked_count"],
-                    "available": r["capacity"] - r["booked_count"],
-                }
-                for r in rows
-            ]
+            cached = [shape(OpenSlot.from_row(r)) for r in rows]
             await self.cache.set_json(key, cached, self.limits.slots_cache_ttl_s)
         now_iso = now.isoformat()
         # The cache may hold slots that started since it was filled.
@@ -161,7 +139,6 @@ class AppointmentService:
                 "rate_limited",
                 f"at most {self.limits.booking_rate_limit} booking attempts per "
                 f"{self.limits.booking_rate_window_s} s",
-                status=429,
                 headers={"Retry-After": str(max(1, decision.retry_after_s))},
             )
         if full and not seen:
@@ -175,37 +152,37 @@ class AppointmentService:
         await self.cache.mark(_seen_key(request_key), self.limits.key_memory_s)
 
     async def book(
-        self, slot_id: int, patient_id: int, within: Within | None = None
+        self, slot_id: int, patient_id: int, within: Within[Appointment] | None = None
     ) -> Appointment:
         now = self.clock.now()
         async with self.db.transaction() as conn:
             row = await repo.book(conn, slot_id, patient_id, now)
             if row is None:
                 await self._refuse(conn, slot_id, patient_id, now)
-            appt = repo.as_dict(row)
-            await emit(conn, events.BOOKED, f"appointment:{appt['id']}", events.payload(appt), now)
-            remind_at = appt["start_at"] - REMINDER_LEAD
+            appt = Appointment.from_row(row)
+            await emit(conn, events.BOOKED, f"appointment:{appt.id}", events.payload(appt), now)
+            remind_at = appt.start_at - REMINDER_LEAD
             if self.scheduler is not None and remind_at > now:
                 # Same transaction: the booking and its reminder commit together.
                 job = await self.scheduler.enqueue(
                     REMINDER_JOB,
-                    {"appointmentId": appt["id"]},
+                    {"appointmentId": appt.id},
                     run_at=remind_at,
-                    idempotency_key=f"appointment:{appt['id']}",
+                    idempotency_key=f"appointment:{appt.id}",
                     conn=conn,
                 )
-                await repo.set_reminder_job(conn, appt["id"], job.id)
+                await repo.set_reminder_job(conn, appt.id, job.id)
             if within is not None:
                 await within(conn, appt)
         metrics.BOOKINGS.labels("appointments").inc()
-        if appt.pop("remaining") == 0:
+        if row["remaining"] == 0:
             await self.cache.mark(_full_key(slot_id), self.limits.full_mark_ttl_s)
         await self._invalidate(appt)
         return appt
 
     async def _refuse(
         self, conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any
-    ) -> None:
+    ) -> NoReturn:
         state = await repo.slot_state(conn, slot_id, patient_id)
         if state is None:
             code, detail = "slot_not_found", f"no slot {slot_id}"
@@ -222,16 +199,14 @@ class AppointmentService:
     async def _invalidate(self, appt: Appointment) -> None:
         """Best effort, after the commit: a durable booking must never be answered
         with an error (the list may be a few seconds stale anyway)."""
-        tz = self._zones.get(appt["doctor_id"])  # no pool checkout when known
+        tz = self._zones.get(appt.doctor_id)  # no pool checkout when known
         if tz is None:
             try:
                 async with self.db.connection() as conn:
-                    tz = await self._zone(conn, appt["doctor_id"])
+                    tz = await self._zone(conn, appt.doctor_id)
             except DomainError:
                 return  # database unreachable: the cached list expires on its own
-        await self.cache.delete(
-            _slots_key(appt["doctor_id"], domain.local_date(appt["start_at"], tz))
-        )
+        await self.cache.delete(_slots_key(appt.doctor_id, domain.local_date(appt.start_at, tz)))
 
     # -- reading and cancelling ------------------------------------------------
 
@@ -240,7 +215,7 @@ class AppointmentService:
             row = await repo.get_appointment(conn, appointment_id)
         if row is None:
             raise DomainError("appointment_not_found", f"no appointment {appointment_id}")
-        return repo.as_dict(row)
+        return Appointment.from_row(row)
 
     async def cancel(self, appointment_id: int) -> Appointment:
         """Cancelling twice is fine: the second call changes nothing and frees nothing."""
@@ -248,21 +223,21 @@ class AppointmentService:
         async with self.db.transaction() as conn:
             row = await repo.cancel(conn, appointment_id, now)
             if row is not None:
-                appt = repo.as_dict(row)
+                appt = Appointment.from_row(row)
                 await emit(
-                    conn, events.CANCELLED, f"appointment:{appt['id']}", events.payload(appt), now
+                    conn, events.CANCELLED, f"appointment:{appt.id}", events.payload(appt), now
                 )
                 reminder = await repo.reminder_job_of(conn, appointment_id)
                 if self.scheduler is not None and reminder is not None:
                     await self.scheduler.cancel(reminder, conn=conn)
         if row is None:
             current = await self.get(appointment_id)
-            if current["status"] == "CANCELLED":
+            if current.status == "CANCELLED":
                 return current
             metrics.CONFLICTS.labels("appointments", "slot_in_past", "database").inc()
             raise DomainError("slot_in_past", "an appointment that has started cannot be cancelled")
         metrics.CANCELLATIONS.labels("appointments").inc()
-        await self.cache.clear_mark(_full_key(appt["slot_id"]))
+        await self.cache.clear_mark(_full_key(appt.slot_id))
         await self._invalidate(appt)
         return appt
 
@@ -273,7 +248,7 @@ class AppointmentService:
         async with self.db.transaction() as conn:
             row = await repo.mark_reminded(conn, int(job.payload["appointmentId"]), now)
             if row is not None:
-                appt = repo.as_dict(row)
+                appt = Appointment.from_row(row)
                 await emit(
-                    conn, events.REMINDER, f"appointment:{appt['id']}", events.payload(appt), now
+                    conn, events.REMINDER, f"appointment:{appt.id}", events.payload(appt), now
                 )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from decimal import Decimal
 from typing import Annotated, Any
 
-import asyncpg
 from fastapi import APIRouter, Header, Path, Request
 from fastapi.responses import JSONResponse
 
@@ -31,7 +31,7 @@ from reservo.core.http import (
     required_key,
     run_idempotent,
 )
-from reservo.core.idempotency import Claim
+from reservo.core.idempotency import Within
 
 router = APIRouter(prefix="/api", tags=["betting"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -123,16 +123,12 @@ async def place_bet(
     svc.potential_payout(body.stake, legs)
     caller.require_owner("bettor", await svc.account_owner(body.account_id))
 
-    async def work(claim: Claim | None) -> tuple[int, Any]:
-        async def within(conn: asyncpg.Connection, bet: dict[str, Any]) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, render_bet(bet))
+    def place(within: Within[dict[str, Any]] | None) -> Awaitable[dict[str, Any]]:
+        return svc.place_bet(body.account_id, body.stake, legs, within)
 
-        return 201, render_bet(await svc.place_bet(body.account_id, body.stake, legs, within))
-
-    return await run_idempotent(
-        idempotency_store(request), caller, "POST /api/bets", key, await request.body(), work
-    )
+    raw = await request.body()
+    store = idempotency_store(request)
+    return await run_idempotent(store, caller, "POST /api/bets", key, raw, place, render_bet)
 
 
 @router.get("/bets/{id}", response_model=BetOut, responses=PROBLEMS)

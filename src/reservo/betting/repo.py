@@ -10,20 +10,8 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from reservo.core.db import Queries
-from reservo.core.errors import register_constraints
 
 Q = Queries.load("reservo.betting")
-
-register_constraints(
-    {
-        "betting_match_external_id": ("match_exists", "a match with this externalId exists"),
-        "betting_selection_pkey": ("validation_error", "a bet's selections must be distinct"),
-        "betting_match_starts_at_range": (
-            "validation_error",
-            "startsAt must be within [2000-01-01Z, 2100-01-01Z)",
-        ),
-    }
-)
 
 Row: TypeAlias = asyncpg.Record
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -31,26 +31,14 @@ from reservo.core.backoff import backoff_delay
 from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
 from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.errors import DomainError, validation_error
 from reservo.core.failures import Rejected, is_transient
+from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.retry import retry_async
 from reservo.core.transport.base import Event, Transport
 
 log = structlog.get_logger(__name__)
-
-DomainError.register(
-    {
-        "match_not_found": 404,
-        "bet_not_found": 404,
-        "match_exists": 409,
-        "match_closed": 409,
-        "odds_changed": 409,
-        "match_not_started": 409,
-    }
-)
-
-Within = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
 
 
 # -- matches and bets ------------------------------------------------------------------
@@ -74,8 +62,7 @@ class BettingService:
             return domain.check_payout(stake, [leg.odds for leg in legs], self.max_payout)
         except domain.BetRefused as exc:
             at_stake = {"loc": ["body", "stake"], "msg": exc.detail, "type": "max_payout"}
-            extra = {"errors": [at_stake]}
-            raise DomainError(exc.code, exc.detail, status=422, extra=extra) from None
+            raise validation_error(exc.detail, [at_stake], code=exc.code) from None
 
     async def create_match(
         self,
@@ -102,11 +89,15 @@ class BettingService:
         async with self.db.connection() as conn:
             account = await wallet.get_account_in(conn, account_id)
         if account is None or account["kind"] != "CUSTOMER":
-            raise DomainError("account_not_found", f"no account {account_id}", status=404)
+            raise DomainError("account_not_found", f"no account {account_id}")
         return int(account["owner_id"])
 
     async def place_bet(
-        self, account_id: int, stake: int, legs: Sequence[domain.Leg], within: Within | None = None
+        self,
+        account_id: int,
+        stake: int,
+        legs: Sequence[domain.Leg],
+        within: Within[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Insert the bet and debit its stake in one transaction: either both
         happen or neither (the wallet's conditional update refuses overdrafts)."""
@@ -115,7 +106,7 @@ class BettingService:
         async with self.db.transaction() as conn:
             account = await wallet.get_account_in(conn, account_id)
             if account is None or account["kind"] != "CUSTOMER":
-                raise DomainError("account_not_found", f"no account {account_id}", status=404)
+                raise DomainError("account_not_found", f"no account {account_id}")
             rows = await repo.matches_for_bet(conn, [leg.match_id for leg in legs])
             matches = {
                 r["id"]: domain.MatchState(
@@ -372,12 +363,8 @@ class ResultIntake:
             result = ResultIn.model_validate_json(raw)
         except ValidationError as exc:
             await self._reject(raw, exc, now)
-            raise DomainError(
-                "validation_error",
-                "the result payload is not valid",
-                status=422,
-                extra={"errors": orjson.loads(exc.json(include_url=False, include_input=False))},
-            ) from None
+            errors = orjson.loads(exc.json(include_url=False, include_input=False))
+            raise validation_error("the result payload is not valid", errors) from None
         await self._check_started(result, now)
         payload = result.wire()
         event = Event(
@@ -414,9 +401,7 @@ class ResultIntake:
             log.error(
                 "match_result_not_durable", payload=raw.decode(errors="replace"), error=repr(exc)
             )
-            raise DomainError(
-                "unavailable", "the result could not be stored; retry", status=503
-            ) from exc
+            raise DomainError("unavailable", "the result could not be stored; retry") from exc
 
     async def _check_started(self, result: ResultIn, now: datetime) -> None:
         """Refuse (409, nothing stored) a final result for a match that has not

@@ -43,20 +43,18 @@ class Principal:
     def require(self, *roles: str) -> None:
         """Admin may do everything; otherwise the role must be listed."""
         if not self.is_admin and self.role not in roles:
-            raise DomainError("forbidden", "this role may not do that", status=403)
+            raise DomainError("forbidden", "this role may not do that")
 
     def require_owner(self, role: str, owner_id: int) -> None:
         """Admin, or ``role`` acting for itself (``owner_id == sub``)."""
         if self.is_admin:
             return
         if self.role != role or self.sub != owner_id:
-            raise DomainError("forbidden", "you may only act for yourself", status=403)
+            raise DomainError("forbidden", "you may only act for yourself")
 
 
 def unauthenticated(detail: str) -> DomainError:
-    return DomainError(
-        "unauthenticated", detail, status=401, headers={"WWW-Authenticate": "Bearer"}
-    )
+    return DomainError("unauthenticated", detail, headers={"WWW-Authenticate": "Bearer"})
 
 
 def mint_token(secret: str, role: str, sub: int, ttl: timedelta, now: datetime) -> str:
@@ -127,7 +125,7 @@ def parse_signature(header: str | None) -> tuple[str, str]:
     Strict on purpose: the header is attacker-controlled, and a lenient parse
     (int() of hundreds of digits, Unicode digits, non-ASCII MACs) raised instead
     of refusing. Unknown parts are ignored; t and v1 must appear exactly once."""
-    bad = DomainError("bad_signature", "missing or invalid X-Signature", status=401)
+    bad = DomainError("bad_signature", "missing or invalid X-Signature")
     if not header:
         raise bad
     seen: dict[str, str] = {}
@@ -151,7 +149,7 @@ def verify_webhook(
     t, v1 = parse_signature(header)
     # The MAC covers t as sent (leading zeros included), so t stays text here.
     if abs(now.timestamp() - int(t)) > tolerance_s:
-        raise DomainError("bad_signature", "signature timestamp outside tolerance", status=401)
+        raise DomainError("bad_signature", "signature timestamp outside tolerance")
     expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected.encode("ascii"), v1.encode("ascii")):
-        raise DomainError("bad_signature", "missing or invalid X-Signature", status=401)
+        raise DomainError("bad_signature", "missing or invalid X-Signature")

@@ -22,7 +22,7 @@ import asyncpg
 import orjson
 import structlog
 
-from reservo.core.errors import DomainError, translate
+from reservo.core.errors import DomainError, translate, validation_error
 
 log = structlog.get_logger(__name__)
 
@@ -75,7 +75,6 @@ def unavailable() -> DomainError:
     return DomainError(
         "unavailable",
         "the database is unreachable; try again shortly",
-        status=503,
         headers={"Retry-After": "1"},
     )
 
@@ -164,11 +163,9 @@ class Database:
                 sqlstate=getattr(exc, "sqlstate", None),
                 error=str(exc),
             )
-            raise DomainError(
-                "validation_error",
+            raise validation_error(
                 "a value is out of range or badly encoded",
-                status=422,
-                extra={"errors": [{"loc": [], "msg": "value rejected", "type": "data_error"}]},
+                [{"loc": [], "msg": "value rejected", "type": "data_error"}],
             ) from exc
         except UNAVAILABLE as exc:
             raise unavailable() from exc

@@ -102,7 +102,7 @@ class DeadLetterBox:
             if row is None:
                 if await conn.fetchval(Q.dead_letter_exists, letter_id):
                     return
-                raise DomainError("not_found", f"no dead letter {letter_id}", status=404)
+                raise DomainError("not_found", f"no dead letter {letter_id}")
         try:
             event = from_cloudevent(bytes(row["value"]))
             subscription = self.subscriptions.for_consumer(row["consumer"]).get(row["topic"])
@@ -116,6 +116,6 @@ class DeadLetterBox:
             if is_transient(exc):
                 raise DomainError("unavailable", "a dependency is away; replay later") from exc
             raise DomainError(
-                "not_replayable", f"the consumer refused the event again: {exc!r}", status=409
+                "not_replayable", f"the consumer refused the event again: {exc!r}"
             ) from exc
         log.info("dead_letter_replayed", id=letter_id, consumer=row["consumer"])

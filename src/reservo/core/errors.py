@@ -1,33 +1,69 @@
 """Domain errors with stable codes, and their HTTP rendering as problem+json.
 
-One table maps codes to statuses; one registry maps constraint names to codes.
+Two tables, both filled once by the composition root from what each module
+declares (its ``errors.py``, through its ``setup``): code -> HTTP status, and
+constraint name -> (code, detail). Core's own codes are in ``CORE_CODES``.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any, TypeVar
 
 import asyncpg
 
+V = TypeVar("V")
 PROBLEM_JSON = "application/problem+json"
+# The status of a code nobody declared: a refusal of the request's intent.
+DEFAULT_STATUS = 409
+
+# The codes core raises, and the ones several modules share.
+CORE_CODES: dict[str, int] = {
+    "validation_error": 422,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "bad_signature": 401,
+    "not_found": 404,
+    "rate_limited": 429,
+    "unavailable": 503,
+    "idempotency_key_required": 400,
+    "idempotency_key_reused": 422,
+    "request_in_progress": 409,
+    "payload_too_large": 413,
+    "not_replayable": 409,
+    "not_cancellable": 409,  # rentals bookings and scheduler jobs
+}
+
+_STATUS_BY_CODE: dict[str, int] = dict(CORE_CODES)
+# constraint name -> (code, detail). Read by translate().
+_CONSTRAINT_ERRORS: dict[str, tuple[str, str]] = {}
+
+
+def register(
+    codes: Mapping[str, int], constraints: Mapping[str, tuple[str, str]] | None = None
+) -> None:
+    """Add a module's codes and constraint names (the composition root calls this
+    for every module). Registering the same entry twice is harmless; giving a
+    code another status, or a constraint another error, is a wiring bug."""
+    _merge(_STATUS_BY_CODE, codes)
+    _merge(_CONSTRAINT_ERRORS, constraints or {})
+
+
+def _merge(table: dict[str, V], new: Mapping[str, V]) -> None:
+    clash = sorted(k for k, v in new.items() if table.get(k, v) != v)
+    if clash:
+        raise ValueError(f"declared twice, differently: {', '.join(clash)}")
+    table.update(new)
+
+
+def status_of(code: str) -> int:
+    return _STATUS_BY_CODE.get(code, DEFAULT_STATUS)
 
 
 class DomainError(Exception):
-    """An expected refusal. ``code`` is part of the public contract."""
-
-    status_by_code: ClassVar[dict[str, int]] = {
-        "validation_error": 422,
-        "unauthenticated": 401,
-        "forbidden": 403,
-        "bad_signature": 401,
-        "not_found": 404,
-        "rate_limited": 429,
-        "unavailable": 503,
-        "idempotency_key_required": 400,
-        "idempotency_key_reused": 422,
-        "request_in_progress": 409,
-        "payload_too_large": 413,
-    }
+    """An expected refusal. ``code`` is part of the public contract; its status
+    comes from the table unless one use of the code needs another."""
 
     def __init__(
         self,
@@ -41,22 +77,23 @@ class DomainError(Exception):
         super().__init__(detail or code)
         self.code = code
         self.detail = detail or code.replace("_", " ")
-        self.status = status or self.status_by_code.get(code, 409)
+        self.status = status or status_of(code)
         self.headers = headers or {}
         self.extra = extra or {}
-
-    @classmethod
-    def register(cls, codes: dict[str, int]) -> None:
-        """Modules declare their codes once, at import time."""
-        cls.status_by_code.update(codes)
 
     def problem(self) -> dict[str, Any]:
         return problem_body(self.status, self.code, self.detail, **self.extra)
 
 
-def problem_body(status: int, code: str, detail: str, **extra: Any) -> dict[str, Any]:
-    from http import HTTPStatus
+def validation_error(
+    detail: str, errors: list[dict[str, Any]] | None = None, *, code: str = "validation_error"
+) -> DomainError:
+    """A 422 whose body lists what was wrong (``errors``: loc, msg, type), like
+    the one the framework answers for a request that does not parse."""
+    return DomainError(code, detail, status=422, extra={"errors": errors or []})
 
+
+def problem_body(status: int, code: str, detail: str, **extra: Any) -> dict[str, Any]:
     try:
         title = HTTPStatus(status).phrase
     except ValueError:
@@ -70,14 +107,6 @@ def problem_body(status: int, code: str, detail: str, **extra: Any) -> dict[str,
     }
     body.update(extra)
     return body
-
-
-# constraint name -> (code, detail). Filled by modules; read by translate().
-_CONSTRAINT_ERRORS: dict[str, tuple[str, str]] = {}
-
-
-def register_constraints(mapping: dict[str, tuple[str, str]]) -> None:
-    _CONSTRAINT_ERRORS.update(mapping)
 
 
 def translate(exc: asyncpg.IntegrityConstraintViolationError) -> DomainError | None:

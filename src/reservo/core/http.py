@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import orjson
 import structlog
@@ -18,8 +18,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from reservo.core import metrics
 from reservo.core.auth import Principal, decode_token
 from reservo.core.clock import Clock
-from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body
-from reservo.core.idempotency import Claim, IdempotencyStore, Replay, validate_key
+from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
+from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Within, validate_key
+
+T = TypeVar("T")
 
 log = structlog.get_logger(__name__)
 
@@ -73,12 +75,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = _jsonable(list(exc.errors()))
-        return JSONResponse(
-            problem_body(422, "validation_error", "the request is not valid", errors=errors),
-            status_code=422,
-            media_type=PROBLEM_JSON,
-        )
+        return problem(validation_error("the request is not valid", _jsonable(list(exc.errors()))))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -247,19 +244,21 @@ async def run_idempotent(
     endpoint: str,
     key: str | None,
     body: bytes,
-    work: Callable[[Claim | None], Awaitable[tuple[int, Any]]],
+    use_case: Callable[[Within[T] | None], Awaitable[T]],
+    render: Callable[[T], Any],
+    status: int = 201,
 ) -> JSONResponse:
-    """Run ``work`` at most once per (caller, endpoint, key). ``work`` must call
-    ``claim.complete`` inside its own transaction when it succeeds."""
+    """Run ``use_case`` at most once per (caller, endpoint, key) and answer
+    ``render(created)``. The use case gets a ready-made hook to run inside its
+    transaction (None without a key): it stores the same response there."""
     if key is None:
-        status, payload = await work(None)
-        return json_response(status, payload)
+        return json_response(status, render(await use_case(None)))
     caller = f"{principal.role}:{principal.sub}"
     outcome = await store.begin(caller, endpoint, key, body)
     if isinstance(outcome, Replay):
         return json_response(outcome.status, outcome.body)
     try:
-        status, payload = await work(outcome)
+        payload = render(await use_case(outcome.storing(status, render)))
     except DomainError as err:
         if err.status == 503 or err.status == 429:
             await _release_quietly(store, outcome)

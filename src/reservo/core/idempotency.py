@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -24,6 +25,11 @@ from reservo.core.errors import DomainError
 
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 Q = Queries.load("reservo.core")
+T = TypeVar("T")
+# A hook a use case runs inside its own transaction with what it created. The
+# API stores its idempotent response there, so the response and the effect
+# commit together ("created but not recorded" cannot happen).
+Within = Callable[[asyncpg.Connection, T], Awaitable[None]]
 
 
 def validate_key(key: str | None, *, required: bool) -> str | None:
@@ -32,14 +38,12 @@ def validate_key(key: str | None, *, required: bool) -> str | None:
             raise DomainError(
                 "idempotency_key_required",
                 "this endpoint requires an Idempotency-Key header",
-                status=400,
             )
         return None
     if not _KEY.match(key):
         raise DomainError(
             "idempotency_key_required",
             "Idempotency-Key must be 1-255 visible ASCII characters",
-            status=400,
         )
     return key
 
@@ -70,6 +74,14 @@ class Claim:
         """Store the response; call inside the business transaction."""
         await conn.execute(Q.idem_complete, self.caller, self.endpoint, self.key, status, body)
 
+    def storing(self, status: int, render: Callable[[T], Any]) -> Within[T]:
+        """The hook that completes this claim with ``render(created)``."""
+
+        async def within(conn: asyncpg.Connection, created: T) -> None:
+            await self.complete(conn, status, render(created))
+
+        return within
+
 
 class IdempotencyStore:
     def __init__(
@@ -98,7 +110,6 @@ class IdempotencyStore:
                 raise DomainError(
                     "idempotency_key_reused",
                     "this Idempotency-Key was used with a different request body",
-                    status=422,
                 )
             if row["status"] == "DONE":
                 status = row["response_status"]
@@ -121,7 +132,6 @@ class IdempotencyStore:
         raise DomainError(
             "request_in_progress",
             "a request with this Idempotency-Key is still being processed",
-            status=409,
             headers={"Retry-After": "1"},
         )
 

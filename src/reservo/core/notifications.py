@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
@@ -18,6 +17,7 @@ import structlog
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.notify import Channel, Notification, NotificationError
+from reservo.core.ordering import by_key_in_order
 from reservo.core.transport.base import Event
 
 log = structlog.get_logger(__name__)
@@ -73,27 +73,26 @@ class NotificationConsumer:
                 [n.subject for _, n in messages],
                 [n.body for _, n in messages],
             )
-        by_key: dict[str, list[tuple[int, Notification]]] = defaultdict(list)
-        for row, (event, n) in zip(rows, messages, strict=True):
-            if row["status"] != "SENT":
-                by_key[event.key or str(event.id)].append((row["id"], n))
+        unsent = [
+            (event.key or str(event.id), row["id"], n)
+            for row, (event, n) in zip(rows, messages, strict=True)
+            if row["status"] != "SENT"
+        ]
         sent: list[int] = []
 
-        async def send_in_order(items: list[tuple[int, Notification]]) -> None:
+        async def send(item: tuple[str, int, Notification]) -> None:
+            _, row_id, n = item
             async with self._sending:
-                for row_id, n in items:
-                    try:
-                        await self.channel.send(n)
-                    except NotificationError as exc:
-                        async with self.db.connection() as conn:
-                            await conn.execute(Q.notification_failed, row_id, str(exc)[:2000])
-                        raise
-                    sent.append(row_id)
+                try:
+                    await self.channel.send(n)
+                except NotificationError as exc:
+                    async with self.db.connection() as conn:
+                        await conn.execute(Q.notification_failed, row_id, str(exc)[:2000])
+                    raise
+            sent.append(row_id)
 
         try:
-            outcomes = await asyncio.gather(
-                *(send_in_order(items) for items in by_key.values()), return_exceptions=True
-            )
+            failures = await by_key_in_order(unsent, lambda item: item[0], send)
         finally:
             if sent:
                 async with self.db.connection() as conn:
@@ -105,6 +104,5 @@ class NotificationConsumer:
                     count=len(sent),
                     channel=self.channel.name,
                 )
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        if failures:
+            raise failures[0]

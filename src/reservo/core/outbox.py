@@ -19,10 +19,13 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
 from reservo.core.failures import is_transient
+from reservo.core.loops import pause
 from reservo.core.transport.base import Event, Transport, TransportUnavailable
 
 log = structlog.get_logger(__name__)
 Q = Queries.load("reservo.core")
+# Longest wait between tries while the transport reports an outage.
+OUTAGE_BACKOFF_MAX_S = 5.0
 
 
 async def emit(
@@ -154,12 +157,11 @@ class OutboxRelay:
                 except Exception:
                     log.exception("outbox_relay_error")
                     settling, claimed = _unless_done(settling), 0
-                pause = self.poll_interval_s if claimed < self.batch_size else 0.0
+                wait = self.poll_interval_s if claimed < self.batch_size else 0.0
                 if self._outages:  # transport down: back off instead of hammering it
-                    pause = backoff_delay(self._outages, self.poll_interval_s, 5.0)
-                if pause:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), pause)
+                    wait = backoff_delay(self._outages, self.poll_interval_s, OUTAGE_BACKOFF_MAX_S)
+                if wait:
+                    await pause(stop, wait)
         finally:
             if settling is not None:  # delivered rows: record it, or they go out twice
                 with contextlib.suppress(Exception):

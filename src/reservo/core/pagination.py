@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import Query
 
-from reservo.core.errors import DomainError
+from reservo.core.errors import validation_error
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size (1-200)")]
@@ -42,11 +42,9 @@ def decode_cursor(cursor: str, *types: type) -> tuple[Any, ...]:
         and all(v < 2**63 for v in key if isinstance(v, int))
     )
     if not ok:
-        raise DomainError(
-            "validation_error",
+        raise validation_error(
             "malformed cursor: pass the `next` value of the previous page unchanged",
-            status=422,
-            extra={"errors": [{"loc": ["query", "after"], "msg": "malformed cursor"}]},
+            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
         )
     return tuple(key)
 

@@ -21,7 +21,6 @@ and skips rows locked right now (``FOR UPDATE SKIP LOCKED``), so:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from prometheus_client import Counter
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
+from reservo.core.loops import pause
 
 log = structlog.get_logger(__name__)
 
@@ -131,6 +131,4 @@ async def _paused(stop: asyncio.Event | None, seconds: float) -> bool:
     if stop is None:
         await asyncio.sleep(seconds)
         return False
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
-    return stop.is_set()
+    return await pause(stop, seconds)

@@ -18,7 +18,7 @@ PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
 def _box(request: Request) -> DeadLetterBox:
-    box: DeadLetterBox = request.app.state.container.dead_letters
+    box: DeadLetterBox = request.app.state.dead_letters
     return box
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from functools import partial
 from typing import Annotated, Any
 
-import asyncpg
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from reservo.core.auth import Principal, verify_webhook
-from reservo.core.errors import DomainError
+from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -20,7 +21,7 @@ from reservo.core.http import (
     required_key,
     run_idempotent,
 )
-from reservo.core.idempotency import Claim, validate_key
+from reservo.core.idempotency import Within, validate_key
 from reservo.core.schemas import Instant
 from reservo.rentals import domain
 from reservo.rentals.schemas import (
@@ -40,7 +41,7 @@ PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 def svc_of(request: Request) -> RentalService:
-    svc: RentalService = request.app.state.container.rentals
+    svc: RentalService = request.app.state.rentals
     return svc
 
 
@@ -84,18 +85,13 @@ async def create_car(
     key = validate_key(idempotency_key, required=False)
     svc, raw = svc_of(request), await request.body()
 
-    async def work(claim: Claim | None) -> tuple[int, Any]:
-        async def within(conn: asyncpg.Connection, car: dict[str, Any]) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, _car(car))
-
-        car = await svc.create_car(
+    def create(within: Within[dict[str, Any]] | None) -> Awaitable[dict[str, Any]]:
+        return svc.create_car(
             body.plate, body.model, body.city, body.daily_price, body.host_id, within
         )
-        return 201, _car(car)
 
     store = idempotency_store(request)
-    return await run_idempotent(store, caller, "POST /api/cars", key, raw, work)
+    return await run_idempotent(store, caller, "POST /api/cars", key, raw, create, _car)
 
 
 @router.get("/cars", response_model=list[Car], responses=PROBLEMS)
@@ -124,19 +120,15 @@ async def hold(
     key = required_key(idempotency_key)
     svc, raw = svc_of(request), await request.body()
 
-    async def work(claim: Claim | None) -> tuple[int, Any]:
+    async def hold_once(within: Within[Booking] | None) -> Booking:
         # Inside the idempotent run: a replayed success is not counted again.
         await svc.check_rate(body.customer_id)
-
-        async def within(conn: asyncpg.Connection, b: Booking) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, render(svc, b))
-
-        b = await svc.hold(body.car_id, body.customer_id, body.from_, body.to, within)
-        return 201, render(svc, b)
+        return await svc.hold(body.car_id, body.customer_id, body.from_, body.to, within)
 
     store = idempotency_store(request)
-    return await run_idempotent(store, caller, "POST /api/bookings", key, raw, work)
+    return await run_idempotent(
+        store, caller, "POST /api/bookings", key, raw, hold_once, partial(render, svc)
+    )
 
 
 def _who(caller: Principal, b: Booking, *, customer: bool) -> domain.Canceller:
@@ -147,7 +139,7 @@ def _who(caller: Principal, b: Booking, *, customer: bool) -> domain.Canceller:
         return "host"
     if customer and caller.role == "customer" and caller.sub == b["customer_id"]:
         return "customer"
-    raise DomainError("forbidden", "not your booking", status=403)
+    raise DomainError("forbidden", "not your booking")
 
 
 async def _authorized(
@@ -220,12 +212,7 @@ async def process_webhook(request: Request, raw: bytes, signature: str | None) -
             {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
             for e in exc.errors()
         ]
-        raise DomainError(
-            "validation_error",
-            "the webhook body is not valid",
-            status=422,
-            extra={"errors": errors},
-        ) from None
+        raise validation_error("the webhook body is not valid", errors) from None
     return await svc_of(request).on_payment(
         body.booking_id, body.provider_txn_id, body.amount, body.status
     )

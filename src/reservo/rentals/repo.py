@@ -8,19 +8,9 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from reservo.core.db import Queries
-from reservo.core.errors import register_constraints
 from reservo.rentals.domain import StoredPeriod
 
 Q = Queries.load("reservo.rentals")
-
-register_constraints(
-    {
-        "uq_car_plate": ("plate_taken", "a car with this plate already exists"),
-        "ex_car_period": ("car_unavailable", "this car was just booked for an overlapping period"),
-        "fk_payment_booking": ("booking_not_found", "no such booking"),
-        "booking_car_id_fkey": ("car_not_found", "no such car"),
-    }
-)
 
 Row: TypeAlias = asyncpg.Record
 

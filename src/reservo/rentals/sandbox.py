@@ -47,7 +47,7 @@ button{{font-size:1.2em;padding:.4em 1.2em}}</style></head>
 
 def _not_found() -> DomainError:
     # The same answer as an unknown booking: a wrong token reveals nothing.
-    return DomainError("not_found", "no such payment page", status=404)
+    return DomainError("not_found", "no such payment page")
 
 
 def _checked(request: Request, booking_id: int, token: str | None) -> tuple[SandboxGateway, str]:

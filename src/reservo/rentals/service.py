@@ -5,7 +5,7 @@ conditional status flips); Redis only rate-limits holds and caches searches."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -19,7 +19,8 @@ from reservo.core import metrics
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock
 from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.errors import DomainError, validation_error
+from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.transport.base import Event
@@ -28,22 +29,7 @@ from reservo.rentals.gateway import PaymentGateway
 
 log = structlog.get_logger(__name__)
 
-DomainError.register(
-    {
-        "plate_taken": 409,
-        "car_not_found": 404,
-        "car_unavailable": 409,
-        "booking_not_found": 404,
-        "not_cancellable": 409,
-        "invalid_state": 409,
-        "payment_gateway_unconfigured": 503,
-    }
-)
-
 Booking = dict[str, Any]
-# A hook that runs inside the creating transaction (the API stores its
-# idempotent response there, so response and row commit together).
-Within = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
 
 EXPIRE_HOLD = "rentals.expire-hold"
 NO_GATEWAY = "no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY"
@@ -93,15 +79,10 @@ class RentalService:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
         self.config, self.scheduler, self.gateway = config, scheduler, gateway
 
-    def attach_scheduler(self, scheduler: Any) -> None:
-        """Use the scheduler facade (reservo.scheduler.Scheduler) for one expiry job
-        per hold; without it the sweeper and in-transaction expiry still suffice."""
-        self.scheduler = scheduler
-
-        async def expire(job: Any) -> None:
-            await self.expire_hold(int(job.payload["bookingId"]))
-
-        scheduler.register(EXPIRE_HOLD, expire)
+    async def expire_job(self, job: Any) -> None:
+        """Handler of the per-hold expiry job (a reservo.scheduler.Job); without a
+        scheduler the sweeper and in-transaction expiry still suffice."""
+        await self.expire_hold(int(job.payload["bookingId"]))
 
     def payment_url(self, booking_id: int) -> str | None:
         """Where the holder pays (None: no gateway offers a page). Only ever shown in
@@ -113,12 +94,8 @@ class RentalService:
         try:
             domain.check_period(start, end, self.clock.now() - START_GRACE)
         except domain.InvalidPeriod as exc:
-            raise DomainError(
-                "validation_error",
-                str(exc),
-                status=422,
-                extra={"errors": [{"loc": ["from"], "msg": str(exc), "type": "value_error"}]},
-            ) from None
+            at_from = {"loc": ["from"], "msg": str(exc), "type": "value_error"}
+            raise validation_error(str(exc), [at_from]) from None
 
     # -- cars ------------------------------------------------------------------
 
@@ -129,7 +106,7 @@ class RentalService:
         city: str,
         daily_price: int,
         host_id: int,
-        within: Within | None = None,
+        within: Within[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         async with self.db.transaction() as conn:
             car = repo.as_dict(
@@ -191,7 +168,6 @@ class RentalService:
             raise DomainError(
                 "rate_limited",
                 f"at most {c.hold_rate_limit} holds per {c.hold_rate_window_s} s",
-                status=429,
                 headers={"Retry-After": str(max(1, decision.retry_after_s))},
             )
 
@@ -201,7 +177,7 @@ class RentalService:
         customer_id: int,
         start: datetime,
         end: datetime,
-        within: Within | None = None,
+        within: Within[dict[str, Any]] | None = None,
     ) -> Booking:
         self.check_period(start, end)
         now = self.clock.now()
@@ -399,7 +375,7 @@ class RefundConsumer:
                 booking_id=p["bookingId"],
                 error=NO_GATEWAY,
             )
-            raise DomainError("payment_gateway_unconfigured", NO_GATEWAY, status=503)
+            raise DomainError("payment_gateway_unconfigured", NO_GATEWAY)
         ref = await self.gateway.refund(int(p["bookingId"]), int(p["amount"]), str(event.id))
         async with self.db.transaction() as conn:
             await repo.insert_refund(

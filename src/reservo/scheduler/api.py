@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Annotated, Any
 
-import asyncpg
 import orjson
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from reservo.core.errors import DomainError
+from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -20,7 +20,7 @@ from reservo.core.http import (
     problem_responses,
     run_idempotent,
 )
-from reservo.core.idempotency import Claim, validate_key
+from reservo.core.idempotency import Within, validate_key
 from reservo.scheduler.domain import Job
 from reservo.scheduler.schemas import HttpPayload, JobCreated, JobIn, JobOut
 from reservo.scheduler.service import Scheduler
@@ -51,36 +51,28 @@ def render(job: Job) -> dict[str, Any]:
     ).wire()
 
 
-def _invalid(detail: str, errors: list[dict[str, Any]] | None = None) -> DomainError:
-    return DomainError("validation_error", detail, status=422, extra={"errors": errors or []})
-
-
 @router.post("/jobs", status_code=201, response_model=JobCreated, responses=PROBLEMS)
 async def create_job(
     body: JobIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     caller.require("service")
     if body.run_at is not None and body.delay_ms is not None:
-        raise _invalid("give runAt or delayMs, not both")
+        raise validation_error("give runAt or delayMs, not both")
     if len(orjson.dumps(body.payload)) > MAX_PAYLOAD_BYTES:
-        raise _invalid(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
+        raise validation_error(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
     if body.category == "http":
         try:
             HttpPayload.model_validate(body.payload)
         except ValidationError as exc:
             errors = [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
-            raise _invalid("bad payload for category http", errors) from exc
+            raise validation_error("bad payload for category http", errors) from exc
     svc = _svc(request)
     store = idempotency_store(request)
     key = validate_key(idempotency_key, required=False)
     delay = timedelta(milliseconds=body.delay_ms) if body.delay_ms is not None else None
 
-    async def work(claim: Claim | None) -> tuple[int, Any]:
-        async def within(conn: asyncpg.Connection, job: Job) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, created(job))
-
-        job = await svc.create(
+    def create(within: Within[Job] | None) -> Awaitable[Job]:
+        return svc.create(
             body.category,
             body.payload,
             urgency=body.urgency,
@@ -88,9 +80,9 @@ async def create_job(
             delay=delay,
             within=within,
         )
-        return 201, created(job)
 
-    return await run_idempotent(store, caller, "POST /api/jobs", key, await request.body(), work)
+    raw = await request.body()
+    return await run_idempotent(store, caller, "POST /api/jobs", key, raw, create, created)
 
 
 def created(job: Job) -> dict[str, Any]:

@@ -16,8 +16,6 @@ from reservo.scheduler.domain import Job, JobFailure
 
 log = structlog.get_logger(__name__)
 
-DomainError.register({"destination_not_allowed": 422})
-
 # What GET /api/jobs/{id} shows. One text for every way a call can fail
 # (refused connection, timeout, unknown name, any non-2xx answer): telling them
 # apart would let a caller map which hosts and ports exist behind us. The detail

@@ -9,19 +9,10 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from reservo.core.db import Queries
-from reservo.core.errors import register_constraints
 from reservo.scheduler.domain import Job
 
 Q = Queries.load("reservo.scheduler")
 
-register_constraints(
-    {
-        "ck_job_run_at_range": (
-            "validation_error",
-            "run_at is outside the accepted range [2000-01-01T00:00:00Z, 2100-01-01T00:00:00Z)",
-        )
-    }
-)
 Row: TypeAlias = asyncpg.Record
 
 _FIELDS = [

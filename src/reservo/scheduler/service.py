@@ -20,20 +20,17 @@ import structlog
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
+from reservo.core.idempotency import Within
 from reservo.scheduler import domain, repo
 from reservo.scheduler.dispatch import Dispatch
 from reservo.scheduler.domain import Job, Keys
 
 log = structlog.get_logger(__name__)
 
-DomainError.register({"job_not_found": 404, "not_cancellable": 409, "unknown_category": 422})
-
 Handler = Callable[[Job], Awaitable[None]]
 # Refuses a payload at enqueue time through the API (raises DomainError), e.g.
 # an http job's destination; the handler checks again when it runs.
 Check = Callable[[dict[str, Any]], None]
-# Runs inside the enqueue transaction (the API stores its idempotent response there).
-Within = Callable[[asyncpg.Connection, Job], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -191,7 +188,7 @@ class Scheduler:
         urgency: int,
         run_at: datetime | None,
         delay: timedelta | None,
-        within: Within | None = None,
+        within: Within[Job] | None = None,
     ) -> Job:
         if category not in self.handlers:
             raise DomainError("unknown_category", f"no handler for category {category!r}")
@@ -202,7 +199,7 @@ class Scheduler:
         try:
             when = domain.resolve_run_at(now, run_at, delay)
         except ValueError as exc:
-            raise DomainError("validation_error", str(exc), status=422) from exc
+            raise DomainError("validation_error", str(exc)) from exc
         async with self.db.transaction() as conn:
             job = await self._insert(conn, category, urgency, when, payload, None, now)
             if within is not None:

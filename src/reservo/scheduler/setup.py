@@ -1,14 +1,23 @@
-"""Builds the Scheduler from Settings (called by the composition root)."""
+"""Builds the scheduler from settings: the shared ``Scheduler`` every module may
+enqueue into (``build_scheduler``, a shared part), and the scheduler module's
+face (``setup``: the jobs API, the ``scheduler`` role, the http job kind)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.egress import parse_allow
+from reservo.core.module import JobKind, Module
 from reservo.core.redis import make_client
+from reservo.scheduler.api import router
+from reservo.scheduler.errors import CONSTRAINTS, ERRORS
 from reservo.scheduler.handlers import HttpHandler
 from reservo.scheduler.service import Config, Scheduler
+from reservo.scheduler.workers import run
 from reservo.settings import Settings
+from reservo.shared import Shared
 
 
 def config_from(settings: Settings) -> Config:
@@ -40,8 +49,25 @@ def build_scheduler(settings: Settings, db: Database, clock: Clock) -> Scheduler
     # Its own client: blocking pops and large pipelines need a longer timeout
     # than the fail-fast request-path client.
     client = make_client(settings.redis_url, settings.scheduler_redis_timeout_s)
-    scheduler = Scheduler(db, clock, client, settings.redis_namespace, config_from(settings))
-    http = HttpHandler(settings.scheduler_http_timeout_s, parse_allow(settings.jobs_http_allow))
-    scheduler.register("http", http, http.check)
-    scheduler.on_close(http.aclose)
-    return scheduler
+    return Scheduler(db, clock, client, settings.redis_namespace, config_from(settings))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerModule(Module):
+    service: Scheduler
+
+
+def setup(shared: Shared) -> SchedulerModule:
+    s, scheduler = shared.settings, shared.scheduler
+    http = HttpHandler(s.scheduler_http_timeout_s, parse_allow(s.jobs_http_allow))
+    return SchedulerModule(
+        name="scheduler",
+        service=scheduler,
+        routers=[router],
+        jobs=[JobKind("http", http, http.check)],
+        roles={"scheduler": lambda stop: run(scheduler, stop)},
+        errors=ERRORS,
+        constraints=CONSTRAINTS,
+        state={"scheduler": scheduler},
+        closers=[http.aclose],
+    )

@@ -17,13 +17,15 @@ import asyncpg
 import structlog
 
 from reservo.core.backoff import backoff_delay
-from reservo.core.errors import DomainError
+from reservo.core.loops import run_paced
 from reservo.core.poison import ROW_ERRORS, isolate, report
 from reservo.scheduler import domain, repo
 from reservo.scheduler.domain import Job, JobFailure
 from reservo.scheduler.service import Scheduler
 
 log = structlog.get_logger(__name__)
+# A role whose step failed (Redis or PostgreSQL away) tries again after this long.
+RETRY_S = 0.5
 Groups = dict[tuple[str, int], list[int]]
 # The `loop` label of reservo_poison_rows_total.
 LOADER, EXECUTOR, REAPER = "scheduler.loader", "scheduler.executor", "scheduler.reaper"
@@ -36,31 +38,6 @@ async def _park(s: Scheduler, loop: str, job_id: int, exc: BaseException) -> Non
     reason = f"parked by the {loop}: this row could not be processed ({exc!r})"
     async with s.db.connection() as conn:
         await repo.park(conn, job_id, reason, s.clock.now())
-
-
-async def _sleep(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
-
-
-async def _forever(
-    stop: asyncio.Event, name: str, step: Callable[[], Awaitable[float]], retry_s: float = 0.5
-) -> None:
-    """Run ``step`` until stop; it returns how long to sleep. Errors (Redis or
-    PostgreSQL away) are logged and retried: the truth is in PostgreSQL anyway."""
-    while not stop.is_set():
-        try:
-            pause = await step()
-        except DomainError as exc:
-            log.warning("scheduler_unavailable", role=name, error=exc.detail)
-            pause = retry_s
-        except Exception as exc:
-            log.warning("scheduler_error", role=name, error=repr(exc))
-            pause = retry_s
-        if pause > 0:
-            await _sleep(stop, pause)
-        else:
-            await asyncio.sleep(0)  # let the others run
 
 
 class Loader:
@@ -441,6 +418,16 @@ class Executor:
             text = repr(exc) or type(exc).__name__
             return JobFailure(text, text)
         return None
+
+
+def _forever(
+    stop: asyncio.Event, name: str, step: Callable[[], Awaitable[float]]
+) -> Awaitable[None]:
+    """Run ``step`` until stop; it returns how long to sleep. Errors (Redis or
+    PostgreSQL away) are logged and retried: the truth is in PostgreSQL anyway."""
+    return run_paced(
+        stop, name, step, retry_s=RETRY_S, log_as="scheduler", field="role", traceback=False
+    )
 
 
 async def run(s: Scheduler, stop: asyncio.Event) -> None:

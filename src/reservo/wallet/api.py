@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-import asyncpg
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
@@ -17,7 +17,7 @@ from reservo.core.http import (
     required_key,
     run_idempotent,
 )
-from reservo.core.idempotency import Claim
+from reservo.core.idempotency import Within
 from reservo.wallet.schemas import (
     AccountIn,
     AccountOut,
@@ -88,21 +88,14 @@ async def _idempotent(
     caller: Caller,
     endpoint: str,
     key: str | None,
-    run: Any,
+    run: Callable[[Within[Transfer] | None], Awaitable[Transfer]],
 ) -> JSONResponse:
     """Run a money movement at most once per key: the stored response commits in
     the same transaction as the transfer, so a retry can never move money again."""
     checked = required_key(key)
     raw = await request.body()
-
-    async def work(claim: Claim | None) -> tuple[int, Any]:
-        async def within(conn: asyncpg.Connection, transfer: Transfer) -> None:
-            if claim is not None:
-                await claim.complete(conn, 201, render_transfer(transfer))
-
-        return 201, render_transfer(await run(within))
-
-    return await run_idempotent(idempotency_store(request), caller, endpoint, checked, raw, work)
+    store = idempotency_store(request)
+    return await run_idempotent(store, caller, endpoint, checked, raw, run, render_transfer)
 
 
 @router.post(

@@ -9,26 +9,8 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from reservo.core.db import Queries
-from reservo.core.errors import register_constraints
 
 Q = Queries.load("reservo.wallet")
-
-register_constraints(
-    {
-        "wallet_balance_non_negative": (
-            "insufficient_funds",
-            "the account does not hold enough money",
-        ),
-        "wallet_account_owner": (
-            "validation_error",
-            "a customer account needs an owner (>= 1); system accounts have none",
-        ),
-        "wallet_transfer_reference_once": (
-            "duplicate_reference",
-            "a transfer of this kind with this reference already exists",
-        ),
-    }
-)
 
 Row: TypeAlias = asyncpg.Record
 

@@ -6,7 +6,7 @@ betting module can debit a stake atomically with the bet it inserts."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,20 +16,10 @@ import asyncpg
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
+from reservo.core.idempotency import Within
 from reservo.wallet import domain, repo
 
-DomainError.register(
-    {
-        "account_not_found": 404,
-        "insufficient_funds": 409,
-        "currency_mismatch": 409,
-        "same_account": 422,
-        "duplicate_reference": 409,
-    }
-)
-
 Transfer = dict[str, Any]
-Within = Callable[[asyncpg.Connection, Transfer], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -155,7 +145,7 @@ class WalletService:
         return repo.as_dict(row)
 
     async def deposit(
-        self, account_id: int, amount: int, reference: str, within: Within | None = None
+        self, account_id: int, amount: int, reference: str, within: Within[Transfer] | None = None
     ) -> Transfer:
         """Money enters from the currency's world account."""
         now = self.clock.now()
@@ -174,7 +164,7 @@ class WalletService:
         return transfer
 
     async def transfer(
-        self, source_id: int, target_id: int, amount: int, within: Within | None = None
+        self, source_id: int, target_id: int, amount: int, within: Within[Transfer] | None = None
     ) -> Transfer:
         now = self.clock.now()
         async with self.db.transaction() as conn:

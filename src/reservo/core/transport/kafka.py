@@ -42,23 +42,25 @@ from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.failures import is_transient
+from reservo.core.loops import pause
 from reservo.core.metrics import PARKED, TRANSIENT_FAILURES
+from reservo.core.ordering import by_key_in_order
 from reservo.core.retry import retry_async
 from reservo.core.transport.base import (
     BatchHandler,
     Event,
     Handler,
-    Subscription,
     TransportUnavailable,
 )
 from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
-from reservo.settings import Settings
 
 log = structlog.get_logger(__name__)
 Q = Queries.load("reservo.core")
 
 TOPIC_ALREADY_EXISTS = 36
 DLT_SUFFIX = ".dlt"
+# A consumer session that failed is started again after a capped backoff.
+RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.2, 5.0
 
 KAFKA_PUBLISHED = Counter("reservo_kafka_published_total", "Records acked by Kafka", ["topic"])
 KAFKA_CONSUMED = Counter(
@@ -298,9 +300,7 @@ class KafkaConsumerRunner:
             except Exception as exc:
                 failures += 1
                 log.warning("kafka_consumer_restart", consumer=self.consumer, error=repr(exc))
-                delay = backoff_delay(failures, 0.2, 5.0)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                await pause(stop, backoff_delay(failures, RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S))
 
     async def _session(self, stop: asyncio.Event) -> None:
         topics = sorted(self.handlers)
@@ -366,23 +366,17 @@ class KafkaConsumerRunner:
         if batch is not None and await self._try_batch(batch, tp, records):
             await self._commit(consumer, tp, records[-1].offset + 1)
             return
-        by_key: dict[bytes | int, list[ConsumerRecord[Any, Any]]] = {}
-        for record in records:
-            by_key.setdefault(record.key if record.key is not None else record.offset, []).append(
-                record
-            )
         failed: list[tuple[int, BaseException]] = []
 
-        async def run_key(group: list[ConsumerRecord[Any, Any]]) -> None:
-            for record in group:
-                try:
-                    async with self._slots:
-                        await self._handle(record)
-                except Exception as exc:  # neither handled nor parked (e.g. database down)
-                    failed.append((record.offset, exc))
-                    return  # later records of this key must wait for this one
+        async def handle(record: ConsumerRecord[Any, Any]) -> None:
+            try:
+                async with self._slots:
+                    await self._handle(record)
+            except Exception as exc:  # neither handled nor parked (e.g. database down)
+                failed.append((record.offset, exc))
+                raise  # later records of this key must wait for this one
 
-        await asyncio.gather(*(run_key(group) for group in by_key.values()))
+        await by_key_in_order(records, lambda r: r.key if r.key is not None else r.offset, handle)
         # Every record before the first failure is finished; redelivered ones dedupe.
         next_offset = min(o for o, _ in failed) if failed else records[-1].offset + 1
         if failed:
@@ -500,57 +494,6 @@ class KafkaConsumerRunner:
                 record.topic + DLT_SUFFIX, record.value, key=record.key, headers=headers
             )
         PARKED.labels(consumer=self.consumer, topic=record.topic).inc()
-
-
-# -- wiring from settings (used by the composition root and the benchmark) -----------
-
-
-def transport_from_settings(
-    settings: Settings, topics: Callable[[], Iterable[str]]
-) -> KafkaTransport:
-    assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
-    return KafkaTransport(
-        settings.kafka_bootstrap,
-        source=settings.kafka_source,
-        topics=topics,
-        partitions=settings.kafka_partitions,
-        replication_factor=settings.kafka_replication_factor,
-        topic_partitions=settings.kafka_topic_partitions,
-        idempotence=settings.kafka_idempotence,
-        linger_ms=settings.kafka_linger_ms,
-        request_timeout_ms=settings.kafka_request_timeout_ms,
-    )
-
-
-def consumer_from_settings(
-    settings: Settings,
-    consumer: str,
-    subscriptions: dict[str, Subscription],
-    db: Database,
-    clock: Clock,
-) -> KafkaConsumerRunner:
-    assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
-    return KafkaConsumerRunner(
-        settings.kafka_bootstrap,
-        consumer,
-        {topic: sub.handler for topic, sub in subscriptions.items()},
-        db,
-        clock,
-        group_prefix=settings.kafka_group_prefix,
-        partitions=settings.kafka_partitions,
-        replication_factor=settings.kafka_replication_factor,
-        topic_partitions=settings.kafka_topic_partitions,
-        quick_retries=settings.kafka_consumer_quick_retries,
-        backoff_base_s=settings.kafka_consumer_backoff_base_s,
-        backoff_max_s=settings.kafka_consumer_backoff_max_s,
-        dead_letter_topic=settings.kafka_dead_letter_topic,
-        idempotence=settings.kafka_idempotence,
-        max_records=settings.kafka_consumer_max_records,
-        session_timeout_ms=settings.kafka_session_timeout_ms,
-        request_timeout_ms=settings.kafka_request_timeout_ms,
-        concurrency=settings.kafka_consumer_concurrency,
-        batch_handlers={t: sub.batch for t, sub in subscriptions.items() if sub.batch is not None},
-    )
 
 
 async def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:

@@ -9,14 +9,13 @@ dead letter, and the event counts as delivered for everybody else."""
 
 from __future__ import annotations
 
-import asyncio
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
 from reservo.core import metrics
 from reservo.core.failures import is_transient
+from reservo.core.ordering import by_key_in_order
 from reservo.core.transport.base import Event, Subscriptions
 
 log = structlog.get_logger(__name__)
@@ -63,17 +62,17 @@ class LocalTransport:
             retry = retry or failure
         return retry
 
-    async def _deliver_key(
-        self, events: list[tuple[int, Event]], results: list[BaseException | None]
-    ) -> None:
-        # Events of one aggregate run in order; different aggregates run concurrently.
-        for index, event in events:
-            results[index] = await self._deliver_one(event)
-
     async def deliver(self, events: Sequence[Event]) -> list[BaseException | None]:
         results: list[BaseException | None] = [None] * len(events)
-        by_key: dict[str, list[tuple[int, Event]]] = defaultdict(list)
-        for i, event in enumerate(events):
-            by_key[event.key or str(event.id)].append((i, event))
-        await asyncio.gather(*(self._deliver_key(group, results) for group in by_key.values()))
+
+        async def deliver(item: tuple[int, Event]) -> None:
+            index, event = item
+            results[index] = await self._deliver_one(event)
+
+        # Events of one aggregate run in order; different aggregates run concurrently.
+        await by_key_in_order(enumerate(events), lambda item: _key(item[1]), deliver)
         return results
+
+
+def _key(event: Event) -> str:
+    return event.key or str(event.id)

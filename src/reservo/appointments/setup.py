@@ -1,0 +1,47 @@
+"""Builds the appointments module from settings and the shared parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reservo.appointments import events
+from reservo.appointments.api import router
+from reservo.appointments.errors import CONSTRAINTS, ERRORS
+from reservo.appointments.service import REMINDER_JOB, AppointmentService, Limits
+from reservo.core.module import JobKind, Module
+from reservo.shared import Shared
+
+HOUR_S = 3600
+
+
+@dataclass(frozen=True, kw_only=True)
+class Appointments(Module):
+    service: AppointmentService
+
+
+def setup(shared: Shared) -> Appointments:
+    s = shared.settings
+    service = AppointmentService(
+        shared.db,
+        shared.clock,
+        shared.cache,
+        shared.limiter,
+        Limits(
+            booking_rate_limit=s.appointments_booking_rate_limit,
+            booking_rate_window_s=s.appointments_booking_rate_window_s,
+            slots_cache_ttl_s=s.appointments_slots_cache_ttl_s,
+            full_mark_ttl_s=s.appointments_full_mark_ttl_s,
+            key_memory_s=s.idempotency_retention_hours * HOUR_S,
+        ),
+        scheduler=shared.scheduler,
+    )
+    return Appointments(
+        name="appointments",
+        service=service,
+        routers=[router],
+        jobs=[JobKind(REMINDER_JOB, service.remind)],
+        errors=ERRORS,
+        constraints=CONSTRAINTS,
+        notifications={topic: events.notifications for topic in events.TOPICS},
+        state={"appointments": service},
+    )

@@ -1,0 +1,103 @@
+"""Builds the betting module from settings and the shared parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reservo.betting import events
+from reservo.betting.api import router
+from reservo.betting.errors import CONSTRAINTS, ERRORS
+from reservo.betting.service import (
+    BettingService,
+    FallbackResender,
+    Publisher,
+    ResultIntake,
+    Settlement,
+    TransportPublisher,
+)
+from reservo.core.breaker import CircuitBreaker
+from reservo.core.loops import run_every
+from reservo.core.module import Consumes, Module
+from reservo.shared import Shared, transport_from_settings
+
+MS_PER_S = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Betting(Module):
+    service: BettingService
+    settlement: Settlement
+    results: ResultIntake
+    resender: FallbackResender
+
+
+def setup(shared: Shared) -> Betting:
+    s, db, clock = shared.settings, shared.db, shared.clock
+    service = BettingService(db, clock, s.wallet_house_shards, max_payout=s.betting_max_payout)
+    settlement = Settlement(
+        db,
+        clock,
+        chunk=s.betting_settle_chunk,
+        parallel=s.betting_settle_parallel,
+        house_shards=s.wallet_house_shards,
+    )
+    # The result webhook publishes straight to Kafka (its own producer, short timeout);
+    # without Kafka every result goes to the PostgreSQL fallback table.
+    publisher: Publisher | None = None
+    if s.kafka_bootstrap:
+        producer = transport_from_settings(
+            s,
+            lambda: [events.RESULT_TOPIC],
+            request_timeout_ms=int(s.betting_publish_timeout_s * MS_PER_S),
+            client_id="reservo-results-webhook",
+        )
+        publisher = TransportPublisher(producer, s.betting_publish_timeout_s)
+    results = ResultIntake(
+        db,
+        clock,
+        s.results_webhook_secret,
+        tolerance_s=s.webhook_tolerance_s,
+        publisher=publisher,
+        breaker=CircuitBreaker(
+            "results_kafka",
+            failure_threshold=s.betting_breaker_failures,
+            reset_timeout_s=s.betting_breaker_reset_s,
+        ),
+        attempts=s.betting_publish_attempts,
+        backoff_s=s.betting_publish_backoff_s,
+    )
+    resender = FallbackResender(
+        db,
+        clock,
+        settlement,
+        publisher=publisher,
+        batch=s.betting_resend_batch,
+        lease_s=s.betting_resend_lease_s,
+    )
+    return Betting(
+        name="betting",
+        service=service,
+        settlement=settlement,
+        results=results,
+        resender=resender,
+        routers=[router],
+        consumes=[Consumes(events.SETTLEMENT_CONSUMER, [events.RESULT_TOPIC], settlement.handle)],
+        roles={
+            # Resumes settlements a crashed worker left half done.
+            "settlement": lambda stop: run_every(
+                stop, s.betting_sweep_interval_s, "settlement_sweep", settlement.sweep
+            ),
+            # Drains the result fallback table; polls when it is empty.
+            "results_resend": lambda stop: run_every(
+                stop,
+                s.betting_resend_interval_s,
+                "results_resend",
+                resender.run_once,
+                again=lambda claimed: claimed >= s.betting_resend_batch,
+            ),
+        },
+        errors=ERRORS,
+        constraints=CONSTRAINTS,
+        notifications={events.BETS_SETTLED: events.notifications},
+        state={"betting": service, "results": results},
+    )

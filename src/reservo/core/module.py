@@ -1,0 +1,69 @@
+"""The one face every module shows the composition root.
+
+A module's ``setup.py`` builds its objects from the settings and the shared parts
+and returns a ``Module``: the routes it serves, the events it consumes, the job
+kinds it runs, the background roles it offers, the error codes and constraint
+names it may answer with, and the notifications its events become. The root
+(``reservo.bootstrap``) only lists the modules and wires what they declare; the
+app includes the routers they declare. Nothing is patched into a module after
+it was built."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter
+
+from reservo.core.notify import Notification
+from reservo.core.transport.base import BatchHandler, Event, Handler
+
+# A background role: runs until ``stop`` is set (``reservo worker --roles <name>``).
+Role = Callable[[asyncio.Event], Awaitable[None]]
+# Runs one delayed job (a ``reservo.scheduler.Job``); must be idempotent.
+JobHandler = Callable[[Any], Awaitable[None]]
+# Refuses a job payload at enqueue time through the API (raises DomainError).
+JobCheck = Callable[[dict[str, Any]], None]
+# Turns an event into the messages it sends (the notifications consumer).
+Renderer = Callable[[Event], list[Notification]]
+Closer = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Consumes:
+    """One consumer (with Kafka: one consumer group) and the topics it handles."""
+
+    consumer: str
+    topics: Sequence[str]
+    handler: Handler
+    # Optional fast path: a whole fetched batch in one transaction (see DESIGN.md).
+    batch: BatchHandler | None = None
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """A category of delayed job the module runs, with its optional enqueue check."""
+
+    category: str
+    handler: JobHandler
+    check: JobCheck | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Module:
+    name: str
+    routers: Sequence[APIRouter] = ()
+    consumes: Sequence[Consumes] = ()
+    jobs: Sequence[JobKind] = ()
+    roles: Mapping[str, Role] = field(default_factory=dict)
+    # code -> HTTP status of every DomainError code the module raises.
+    errors: Mapping[str, int] = field(default_factory=dict)
+    # constraint name -> (code, detail): a refused write becomes that DomainError.
+    constraints: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # topic -> renderer: the notifications the module's events become.
+    notifications: Mapping[str, Renderer] = field(default_factory=dict)
+    # What its routes read from ``request.app.state`` (name -> object).
+    state: Mapping[str, object] = field(default_factory=dict)
+    closers: Sequence[Closer] = ()

@@ -1,0 +1,115 @@
+"""The parts every module is built from, and the core pieces built from settings.
+
+``Shared`` is what a module's ``setup(shared)`` receives: the pool, Redis and its
+filters, the idempotency store, the job scheduler every module may enqueue into,
+and the settings. The ``*_from_settings`` helpers turn settings into plain
+values for core (core never imports ``reservo.settings``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import redis.asyncio
+
+from reservo.core.cache import Cache
+from reservo.core.clock import Clock
+from reservo.core.db import Database
+from reservo.core.idempotency import IdempotencyStore
+from reservo.core.notify import Channel, build_channel
+from reservo.core.ratelimit import RateLimiter
+from reservo.core.redis import RedisGate
+from reservo.core.transport.base import Subscription, Subscriptions
+from reservo.core.transport.kafka import KafkaConsumerRunner, KafkaTransport
+from reservo.scheduler import Scheduler
+from reservo.settings import Settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shared:
+    settings: Settings
+    clock: Clock
+    db: Database
+    redis: redis.asyncio.Redis
+    gate: RedisGate
+    cache: Cache
+    limiter: RateLimiter
+    idempotency: IdempotencyStore
+    scheduler: Scheduler
+    # Which consumer handles which topic: filled by the composition root from
+    # every module's ``consumes`` once all are built (transports and the
+    # dead-letter replay read it).
+    subscriptions: Subscriptions
+    # Log the start-up warnings (off when the graph is built only to read it).
+    announce: bool = True
+
+
+def channel_from_settings(settings: Settings) -> Channel:
+    return build_channel(
+        settings.notify_channel,
+        smtp_host=settings.notify_smtp_host,
+        smtp_port=settings.notify_smtp_port,
+        smtp_sender=settings.notify_smtp_sender,
+        smtp_username=settings.notify_smtp_username,
+        smtp_password=settings.notify_smtp_password,
+        smtp_starttls=settings.notify_smtp_starttls,
+        email_template=settings.notify_email_template,
+        http_url=settings.notify_http_url,
+        http_token=settings.notify_http_token,
+        timeout_s=settings.notify_timeout_s,
+    )
+
+
+def transport_from_settings(
+    settings: Settings,
+    topics: Callable[[], Iterable[str]],
+    *,
+    request_timeout_ms: int | None = None,
+    client_id: str = "reservo-relay",
+) -> KafkaTransport:
+    assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
+    return KafkaTransport(
+        settings.kafka_bootstrap,
+        source=settings.kafka_source,
+        topics=topics,
+        partitions=settings.kafka_partitions,
+        replication_factor=settings.kafka_replication_factor,
+        topic_partitions=settings.kafka_topic_partitions,
+        idempotence=settings.kafka_idempotence,
+        linger_ms=settings.kafka_linger_ms,
+        request_timeout_ms=(
+            settings.kafka_request_timeout_ms if request_timeout_ms is None else request_timeout_ms
+        ),
+        client_id=client_id,
+    )
+
+
+def consumer_from_settings(
+    settings: Settings,
+    consumer: str,
+    subscriptions: dict[str, Subscription],
+    db: Database,
+    clock: Clock,
+) -> KafkaConsumerRunner:
+    assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
+    return KafkaConsumerRunner(
+        settings.kafka_bootstrap,
+        consumer,
+        {topic: sub.handler for topic, sub in subscriptions.items()},
+        db,
+        clock,
+        group_prefix=settings.kafka_group_prefix,
+        partitions=settings.kafka_partitions,
+        replication_factor=settings.kafka_replication_factor,
+        topic_partitions=settings.kafka_topic_partitions,
+        quick_retries=settings.kafka_consumer_quick_retries,
+        backoff_base_s=settings.kafka_consumer_backoff_base_s,
+        backoff_max_s=settings.kafka_consumer_backoff_max_s,
+        dead_letter_topic=settings.kafka_dead_letter_topic,
+        idempotence=settings.kafka_idempotence,
+        max_records=settings.kafka_consumer_max_records,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        request_timeout_ms=settings.kafka_request_timeout_ms,
+        concurrency=settings.kafka_consumer_concurrency,
+        batch_handlers={t: sub.batch for t, sub in subscriptions.items() if sub.batch is not None},
+    )

@@ -1,0 +1,35 @@
+"""Builds the wallet module from settings and the shared parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reservo.core.module import Consumes, Module
+from reservo.shared import Shared
+from reservo.wallet import events
+from reservo.wallet.api import router
+from reservo.wallet.errors import CONSTRAINTS, ERRORS
+from reservo.wallet.events import PayoutConsumer
+from reservo.wallet.service import WalletService
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wallet(Module):
+    service: WalletService
+    payouts: PayoutConsumer
+
+
+def setup(shared: Shared) -> Wallet:
+    shards = shared.settings.wallet_house_shards
+    service = WalletService(shared.db, shared.clock, shards)
+    payouts = PayoutConsumer(shared.db, shared.clock, shards)
+    return Wallet(
+        name="wallet",
+        service=service,
+        payouts=payouts,
+        routers=[router],
+        consumes=[Consumes(events.CONSUMER, [events.PAYOUT_REQUESTED], payouts.handle)],
+        errors=ERRORS,
+        constraints=CONSTRAINTS,
+        state={"wallet": service},
+    )
