@@ -150,4 +150,3 @@ async def test_a_fatal_before_the_close_answers_503_and_the_retry_books(
     finally:
         await admin.close()
         await proxy.stop()
-
