@@ -68,6 +68,10 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InterfaceError,
+    # A server shutting down sends FATAL, then closes. A FATAL that arrives between
+    # two statements, before the close is processed, leaves asyncpg consuming it:
+    # the next statement fails with this before anything is sent (nothing written).
+    asyncpg.exceptions.InternalClientError,
 )
 
 
@@ -148,7 +152,14 @@ class Database:
         pool = await self._get_pool()
         try:
             async with pool.acquire(timeout=self._acquire_timeout) as conn:
-                yield conn
+                try:
+                    yield conn
+                except asyncpg.exceptions.InternalClientError as exc:
+                    # The connection is dead (see UNAVAILABLE): drop it, so the
+                    # pool does not hand it to the next request.
+                    log.warning("database_connection_broken", error=repr(exc))
+                    conn.terminate()
+                    raise
         except asyncpg.IntegrityConstraintViolationError as exc:
             raise (translate(exc) or exc) from exc
         except asyncpg.DataError as exc:
