@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
-from typing import Any, NoReturn
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -155,34 +155,40 @@ class AppointmentService:
         self, slot_id: int, patient_id: int, within: Within[Appointment] | None = None
     ) -> Appointment:
         now = self.clock.now()
-        async with self.db.transaction() as conn:
-            row = await repo.book(conn, slot_id, patient_id, now)
-            if row is None:
-                await self._refuse(conn, slot_id, patient_id, now)
-            appt = Appointment.from_row(row)
-            await emit(conn, events.BOOKED, f"appointment:{appt.id}", events.payload(appt), now)
-            remind_at = appt.start_at - REMINDER_LEAD
-            if self.scheduler is not None and remind_at > now:
-                # Same transaction: the booking and its reminder commit together.
-                job = await self.scheduler.enqueue(
-                    REMINDER_JOB,
-                    {"appointmentId": appt.id},
-                    run_at=remind_at,
-                    idempotency_key=f"appointment:{appt.id}",
-                    conn=conn,
-                )
-                await repo.set_reminder_job(conn, appt.id, job.id)
-            if within is not None:
-                await within(conn, appt)
+        try:
+            async with self.db.transaction() as conn:
+                row = await repo.book(conn, slot_id, patient_id, now)
+                if row is None:
+                    raise await self._refusal(conn, slot_id, patient_id, now)
+                appt = Appointment.from_row(row)
+                await emit(conn, events.BOOKED, f"appointment:{appt.id}", events.payload(appt), now)
+                remind_at = appt.start_at - REMINDER_LEAD
+                if self.scheduler is not None and remind_at > now:
+                    # Same transaction: the booking and its reminder commit together.
+                    job = await self.scheduler.enqueue(
+                        REMINDER_JOB,
+                        {"appointmentId": appt.id},
+                        run_at=remind_at,
+                        idempotency_key=f"appointment:{appt.id}",
+                        conn=conn,
+                    )
+                    await repo.set_reminder_job(conn, appt.id, job.id)
+                if within is not None:
+                    await within(conn, appt)
+        except DomainError as err:
+            if err.code == "slot_full":  # after the rollback: no network call inside it
+                await self.cache.mark(_full_key(slot_id), self.limits.full_mark_ttl_s)
+            raise
         metrics.BOOKINGS.labels("appointments").inc()
         if row["remaining"] == 0:
             await self.cache.mark(_full_key(slot_id), self.limits.full_mark_ttl_s)
         await self._invalidate(appt)
         return appt
 
-    async def _refuse(
+    async def _refusal(
         self, conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any
-    ) -> NoReturn:
+    ) -> DomainError:
+        """Why the conditional booking matched no row, read in the same transaction."""
         state = await repo.slot_state(conn, slot_id, patient_id)
         if state is None:
             code, detail = "slot_not_found", f"no slot {slot_id}"
@@ -192,9 +198,8 @@ class AppointmentService:
             code, detail = "slot_in_past", "this slot has already started"
         else:
             code, detail = "slot_full", "this slot has no capacity left"
-            await self.cache.mark(_full_key(slot_id), self.limits.full_mark_ttl_s)
         metrics.CONFLICTS.labels("appointments", code, "database").inc()
-        raise DomainError(code, detail)
+        return DomainError(code, detail)
 
     async def _invalidate(self, appt: Appointment) -> None:
         """Best effort, after the commit: a durable booking must never be answered
