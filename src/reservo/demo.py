@@ -1,9 +1,10 @@
 """Demo data for `reservo up --demo`: a few doctors with two weeks of slots, rental
-cars, and the sandbox payment gateway (never a default) so a hold can be paid by hand."""
+cars, the sandbox payment gateway (never a default) so a hold can be paid by hand,
+and a few upcoming matches to bet on."""
 
 from __future__ import annotations
 
-from datetime import time, timedelta
+from datetime import UTC, datetime, time, timedelta
 
 from reservo.appointments.domain import ScheduleRule
 from reservo.bootstrap import Container
@@ -23,6 +24,22 @@ CARS = [
     ("DEMO-002", "VinFast VF8", "HN", 150_000, 2),
     ("DEMO-003", "Honda City", "HCM", 90_000, 3),
 ]
+
+
+# Upcoming matches (home, away, kick-off in days from the load, at 19:00 UTC). Each
+# load adds the ones of its day (external id demo-<date>-<n>), so a demo started
+# again days later still lists matches to bet on.
+MATCHES = [
+    ("Lisbon Lions", "Porto Harbour", 1),
+    ("Hanoi Dragons", "Saigon Stars", 2),
+    ("Sao Paulo United", "Rio Athletic", 3),
+    ("Lisbon Lions", "Hanoi Dragons", 7),
+]
+DEMO_ODDS = {
+    "1X2": {"HOME": "2.10", "DRAW": "3.30", "AWAY": "3.40"},
+    "TOTALS_2_5": {"OVER": "1.90", "UNDER": "1.90"},
+    "BTTS": {"YES": "1.80", "NO": "2.00"},
+}
 
 
 def settings_for_demo(settings: Settings) -> Settings:
@@ -58,5 +75,18 @@ async def load(c: Container) -> list[int]:
             await c.rentals.create_car(plate, model, city, price, host)
         except DomainError as exc:  # plate_taken: loaded by an earlier run
             if exc.code != "plate_taken":
+                raise
+    evening = datetime.combine(today, time(19), UTC)
+    for n, (home, away, days) in enumerate(MATCHES, 1):
+        try:
+            await c.betting.create_match(
+                f"demo-{today.isoformat()}-{n}",
+                home,
+                away,
+                evening + timedelta(days=days),
+                DEMO_ODDS,
+            )
+        except DomainError as exc:  # match_exists: loaded earlier today
+            if exc.code != "match_exists":
                 raise
     return ids

@@ -61,6 +61,27 @@ def test_check_bet_refuses_started_matches_and_changed_odds() -> None:
     assert exc.value.code == "odds_changed"
 
 
+def test_check_bet_refuses_suspended_matches_after_closed_before_odds() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    odds_table = {"1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"}}
+    open_ = domain.MatchState(1, now + timedelta(minutes=1), odds_table, False)
+    held = domain.MatchState(2, now + timedelta(minutes=1), odds_table, False, suspended=True)
+    held_started = domain.MatchState(3, now, odds_table, False, suspended=True)
+    matches = {1: open_, 2: held, 3: held_started}
+    leg = domain.Leg(2, "1X2", "HOME", Decimal("1.80"))
+    domain.check_bet([domain.Leg(1, "1X2", "HOME", Decimal("1.80"))], matches, now)
+    with pytest.raises(domain.BetRefused) as exc:
+        domain.check_bet([domain.Leg(1, "1X2", "HOME", Decimal("1.80")), leg], matches, now)
+    assert exc.value.code == "market_suspended"
+    # Suspended is said even at stale odds: reopening is what the bettor waits for.
+    with pytest.raises(domain.BetRefused) as exc:
+        domain.check_bet([domain.Leg(2, "1X2", "HOME", Decimal("9.99"))], matches, now)
+    assert exc.value.code == "market_suspended"
+    with pytest.raises(domain.BetRefused) as exc:
+        domain.check_bet([domain.Leg(3, "1X2", "HOME", Decimal("1.80"))], matches, now)
+    assert exc.value.code == "match_closed"
+
+
 any_odds = st.decimals(min_value=Decimal("1.01"), max_value=Decimal("1000"), places=2)
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from reservo.betting.domain import Leg
@@ -14,14 +15,20 @@ from reservo.betting.schemas import (
     Accepted,
     BetIn,
     BetOut,
+    BetPage,
     MatchIn,
     MatchOut,
+    MatchPage,
+    MatchPatch,
+    MatchSummaryOut,
     ResultOut,
     SelectionOut,
     SettlementOut,
+    SettlementSummaryOut,
     odds_text,
 )
 from reservo.betting.service import BettingService, ResultIntake
+from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -32,6 +39,8 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within
+from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.schemas import EARLIEST, LATEST
 
 router = APIRouter(prefix="/api", tags=["betting"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -43,15 +52,18 @@ def _svc(request: Request) -> BettingService:
     return svc
 
 
+def _result(m: dict[str, Any]) -> ResultOut | None:
+    if m["result_status"] is None:
+        return None
+    return ResultOut(
+        status=m["result_status"],
+        home_score=m["home_score"],
+        away_score=m["away_score"],
+        provider_event_id=m["result_event_id"],
+    )
+
+
 def render_match(m: dict[str, Any]) -> dict[str, Any]:
-    result = None
-    if m["result_status"] is not None:
-        result = ResultOut(
-            status=m["result_status"],
-            home_score=m["home_score"],
-            away_score=m["away_score"],
-            provider_event_id=m["result_event_id"],
-        )
     return MatchOut(
         id=m["id"],
         external_id=m["external_id"],
@@ -59,7 +71,8 @@ def render_match(m: dict[str, Any]) -> dict[str, Any]:
         away=m["away"],
         starts_at=m["starts_at"],
         odds=m["odds"],
-        result=result,
+        suspended=m["suspended"],
+        result=_result(m),
         settlement=SettlementOut(
             status=m["settlement_status"],
             pending_bets=m["pending_bets"],
@@ -68,7 +81,27 @@ def render_match(m: dict[str, Any]) -> dict[str, Any]:
     ).wire()
 
 
+def render_match_summary(m: dict[str, Any]) -> MatchSummaryOut:
+    return MatchSummaryOut(
+        id=m["id"],
+        external_id=m["external_id"],
+        home=m["home"],
+        away=m["away"],
+        starts_at=m["starts_at"],
+        odds=m["odds"],
+        suspended=m["suspended"],
+        result=_result(m),
+        settlement=SettlementSummaryOut(
+            status=m["settlement_status"], settled_bets=m["settled_bets"]
+        ),
+    )
+
+
 def render_bet(b: dict[str, Any]) -> dict[str, Any]:
+    return bet_out(b).wire()
+
+
+def bet_out(b: dict[str, Any]) -> BetOut:
     return BetOut(
         id=b["id"],
         account_id=b["account_id"],
@@ -87,7 +120,7 @@ def render_bet(b: dict[str, Any]) -> dict[str, Any]:
             for s in b["selections"]
         ],
         created_at=b["created_at"],
-    ).wire()
+    )
 
 
 @router.post("/matches", status_code=201, response_model=MatchOut, responses=PROBLEMS)
@@ -108,6 +141,96 @@ async def get_match(
     match_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
 ) -> JSONResponse:
     return json_response(200, render_match(await _svc(request).get_match(match_id)))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def _match_key(m: dict[str, Any]) -> tuple[int, int]:
+    """A match's place in the lists (startsAt in microseconds since 1970, id)."""
+    return (m["starts_at"] - _EPOCH) // _US, m["id"]
+
+
+def _match_cursor(after: str | None) -> tuple[datetime, int] | None:
+    if after is None:
+        return None
+    us, match_id = decode_cursor(after, int, int)
+    if not (EARLIEST - _EPOCH) // _US <= us < (LATEST - _EPOCH) // _US:
+        # No match starts there (betting_match_starts_at_range): not our cursor.
+        raise validation_error(
+            "malformed cursor: pass the `next` value of the previous page unchanged",
+            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
+        )
+    return _EPOCH + us * _US, match_id
+
+
+@router.get("/matches", response_model=MatchPage, responses=PROBLEMS)
+async def list_matches(
+    caller: Caller,
+    request: Request,
+    status: Annotated[
+        Literal["UPCOMING", "STARTED", "SETTLED"],
+        Query(
+            description="UPCOMING: not started (server clock) and no result, open for "
+            "bets unless suspended. STARTED: not settled yet, and started or with a "
+            "result (a match cancelled before kick-off, while its bets are voided). "
+            "SETTLED: every bet on it settled."
+        ),
+    ] = "UPCOMING",
+    limit: Limit = DEFAULT_LIMIT,
+    after: After = None,
+) -> JSONResponse:
+    """Matches of one status, soonest first (startsAt, then id). Items are matches
+    without `settlement.pendingBets` (GET /api/matches/{id} counts it)."""
+    matches = await _svc(request).list_matches(status, _match_cursor(after), limit + 1)
+    items, nxt = page(matches, limit, _match_key)
+    body = MatchPage(items=[render_match_summary(m) for m in items], next=nxt)
+    return json_response(200, body.wire())
+
+
+@router.patch("/matches/{id}", response_model=MatchOut, responses=PROBLEMS)
+async def update_match(
+    match_id: Annotated[PathId, Path(alias="id")],
+    body: MatchPatch,
+    caller: Caller,
+    request: Request,
+) -> JSONResponse:
+    """Change the odds and/or suspend or reopen betting, before kick-off only (409
+    match_closed once the match started by the server clock or has a result). A
+    bet placed concurrently commits either before the change (at the odds it saw)
+    or after it (refused with odds_changed or market_suspended), never in between."""
+    caller.require("admin")
+    odds = None if body.odds is None else {str(k): v for k, v in body.odds.items()}
+    match = await _svc(request).update_match(match_id, odds, body.suspended)
+    return json_response(200, render_match(match))
+
+
+@router.get("/accounts/{id}/bets", response_model=BetPage, responses=PROBLEMS)
+async def account_bets(
+    account_id: Annotated[PathId, Path(alias="id")],
+    caller: Caller,
+    request: Request,
+    status: Annotated[Literal["PENDING", "WON", "LOST", "VOID"] | None, Query()] = None,
+    limit: Limit = DEFAULT_LIMIT,
+    after: After = None,
+) -> JSONResponse:
+    """The bets of an account, newest first, optionally of one status. A bettor
+    sees only the accounts they own: any other account id, existing or not, is 403,
+    so ids cannot be probed; 404 (account_not_found) is for admins."""
+    caller.require("bettor")
+    svc = _svc(request)
+    owner = await svc.customer_owner(account_id)
+    if owner is None:
+        if not caller.is_admin:
+            raise DomainError("forbidden", "you may only act for yourself")
+        raise DomainError("account_not_found", f"no account {account_id}")
+    caller.require_owner("bettor", owner)
+    before = decode_cursor(after, int)[0] if after is not None else None
+    bets = await svc.account_bets(account_id, before, limit + 1, status)
+    items, nxt = page(bets, limit, lambda b: b["id"])
+    body = BetPage(items=[bet_out(b) for b in items], next=nxt)
+    return json_response(200, body.wire())
 
 
 @router.post("/bets", status_code=201, response_model=BetOut, responses=PROBLEMS)

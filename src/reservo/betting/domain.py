@@ -38,6 +38,7 @@ class MatchState:
     starts_at: datetime
     odds: Mapping[str, Mapping[str, str]]
     has_result: bool
+    suspended: bool = False
 
 
 def winning_picks(home: int, away: int) -> dict[str, str]:
@@ -106,11 +107,16 @@ def settle(stake: int, legs: Sequence[tuple[str, Decimal]]) -> tuple[str, int | 
 
 
 def check_bet(legs: Sequence[Leg], matches: Mapping[int, MatchState], now: datetime) -> None:
-    """Refuse a bet on a started match or at odds the match no longer offers."""
+    """Refuse a bet on a started or suspended match, or at odds the match no
+    longer offers. ``matches`` must be read under the row lock a change of odds or
+    suspension waits for (queries.sql: matches_for_bet), so the check and the bet
+    commit before such a change or see it."""
     for leg in legs:
         match = matches[leg.match_id]
         if match.has_result or match.starts_at <= now:
             raise BetRefused("match_closed", f"match {leg.match_id} has already started")
+        if match.suspended:
+            raise BetRefused("market_suspended", f"betting on match {leg.match_id} is suspended")
         current = match.odds.get(leg.market, {}).get(leg.pick)
         if current is None or Decimal(current) != leg.odds:
             now_at = current or "unavailable"

@@ -8,6 +8,7 @@ ERRORS = {
     "match_exists": 409,
     "match_closed": 409,
     "odds_changed": 409,
+    "market_suspended": 409,
     "match_not_started": 409,
 }
 

@@ -16,7 +16,64 @@ SELECT m.*,
 SELECT id, starts_at, settlement_status FROM betting_match WHERE external_id = $1;
 
 -- name: matches_for_bet
-SELECT id, starts_at, odds, result_status FROM betting_match WHERE id = ANY($1::bigint[]);
+-- The matches a bet is checked against, share-locked until the bet commits: a
+-- change of odds or suspension (update_match) waits for bets already checked, and
+-- a bet that comes after it reads the changed row (READ COMMITTED re-reads a row
+-- it had to wait for), so no bet commits at odds the match no longer offers.
+-- FOR SHARE, not FOR KEY SHARE: the latter does not conflict with an UPDATE that
+-- leaves the key alone. Shared locks do not conflict with each other, so bets on
+-- one match do not queue behind each other; ascending id anyway, like every lock.
+SELECT id, starts_at, odds, result_status, suspended FROM betting_match
+ WHERE id = ANY($1::bigint[])
+ ORDER BY id
+   FOR SHARE;
+
+-- name: update_match
+-- PATCH /api/matches/{id}: new odds ($2) and/or suspension ($3), NULL keeping the
+-- current value, only while the match is open: not started at $4 (server clock)
+-- and without a result. No row: unknown (404) or closed (409 match_closed).
+UPDATE betting_match
+   SET odds = coalesce($2::jsonb, odds), suspended = coalesce($3::boolean, suspended)
+ WHERE id = $1 AND result_status IS NULL AND starts_at > $4
+RETURNING *;
+
+-- name: matches_upcoming
+-- Not started at $1 and no result, soonest first, after the key ($2, $3). Walks
+-- betting_match_unsettled_starts from max(now, key): no sort, no settled match read.
+SELECT * FROM betting_match
+ WHERE settlement_status <> 'SETTLED' AND result_status IS NULL
+   AND starts_at > $1 AND (starts_at, id) > ($2, $3)
+ ORDER BY starts_at, id
+ LIMIT $4;
+
+-- name: matches_started
+-- Not settled and no longer upcoming: started at $1, or with a result (a match
+-- cancelled before kick-off, while its bets are being voided), soonest first.
+-- The first branch walks betting_match_unsettled_starts up to now; the second
+-- reads the few settling matches (betting_match_settling); only the two short
+-- branches are sorted together.
+SELECT * FROM (
+    (SELECT * FROM betting_match
+      WHERE settlement_status <> 'SETTLED' AND starts_at <= $1
+        AND (starts_at, id) > ($2, $3)
+      ORDER BY starts_at, id
+      LIMIT $4)
+    UNION ALL
+    (SELECT * FROM betting_match
+      WHERE settlement_status = 'SETTLING' AND starts_at > $1
+        AND (starts_at, id) > ($2, $3)
+      ORDER BY starts_at, id
+      LIMIT $4)
+) m
+ ORDER BY starts_at, id
+ LIMIT $4;
+
+-- name: matches_settled
+-- Settled, soonest first, after the key ($1, $2) (betting_match_settled_starts).
+SELECT * FROM betting_match
+ WHERE settlement_status = 'SETTLED' AND (starts_at, id) > ($1, $2)
+ ORDER BY starts_at, id
+ LIMIT $3;
 
 -- name: insert_bet
 INSERT INTO betting_bet (account_id, owner_id, currency, stake, potential_payout, created_at, legs)
@@ -31,6 +88,29 @@ SELECT $1, m, k, p, o
 -- name: get_bet
 SELECT id, account_id, owner_id, stake, potential_payout, status, payout, created_at, settled_at
   FROM betting_bet WHERE id = $1;
+
+-- name: account_bets
+-- An account's bets, newest first, below id $2 (betting_bet_account, backward).
+SELECT id, account_id, owner_id, stake, potential_payout, status, payout, created_at
+  FROM betting_bet
+ WHERE account_id = $1 AND id < $2
+ ORDER BY id DESC
+ LIMIT $3;
+
+-- name: account_bets_by_status
+-- The same, of one status ($4): a filter on the same walk (status is not indexed,
+-- so that settling a bet stays a HOT update; see 0017_betting_lists.sql).
+SELECT id, account_id, owner_id, stake, potential_payout, status, payout, created_at
+  FROM betting_bet
+ WHERE account_id = $1 AND id < $2 AND status = $4
+ ORDER BY id DESC
+ LIMIT $3;
+
+-- name: selections_of_bets
+-- The legs of a page of bets, through the primary key (bet_id, match_id).
+SELECT bet_id, match_id, market, pick, odds, status FROM betting_selection
+ WHERE bet_id = ANY($1::bigint[])
+ ORDER BY bet_id, match_id;
 
 -- name: bet_selections
 SELECT match_id, market, pick, odds, status FROM betting_selection

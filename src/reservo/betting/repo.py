@@ -44,6 +44,46 @@ async def matches_for_bet(conn: asyncpg.Connection, ids: list[int]) -> list[Row]
     return list(await conn.fetch(Q.matches_for_bet, ids))
 
 
+async def update_match(
+    conn: asyncpg.Connection,
+    match_id: int,
+    odds: dict[str, dict[str, str]] | None,
+    suspended: bool | None,
+    now: datetime,
+) -> Row | None:
+    return await conn.fetchrow(Q.update_match, match_id, odds, suspended, now)
+
+
+async def matches_upcoming(
+    conn: asyncpg.Connection, now: datetime, after: tuple[datetime, int], limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.matches_upcoming, now, after[0], after[1], limit))
+
+
+async def matches_started(
+    conn: asyncpg.Connection, now: datetime, after: tuple[datetime, int], limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.matches_started, now, after[0], after[1], limit))
+
+
+async def matches_settled(
+    conn: asyncpg.Connection, after: tuple[datetime, int], limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.matches_settled, after[0], after[1], limit))
+
+
+async def account_bets(
+    conn: asyncpg.Connection, account_id: int, before: int, limit: int, status: str | None
+) -> list[Row]:
+    if status is None:
+        return list(await conn.fetch(Q.account_bets, account_id, before, limit))
+    return list(await conn.fetch(Q.account_bets_by_status, account_id, before, limit, status))
+
+
+async def selections_of_bets(conn: asyncpg.Connection, bet_ids: list[int]) -> list[Row]:
+    return list(await conn.fetch(Q.selections_of_bets, bet_ids))
+
+
 async def insert_bet(
     conn: asyncpg.Connection,
     account_id: int,

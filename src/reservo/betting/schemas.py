@@ -6,7 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictInt, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from reservo.betting.domain import MARKETS, MAX_SELECTIONS
 from reservo.core.schemas import ApiModel, Instant
@@ -26,26 +26,56 @@ def _odds_ok(value: str) -> str:
     return value
 
 
+def _complete_markets(v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Odds are whole markets: every pick of each market offered, each in range."""
+    if not v:
+        raise ValueError("at least one market")
+    for market, picks in v.items():
+        if set(picks) != set(MARKETS[market]):
+            raise ValueError(f"{market} needs exactly the picks {list(MARKETS[market])}")
+        for o in picks.values():
+            _odds_ok(o)
+    return v
+
+
+OddsIn = Annotated[
+    dict[Market, dict[str, OddsStr]],
+    Field(examples=[{"1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"}}]),
+]
+
+
 class MatchIn(ApiModel):
     external_id: Text
     home: Text
     away: Text
     starts_at: Instant
-    odds: dict[Market, dict[str, OddsStr]] = Field(
-        examples=[{"1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"}}]
-    )
+    odds: OddsIn
 
     @field_validator("odds")
     @classmethod
-    def _complete_markets(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        if not v:
-            raise ValueError("at least one market")
-        for market, picks in v.items():
-            if set(picks) != set(MARKETS[market]):
-                raise ValueError(f"{market} needs exactly the picks {list(MARKETS[market])}")
-            for o in picks.values():
-                _odds_ok(o)
-        return v
+    def _odds(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        return _complete_markets(v)
+
+
+class MatchPatch(ApiModel):
+    """Change what a match offers before kick-off. ``odds`` replaces the match's
+    odds as a whole (complete markets, as when it was created); ``suspended: true``
+    refuses bets on it (409 market_suspended) until ``suspended: false``. Bets
+    already placed keep the odds they were placed at."""
+
+    odds: OddsIn | None = None
+    suspended: StrictBool | None = None
+
+    @field_validator("odds")
+    @classmethod
+    def _odds(cls, v: dict[str, dict[str, str]] | None) -> dict[str, dict[str, str]] | None:
+        return None if v is None else _complete_markets(v)
+
+    @model_validator(mode="after")
+    def _something(self) -> MatchPatch:
+        if self.odds is None and self.suspended is None:
+            raise ValueError("give odds, suspended or both")
+        return self
 
 
 class SettlementOut(ApiModel):
@@ -68,8 +98,35 @@ class MatchOut(ApiModel):
     away: str
     starts_at: datetime
     odds: dict[str, dict[str, str]]
+    suspended: bool = Field(description="bets on it are refused (409 market_suspended)")
     result: ResultOut | None
     settlement: SettlementOut
+
+
+class SettlementSummaryOut(ApiModel):
+    status: str
+    settled_bets: int
+
+
+class MatchSummaryOut(ApiModel):
+    """A match as lists show it: the match without ``settlement.pendingBets``,
+    which counts the match's open bets (GET /api/matches/{id} has it); counting
+    them for every match of a page would cost a page what its matches' bets cost."""
+
+    id: int
+    external_id: str
+    home: str
+    away: str
+    starts_at: datetime
+    odds: dict[str, dict[str, str]]
+    suspended: bool
+    result: ResultOut | None
+    settlement: SettlementSummaryOut
+
+
+class MatchPage(ApiModel):
+    items: list[MatchSummaryOut]
+    next: str | None = Field(description="cursor of the next page (`after`); null on the last")
 
 
 class SelectionIn(ApiModel):
@@ -116,6 +173,11 @@ class BetOut(ApiModel):
     payout: int | None
     selections: list[SelectionOut]
     created_at: datetime
+
+
+class BetPage(ApiModel):
+    items: list[BetOut]
+    next: str | None = Field(description="cursor of the next page (`after`); null on the last")
 
 
 class ResultIn(ApiModel):

@@ -14,7 +14,7 @@ import uuid
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
@@ -39,6 +39,9 @@ from reservo.core.retry import retry_async
 from reservo.core.transport.base import Event, Transport
 
 log = structlog.get_logger(__name__)
+
+# Below every match's start (betting_match_starts_at_range): the first page's key.
+_BEFORE_ANY_MATCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # -- matches and bets ------------------------------------------------------------------
@@ -85,6 +88,63 @@ class BettingService:
             raise DomainError("match_not_found", f"no match {match_id}")
         return repo.as_dict(row)
 
+    async def update_match(
+        self,
+        match_id: int,
+        odds: dict[str, dict[str, str]] | None,
+        suspended: bool | None,
+    ) -> dict[str, Any]:
+        """New odds and/or suspension, while the match is open. The UPDATE waits
+        for bets that share-locked the row (matches_for_bet) and bets after it
+        see the new row: a bet commits either before the change or under it."""
+        async with self.db.transaction() as conn:
+            changed = await repo.update_match(conn, match_id, odds, suspended, self.clock.now())
+            row = await repo.get_match(conn, match_id)
+        if row is None:
+            raise DomainError("match_not_found", f"no match {match_id}")
+        if changed is None:
+            raise DomainError(
+                "match_closed", f"match {match_id} has started or has a result: no more changes"
+            )
+        return repo.as_dict(row)
+
+    async def list_matches(
+        self, status: str, after: tuple[datetime, int] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """One page of matches of a status, soonest first (keyset on startsAt, id)."""
+        key = after or (_BEFORE_ANY_MATCH, 0)
+        async with self.db.connection() as conn:
+            if status == "UPCOMING":
+                rows = await repo.matches_upcoming(conn, self.clock.now(), key, limit)
+            elif status == "STARTED":
+                rows = await repo.matches_started(conn, self.clock.now(), key, limit)
+            else:
+                rows = await repo.matches_settled(conn, key, limit)
+        return [repo.as_dict(r) for r in rows]
+
+    async def customer_owner(self, account_id: int) -> int | None:
+        """The owner of a customer account; None when there is no such account
+        (unknown, or a system account: it places no bets)."""
+        async with self.db.connection() as conn:
+            account = await wallet.get_account_in(conn, account_id)
+        if account is None or account["kind"] != "CUSTOMER":
+            return None
+        return int(account["owner_id"])
+
+    async def account_bets(
+        self, account_id: int, before: int | None, limit: int, status: str | None
+    ) -> list[dict[str, Any]]:
+        """One page of an account's bets with their legs, newest first (keyset on id)."""
+        async with self.db.connection() as conn:
+            rows = await repo.account_bets(conn, account_id, before or 2**63 - 1, limit, status)
+            bets = [repo.as_dict(r) for r in rows]
+            legs: dict[int, list[dict[str, Any]]] = {b["id"]: [] for b in bets}
+            for s in await repo.selections_of_bets(conn, list(legs)):
+                legs[s["bet_id"]].append(repo.as_dict(s))
+        for b in bets:
+            b["selections"] = legs[b["id"]]
+        return bets
+
     async def account_owner(self, account_id: int) -> int:
         async with self.db.connection() as conn:
             account = await wallet.get_account_in(conn, account_id)
@@ -110,7 +170,11 @@ class BettingService:
             rows = await repo.matches_for_bet(conn, [leg.match_id for leg in legs])
             matches = {
                 r["id"]: domain.MatchState(
-                    r["id"], r["starts_at"], r["odds"], r["result_status"] is not None
+                    r["id"],
+                    r["starts_at"],
+                    r["odds"],
+                    r["result_status"] is not None,
+                    r["suspended"],
                 )
                 for r in rows
             }
