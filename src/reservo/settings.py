@@ -141,8 +141,9 @@ class Settings(BaseSettings):
     rentals_turnaround_minutes: int = Field(default=120, ge=0, le=7 * 24 * 60)
     rentals_hold_ttl_seconds: int = Field(default=900, ge=1)
     rentals_deposit_rate: float = Field(default=0.3, ge=0, le=1)
-    rentals_hold_rate_limit: int = 3
-    rentals_hold_rate_window_s: int = 900
+    # Holds created per customer per sliding window (counted in PostgreSQL).
+    rentals_hold_rate_limit: int = Field(default=3, ge=1)
+    rentals_hold_rate_window_s: int = Field(default=900, ge=1)
     rentals_search_cache_ttl_s: int = Field(default=30, ge=1)
     rentals_sweep_interval_s: float = 30.0
     # Public base URL of this API for the sandbox page's links; None = http_host:http_port.

@@ -121,8 +121,7 @@ async def hold(
     svc, raw = svc_of(request), await request.body()
 
     async def hold_once(within: Within[Booking] | None) -> Booking:
-        # Inside the idempotent run: a replayed success is not counted again.
-        await svc.check_rate(body.customer_id)
+        # The hold counts itself against the rate limit, in its own transaction.
         return await svc.hold(body.car_id, body.customer_id, body.from_, body.to, within)
 
     store = idempotency_store(request)

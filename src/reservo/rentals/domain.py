@@ -91,3 +91,46 @@ def effective_status(status: str, hold_expires_at: datetime | None, now: datetim
     if status == "HOLD" and hold_expires_at is not None and hold_expires_at <= now:
         return "EXPIRED"
     return status
+
+
+@dataclass(frozen=True)
+class Quote:
+    days: int
+    price: int
+    deposit: int
+
+
+def quote(start: datetime, end: datetime, daily_price: int, rate: float) -> Quote:
+    """What a hold of [start, end) costs: started days, their price, and the deposit
+    the hold would charge (the same function the hold uses)."""
+    days = rental_days(start, end)
+    return Quote(days, days * daily_price, deposit(start, end, daily_price, rate))
+
+
+# The widest calendar window one request may ask for.
+MAX_CALENDAR_SPAN = timedelta(days=366)
+
+
+def check_window(start: datetime, end: datetime) -> None:
+    """A calendar's [start, end): non-empty and at most MAX_CALENDAR_SPAN wide."""
+    if end <= start:
+        raise InvalidPeriod("'to' must be after 'from'")
+    if end - start > MAX_CALENDAR_SPAN:
+        raise InvalidPeriod(f"a calendar spans at most {MAX_CALENDAR_SPAN.days} days")
+
+
+def hold_retry_after(
+    recent: list[datetime], limit: int, window: timedelta, now: datetime
+) -> int | None:
+    """None when one more hold is allowed, else the whole seconds (>= 1) until one is.
+
+    ``recent``: the customer's holds created within ``window`` before ``now``,
+    newest first, at most ``limit`` of them. A sliding window: a hold counts for
+    ``window`` after its creation, so the next one is allowed when the
+    ``limit``-th most recent leaves the window."""
+    if len(recent) < limit:
+        return None
+    if limit <= 0 or not recent:
+        return max(1, math.ceil(window.total_seconds()))
+    leaves = recent[limit - 1] + window
+    return max(1, math.ceil((leaves - now).total_seconds()))

@@ -129,3 +129,60 @@ INSERT INTO payment (booking_id, provider_txn_id, type, amount, gateway_ref, cre
 VALUES ($1, $2, 'REFUND', $3, $4, $5)
 ON CONFLICT ON CONSTRAINT uq_payment_provider_txn DO NOTHING
 RETURNING id;
+
+-- name: lock_customer_holds
+-- Serialises one customer's hold transactions until commit, so the count below
+-- sees every hold a concurrent request of theirs created (READ COMMITTED: the
+-- next statement's snapshot is taken after the lock, i.e. after the previous
+-- holder committed). The two-key form keeps this key space apart from the
+-- single-key locks (migrations); hashint8 folds the id into int4 (a collision
+-- only makes two customers' holds wait for each other).
+SELECT pg_advisory_xact_lock(1380273748, hashint8($1));
+
+-- name: recent_holds
+-- The customer's holds created after $2 (now - window), newest first, at most $3
+-- (the limit): booking_customer_created, backward; reads no more than the limit.
+SELECT created_at FROM booking
+ WHERE customer_id = $1 AND created_at > $2
+ ORDER BY created_at DESC
+ LIMIT $3;
+
+-- name: customer_bookings
+-- A customer's bookings, newest first, strictly after the keyset ($2, $3) =
+-- (created_at, id) of the previous page's last item: a backward walk of
+-- booking_customer_created that stops after $4 rows. $5: an effective status or
+-- NULL; $6: now. A HOLD past its expiry counts as EXPIRED (domain.effective_status)
+-- even before a job flipped it. The status is a filter on the same walk.
+SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
+       deposit_amount, refund_amount, hold_expires_at, created_at
+  FROM booking
+ WHERE customer_id = $1 AND (created_at, id) < ($2, $3)
+   AND ($5::text IS NULL
+        OR CASE WHEN status = 'HOLD' AND hold_expires_at <= $6 THEN 'EXPIRED'
+                ELSE status END = $5::text)
+ ORDER BY created_at DESC, id DESC
+ LIMIT $4;
+
+-- name: car_calendar
+-- What blocks car $1 during $2 (the asked window): its live bookings whose stored
+-- period (buffer included) overlaps it, in time order; the exclusion constraint's
+-- GiST index (ex_car_period) finds them. A HOLD past its expiry at $3 does not
+-- block (as in search_available) and is left out.
+SELECT id, lower(period) AS from_at, return_at, upper(period) AS buffer_until, status
+  FROM booking
+ WHERE car_id = $1
+   AND status IN ('HOLD', 'CONFIRMED', 'ON_TRIP')
+   AND period && $2::tstzrange
+   AND (status <> 'HOLD' OR hold_expires_at > $3)
+ ORDER BY lower(period), id;
+
+-- name: car_is_free
+-- Would a hold of car $1 for the stored period $2 be accepted at $3: the
+-- exclusion constraint's overlap rule, minus the holds expired by $3 (the hold
+-- path flips those before inserting).
+SELECT NOT EXISTS (
+    SELECT 1 FROM booking
+     WHERE car_id = $1
+       AND status IN ('HOLD', 'CONFIRMED', 'ON_TRIP')
+       AND period && $2::tstzrange
+       AND (status <> 'HOLD' OR hold_expires_at > $3));

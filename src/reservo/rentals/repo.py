@@ -127,3 +127,40 @@ async def insert_refund(
 
 def as_dict(row: Row) -> dict[str, Any]:
     return dict(row.items())
+
+
+# -- second release: the hold rate limit, lists, calendar, quote ---------------------
+
+
+async def lock_customer_holds(conn: asyncpg.Connection, customer_id: int) -> None:
+    await conn.execute(Q.lock_customer_holds, customer_id)
+
+
+async def recent_holds(
+    conn: asyncpg.Connection, customer_id: int, since: datetime, limit: int
+) -> list[datetime]:
+    rows = await conn.fetch(Q.recent_holds, customer_id, since, limit)
+    return [r["created_at"] for r in rows]
+
+
+async def customer_bookings(
+    conn: asyncpg.Connection,
+    customer_id: int,
+    before: tuple[datetime, int],
+    limit: int,
+    status: str | None,
+    now: datetime,
+) -> list[Row]:
+    return list(await conn.fetch(Q.customer_bookings, customer_id, *before, limit, status, now))
+
+
+async def car_calendar(
+    conn: asyncpg.Connection, car_id: int, window: StoredPeriod, now: datetime
+) -> list[Row]:
+    return list(await conn.fetch(Q.car_calendar, car_id, _range(window), now))
+
+
+async def car_is_free(
+    conn: asyncpg.Connection, car_id: int, period: StoredPeriod, now: datetime
+) -> bool:
+    return bool(await conn.fetchval(Q.car_is_free, car_id, _range(period), now))

@@ -1,7 +1,7 @@
 """Rental use cases. Each owns its transaction: claim, check, write, emit.
 
 The database decides every conflict (ex_car_period, uq_payment_provider_txn,
-conditional status flips); Redis only rate-limits holds and caches searches."""
+conditional status flips, the hold rate limit); Redis only caches searches."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
-from reservo.core.ratelimit import RateLimiter
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
 from reservo.rentals.gateway import PaymentGateway
@@ -71,12 +70,11 @@ class RentalService:
         db: Database,
         clock: Clock,
         cache: Cache,
-        limiter: RateLimiter,
         config: Config = Config(),
         scheduler: JobScheduler | None = None,
         gateway: PaymentGateway | None = None,
     ) -> None:
-        self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
+        self.db, self.clock, self.cache = db, clock, cache
         self.config, self.scheduler, self.gateway = config, scheduler, gateway
 
     async def expire_job(self, job: Any) -> None:
@@ -157,18 +155,25 @@ class RentalService:
 
     # -- holds -----------------------------------------------------------------
 
-    async def check_rate(self, customer_id: int) -> None:
-        """At most N hold attempts per customer per window (Redis filter, fails open)."""
+    async def _check_hold_rate(
+        self, conn: asyncpg.Connection, customer_id: int, now: datetime
+    ) -> None:
+        """At most N holds *created* per customer per sliding window: counted from
+        the booking rows, inside the hold's transaction, under a per-customer
+        advisory lock (held to commit), so a refused attempt (409, 404, 422, a
+        rollback) costs nothing and concurrent holds of one customer cannot all see
+        the same count. See docs/DESIGN.md, "The hold rate limit"."""
         c = self.config
-        decision = await self.limiter.hit(
-            "rentals-hold", customer_id, c.hold_rate_limit, c.hold_rate_window_s
-        )
-        if not decision.allowed:
-            metrics.CONFLICTS.labels("rentals", "rate_limited", "redis").inc()
+        window = timedelta(seconds=c.hold_rate_window_s)
+        await repo.lock_customer_holds(conn, customer_id)
+        recent = await repo.recent_holds(conn, customer_id, now - window, c.hold_rate_limit)
+        retry_after = domain.hold_retry_after(recent, c.hold_rate_limit, window, now)
+        if retry_after is not None:
+            metrics.CONFLICTS.labels("rentals", "rate_limited", "database").inc()
             raise DomainError(
                 "rate_limited",
                 f"at most {c.hold_rate_limit} holds per {c.hold_rate_window_s} s",
-                headers={"Retry-After": str(max(1, decision.retry_after_s))},
+                headers={"Retry-After": str(retry_after)},
             )
 
     async def hold(
@@ -188,6 +193,7 @@ class RentalService:
             car = await repo.get_car(conn, car_id)
             if car is None:
                 raise DomainError("car_not_found", f"no car {car_id}")
+            await self._check_hold_rate(conn, customer_id, now)
             amount = domain.deposit(start, end, car["daily_price"], self.config.deposit_rate)
             # Stale holds overlapping this period stop blocking before we insert.
             for row in await repo.expire_overlapping(conn, car_id, period, now):

@@ -43,7 +43,6 @@ def setup(shared: Shared) -> Rentals:
         shared.db,
         shared.clock,
         shared.cache,
-        shared.limiter,
         Config(
             turnaround=timedelta(minutes=s.rentals_turnaround_minutes),
             hold_ttl=timedelta(seconds=s.rentals_hold_ttl_seconds),
