@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Annotated, Any
 
@@ -22,14 +23,20 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within, validate_key
-from reservo.core.schemas import Instant
+from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.schemas import EARLIEST, LATEST, Instant
 from reservo.rentals import domain
 from reservo.rentals.schemas import (
     BookingIn,
     BookingOut,
+    BookingPage,
+    BookingStatus,
+    Calendar,
+    CalendarPeriod,
     Car,
     CarIn,
     City,
+    QuoteOut,
     WebhookIn,
     WebhookOut,
 )
@@ -239,3 +246,104 @@ async def payment_webhook(
     was no longer a live HOLD: the full amount goes back)."""
     result = await process_webhook(request, await request.body(), x_signature)
     return json_response(200, WebhookOut(result=result).wire())  # type: ignore[arg-type]
+
+
+# -- second release: a customer's bookings, a car's calendar, a quote ------------------
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def _booking_key(b: Booking) -> tuple[int, int]:
+    """A booking's place in its customer's list (createdAt in microseconds since
+    1970, id): the cursor of the page it ends."""
+    return (b["created_at"] - _EPOCH) // _US, b["id"]
+
+
+def _booking_cursor(after: str | None) -> tuple[datetime, int] | None:
+    if after is None:
+        return None
+    us, booking_id = decode_cursor(after, int, int)
+    if not (EARLIEST - _EPOCH) // _US <= us < (LATEST - _EPOCH) // _US:
+        # Not a time the server clock stamps on a booking: not our cursor.
+        raise validation_error(
+            "malformed cursor: pass the `next` value of the previous page unchanged",
+            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
+        )
+    return _EPOCH + us * _US, booking_id
+
+
+@router.get("/customers/{customerId}/bookings", response_model=BookingPage, responses=PROBLEMS)
+async def customer_bookings(
+    customer_id: Annotated[PathId, Path(alias="customerId")],
+    caller: Caller,
+    request: Request,
+    status: Annotated[
+        BookingStatus | None,
+        Query(
+            description="only bookings of this status; a HOLD past its expiry is EXPIRED "
+            "(as GET /api/bookings/{id} shows it) even before a job flipped it"
+        ),
+    ] = None,
+    limit: Limit = DEFAULT_LIMIT,
+    after: After = None,
+) -> JSONResponse:
+    """The customer's bookings, newest first (createdAt, then id), as
+    GET /api/bookings/{id} shows each. The customer themself or an admin; anyone
+    else is 403 whether the customer has bookings or not."""
+    caller.require_owner("customer", customer_id)
+    svc = svc_of(request)
+    rows = await svc.customer_bookings(customer_id, _booking_cursor(after), limit + 1, status)
+    items, nxt = page(rows, limit, _booking_key)
+    return json_response(200, {"items": [render(svc, b) for b in items], "next": nxt})
+
+
+@router.get("/cars/{id}/calendar", response_model=Calendar, responses=PROBLEMS)
+async def car_calendar(
+    car_id: Annotated[PathId, Path(alias="id")],
+    from_: Annotated[Instant, Query(alias="from")],
+    to: Annotated[Instant, Query(description="exclusive; at most 366 days after `from`")],
+    caller: Caller,
+    request: Request,
+) -> JSONResponse:
+    """What blocks the car during [from, to): its live bookings (HOLD not yet
+    expired, CONFIRMED, ON_TRIP) whose period or turnaround buffer overlaps the
+    window, in time order. `to` is the customer's end, `bufferUntil` the end of
+    the buffer after it (the next trip may start then). Past and dropped bookings
+    (COMPLETED, CANCELLED, EXPIRED) block nothing and are not listed. The car's
+    host or an admin (403 for other hosts and roles)."""
+    caller.require("host")
+    car, rows = await svc_of(request).calendar(car_id, from_, to)
+    caller.require_owner("host", car["host_id"])
+    periods = [
+        CalendarPeriod(
+            booking_id=r["id"],
+            from_=r["from_at"],
+            to=r["return_at"],
+            buffer_until=r["buffer_until"],
+            status=r["status"],
+        )
+        for r in rows
+    ]
+    return json_response(200, Calendar(car_id=car_id, periods=periods).wire())
+
+
+@router.get("/cars/{id}/quote", response_model=QuoteOut, responses=PROBLEMS)
+async def car_quote(
+    car_id: Annotated[PathId, Path(alias="id")],
+    from_: Annotated[Instant, Query(alias="from")],
+    to: Annotated[Instant, Query()],
+    caller: Caller,
+    request: Request,
+) -> JSONResponse:
+    """What a hold of [from, to) would cost: started days, days x dailyPrice, and
+    the deposit the hold would charge (ceil(days) x dailyPrice x
+    RESERVO_RENTALS_DEPOSIT_RATE). `available`: the car is free for the period plus
+    the turnaround buffer right now (an expired HOLD does not count); a hold
+    decides for good. The periods a hold refuses (past, reversed, over 90 days,
+    over 730 days ahead) are 422 here too. Anyone authenticated."""
+    car, q, free = await svc_of(request).quote(car_id, from_, to)
+    body = QuoteOut(
+        car_id=car["id"], days=q.days, price=q.price, deposit_amount=q.deposit, available=free
+    )
+    return json_response(200, body.wire())

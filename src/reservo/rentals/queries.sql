@@ -150,16 +150,25 @@ SELECT created_at FROM booking
 -- name: customer_bookings
 -- A customer's bookings, newest first, strictly after the keyset ($2, $3) =
 -- (created_at, id) of the previous page's last item: a backward walk of
--- booking_customer_created that stops after $4 rows. $5: an effective status or
--- NULL; $6: now. A HOLD past its expiry counts as EXPIRED (domain.effective_status)
--- even before a job flipped it. The status is a filter on the same walk.
+-- booking_customer_created that stops after $4 rows.
 SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
        deposit_amount, refund_amount, hold_expires_at, created_at
   FROM booking
  WHERE customer_id = $1 AND (created_at, id) < ($2, $3)
-   AND ($5::text IS NULL
-        OR CASE WHEN status = 'HOLD' AND hold_expires_at <= $6 THEN 'EXPIRED'
-                ELSE status END = $5::text)
+ ORDER BY created_at DESC, id DESC
+ LIMIT $4;
+
+-- name: customer_bookings_by_status
+-- The same, of one effective status $5 at $6: a HOLD past its expiry counts as
+-- EXPIRED (domain.effective_status) even before a job flipped it. A filter on the
+-- same index walk (status is not in the index: it changes with every transition,
+-- and one customer's bookings are few); see docs/OPERATIONS.md, Rentals.
+SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
+       deposit_amount, refund_amount, hold_expires_at, created_at
+  FROM booking
+ WHERE customer_id = $1 AND (created_at, id) < ($2, $3)
+   AND CASE WHEN status = 'HOLD' AND hold_expires_at <= $6 THEN 'EXPIRED'
+            ELSE status END = $5::text
  ORDER BY created_at DESC, id DESC
  LIMIT $4;
 

@@ -151,7 +151,11 @@ async def customer_bookings(
     status: str | None,
     now: datetime,
 ) -> list[Row]:
-    return list(await conn.fetch(Q.customer_bookings, customer_id, *before, limit, status, now))
+    if status is None:
+        return list(await conn.fetch(Q.customer_bookings, customer_id, *before, limit))
+    return list(
+        await conn.fetch(Q.customer_bookings_by_status, customer_id, *before, limit, status, now)
+    )
 
 
 async def car_calendar(

@@ -75,3 +75,39 @@ class WebhookIn(ApiModel):
 
 class WebhookOut(ApiModel):
     result: Literal["confirmed", "duplicate", "refund_requested", "ignored"]
+
+
+# -- second release: a customer's bookings, a car's calendar, a quote ----------------
+
+
+class BookingPage(ApiModel):
+    items: list[BookingOut]
+    next: Annotated[
+        str | None, Field(description="cursor of the next page (`after`), null on the last")
+    ]
+
+
+class CalendarPeriod(ApiModel):
+    booking_id: int
+    from_: Annotated[datetime, Field(alias="from", description="the trip's start")]
+    to: Annotated[datetime, Field(description="the trip's end, as the customer asked")]
+    buffer_until: Annotated[
+        datetime,
+        Field(description="end of the turnaround buffer after `to`: the car is blocked until then"),
+    ]
+    status: Literal["HOLD", "CONFIRMED", "ON_TRIP"]
+
+
+class Calendar(ApiModel):
+    car_id: int
+    periods: list[CalendarPeriod]
+
+
+class QuoteOut(ApiModel):
+    car_id: int
+    days: Annotated[int, Field(description="started days: ceil((to - from) / 1 day), at least 1")]
+    price: Annotated[int, Field(description="days x dailyPrice, minor units")]
+    deposit_amount: Annotated[int, Field(description="what a hold of this period would charge")]
+    available: Annotated[
+        bool, Field(description="a hold of this period would find the car free right now")
+    ]

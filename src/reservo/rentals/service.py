@@ -34,6 +34,8 @@ EXPIRE_HOLD = "rentals.expire-hold"
 NO_GATEWAY = "no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY"
 # A customer's clock may lag ours a little: a period starting this long ago is accepted.
 START_GRACE = timedelta(minutes=5)
+# The keyset before every booking: a customer's list starts here.
+FIRST_PAGE = (datetime(9999, 12, 31, tzinfo=UTC), 2**63 - 1)
 
 
 class JobScheduler(Protocol):
@@ -244,6 +246,58 @@ class RentalService:
         if row is None:
             raise DomainError("booking_not_found", f"no booking {booking_id}")
         return repo.as_dict(row)
+
+    async def customer_bookings(
+        self,
+        customer_id: int,
+        before: tuple[datetime, int] | None,
+        limit: int,
+        status: str | None,
+    ) -> list[Booking]:
+        """A customer's bookings, newest first, strictly after ``before`` (the
+        (created_at, id) of the previous page's last item); ``status`` is the
+        effective status (an expired HOLD is EXPIRED)."""
+        async with self.db.connection() as conn:
+            rows = await repo.customer_bookings(
+                conn, customer_id, before or FIRST_PAGE, limit, status, self.clock.now()
+            )
+        return [repo.as_dict(r) for r in rows]
+
+    def _car_of(self, car: asyncpg.Record | None, car_id: int) -> dict[str, Any]:
+        if car is None:
+            raise DomainError("car_not_found", f"no car {car_id}")
+        return repo.as_dict(car)
+
+    async def calendar(
+        self, car_id: int, start: datetime, end: datetime
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The car and what blocks it during [start, end): its live bookings whose
+        period, turnaround buffer included, overlaps the window, in time order."""
+        try:
+            domain.check_window(start, end)
+        except domain.InvalidPeriod as exc:
+            at_to = {"loc": ["query", "to"], "msg": str(exc), "type": "value_error"}
+            raise validation_error(str(exc), [at_to]) from None
+        window = domain.StoredPeriod(start, end)  # no buffer: the window itself
+        async with self.db.connection() as conn:
+            car = self._car_of(await repo.get_car(conn, car_id), car_id)
+            rows = await repo.car_calendar(conn, car_id, window, self.clock.now())
+        return car, [repo.as_dict(r) for r in rows]
+
+    async def quote(
+        self, car_id: int, start: datetime, end: datetime
+    ) -> tuple[dict[str, Any], domain.Quote, bool]:
+        """The car, what a hold of [start, end) would cost, and whether it would
+        find the car free now (the hold's own period rules: 422 for a period a
+        hold would refuse)."""
+        self.check_period(start, end)
+        now = self.clock.now()
+        period = domain.stored_period(start, end, self.config.turnaround)
+        async with self.db.connection() as conn:
+            car = self._car_of(await repo.get_car(conn, car_id), car_id)
+            free = await repo.car_is_free(conn, car_id, period, now)
+        q = domain.quote(start, end, car["daily_price"], self.config.deposit_rate)
+        return car, q, free
 
     # -- payments --------------------------------------------------------------
 
