@@ -107,7 +107,10 @@ async def test_list_newest_first_by_status_and_category_in_pages(
     r = await client.get("/api/jobs", params={"limit": 2}, headers=ADMIN)
     first = r.json()
     assert len(first["items"]) == 2 and first["next"] is not None
-    assert first["items"][0]["jobId"] >= max(ids) and first["items"][0]["jobId"] > first["items"][1]["jobId"]
+    assert (
+        first["items"][0]["jobId"] >= max(ids)
+        and first["items"][0]["jobId"] > first["items"][1]["jobId"]
+    )
 
 
 async def test_list_errors(client: httpx.AsyncClient) -> None:
@@ -390,7 +393,7 @@ async def test_patch_racing_the_executor_runs_each_job_once_and_never_at_the_old
         await asyncio.sleep(0.5)
     moved = [j for j, r, _ in answers if r.status_code == 200]
     kept = [j for j, r, _ in answers if r.status_code != 200]
-    for j, r, _ in answers:
+    for _, r, _ in answers:
         assert r.status_code in (200, 409), r.text
         if r.status_code == 409:
             assert r.json()["code"] == "not_cancellable"
