@@ -9,8 +9,11 @@
 --    exactly, but every job transition (load, claim, settle) is a non-HOT
 --    update that inserts into every full index of this table: the hot path
 --    pays per index, so the list pays a filter instead (docs/OPERATIONS.md).
-CREATE INDEX scheduled_job_status_id ON scheduled_job (status, id);
-CREATE INDEX scheduled_job_category_id ON scheduled_job (category, id);
+--    IF NOT EXISTS: on a large table an operator builds them first with
+--    CREATE INDEX CONCURRENTLY (a migration runs in a transaction, where a plain
+--    build blocks writes to the table while it runs).
+CREATE INDEX IF NOT EXISTS scheduled_job_status_id ON scheduled_job (status, id);
+CREATE INDEX IF NOT EXISTS scheduled_job_category_id ON scheduled_job (category, id);
 
 -- 2. A recurring job: a 5-field cron expression read in an IANA time zone.
 --    next_at is the next occurrence no job was created for yet (the
