@@ -131,7 +131,7 @@ Category = Annotated[
 ]
 
 
-@router.get("/jobs", response_model=JobPage, responses=PROBLEMS)
+@router.get("/jobs", response_model=JobPage, responses=problem_responses(401, 403, 422, 503))
 async def list_jobs(
     caller: Caller,
     request: Request,
