@@ -130,6 +130,12 @@ class Settings(BaseSettings):
     scheduler_reaper_timeout_s: float = Field(default=15.0, gt=0)
     scheduler_reaper_period_s: float = Field(default=2.0, gt=0)
     scheduler_redis_timeout_s: float = Field(default=5.0, gt=0)
+    # Recurring jobs: materialiser tasks per scheduler process (each pass, every
+    # loader period, creates the jobs of occurrences within the window), and how
+    # far back an occurrence missed while the service was down is still created
+    # (older ones are skipped, with a log line).
+    scheduler_materialisers: int = Field(default=1, ge=0)
+    scheduler_recurring_catchup_s: float = Field(default=3600.0, ge=0)
     scheduler_http_timeout_s: float = Field(default=10.0, gt=0)
     # Destinations `http` jobs may call although the default policy refuses them
     # (loopback, private, link-local/metadata, reserved ranges; core/egress.py):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -21,8 +21,18 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within, validate_key
-from reservo.scheduler.domain import Job
-from reservo.scheduler.schemas import HttpPayload, JobCreated, JobIn, JobOut
+from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.scheduler.domain import Job, Recurring
+from reservo.scheduler.schemas import (
+    HttpPayload,
+    JobCreated,
+    JobIn,
+    JobOut,
+    JobPage,
+    RecurringIn,
+    RecurringOut,
+    RescheduleIn,
+)
 from reservo.scheduler.service import Scheduler
 
 router = APIRouter(prefix="/api", tags=["jobs"])
@@ -38,6 +48,10 @@ def _svc(request: Request) -> Scheduler:
 
 
 def render(job: Job) -> dict[str, Any]:
+    return out(job).wire()
+
+
+def out(job: Job) -> JobOut:
     return JobOut(
         job_id=job.id,
         category=job.category,
@@ -48,7 +62,20 @@ def render(job: Job) -> dict[str, Any]:
         started_at=job.started_at,
         finished_at=job.finished_at,
         last_error=job.last_error,
-    ).wire()
+    )
+
+
+def check_payload(category: str, payload: dict[str, Any]) -> None:
+    """What the API refuses of a payload before any handler sees it: its size,
+    and the shape the ``http`` category needs."""
+    if len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
+        raise validation_error(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
+    if category == "http":
+        try:
+            HttpPayload.model_validate(payload)
+        except ValidationError as exc:
+            errors = [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
+            raise validation_error("bad payload for category http", errors) from exc
 
 
 @router.post("/jobs", status_code=201, response_model=JobCreated, responses=PROBLEMS)
@@ -58,14 +85,7 @@ async def create_job(
     caller.require("service")
     if body.run_at is not None and body.delay_ms is not None:
         raise validation_error("give runAt or delayMs, not both")
-    if len(orjson.dumps(body.payload)) > MAX_PAYLOAD_BYTES:
-        raise validation_error(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
-    if body.category == "http":
-        try:
-            HttpPayload.model_validate(body.payload)
-        except ValidationError as exc:
-            errors = [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
-            raise validation_error("bad payload for category http", errors) from exc
+    check_payload(body.category, body.payload)
     svc = _svc(request)
     store = idempotency_store(request)
     key = validate_key(idempotency_key, required=False)
@@ -103,3 +123,99 @@ async def cancel_job(
 ) -> JSONResponse:
     caller.require("service")
     return json_response(200, render(await _svc(request).cancel_job(job_id)))
+
+
+Status = Literal["SCHEDULED", "QUEUED", "RUNNING", "DONE", "FAILED", "DEAD", "CANCELLED"]
+Category = Annotated[
+    str | None, Query(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$")
+]
+
+
+@router.get("/jobs", response_model=JobPage, responses=problem_responses(401, 403, 422, 503))
+async def list_jobs(
+    caller: Caller,
+    request: Request,
+    status: Annotated[Status | None, Query(description="only jobs in this status")] = None,
+    category: Category = None,
+    limit: Limit = DEFAULT_LIMIT,
+    after: After = None,
+) -> JSONResponse:
+    """Jobs newest first (by id), optionally of one status and/or one category;
+    keyset pagination (`next` -> `after`)."""
+    caller.require("service")
+    before = decode_cursor(after, int)[0] if after is not None else None
+    jobs = await _svc(request).list_jobs(status, category, before, limit + 1)
+    items, nxt = page(jobs, limit, lambda j: j.id)
+    return json_response(200, JobPage(items=[out(j) for j in items], next=nxt).wire())
+
+
+@router.post("/jobs/{jobId}/retry", response_model=JobOut, responses=PROBLEMS)
+async def retry_job(
+    job_id: Annotated[PathId, Path(alias="jobId")], caller: Caller, request: Request
+) -> JSONResponse:
+    """A DEAD or FAILED job runs again now (`SCHEDULED`), with a fresh budget of
+    RESERVO_SCHEDULER_MAX_ATTEMPTS attempts; earlier attempts stay counted.
+    Any other status is 409 `not_retryable`."""
+    caller.require("service")
+    return json_response(200, render(await _svc(request).retry(job_id)))
+
+
+@router.patch("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
+async def reschedule_job(
+    job_id: Annotated[PathId, Path(alias="jobId")],
+    body: RescheduleIn,
+    caller: Caller,
+    request: Request,
+) -> JSONResponse:
+    """Moves a job no worker has claimed (SCHEDULED, QUEUED, or FAILED waiting
+    for its retry) to `runAt`; it runs then and not at its old time. A RUNNING
+    or finished job is 409 `not_cancellable`."""
+    caller.require("service")
+    return json_response(200, render(await _svc(request).reschedule(job_id, body.run_at)))
+
+
+def render_recurring(r: Recurring) -> dict[str, Any]:
+    return RecurringOut(
+        id=r.id, category=r.category, cron=r.cron, timezone=r.timezone, next_run_at=r.next_at
+    ).wire()
+
+
+@router.post("/recurring-jobs", status_code=201, response_model=RecurringOut, responses=PROBLEMS)
+async def create_recurring_job(
+    body: RecurringIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    """One job per occurrence of `cron` in `timezone`, created ahead of time by
+    the scheduler role. An occurrence in a skipped local hour (DST) runs once at
+    the next valid instant; one in a repeated hour runs once (its first pass).
+    A bad expression, an unknown zone or category is 422."""
+    caller.require("service")
+    check_payload(body.category, body.payload)
+    svc = _svc(request)
+    store = idempotency_store(request)
+    key = validate_key(idempotency_key, required=False)
+
+    def create(within: Within[Recurring] | None) -> Awaitable[Recurring]:
+        return svc.create_recurring(
+            body.category, body.cron, body.timezone, body.payload, body.urgency, within
+        )
+
+    raw = await request.body()
+    return await run_idempotent(
+        store, caller, "POST /api/recurring-jobs", key, raw, create, render_recurring
+    )
+
+
+@router.delete(
+    "/recurring-jobs/{id}",
+    status_code=204,
+    response_class=Response,
+    responses=problem_responses(401, 403, 404, 422, 503),
+)
+async def delete_recurring_job(
+    recurring_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+) -> Response:
+    """No occurrence after this one is created; jobs already created for
+    occurrences that have not run are cancelled (a running one finishes)."""
+    caller.require("service")
+    await _svc(request).delete_recurring(recurring_id)
+    return Response(status_code=204)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
+import zoneinfo
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
+
+from cronsim import CronSim, CronSimError
 
 from reservo.core.schemas import EARLIEST, LATEST
 
@@ -14,6 +18,11 @@ FAILED, DEAD, CANCELLED = "FAILED", "DEAD", "CANCELLED"
 STATUSES = (SCHEDULED, QUEUED, RUNNING, DONE, FAILED, DEAD, CANCELLED)
 PENDING = (SCHEDULED, QUEUED, FAILED)
 CANCELLABLE = PENDING
+# PATCH runAt: a job not claimed yet (a FAILED one waits for its retry). The
+# same set as cancel, hence the same refusal code (not_cancellable).
+RESCHEDULABLE = PENDING
+# POST /retry: what no worker will run again on its own.
+RETRYABLE = (FAILED, DEAD)
 
 CATEGORY = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
 MIN_URGENCY, MAX_URGENCY = 0, 9
@@ -38,6 +47,34 @@ class Job:
     finished_at: datetime | None = None
     last_error: str | None = None
     worker: str | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Recurring:
+    """A recurring job: ``cron`` (5 fields) read in ``timezone``; ``next_at`` is
+    the next occurrence no job exists for yet (None: none left)."""
+
+    id: int
+    category: str
+    cron: str
+    timezone: str
+    payload: dict[str, Any]
+    urgency: int
+    next_at: datetime | None
+    created_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Recurring:
+        return cls(
+            id=row["id"],
+            category=row["category"],
+            cron=row["cron"],
+            timezone=row["timezone"],
+            payload=row["payload"],
+            urgency=row["urgency"],
+            next_at=row["next_at"],
+            created_at=row["created_at"],
+        )
 
 
 class JobFailure(Exception):
@@ -82,6 +119,86 @@ def check_run_at(run_at: datetime) -> None:
             f"run_at {run_at.isoformat()} is outside the accepted range "
             f"[{EARLIEST.isoformat()}, {LATEST.isoformat()})"
         )
+
+
+# -- recurring jobs ---------------------------------------------------------------
+
+# Zone names that are IANA keys on disk but name no place: "localtime" is the
+# machine's zone (differs per host), "Factory" is a placeholder.
+_NOT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+# The longest run of local times a zone ever skipped (Samoa, 2011-12-30: a day).
+_MAX_GAP = timedelta(hours=25)
+
+
+@lru_cache(maxsize=1)
+def _zone_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones()) - _NOT_ZONES
+
+
+def parse_zone(name: str) -> zoneinfo.ZoneInfo:
+    """An IANA time zone by name; ValueError for anything else (a path, a
+    typo, an abbreviation such as "PST" that is not a zone key)."""
+    if name not in _zone_names():
+        raise ValueError(f"unknown time zone {name!r}: give an IANA name such as Europe/Paris")
+    return zoneinfo.ZoneInfo(name)
+
+
+def parse_cron(expr: str) -> str:
+    """A 5-field cron expression (minute hour day-of-month month day-of-week),
+    normalised to single spaces; ValueError when the library refuses it or when
+    it never matches (e.g. 30 February)."""
+    fields = expr.split()
+    if len(fields) != 5:
+        raise ValueError("cron needs exactly 5 fields: minute hour day-of-month month day-of-week")
+    norm = " ".join(fields)
+    try:
+        next(CronSim(norm, datetime(2000, 1, 1)))
+    except (CronSimError, StopIteration) as exc:
+        raise ValueError(f"bad cron expression {expr!r}: {exc}") from exc
+    return norm
+
+
+def local_instant(local: datetime, zone: zoneinfo.ZoneInfo) -> datetime:
+    """The UTC instant of a naive local wall time. A time the zone skipped (the
+    hour lost when clocks go forward) is the next valid instant: the first local
+    minute after it that exists. A time that happens twice (the hour repeated
+    when clocks go back) is its first pass (fold=0): it runs once."""
+    t, end = local, local + _MAX_GAP
+    while t <= end:
+        aware = t.replace(tzinfo=zone, fold=0)
+        if aware.astimezone(UTC).astimezone(zone).replace(tzinfo=None) == t:
+            return aware.astimezone(UTC)
+        t = t.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    raise ValueError(f"no valid local time in {zone.key} near {local.isoformat()}")
+
+
+def occurrences(
+    cron: str, zone: zoneinfo.ZoneInfo, after: datetime, until: datetime, limit: int
+) -> tuple[list[datetime], datetime | None]:
+    """The occurrences strictly after ``after`` and before ``until`` (at most
+    ``limit``, in UTC, strictly increasing) and the first occurrence not among
+    them (None when there is none before LATEST). Computed on local wall times,
+    then mapped to instants by ``local_instant``: the occurrences of a skipped
+    hour collapse into the one next valid instant, and the second pass of a
+    repeated hour maps to instants already passed, so each runs once."""
+    start = after.astimezone(zone).replace(tzinfo=None)
+    found: list[datetime] = []
+    last = after
+    # Wall times the cron matches; a bound on how many may map to instants
+    # already passed (a repeated hour at most 60 minutes, a skipped day 1440).
+    for n, local in enumerate(CronSim(cron, start)):
+        if local.year >= LATEST.year or n > limit + 3000:
+            return found, None
+        at = local_instant(local, zone)
+        if at >= LATEST:
+            return found, None
+        if at <= last:
+            continue
+        if at >= until or len(found) >= limit:
+            return found, at
+        found.append(at)
+        last = at
+    return found, None
 
 
 def ms(t: datetime) -> int:

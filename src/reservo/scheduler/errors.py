@@ -4,6 +4,8 @@ from __future__ import annotations
 
 ERRORS = {
     "job_not_found": 404,
+    "recurring_job_not_found": 404,
+    "not_retryable": 409,
     "unknown_category": 422,
     "destination_not_allowed": 422,
 }

@@ -5,20 +5,27 @@ from __future__ import annotations
 
 # KEYS: future, queue, known. ARGV: id1, score1, id2, score2, ...
 # Adds each id not already in this pipeline: to the queue when due by Redis'
-# clock, else to the ZSET. Returns how many were added.
+# clock, else to the ZSET. An id already waiting in the ZSET takes the new score
+# (ZADD XX): a job rescheduled or retried through the API runs at its new
+# run_at, earlier or later, not at the one it was first loaded with. An id
+# already in the queue or a processing list stays there: the claim refuses it
+# while the row's run_at is in the future and the executor loads it again.
+# Returns how many were added.
 LOAD = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local added = 0
 for i = 1, #ARGV, 2 do
+  local score = tonumber(ARGV[i + 1])
   if redis.call('SADD', KEYS[3], ARGV[i]) == 1 then
-    local score = tonumber(ARGV[i + 1])
     if score <= now then
       redis.call('LPUSH', KEYS[2], ARGV[i])
     else
       redis.call('ZADD', KEYS[1], score, ARGV[i])
     end
     added = added + 1
+  else
+    redis.call('ZADD', KEYS[1], 'XX', score, ARGV[i])
   end
 end
 return added

@@ -280,3 +280,93 @@ WITH gone AS (
     DELETE FROM job_execution WHERE job_id = ANY (ARRAY(SELECT id FROM gone)) RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS scheduled_job, (SELECT count(*) FROM runs) AS job_execution;
+
+-- name: jobs_page
+-- GET /api/jobs, newest first: a backward range scan of the primary key from
+-- the cursor ($1: the last id served, or the largest bigint for page one).
+SELECT * FROM scheduled_job WHERE id < $1 ORDER BY id DESC LIMIT $2;
+
+-- name: jobs_page_status
+-- The same for one status: index scheduled_job_status_id (status, id).
+SELECT * FROM scheduled_job WHERE status = $3 AND id < $1 ORDER BY id DESC LIMIT $2;
+
+-- name: jobs_page_category
+-- The same for one category: index scheduled_job_category_id (category, id).
+SELECT * FROM scheduled_job WHERE category = $3 AND id < $1 ORDER BY id DESC LIMIT $2;
+
+-- name: jobs_page_status_category
+-- Both filters: one of the two indexes, the other filter applied to its rows
+-- (migration 0016 says why there is no third index).
+SELECT * FROM scheduled_job
+ WHERE status = $3 AND category = $4 AND id < $1
+ ORDER BY id DESC LIMIT $2;
+
+-- name: retry
+-- POST /api/jobs/{id}/retry: DEAD or FAILED -> SCHEDULED, due now, not pushed
+-- (the loader or the dispatch after commit hands it to Redis). The attempts
+-- already made stay counted (the execution log is keyed by attempt number);
+-- the job gets a fresh budget of $3 attempts from here. Concurrent retries of
+-- one job: the row lock orders them and only the first still sees DEAD/FAILED.
+UPDATE scheduled_job
+   SET status = 'SCHEDULED', run_at = $2, max_attempts = attempts + $3,
+       revision = revision + 1, pushed = false, worker = NULL, finished_at = NULL
+ WHERE id = $1 AND status IN ('FAILED', 'DEAD')
+RETURNING *;
+
+-- name: reschedule
+-- PATCH /api/jobs/{id} {runAt}: a job no worker has claimed gets a new run_at.
+-- The claim and this statement both lock the row and test its status, so one
+-- of them wins: after a claim this matches nothing (409); after this, the
+-- claim sees the new run_at and refuses a copy of the id Redis fires at the
+-- old time. Not pushed again until the loader (or the dispatch after commit)
+-- re-scores the id in Redis. A FAILED job keeps its status (it still waits for
+-- a retry), a QUEUED one is SCHEDULED again (not in Redis at its new time yet).
+UPDATE scheduled_job
+   SET run_at = $2, revision = revision + 1, pushed = false,
+       status = CASE WHEN status = 'FAILED' THEN 'FAILED' ELSE 'SCHEDULED' END
+ WHERE id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+RETURNING *;
+
+-- name: insert_recurring
+INSERT INTO recurring_job (category, cron, timezone, payload, urgency, next_at, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING *;
+
+-- name: delete_recurring
+-- DELETE /api/recurring-jobs/{id}: waits for a materialiser holding the row, so
+-- the jobs it created are committed and visible to cancel_occurrences next.
+DELETE FROM recurring_job WHERE id = $1 RETURNING id;
+
+-- name: cancel_occurrences
+-- The occurrences of a deleted recurring job that have not run yet are
+-- cancelled with it (index uq_job_occurrence); a running one finishes.
+UPDATE scheduled_job
+   SET status = 'CANCELLED', revision = revision + 1, finished_at = $2
+ WHERE recurring_id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED');
+
+-- name: due_recurring
+-- The materialiser's work: recurring jobs whose next occurrence falls before
+-- the horizon, locked (SKIP LOCKED: two materialisers share the work instead
+-- of waiting for each other). Index recurring_job_next_at.
+SELECT * FROM recurring_job
+ WHERE next_at < $1
+ ORDER BY next_at
+ LIMIT $2
+   FOR UPDATE SKIP LOCKED;
+
+-- name: insert_occurrences
+-- One job per occurrence: the unique key (recurring_id, occurs_at) makes a
+-- second insert of an occurrence a no-op, whoever attempts it. Returns the
+-- jobs this statement created (Job's fields).
+INSERT INTO scheduled_job (category, urgency, run_at, payload, status, max_attempts,
+                           created_at, recurring_id, occurs_at)
+SELECT $2, $3, t.at, $4, 'SCHEDULED', $5, $6, $1, t.at
+  FROM unnest($7::timestamptz[]) AS t(at)
+ ORDER BY t.at
+ON CONFLICT (recurring_id, occurs_at) WHERE recurring_id IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: advance_recurring
+-- Moves the cursor past the occurrences just created; only from the value this
+-- materialiser read (a cursor never goes back).
+UPDATE recurring_job SET next_at = $3 WHERE id = $1 AND next_at = $2;

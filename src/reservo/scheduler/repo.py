@@ -9,7 +9,7 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from reservo.core.db import Queries
-from reservo.scheduler.domain import Job
+from reservo.scheduler.domain import Job, Recurring
 
 Q = Queries.load("reservo.scheduler")
 
@@ -175,3 +175,91 @@ async def cancel_by_key(conn: asyncpg.Connection, category: str, key: str, now: 
 
 async def executions(conn: asyncpg.Connection, job_id: int) -> list[Row]:
     return list(await conn.fetch(Q.executions, job_id))
+
+
+# -- lists, retry, reschedule -------------------------------------------------------
+
+# The first page's cursor: every id is below it.
+_NO_CURSOR = 2**63 - 1
+
+
+async def jobs_page(
+    conn: asyncpg.Connection,
+    status: str | None,
+    category: str | None,
+    before: int | None,
+    limit: int,
+) -> list[Job]:
+    """Newest first. One statement per filter combination, so each plan is the
+    range scan of the index made for it (a generic `$x IS NULL OR ...` plan
+    could not use them)."""
+    cursor = before if before is not None else _NO_CURSOR
+    if status is not None and category is not None:
+        rows = await conn.fetch(Q.jobs_page_status_category, cursor, limit, status, category)
+    elif status is not None:
+        rows = await conn.fetch(Q.jobs_page_status, cursor, limit, status)
+    elif category is not None:
+        rows = await conn.fetch(Q.jobs_page_category, cursor, limit, category)
+    else:
+        rows = await conn.fetch(Q.jobs_page, cursor, limit)
+    return [to_job(r) for r in rows]
+
+
+async def retry(conn: asyncpg.Connection, job_id: int, now: datetime, budget: int) -> Job | None:
+    row = await conn.fetchrow(Q.retry, job_id, now, budget)
+    return None if row is None else to_job(row)
+
+
+async def reschedule(conn: asyncpg.Connection, job_id: int, run_at: datetime) -> Job | None:
+    row = await conn.fetchrow(Q.reschedule, job_id, run_at)
+    return None if row is None else to_job(row)
+
+
+# -- recurring jobs -------------------------------------------------------------------
+
+
+async def insert_recurring(conn: asyncpg.Connection, r: Recurring, now: datetime) -> Recurring:
+    row = await conn.fetchrow(
+        Q.insert_recurring, r.category, r.cron, r.timezone, r.payload, r.urgency, r.next_at, now
+    )
+    return Recurring.from_row(row)
+
+
+async def delete_recurring(conn: asyncpg.Connection, recurring_id: int) -> bool:
+    return await conn.fetchval(Q.delete_recurring, recurring_id) is not None
+
+
+async def cancel_occurrences(conn: asyncpg.Connection, recurring_id: int, now: datetime) -> int:
+    status = await conn.execute(Q.cancel_occurrences, recurring_id, now)
+    return int(status.split()[-1])
+
+
+async def due_recurring(conn: asyncpg.Connection, horizon: datetime, limit: int) -> list[Recurring]:
+    return [Recurring.from_row(r) for r in await conn.fetch(Q.due_recurring, horizon, limit)]
+
+
+async def insert_occurrences(
+    conn: asyncpg.Connection,
+    r: Recurring,
+    instants: Sequence[datetime],
+    max_attempts: int,
+    now: datetime,
+) -> list[Job]:
+    rows = await conn.fetch(
+        Q.insert_occurrences,
+        r.id,
+        r.category,
+        r.urgency,
+        r.payload,
+        max_attempts,
+        now,
+        list(instants),
+    )
+    return [to_job(row) for row in rows]
+
+
+async def advance_recurring(
+    conn: asyncpg.Connection, recurring_id: int, old: datetime, new: datetime | None
+) -> bool:
+    status = await conn.execute(Q.advance_recurring, recurring_id, old, new)
+    return status.split()[-1] == "1"

@@ -23,7 +23,7 @@ from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.scheduler import domain, repo
 from reservo.scheduler.dispatch import Dispatch
-from reservo.scheduler.domain import Job, Keys
+from reservo.scheduler.domain import Job, Keys, Recurring
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +56,13 @@ class Config:
     heartbeat_s: float = 2.0
     reaper_timeout_s: float = 15.0
     reaper_period_s: float = 2.0
+    # Recurring jobs: materialiser tasks per process; how far back a pass still
+    # creates occurrences it missed (the service was down); recurring jobs per
+    # pass and occurrences per recurring job per pass.
+    materialisers: int = 1
+    recurring_catchup_s: float = 3600.0
+    recurring_batch: int = 100
+    recurring_per_pass: int = 1000
 
 
 class Scheduler:
@@ -226,6 +233,136 @@ class Scheduler:
         raise DomainError(
             "not_cancellable", f"job {job_id} is {current.status} and can no longer be cancelled"
         )
+
+    async def list_jobs(
+        self, status: str | None, category: str | None, before: int | None, limit: int
+    ) -> list[Job]:
+        async with self.db.connection() as conn:
+            return await repo.jobs_page(conn, status, category, before, limit)
+
+    async def retry(self, job_id: int) -> Job:
+        """DEAD/FAILED -> SCHEDULED, due now, with a fresh budget of attempts."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            job = await repo.retry(conn, job_id, now, self.config.max_attempts)
+        if job is None:
+            current = await self.get(job_id)
+            raise DomainError(
+                "not_retryable",
+                f"job {job_id} is {current.status}: only DEAD or FAILED jobs can be retried",
+            )
+        await self.dispatch([job])
+        return job
+
+    async def reschedule(self, job_id: int, run_at: datetime) -> Job:
+        """A new run_at for a job no worker has claimed (SCHEDULED, QUEUED, or
+        FAILED waiting for its retry). A past run_at is due now."""
+        now = self.clock.now()
+        try:
+            when = domain.resolve_run_at(now, run_at, None)
+        except ValueError as exc:
+            raise DomainError("validation_error", str(exc)) from exc
+        async with self.db.transaction() as conn:
+            job = await repo.reschedule(conn, job_id, when)
+        if job is None:
+            current = await self.get(job_id)
+            raise DomainError(
+                "not_cancellable",
+                f"job {job_id} is {current.status}: it is running or finished",
+            )
+        # Re-scores the id if Redis holds it at its old time (LOAD's ZADD XX).
+        await self.dispatch([job])
+        return job
+
+    # -- recurring jobs ------------------------------------------------------------
+
+    async def create_recurring(
+        self,
+        category: str,
+        cron: str,
+        timezone: str,
+        payload: dict[str, Any],
+        urgency: int,
+        within: Within[Recurring] | None = None,
+    ) -> Recurring:
+        """Validates the expression and the zone and stores the recurring job
+        with its first occurrence after now; the materialiser creates the jobs."""
+        if category not in self.handlers:
+            raise DomainError("unknown_category", f"no handler for category {category!r}")
+        check = self.checks.get(category)
+        if check is not None:
+            check(payload)
+        try:
+            expr = domain.parse_cron(cron)
+            zone = domain.parse_zone(timezone)
+        except ValueError as exc:
+            raise DomainError("validation_error", str(exc)) from exc
+        now = self.clock.now()
+        _, first = domain.occurrences(expr, zone, now, now, 0)
+        if first is None:
+            raise DomainError("validation_error", "the cron expression has no occurrence left")
+        draft = Recurring(0, category, expr, timezone, payload, urgency, first)
+        async with self.db.transaction() as conn:
+            rec = await repo.insert_recurring(conn, draft, now)
+            if within is not None:
+                await within(conn, rec)
+        return rec
+
+    async def delete_recurring(self, recurring_id: int) -> int:
+        """Stops future occurrences and cancels the jobs already created for
+        occurrences that have not run. Returns how many were cancelled."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            if not await repo.delete_recurring(conn, recurring_id):
+                raise DomainError("recurring_job_not_found", f"no recurring job {recurring_id}")
+            return await repo.cancel_occurrences(conn, recurring_id, now)
+
+    async def materialise(self) -> tuple[int, list[Job]]:
+        """One pass: for each recurring job whose next occurrence falls within
+        the window, creates the jobs of its occurrences before the horizon and
+        moves its cursor past them, in one transaction. Safe with any number of
+        concurrent passes: rows are locked (SKIP LOCKED), and the unique key
+        (recurring_id, occurs_at) refuses a second job for one occurrence anyway.
+        Returns how many recurring jobs it handled and the jobs it created."""
+        cfg = self.config
+        now = self.clock.now()
+        horizon = now + timedelta(seconds=cfg.window_s)
+        oldest = now - timedelta(seconds=cfg.recurring_catchup_s)
+        created: list[Job] = []
+        async with self.db.transaction() as conn:
+            due = await repo.due_recurring(conn, horizon, cfg.recurring_batch)
+            for rec in due:
+                assert rec.next_at is not None
+                try:
+                    zone = domain.parse_zone(rec.timezone)
+                except ValueError as exc:
+                    # A zone the installed tz database no longer has: parked
+                    # (no next occurrence) rather than failing every pass.
+                    log.error("scheduler_recurring_parked", recurring_id=rec.id, error=str(exc))
+                    await repo.advance_recurring(conn, rec.id, rec.next_at, None)
+                    continue
+                # next_at itself is an occurrence: start just before it.
+                after = rec.next_at - timedelta(microseconds=1)
+                if rec.next_at < oldest:
+                    # Down for longer than the catch-up window: what is older
+                    # than it is not run late any more.
+                    log.warning(
+                        "scheduler_recurring_skipped",
+                        recurring_id=rec.id,
+                        missed_from=rec.next_at.isoformat(),
+                        resumed_at=oldest.isoformat(),
+                    )
+                    after = oldest
+                instants, nxt = domain.occurrences(
+                    rec.cron, zone, after, horizon, cfg.recurring_per_pass
+                )
+                if instants:
+                    created += await repo.insert_occurrences(
+                        conn, rec, instants, cfg.max_attempts, now
+                    )
+                await repo.advance_recurring(conn, rec.id, rec.next_at, nxt)
+        await self.dispatch(created)
+        return len(due), created
 
     async def executions(self, job_id: int) -> list[dict[str, Any]]:
         async with self.db.connection() as conn:

@@ -41,6 +41,8 @@ def config_from(settings: Settings) -> Config:
         heartbeat_s=settings.scheduler_heartbeat_s,
         reaper_timeout_s=settings.scheduler_reaper_timeout_s,
         reaper_period_s=settings.scheduler_reaper_period_s,
+        materialisers=settings.scheduler_materialisers,
+        recurring_catchup_s=settings.scheduler_recurring_catchup_s,
     )
 
 

@@ -420,6 +420,20 @@ class Executor:
         return None
 
 
+class Materialiser:
+    """Creates the jobs of recurring jobs' occurrences ahead of time (within the
+    window), every loader period. Any number may run: see Scheduler.materialise."""
+
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+
+    async def step(self) -> float:
+        handled, _ = await self.s.materialise()
+        if handled >= self.s.config.recurring_batch:
+            return 0.0  # more may be due right now
+        return self.s.config.loader_period_s
+
+
 def _forever(
     stop: asyncio.Event, name: str, step: Callable[[], Awaitable[float]]
 ) -> Awaitable[None]:
@@ -431,7 +445,8 @@ def _forever(
 
 
 async def run(s: Scheduler, stop: asyncio.Event) -> None:
-    """Loader, mover, reaper and executors of one process, until ``stop``."""
+    """Loader, mover, reaper, executors and recurring-job materialiser of one
+    process, until ``stop``."""
     cfg = s.config
     tasks: list[Awaitable[None]] = []
     movers = [Mover(s) for _ in range(cfg.movers)]
@@ -443,6 +458,8 @@ async def run(s: Scheduler, stop: asyncio.Event) -> None:
         tasks.append(_forever(stop, "mover", m.step))
     for _ in range(cfg.reapers):
         tasks.append(_forever(stop, "reaper", Reaper(s).step))
+    for _ in range(cfg.materialisers):
+        tasks.append(_forever(stop, "materialiser", Materialiser(s).step))
     for e in executors:
         tasks.append(_forever(stop, "heartbeat", e.heartbeat))
         tasks.append(_forever(stop, "executor", e.step))
