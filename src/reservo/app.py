@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from reservo import __version__
 from reservo.bootstrap import Container
 from reservo.core import metrics
+from reservo.core.auth import TokenVerifier
 from reservo.core.http import install_body_limit, install_error_handlers, install_metrics
 
 
@@ -34,6 +35,9 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     app.state.container = container
     app.state.clock = container.clock
     app.state.jwt_secret = container.settings.jwt_secret
+    app.state.tokens = TokenVerifier(
+        container.settings.jwt_secret, container.settings.token_cache_size
+    )
     app.state.idempotency = container.idempotency
     for module in container.modules:  # what each module's routes read
         for name, value in module.state.items():
