@@ -103,6 +103,10 @@ class Settings(BaseSettings):
     appointments_booking_rate_limit: int = 5
     appointments_booking_rate_window_s: int = 10
     appointments_slots_cache_ttl_s: int = 3
+    # Per-API-process copy of a slot list in front of Redis (0 turns it off): how
+    # long another process may keep showing a list after a booking changed it.
+    # Never longer than the Redis TTL above after the list's database read.
+    appointments_slots_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
     appointments_full_mark_ttl_s: int = 30
     appointments_max_schedule_days: int = 92
 

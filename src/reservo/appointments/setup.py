@@ -30,6 +30,7 @@ def setup(shared: Shared) -> Appointments:
             booking_rate_limit=s.appointments_booking_rate_limit,
             booking_rate_window_s=s.appointments_booking_rate_window_s,
             slots_cache_ttl_s=s.appointments_slots_cache_ttl_s,
+            slots_local_ttl_s=s.appointments_slots_local_ttl_s,
             full_mark_ttl_s=s.appointments_full_mark_ttl_s,
             key_memory_s=s.idempotency_retention_hours * HOUR_S,
         ),
