@@ -14,6 +14,7 @@ from reservo.bootstrap import Container
 from reservo.core import metrics
 from reservo.core.auth import TokenVerifier
 from reservo.core.http import install_body_limit, install_error_handlers, install_metrics
+from reservo.core.lean import LeanLayer
 
 
 def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
@@ -43,6 +44,15 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         for name, value in module.state.items():
             setattr(app.state, name, value)
     install_error_handlers(app)
+    # Innermost of the three: the body limit and the metrics see lean answers too.
+    lean = [route for module in container.modules for route in module.lean]
+    if lean and container.settings.lean_paths:
+        app.add_middleware(
+            LeanLayer,
+            routes=lean,
+            fastapi_app=app,
+            max_body_bytes=container.settings.max_body_bytes,
+        )
     # Added before the metrics middleware so it runs inside it: 413s are counted.
     install_body_limit(app, container.settings.max_body_bytes)
     install_metrics(app)

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     # Verified tokens remembered per API process (by their exact text, until their
     # exp) so a caller's next request skips the ~30 us decode; 0 turns it off.
     token_cache_size: int = Field(default=10_000, ge=0, le=1_000_000)
+    # Serve the hottest routes' common requests without FastAPI's per-request work
+    # (core/lean.py); same answers. False serves everything through FastAPI.
+    lean_paths: bool = True
     payments_webhook_secret: str = "dev-payments-secret"
     results_webhook_secret: str = "dev-results-secret"
     webhook_tolerance_s: int = 300

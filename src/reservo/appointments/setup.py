@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reservo.appointments import events
-from reservo.appointments.api import router
+from reservo.appointments.api import LEAN_ROUTES, router
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
 from reservo.appointments.service import REMINDER_JOB, AppointmentService, Limits
 from reservo.core.module import JobKind, Module
@@ -40,6 +40,7 @@ def setup(shared: Shared) -> Appointments:
         name="appointments",
         service=service,
         routers=[router],
+        lean=LEAN_ROUTES,
         jobs=[JobKind(REMINDER_JOB, service.remind)],
         errors=ERRORS,
         constraints=CONSTRAINTS,
