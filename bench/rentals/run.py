@@ -163,6 +163,10 @@ def main() -> int:
     out["database"] = db
     out["logged_errors"] = errors[:5]
     print(json.dumps(out, indent=2))
+    print(
+        f"search {s.rate:,.0f} req/s (p99 {s.p99_ms:.1f} ms), holds {h.rate:,.0f}/s "
+        f"(p99 {h.p99_ms:.1f} ms), overlapping active bookings {db['overlaps']}"
+    )
     if ceiling is not None:
         print(ceiling.describe(s.rate, "search"))
         print(f"holds {h.rate:,.0f}/s, ratio {ceiling.ratio(h.rate):.2f} of the same ceiling")
