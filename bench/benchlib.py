@@ -562,6 +562,80 @@ def run_wrk(
     )
 
 
+# --- the framework ceiling ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """A bare FastAPI hello on the same server stack and worker count, measured by
+    the same wrk settings right after the run it is compared with."""
+
+    workers: int
+    threads: int
+    connections: int
+    per_s: float
+    p99_ms: float
+    load_avg: float  # 1-minute load average just before it was measured
+
+    def ratio(self, rate: float) -> float:
+        return rate / self.per_s if self.per_s else float("nan")
+
+    def describe(self, rate: float, what: str = "") -> str:
+        label = f" {what}" if what else ""
+        return (
+            f"ceiling (bare FastAPI hello, {self.workers} uvicorn workers, uvloop+httptools, "
+            f"wrk -t{self.threads} -c{self.connections}): {self.per_s:,.0f} req/s, "
+            f"p99 {self.p99_ms:.1f} ms; ratio{label} {self.ratio(rate):.2f}; "
+            f"load avg {self.load_avg:.2f}"
+        )
+
+
+def hello_ceiling(workers: int, threads: int, connections: int, duration_s: float) -> Ceiling:
+    """Start `uvicorn hello_app:app` as `reservo api` starts its server (same loop,
+    parser, worker count), drive it with wrk, stop it."""
+    port = free_port()
+    load = os.getloadavg()[0]
+    cmd = [
+        sys.executable, "-m", "uvicorn", "hello_app:app", "--app-dir", str(BENCH_DIR),
+        "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+        "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("the hello ceiling server exited")
+            with contextlib.suppress(OSError):
+                if all(http_get(f"{base}/hello")[0] == 200 for _ in range(20)):
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the hello ceiling server did not start")
+            time.sleep(0.2)
+        time.sleep(0.5 if workers > 1 else 0.1)  # every worker up
+        res = run_wrk(BENCH_DIR / "hello.lua", base, threads, connections, duration_s, [])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return Ceiling(workers, threads, connections, res.rate, res.p99_ms, load)
+
+
+def add_ceiling_option(parser: Any) -> None:
+    parser.add_argument(
+        "--ceiling-duration",
+        type=float,
+        default=5,
+        help="seconds of the bare-hello ceiling measured after each run (0: skip)",
+    )
+
+
 # --- py-spy -------------------------------------------------------------------
 
 
@@ -731,25 +805,37 @@ def sweep(
     bench: str,
     run_one: Callable[[int, int, int, Path | None], Any],
     describe: Callable[[Any], str],
-) -> tuple[list[tuple[int, int, int]], list[Any]]:
+    rate: Callable[[Any], float],
+) -> tuple[list[tuple[int, int, int]], list[Any], list[Ceiling | None]]:
     """Run every (workers, threads, connections) configuration ``opts.runs`` times,
     printing each run, appending it to ``opts.json`` when given, and summarising the
-    py-spy profile taken on the first run. Returns the configurations and results."""
+    py-spy profile taken on the first run. After each run the hello ceiling of the
+    same configuration is measured and the run's ``rate`` printed as a ratio of it.
+    Returns the configurations, results and ceilings (parallel to the results)."""
     configs = list(
         itertools.product(
             parse_ints(opts.workers), parse_ints(opts.threads), parse_ints(opts.connections)
         )
     )
     results: list[Any] = []
+    ceilings: list[Ceiling | None] = []
     for run in range(opts.runs):
         for i, (w, t, c) in enumerate(configs):
             prof = opts.profile if (run == 0 and i == 0) else None
             r = run_one(w, t, c, prof)
             results.append(r)
             print(f"[run {run + 1}/{opts.runs}] {describe(r)}", flush=True)
+            ceiling = None
+            if getattr(opts, "ceiling_duration", 0) > 0:
+                ceiling = hello_ceiling(w, t, c, opts.ceiling_duration)
+                print(f"  {ceiling.describe(rate(r))}", flush=True)
+            ceilings.append(ceiling)
             if opts.json:
                 with opts.json.open("a") as f:
                     record: dict[str, Any] = {"bench": bench, **dataclasses.asdict(r)}
+                    if ceiling is not None:
+                        record["ceiling"] = dataclasses.asdict(ceiling)
+                        record["ceiling_ratio"] = ceiling.ratio(rate(r))
                     record["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
                     record["duration_s"] = opts.duration
                     record["reservo_src"] = reservo_source()
@@ -757,7 +843,34 @@ def sweep(
     if opts.profile and opts.profile.exists():
         print(f"\npy-spy profile of one API worker ({opts.profile}):")
         print(summarize_profile(opts.profile))
-    return configs, results
+    return configs, results, ceilings
+
+
+def ceiling_summary(
+    configs: Sequence[tuple[int, int, int]],
+    results: Sequence[Any],
+    ceilings: Sequence[Ceiling | None],
+    rate: Callable[[Any], float],
+    unit: str,
+) -> None:
+    """Medians of the figure, of the ceilings measured in this invocation and of
+    the per-run ratios, per configuration."""
+    print("\nvs the framework ceiling (bare FastAPI hello, same invocation), medians:")
+    print(f"workers  wrk          {unit:>12}  ceiling req/s  ratio   load avg")
+    for w, t, c in configs:
+        pairs = [
+            (r, k)
+            for r, k in zip(results, ceilings, strict=True)
+            if (r.workers, r.threads, r.connections) == (w, t, c) and k is not None
+        ]
+        if not pairs:
+            continue
+        print(
+            f"{w:>7}  -t{t} -c{c:<4} {median([rate(r) for r, _ in pairs]):>12,.0f}  "
+            f"{median([k.per_s for _, k in pairs]):>13,.0f}  "
+            f"{median([k.ratio(rate(r)) for r, k in pairs]):>5.2f}   "
+            f"{', '.join(f'{k.load_avg:.1f}' for _, k in pairs)}"
+        )
 
 
 def finish(failures: list[str], drop_db: bool, ok: str) -> int:

@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--doctors", type=int, default=2000)
     p.add_argument("--days", type=int, default=14)
     p.add_argument("--fresh", action="store_true", help="reload the slots even if present")
+    benchlib.add_ceiling_option(p)
     p.add_argument("--json", type=Path, help="append every run's figures to this file")
     p.add_argument("--drop-db", action="store_true", help="drop the database at the end")
     opts = p.parse_args(argv)
@@ -266,11 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"minted {2 * opts.patients:,} patient tokens in {time.perf_counter() - started:.1f} s")
 
-    configs, results = benchlib.sweep(
+    configs, results, ceilings = benchlib.sweep(
         opts,
         "booking_storm",
         lambda w, t, c, prof: one_run(ds, opts, w, t, c, files, prof),
         describe,
+        lambda r: r.attempts_per_s,
     )
 
     print(f"\nmedians over {opts.runs} run(s) of {opts.duration:.0f} s:")
@@ -294,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  {med([r.cpu['cpu_ms_per_req_reservo'] for r in rs]):>18.2f}"
             f"  {med([r.cpu['rate_if_machine_were_ours'] for r in rs]):>12,.0f}"
         )
+
+    benchlib.ceiling_summary(configs, results, ceilings, lambda r: r.attempts_per_s, "attempts/s")
 
     failures = [f"{r.workers}w/-c{r.connections}: {f}" for r in results for f in r.failures]
     return benchlib.finish(

@@ -98,7 +98,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--search-connections", type=int, default=64)
     ap.add_argument("--hold-connections", type=int, default=32)
+    benchlib.add_ceiling_option(ap)
     a = ap.parse_args()
+    print(f"machine: {benchlib.machine()}")
+    print(f"reservo code under test: {benchlib.reservo_source()}")
 
     first_car, load_s = asyncio.run(load())
     benchlib.clear_redis_namespace()
@@ -132,6 +135,11 @@ def main() -> int:
         )
         errors = r.error_lines()
     db = asyncio.run(check())
+    ceiling = None
+    if a.ceiling_duration > 0:  # same workers, wrk threads and connections as the search
+        ceiling = benchlib.hello_ceiling(
+            a.workers, a.threads, a.search_connections, a.ceiling_duration
+        )
     for name, w in (("search", s), ("holds", h)):
         out[name] = {
             "req_per_s": round(w.rate),
@@ -144,9 +152,24 @@ def main() -> int:
             "socket_errors": w.socket_errors,
             "wrk_cpu_s": round(w.wrk_cpu_s, 1),
         }
+    if ceiling is not None:
+        out["ceiling"] = {
+            "hello_req_per_s": round(ceiling.per_s),
+            "p99_ms": round(ceiling.p99_ms, 2),
+            "load_avg_before": round(ceiling.load_avg, 2),
+            "search_ratio": round(ceiling.ratio(s.rate), 3),
+            "holds_ratio": round(ceiling.ratio(h.rate), 3),
+        }
     out["database"] = db
     out["logged_errors"] = errors[:5]
     print(json.dumps(out, indent=2))
+    print(
+        f"search {s.rate:,.0f} req/s (p99 {s.p99_ms:.1f} ms), holds {h.rate:,.0f}/s "
+        f"(p99 {h.p99_ms:.1f} ms), overlapping active bookings {db['overlaps']}"
+    )
+    if ceiling is not None:
+        print(ceiling.describe(s.rate, "search"))
+        print(f"holds {h.rate:,.0f}/s, ratio {ceiling.ratio(h.rate):.2f} of the same ceiling")
     bad = (
         db["overlaps"] != 0
         or any(k.startswith("5") for w in (s, h) for k in w.statuses)

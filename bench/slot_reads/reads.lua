@@ -2,6 +2,9 @@
 -- doctor and a random date of the loaded range, as a random patient.
 -- Arguments (after `--`): <patients file: "id jwt" per line> <first doctor id>
 --                         <last doctor id> <dates, comma-separated YYYY-MM-DD>
+--                         [mix: "uniform" (default) or "skewed"]
+-- "skewed" is the realistic mix: 80 % of the reads on the next 3 dates of the
+-- 10 % most popular doctors, the rest uniform over everything.
 -- Prints one "WRK_JSON {...}" line: statuses, latency percentiles.
 
 local threads = {}
@@ -24,13 +27,22 @@ function init(args)
   for d in args[4]:gmatch("[%d-]+") do
     dates[#dates + 1] = d
   end
+  skewed = args[5] == "skewed"
+  popular_last = first_doctor + math.max(0, math.floor((last_doctor - first_doctor + 1) / 10) - 1)
   math.randomseed(os.time() * 7919 + tid * 104729)
   statuses = {}
 end
 
 function request()
-  local path = "/api/doctors/" .. math.random(first_doctor, last_doctor)
-    .. "/slots?date=" .. dates[math.random(#dates)]
+  local doctor, date
+  if skewed and math.random() < 0.8 then
+    doctor = math.random(first_doctor, popular_last)
+    date = dates[math.random(math.min(3, #dates))]
+  else
+    doctor = math.random(first_doctor, last_doctor)
+    date = dates[math.random(#dates)]
+  end
+  local path = "/api/doctors/" .. doctor .. "/slots?date=" .. date
   return wrk.format("GET", path, { ["Authorization"] = auths[math.random(#auths)] })
 end
 

@@ -6,6 +6,7 @@ a 3 s TTL, so most reads go to PostgreSQL.
 
     python bench/slot_reads/run.py --duration 30
     python bench/slot_reads/run.py --duration 10 --workers 1,2,3 --connections 64,128,256
+    python bench/slot_reads/run.py --duration 30 --mix skewed   # realistic popularity
 
 Exits 1 on any 5xx, socket error, or a read that found no slot.
 """
@@ -62,7 +63,7 @@ def one_run(
 ) -> RunResult:
     benchlib.clear_redis_namespace()  # every run starts from the same cold cache
     days = [ds.first_day + timedelta(days=i) for i in range(ds.days)]
-    args = [str(patients), "1", str(ds.doctors), ",".join(d.isoformat() for d in days)]
+    args = [str(patients), "1", str(ds.doctors), ",".join(d.isoformat() for d in days), opts.mix]
     env = {"RESERVO_DB_POOL_MAX": str(opts.pool_max)} if opts.pool_max else {}
     script = HERE / "reads.lua"
     with benchlib.Reservo(workers, env) as rv:
@@ -116,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=1, help="runs per configuration (median)")
     p.add_argument("--patients", type=int, default=5000, help="distinct patient tokens")
     p.add_argument("--warmup", type=float, default=3, help="seconds of warm-up reads")
+    p.add_argument(
+        "--mix",
+        choices=("uniform", "skewed"),
+        default="uniform",
+        help="uniform: every doctor-day alike (the cache's worst case); skewed: 80%% of "
+        "the reads on the next 3 days of the 10%% most popular doctors",
+    )
     p.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
     # 10 per process: enough for 2 cores, and 3 API processes + the worker at the
     # default 20 would crowd a shared server's max_connections = 100.
@@ -123,13 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--doctors", type=int, default=2000)
     p.add_argument("--days", type=int, default=14)
     p.add_argument("--fresh", action="store_true", help="reload the slots even if present")
+    benchlib.add_ceiling_option(p)
     p.add_argument("--json", type=Path, help="append every run's figures to this file")
     p.add_argument("--drop-db", action="store_true", help="drop the database at the end")
     opts = p.parse_args(argv)
     benchlib.stop_cleanly_on_signals()
 
     print(f"machine: {benchlib.machine()}")
-    print(f"reservo code under test: {benchlib.reservo_source()}")
+    print(f"reservo code under test: {benchlib.reservo_source()}; mix {opts.mix}")
     ds = benchlib.run_async(benchlib.ensure_dataset(opts.doctors, opts.days, 40, opts.fresh))
     how = f"loaded in {ds.loaded_in_s:.1f} s" if ds.loaded_in_s else "reused"
     print(
@@ -139,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="reservo-reads-"))
     patients = benchlib.mint_patients(tmp / "patients.txt", 1_000_000, opts.patients)
 
-    configs, results = benchlib.sweep(
+    configs, results, ceilings = benchlib.sweep(
         opts,
         "slot_reads",
         lambda w, t, c, prof: one_run(ds, opts, w, t, c, patients, prof),
         describe,
+        lambda r: r.reads_per_s,
     )
 
     print(f"\nmedians over {opts.runs} run(s) of {opts.duration:.0f} s:")
@@ -160,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{bad:>7}  {med([r.cpu['cpu_ms_per_req_reservo'] for r in rs]):>18.2f}"
             f"  {med([r.cpu['rate_if_machine_were_ours'] for r in rs]):>12,.0f}"
         )
+
+    benchlib.ceiling_summary(configs, results, ceilings, lambda r: r.reads_per_s, "reads/s")
 
     failures = [f"{r.workers}w/-c{r.connections}: {f}" for r in results for f in r.failures]
     return benchlib.finish(

@@ -12,7 +12,9 @@ from fastapi.responses import JSONResponse, Response
 from reservo import __version__
 from reservo.bootstrap import Container
 from reservo.core import metrics
+from reservo.core.auth import TokenVerifier
 from reservo.core.http import install_body_limit, install_error_handlers, install_metrics
+from reservo.core.lean import LeanLayer
 
 
 def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
@@ -34,11 +36,23 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     app.state.container = container
     app.state.clock = container.clock
     app.state.jwt_secret = container.settings.jwt_secret
+    app.state.tokens = TokenVerifier(
+        container.settings.jwt_secret, container.settings.token_cache_size
+    )
     app.state.idempotency = container.idempotency
     for module in container.modules:  # what each module's routes read
         for name, value in module.state.items():
             setattr(app.state, name, value)
     install_error_handlers(app)
+    # Innermost of the three: the body limit and the metrics see lean answers too.
+    lean = [route for module in container.modules for route in module.lean]
+    if lean and container.settings.lean_paths:
+        app.add_middleware(
+            LeanLayer,
+            routes=lean,
+            fastapi_app=app,
+            max_body_bytes=container.settings.max_body_bytes,
+        )
     # Added before the metrics middleware so it runs inside it: 413s are counted.
     install_body_limit(app, container.settings.max_body_bytes)
     install_metrics(app)

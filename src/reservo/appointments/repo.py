@@ -39,6 +39,14 @@ async def available_slots(
     return list(await conn.fetch(Q.list_available_slots, doctor_id, start, end, now))
 
 
+async def available_slots_json(
+    conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime, now: datetime
+) -> tuple[bytes, datetime | None]:
+    row = await conn.fetchrow(Q.available_slots_json, doctor_id, start, end, now)
+    assert row is not None  # an aggregate always answers one row
+    return row["body"].encode(), row["first_start"]
+
+
 async def book(
     conn: asyncpg.Connection, slot_id: int, patient_id: int, now: datetime
 ) -> Row | None:

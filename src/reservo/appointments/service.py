@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import asyncpg
+import orjson
+import structlog
 
 from reservo.appointments import domain, events, repo
-from reservo.appointments.domain import Appointment, OpenSlot
+from reservo.appointments.domain import Appointment
 from reservo.core import metrics
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock
@@ -22,6 +23,8 @@ from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
 from reservo.scheduler import Job, Scheduler
+
+log = structlog.get_logger(__name__)
 
 # A reminder job runs this long before the slot starts (skipped when booked later).
 REMINDER_JOB = "appointments.reminder"
@@ -33,10 +36,35 @@ class Limits:
     booking_rate_limit: int = 5
     booking_rate_window_s: int = 10
     slots_cache_ttl_s: int = 3
+    # Per-process copy of a slot list in front of Redis (0: none). A list is never
+    # older than slots_cache_ttl_s after its database read either way; this bounds
+    # how long another API process keeps showing it after a booking changed it.
+    slots_local_ttl_s: float = 1.0
+    slots_local_max_entries: int = 4096
     full_mark_ttl_s: int = 30
     # How long Redis remembers that an Idempotency-Key reached the database: as
     # long as the database keeps the key itself.
     key_memory_s: int = 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class SlotList:
+    """A cached slot list: its JSON bytes, and its earliest start so a list
+    whose slots are all still ahead is served as is (no parse, no dump)."""
+
+    body: bytes
+    first_start: str  # the earliest startAt (ISO, UTC), "" for an empty list
+
+    @classmethod
+    def parse(cls, raw: bytes) -> SlotList:
+        wire = orjson.loads(raw)
+        return cls(raw, min((s["startAt"] for s in wire), default=""))
+
+    def body_after(self, now_iso: str) -> bytes:
+        """The list without the slots that started by ``now_iso``."""
+        if not self.first_start or self.first_start > now_iso:
+            return self.body
+        return orjson.dumps([s for s in orjson.loads(self.body) if s["startAt"] > now_iso])
 
 
 def _slots_key(doctor_id: int, day: date) -> str:
@@ -66,6 +94,7 @@ class AppointmentService:
         self.scheduler = scheduler
         self.limits = limits
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
+        self._slot_lists = cache.local(limits.slots_local_ttl_s, limits.slots_local_max_entries)
 
     # -- doctors and schedules -------------------------------------------------
 
@@ -97,24 +126,34 @@ class AppointmentService:
         await self.cache.delete(*(_slots_key(doctor_id, d) for d in days))
         return created, len(slots) - created
 
-    async def list_slots(
-        self, doctor_id: int, day: date, shape: Callable[[OpenSlot], dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """Future slots of a local date with room left, each as ``shape`` makes it
-        (the API's wire form, cached as is); may be a few seconds stale."""
+    async def list_slots(self, doctor_id: int, day: date) -> bytes:
+        """The JSON list of a local date's future slots with room left, in the
+        API's wire form (SlotOut, built by PostgreSQL); may be up to
+        ``slots_cache_ttl_s`` stale. Served from the per-process copy, else Redis,
+        else PostgreSQL, and cached as bytes at each layer."""
         key = _slots_key(doctor_id, day)
-        cached = await self.cache.get_json(key)
-        now = self.clock.now()
-        if cached is None:
+
+        async def fill() -> tuple[SlotList, float]:
+            raw, life_s = await self.cache.get_bytes(key)
+            if raw is not None:
+                try:
+                    return SlotList.parse(raw), life_s
+                except orjson.JSONDecodeError:
+                    log.warning("cache.corrupt_entry", key=key)  # a miss, not an outage
             async with self.db.connection() as conn:
                 tz = await self._zone(conn, doctor_id)
                 start, end = domain.day_bounds(day, tz)
-                rows = await repo.available_slots(conn, doctor_id, start, end, now)
-            cached = [shape(OpenSlot.from_row(r)) for r in rows]
-            await self.cache.set_json(key, cached, self.limits.slots_cache_ttl_s)
-        now_iso = now.isoformat()
+                body, first = await repo.available_slots_json(
+                    conn, doctor_id, start, end, self.clock.now()
+                )
+            fresh = SlotList(body, first.isoformat() if first is not None else "")
+            ttl = self.limits.slots_cache_ttl_s
+            await self.cache.set_bytes(key, fresh.body, ttl)
+            return fresh, float(ttl)
+
+        listed: SlotList = await self._slot_lists.get(key, fill)
         # The cache may hold slots that started since it was filled.
-        return [s for s in cached if s["startAt"] > now_iso]
+        return listed.body_after(self.clock.now().isoformat())
 
     # -- booking ---------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reservo.appointments import events
-from reservo.appointments.api import router
+from reservo.appointments.api import LEAN_ROUTES, router
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
 from reservo.appointments.service import REMINDER_JOB, AppointmentService, Limits
 from reservo.core.module import JobKind, Module
@@ -30,6 +30,7 @@ def setup(shared: Shared) -> Appointments:
             booking_rate_limit=s.appointments_booking_rate_limit,
             booking_rate_window_s=s.appointments_booking_rate_window_s,
             slots_cache_ttl_s=s.appointments_slots_cache_ttl_s,
+            slots_local_ttl_s=s.appointments_slots_local_ttl_s,
             full_mark_ttl_s=s.appointments_full_mark_ttl_s,
             key_memory_s=s.idempotency_retention_hours * HOUR_S,
         ),
@@ -39,6 +40,7 @@ def setup(shared: Shared) -> Appointments:
         name="appointments",
         service=service,
         routers=[router],
+        lean=LEAN_ROUTES,
         jobs=[JobKind(REMINDER_JOB, service.remind)],
         errors=ERRORS,
         constraints=CONSTRAINTS,

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reservo.core import metrics
-from reservo.core.auth import Principal, decode_token
+from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.clock import Clock
 from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Within, validate_key
@@ -225,9 +225,9 @@ async def current_principal(
 ) -> Principal:
     # async on purpose: a sync dependency would be run in the thread pool, a thread
     # hop per request for a few microseconds of HMAC.
-    secret: str = request.app.state.jwt_secret
+    tokens: TokenVerifier = request.app.state.tokens
     clock: Clock = request.app.state.clock
-    return decode_token(secret, authorization, clock.now())
+    return tokens.principal(authorization, clock.now())
 
 
 Caller = Annotated[Principal, Depends(current_principal)]

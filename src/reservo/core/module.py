@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from reservo.core.lean import LeanRoute
 from reservo.core.notify import Notification
 from reservo.core.transport.base import BatchHandler, Event, Handler
 
@@ -55,6 +56,8 @@ class JobKind:
 class Module:
     name: str
     routers: Sequence[APIRouter] = ()
+    # Lean paths for some of those routes' hottest requests (core/lean.py).
+    lean: Sequence[LeanRoute] = ()
     consumes: Sequence[Consumes] = ()
     jobs: Sequence[JobKind] = ()
     roles: Mapping[str, Role] = field(default_factory=dict)

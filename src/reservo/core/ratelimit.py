@@ -33,6 +33,21 @@ if count == 1 or ttl < 0 then
 end
 return {count, ttl}
 """
+# The same hit, then EXISTS of every further key (KEYS[2..n]): the booking gate's
+# rate limit and its marks in one command. Returns {count, pttl_ms, e2, ..., en}.
+_HIT_CHECK_LUA = """
+local count = redis.call('INCR', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+if count == 1 or ttl < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  ttl = tonumber(ARGV[1])
+end
+local out = {count, ttl}
+for i = 2, #KEYS do
+  out[i + 1] = redis.call('EXISTS', KEYS[i])
+end
+return out
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +85,7 @@ class RateLimiter:
         self.gate = gate
         self.namespace = namespace
         self.script: AsyncScript = gate.client.register_script(_HIT_LUA)
+        self.check_script: AsyncScript = gate.client.register_script(_HIT_CHECK_LUA)
 
     async def hit(self, scope: str, subject: str | int, limit: int, window_s: int) -> Decision:
         """Record one hit and say whether it is within ``limit`` per ``window_s``."""

@@ -1,0 +1,240 @@
+"""The lean path (core/lean.py) answers exactly as the FastAPI routes it stands in
+for: each scenario runs against an app with the lean path and one without
+(RESERVO_LEAN_PATHS=false), on fresh slots of their own, and the answers must
+match in status, body (ids aside) and headers.
+
+In the lean app FastAPI's own authentication is replaced by one that fails the
+test, so a request the lean path was meant to take cannot quietly have gone to
+FastAPI instead."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import date, timedelta
+from typing import Annotated, Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Header, Request
+
+from reservo.app import create_app
+from reservo.bootstrap import build
+from reservo.core.auth import Principal
+from reservo.core.clock import OffsetClock
+from reservo.core.http import current_principal
+from reservo.core.lean import LeanLayer
+from reservo.settings import Settings
+from tests.conftest import auth, new_id
+from tests.helpers import ADMIN, make_slots
+
+Scenario = Callable[[httpx.AsyncClient], Awaitable[list[httpx.Response]]]
+ID_FIELDS = ("id", "slotId", "doctorId", "patientId", "startAt", "endAt", "createdAt")
+
+
+async def _not_for_lean_routes(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    """FastAPI's authentication, except on the routes the lean path serves."""
+    lean = (request.method, request.url.path) == ("POST", "/api/appointments") or (
+        request.method == "GET" and request.url.path.endswith("/slots")
+    )
+    if lean:
+        raise AssertionError("the lean path should have answered this request")
+    return await current_principal(request, authorization)
+
+
+@asynccontextmanager
+async def _app(settings: Settings, *, lean: bool, strict: bool) -> AsyncIterator[httpx.AsyncClient]:
+    container = build(settings.model_copy(update={"lean_paths": lean}), OffsetClock())
+    app = create_app(container)
+    if strict:
+        app.dependency_overrides[current_principal] = _not_for_lean_routes
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+            yield c
+    finally:
+        await container.close()
+
+
+def _shape(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
+    """Status, body with the ids of the scenario's own data masked, and headers."""
+    body: Any = r.json() if r.content else None
+
+    def mask(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: ("<id>" if k in ID_FIELDS else mask(x)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [mask(x) for x in v]
+        return v
+
+    headers = dict(r.headers)
+    # Ids of the two runs may differ in length: the length must be the body's.
+    assert int(headers.pop("content-length")) == len(r.content)
+    return r.status_code, mask(body), headers
+
+
+async def _fresh(client: httpx.AsyncClient, capacity: int = 1) -> tuple[int, str, list[int]]:
+    doctor, slots = await make_slots(client, capacity=capacity, days_ahead=3)
+    return doctor, slots[0]["startAt"][:10], [s["id"] for s in slots]
+
+
+def _book(slot: int, patient: int, key: str | None = "fresh", **extra: Any) -> dict[str, Any]:
+    headers = dict(auth("patient", patient))
+    if key is not None:
+        headers["Idempotency-Key"] = str(uuid.uuid4()) if key == "fresh" else key
+    return {
+        "url": "/api/appointments",
+        "json": {"slotId": slot, "patientId": patient},
+        "headers": headers,
+        **extra,
+    }
+
+
+async def s_list(c: httpx.AsyncClient) -> list[httpx.Response]:
+    doctor, day, _ = await _fresh(c)
+    url = f"/api/doctors/{doctor}/slots"
+    patient = auth("patient", new_id())
+    empty = (date.today() + timedelta(days=40)).isoformat()
+    return [
+        await c.get(url, params={"date": day}, headers=patient),
+        await c.get(url, params={"date": day}, headers=ADMIN),  # cached now
+        await c.get(url, params={"date": empty}, headers=patient),
+        await c.get("/api/doctors/4611686018427387904/slots", params={"date": day}, headers=ADMIN),
+    ]
+
+
+async def s_book_and_refusals(c: httpx.AsyncClient) -> list[httpx.Response]:
+    _, _, slots = await _fresh(c)
+    first, second, other = new_id(), new_id(), new_id()
+    key = f"k-{uuid.uuid4()}"
+    out = [await c.post(**_book(slots[0], first, key))]  # 201
+    out.append(await c.post(**_book(slots[0], first, key)))  # replayed 200
+    out.append(await c.post(**_book(slots[0], second)))  # 409 slot_full (database, then mark)
+    out.append(await c.post(**_book(slots[0], second)))  # 409 slot_full (Redis gate)
+    out.append(await c.post(**_book(slots[1], first)))  # 201, another slot
+    out.append(await c.post(**_book(slots[1], first)))  # 409 already_booked
+    out.append(await c.post(**_book(4611686018427387904, other)))  # 404 slot_not_found
+    out.append(  # 422 the same key with another body
+        await c.post(
+            "/api/appointments",
+            json={"slotId": slots[2], "patientId": first},
+            headers={**auth("patient", first), "Idempotency-Key": key},
+        )
+    )
+    return out
+
+
+async def s_forbidden_and_key(c: httpx.AsyncClient) -> list[httpx.Response]:
+    _, _, slots = await _fresh(c)
+    patient = new_id()
+    someone = {**auth("patient", new_id()), "Idempotency-Key": "x"}
+    return [
+        # 403: booking for another patient
+        await c.post(
+            "/api/appointments", json={"slotId": slots[0], "patientId": patient}, headers=someone
+        ),
+        # 201: an admin may book for anyone
+        await c.post(
+            "/api/appointments",
+            json={"slotId": slots[0], "patientId": patient},
+            headers={**ADMIN, "Idempotency-Key": str(uuid.uuid4())},
+        ),
+        # 400: no key, empty key, a key with a space
+        await c.post(**_book(slots[0], patient, None)),
+        await c.post(**_book(slots[0], patient, "")),
+        await c.post(**_book(slots[0], patient, "a b")),
+    ]
+
+
+async def s_rate_limited(c: httpx.AsyncClient) -> list[httpx.Response]:
+    _, _, slots = await _fresh(c, capacity=100)
+    patient = new_id()
+    out = []
+    for i in range(7):  # 5 per 10 s: the 6th and 7th are 429 with Retry-After
+        out.append(await c.post(**_book(slots[i % len(slots)], patient)))
+    return out
+
+
+STRICT: dict[str, Scenario] = {
+    "list": s_list,
+    "book": s_book_and_refusals,
+    "forbidden-and-key": s_forbidden_and_key,
+    "rate-limited": s_rate_limited,
+}
+
+
+async def s_delegated(c: httpx.AsyncClient) -> list[httpx.Response]:
+    """Requests outside the lean shape: FastAPI answers them (401, 422, 413...)."""
+    _, day, slots = await _fresh(c)
+    patient = new_id()
+    good = {**auth("patient", patient), "Idempotency-Key": "d"}
+    url = "/api/appointments"
+    return [
+        await c.post(url, json={"slotId": slots[0], "patientId": patient}),  # 401
+        await c.post(
+            url,
+            json={"slotId": slots[0], "patientId": patient},
+            headers={"Authorization": "Bearer nope", "Idempotency-Key": "d"},
+        ),
+        await c.post(
+            url, json={"slotId": str(slots[0]), "patientId": patient}, headers=good
+        ),  # 422
+        await c.post(url, json={"slotId": True, "patientId": patient}, headers=good),
+        await c.post(url, json={"slotId": slots[0], "patientId": patient, "x": 1}, headers=good),
+        await c.post(url, json={"slot_id": slots[0], "patient_id": patient}, headers=good),
+        await c.post(url, json={"slotId": 0, "patientId": patient}, headers=good),
+        await c.post(url, json={"slotId": 2**63, "patientId": patient}, headers=good),
+        await c.post(url, json=[1, 2], headers=good),
+        await c.post(
+            url, content=b'{"slotId": NaN}', headers={**good, "Content-Type": "application/json"}
+        ),
+        await c.post(url, content=b"not json", headers={**good, "Content-Type": "text/plain"}),
+        await c.post(url, content=b"x" * 2_000_000, headers=good),  # 413
+        await c.get("/api/doctors/0/slots", params={"date": day}, headers=ADMIN),  # 422
+        await c.get("/api/doctors/007/slots", params={"date": day}, headers=ADMIN),
+        await c.get("/api/doctors/1/slots", params={"date": "1999-12-31"}, headers=ADMIN),
+        await c.get("/api/doctors/1/slots", params={"date": "2026-02-30"}, headers=ADMIN),
+        await c.get("/api/doctors/1/slots", headers=ADMIN),
+        await c.get("/api/doctors/1/slots", params={"date": day}),  # 401
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(STRICT))
+async def test_the_lean_path_answers_as_fastapi(base_settings: Settings, name: str) -> None:
+    scenario = STRICT[name]
+    async with _app(base_settings, lean=True, strict=True) as c:
+        lean = [_shape(r) for r in await scenario(c)]
+    async with _app(base_settings, lean=False, strict=False) as c:
+        plain = [_shape(r) for r in await scenario(c)]
+    assert lean == plain
+    statuses = {s for s, _, _ in lean}
+    assert statuses  # the scenario answered something
+    if name == "rate-limited":
+        assert [s for s, _, _ in lean][-2:] == [429, 429]
+        assert all("retry-after" in h for _, _, h in lean[5:])
+    if name == "book":
+        assert [s for s, _, _ in lean] == [201, 200, 409, 409, 201, 409, 404, 422]
+
+
+async def test_requests_outside_the_lean_shape_get_fastapis_answer(
+    base_settings: Settings,
+) -> None:
+    async with _app(base_settings, lean=True, strict=False) as c:
+        lean = [_shape(r) for r in await s_delegated(c)]
+    async with _app(base_settings, lean=False, strict=False) as c:
+        plain = [_shape(r) for r in await s_delegated(c)]
+    assert lean == plain
+    assert {s for s, _, _ in lean} >= {401, 413, 422}
+
+
+async def test_a_lean_route_must_stand_for_a_fastapi_route() -> None:
+    async def handler(_: Any) -> None:
+        return None
+
+    from reservo.core.lean import LeanRoute
+
+    with pytest.raises(ValueError, match="has no FastAPI route"):
+        LeanLayer(FastAPI(), [LeanRoute("GET", "/nowhere/{id}", handler)], FastAPI(), 1000)

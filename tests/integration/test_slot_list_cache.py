@@ -1,0 +1,222 @@
+"""The slot list's layers: PostgreSQL writes the JSON (it must be the wire form the
+Python shaping wrote), a per-process copy sits in front of Redis (never older
+than the Redis TTL after its database read, dropped on a local change, one fill
+per key at a time), and a full slot leaves every process's list within the
+documented staleness."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from reservo.app import create_app
+from reservo.appointments.domain import OpenSlot
+from reservo.appointments.service import _slots_key
+from reservo.bootstrap import Container, build
+from reservo.core.cache import LocalCache
+from reservo.core.clock import OffsetClock
+from reservo.settings import Settings
+from tests.conftest import auth, new_id
+from tests.helpers import ADMIN, key, make_doctor, make_slots
+
+
+def _wire(s: OpenSlot) -> dict[str, Any]:
+    """The wire form the Python code wrote before PostgreSQL did (SlotOut)."""
+    return {
+        "id": s.id,
+        "doctorId": s.doctor_id,
+        "startAt": s.start_at.isoformat(),
+        "endAt": s.end_at.isoformat(),
+        "capacity": s.capacity,
+        "bookedCount": s.booked_count,
+        "available": s.capacity - s.booked_count,
+    }
+
+
+async def test_postgres_writes_the_wire_form_byte_for_byte(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    doctor = await make_doctor(client, "Asia/Kathmandu")  # +05:45: no whole-hour offset
+    day = datetime.now(UTC).date() + timedelta(days=5)
+    base = datetime(day.year, day.month, day.day, 3, 0, tzinfo=UTC)
+    starts = [
+        base,
+        base + timedelta(minutes=15, microseconds=120),
+        base + timedelta(hours=1, seconds=7),
+    ]
+    for i, s in enumerate(starts):
+        await db.execute(
+            "INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, booked_count)"
+            " VALUES ($1, $2, $3, $4, $5)",
+            doctor,
+            s,
+            s + timedelta(minutes=10, microseconds=999_999 if i == 1 else 0),
+            3,
+            i,
+        )
+    r = await client.get(
+        f"/api/doctors/{doctor}/slots", params={"date": day.isoformat()}, headers=ADMIN
+    )
+    assert r.status_code == 200
+    rows = await db.fetch(
+        "SELECT id, doctor_id, start_at, end_at, capacity, booked_count FROM time_slot"
+        " WHERE doctor_id = $1 ORDER BY start_at",
+        doctor,
+    )
+    assert r.content == orjson.dumps([_wire(OpenSlot.from_row(row)) for row in rows])
+    assert [s["startAt"] for s in r.json()][1].endswith(".000120+00:00")
+
+
+@asynccontextmanager
+async def _second_process(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """Another API process: its own container (own per-process caches), same
+    PostgreSQL and Redis."""
+    container = build(settings, OffsetClock())
+    try:
+        transport = httpx.ASGITransport(app=create_app(container))
+        async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+            yield c
+    finally:
+        await container.close()
+
+
+async def test_a_full_slot_leaves_another_process_list_within_the_local_ttl(
+    client: httpx.AsyncClient, base_settings: Settings
+) -> None:
+    settings = base_settings.model_copy(update={"appointments_slots_local_ttl_s": 0.5})
+    doctor, slots = await make_slots(client, capacity=1)
+    day = slots[0]["startAt"][:10]
+    url, target = f"/api/doctors/{doctor}/slots", slots[0]["id"]
+    async with _second_process(settings) as other:
+        listed = await other.get(url, params={"date": day}, headers=ADMIN)
+        assert target in [s["id"] for s in listed.json()]  # now in its own cache
+        patient = new_id()
+        r = await client.post(
+            "/api/appointments",
+            json={"slotId": target, "patientId": patient},
+            headers={**auth("patient", patient), **key()},
+        )
+        assert r.status_code == 201
+        # This process dropped its copy at once.
+        mine = await client.get(url, params={"date": day}, headers=ADMIN)
+        assert target not in [s["id"] for s in mine.json()]
+        # The other one shows it at most until its copy expires (0.5 s here).
+        started = asyncio.get_running_loop().time()
+        while target in [
+            s["id"] for s in (await other.get(url, params={"date": day}, headers=ADMIN)).json()
+        ]:
+            assert asyncio.get_running_loop().time() - started < 0.5 + 0.3
+            await asyncio.sleep(0.05)
+
+
+async def test_a_local_copy_never_outlives_the_redis_entry_it_came_from(
+    client: httpx.AsyncClient, container: Container
+) -> None:
+    doctor, slots = await make_slots(client, capacity=1)
+    day = slots[0]["startAt"][:10]
+    # Redis holds the list for 0.3 s more: a copy taken now must go with it,
+    # even though the per-process TTL (1 s) is longer.
+    k = _slots_key(doctor, datetime.fromisoformat(day).date())
+    await container.cache.set_bytes(k, b"[]", 0.3)
+    svc = container.appointments
+    svc._slot_lists.invalidate(k)
+    assert await svc.list_slots(doctor, datetime.fromisoformat(day).date()) == b"[]"
+    await asyncio.sleep(0.4)
+    fresh = await svc.list_slots(doctor, datetime.fromisoformat(day).date())
+    assert [s["id"] for s in orjson.loads(fresh)] == [s["id"] for s in slots]
+
+
+async def test_one_fill_per_key_at_a_time() -> None:
+    cache: LocalCache[int] = LocalCache(10.0)
+    calls = 0
+    gate = asyncio.Event()
+
+    async def fill() -> tuple[int, float]:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        return 42, 10.0
+
+    waiters = [asyncio.create_task(cache.get("k", fill)) for _ in range(20)]
+    await asyncio.sleep(0.01)
+    gate.set()
+    assert await asyncio.gather(*waiters) == [42] * 20
+    assert calls == 1
+    assert await cache.get("k", fill) == 42 and calls == 1  # served from the entry
+
+
+async def test_a_failed_fill_reaches_every_waiter_and_is_not_kept() -> None:
+    cache: LocalCache[int] = LocalCache(10.0)
+    gate = asyncio.Event()
+
+    async def boom() -> tuple[int, float]:
+        await gate.wait()
+        raise RuntimeError("database away")
+
+    waiters = [asyncio.create_task(cache.get("k", boom)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    gate.set()
+    results = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert len(cache) == 0
+
+
+async def test_an_invalidation_during_a_fill_keeps_nothing() -> None:
+    cache: LocalCache[int] = LocalCache(10.0)
+    gate = asyncio.Event()
+
+    async def fill() -> tuple[int, float]:
+        await gate.wait()
+        return 1, 10.0
+
+    task = asyncio.create_task(cache.get("k", fill))
+    await asyncio.sleep(0.01)
+    cache.invalidate("k")  # a change committed while the fill was reading
+    gate.set()
+    assert await task == 1
+    assert cache.peek("k") is None
+
+
+async def test_entries_expire_and_the_size_is_bounded() -> None:
+    now = [0.0]
+    cache: LocalCache[str] = LocalCache(1.0, max_entries=3, clock=lambda: now[0])
+
+    def filler(v: str, life: float = 5.0) -> Any:
+        async def fill() -> tuple[str, float]:
+            return v, life
+
+        return fill
+
+    for k in "abcd":
+        assert await cache.get(k, filler(k)) == k
+    assert len(cache) == 3 and cache.peek("a") is None  # the oldest went
+    now[0] = 0.99
+    assert cache.peek("b") == "b"
+    now[0] = 1.0  # min(ttl 1 s, life 5 s)
+    assert cache.peek("b") is None
+    await cache.get("short", filler("s", 0.2))
+    now[0] = 1.21
+    assert cache.peek("short") is None
+    await cache.get("gone", filler("g", 0.0))  # no life left: returned, not kept
+    assert cache.peek("gone") is None
+
+
+@pytest.mark.parametrize("ttl", [0.0])
+async def test_a_zero_ttl_keeps_nothing(ttl: float) -> None:
+    cache: LocalCache[int] = LocalCache(ttl)
+    calls = 0
+
+    async def fill() -> tuple[int, float]:
+        nonlocal calls
+        calls += 1
+        return calls, 10.0
+
+    assert [await cache.get("k", fill) for _ in range(3)] == [1, 2, 3]
