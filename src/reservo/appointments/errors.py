@@ -10,6 +10,7 @@ ERRORS = {
     "already_booked": 409,
     "patient_busy": 409,
     "slot_in_past": 409,
+    "slot_not_open": 409,
 }
 
 CONSTRAINTS = {

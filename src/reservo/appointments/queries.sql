@@ -8,24 +8,27 @@ RETURNING id, name, timezone, specialty;
 SELECT id, name, timezone, specialty FROM doctor WHERE id = $1;
 
 -- name: insert_slots
--- Existing (doctor, start) pairs are skipped, so a schedule can be re-run.
-INSERT INTO time_slot (doctor_id, start_at, end_at, capacity)
-SELECT $1, s, e, $4 FROM unnest($2::timestamptz[], $3::timestamptz[]) AS t(s, e)
-ON CONFLICT ON CONSTRAINT uq_doctor_start DO NOTHING;
+-- A slot that exists, or overlaps one of the doctor's slots (ex_doctor_slot_overlap),
+-- is skipped: a schedule can be re-run, and a second schedule never interleaves.
+INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at)
+SELECT $1, s, e, $4, o
+  FROM unnest($2::timestamptz[], $3::timestamptz[], $5::timestamptz[]) AS t(s, e, o)
+ON CONFLICT DO NOTHING;
 
 -- name: list_available_slots
 SELECT id, doctor_id, start_at, end_at, capacity, booked_count
   FROM time_slot
  WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4
-   AND booked_count < capacity
+   AND booked_count < capacity AND opens_at <= $4
  ORDER BY start_at;
 
 -- name: book
 -- Check and write in one statement: the row lock makes a concurrent booking wait
--- and re-evaluate booked_count < capacity against the committed value.
+-- and re-evaluate booked_count < capacity against the committed value. The
+-- booking window is the stored opens_at (set when the slot was generated).
 WITH slot AS (
     UPDATE time_slot SET booked_count = booked_count + 1
-     WHERE id = $1 AND booked_count < capacity AND start_at > $3
+     WHERE id = $1 AND booked_count < capacity AND start_at > $3 AND opens_at <= $3
     RETURNING id, doctor_id, start_at, end_at, capacity, booked_count
 )
 INSERT INTO appointment (slot_id, patient_id, status, period, created_at)
@@ -37,7 +40,7 @@ RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
 
 -- name: slot_state
 -- Only used to explain a refusal after the conditional update said no.
-SELECT s.start_at, s.capacity, s.booked_count,
+SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
        EXISTS (SELECT 1 FROM appointment a
                 WHERE a.slot_id = s.id AND a.patient_id = $2 AND a.status = 'BOOKED') AS mine
   FROM time_slot s WHERE s.id = $1;

@@ -28,8 +28,9 @@ async def insert_slots(
     starts: list[datetime],
     ends: list[datetime],
     capacity: int,
+    opens: list[datetime],
 ) -> int:
-    status = await conn.execute(Q.insert_slots, doctor_id, starts, ends, capacity)
+    status = await conn.execute(Q.insert_slots, doctor_id, starts, ends, capacity, opens)
     return int(status.split()[-1])
 
 

@@ -61,10 +61,12 @@ class AppointmentService:
         limiter: RateLimiter,
         limits: Limits = Limits(),
         scheduler: Scheduler | None = None,
+        window: domain.Window = domain.Window(),
     ) -> None:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
         self.scheduler = scheduler
         self.limits = limits
+        self.window = window
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
 
     # -- doctors and schedules -------------------------------------------------
@@ -85,17 +87,30 @@ class AppointmentService:
     async def create_schedule(self, doctor_id: int, rule: domain.ScheduleRule) -> tuple[int, int]:
         async with self.db.transaction() as conn:
             tz = await self._zone(conn, doctor_id)
-            slots = domain.expand(rule, tz)
-            created = await repo.insert_slots(
-                conn,
-                doctor_id,
-                [s.start_at for s in slots],
-                [s.end_at for s in slots],
-                rule.capacity,
-            )
-        days = {domain.local_date(s.start_at, tz) for s in slots}
-        await self.cache.delete(*(_slots_key(doctor_id, d) for d in days))
+            created, slots = await self._generate(conn, doctor_id, tz, rule)
+        await self._forget_days(doctor_id, tz, slots)
         return created, len(slots) - created
+
+    async def _generate(
+        self, conn: asyncpg.Connection, doctor_id: int, tz: ZoneInfo, rule: domain.ScheduleRule
+    ) -> tuple[int, list[domain.Slot]]:
+        """Insert the rule's slots; one that exists or overlaps another slot of the
+        doctor is skipped (the database decides, ex_doctor_slot_overlap)."""
+        slots = domain.expand(rule, tz)
+        created = await repo.insert_slots(
+            conn,
+            doctor_id,
+            [s.start_at for s in slots],
+            [s.end_at for s in slots],
+            rule.capacity,
+            [domain.opens_at(s.start_at, tz, self.window) for s in slots],
+        )
+        return created, slots
+
+    async def _forget_days(self, doctor_id: int, tz: ZoneInfo, slots: list[domain.Slot]) -> None:
+        days = {domain.local_date(s.start_at, tz) for s in slots}
+        if days:
+            await self.cache.delete(*(_slots_key(doctor_id, d) for d in days))
 
     async def list_slots(
         self, doctor_id: int, day: date, shape: Callable[[OpenSlot], dict[str, Any]]
@@ -196,6 +211,9 @@ class AppointmentService:
             code, detail = "already_booked", "you already hold a booking in this slot"
         elif state["start_at"] <= now:
             code, detail = "slot_in_past", "this slot has already started"
+        elif state["opens_at"] > now:
+            code = "slot_not_open"
+            detail = f"this slot opens for booking at {state['opens_at'].isoformat()}"
         else:
             code, detail = "slot_full", "this slot has no capacity left"
         metrics.CONFLICTS.labels("appointments", code, "database").inc()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from reservo.appointments import events
 from reservo.appointments.api import router
+from reservo.appointments.domain import Window
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
 from reservo.appointments.service import REMINDER_JOB, AppointmentService, Limits
 from reservo.core.module import JobKind, Module
@@ -34,6 +35,7 @@ def setup(shared: Shared) -> Appointments:
             key_memory_s=s.idempotency_retention_hours * HOUR_S,
         ),
         scheduler=shared.scheduler,
+        window=Window(s.appointments_horizon_days, s.appointments_opening_time),
     )
     return Appointments(
         name="appointments",
