@@ -26,6 +26,8 @@ class Appointment:
     start_at: datetime
     end_at: datetime
     created_at: datetime
+    # Set on the appointment a reschedule created: the one it replaced.
+    rescheduled_from: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Appointment:

@@ -8,7 +8,13 @@ from reservo.appointments import events
 from reservo.appointments.api import router
 from reservo.appointments.domain import Window
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
-from reservo.appointments.service import REMINDER_JOB, AppointmentService, Limits
+from reservo.appointments.service import (
+    REMINDER_JOB,
+    SCHEDULE_BATCH,
+    AppointmentService,
+    Limits,
+)
+from reservo.core.loops import run_every
 from reservo.core.module import JobKind, Module
 from reservo.shared import Shared
 
@@ -42,6 +48,17 @@ def setup(shared: Shared) -> Appointments:
         service=service,
         routers=[router],
         jobs=[JobKind(REMINDER_JOB, service.remind)],
+        # Keeps repeating schedules generated up to the horizon, every day, without
+        # anyone calling again (idempotent; any number of workers may run it).
+        roles={
+            "appointments": lambda stop: run_every(
+                stop,
+                s.appointments_schedule_interval_s,
+                "appointments_schedules",
+                service.extend_schedules,
+                again=lambda extended: extended >= SCHEDULE_BATCH,
+            )
+        },
         errors=ERRORS,
         constraints=CONSTRAINTS,
         notifications={topic: events.notifications for topic in events.TOPICS},
