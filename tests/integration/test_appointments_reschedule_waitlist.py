@@ -372,7 +372,8 @@ async def test_racing_cancels_give_each_freed_seat_to_exactly_one_waiting_patien
         """SELECT count(*) FROM appointment WHERE slot_id = $1 AND status = 'BOOKED'""", slot
     ) == len(now_booked)
     left = await db.fetchval(
-        "SELECT coalesce(array_agg(patient_id ORDER BY id), '{}') FROM waitlist_entry WHERE slot_id = $1",
+        """SELECT coalesce(array_agg(patient_id ORDER BY id), '{}')
+             FROM waitlist_entry WHERE slot_id = $1""",
         slot,
     )
     assert left == line[cancels:]
