@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
@@ -14,11 +15,12 @@ import httpx
 import orjson
 import pytest
 
-from reservo.bootstrap import Container
+from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.notifications import NotificationConsumer
 from reservo.core.notify import HttpChannel, SmtpChannel
 from reservo.core.transport.base import Event
+from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN, book, make_doctor, make_slots
 from tests.integration.test_appointments_errors import problem
@@ -246,3 +248,30 @@ async def test_an_omitted_to_is_not_bounded_by_92_days_but_the_rest_is_checked(
         json={"from": "2030-01-01", "weekdays": [1], "startTime": "09:00", "endTime": "10:00"},
     )
     problem(r, 404, "doctor_not_found")
+
+
+# -- the demo data ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
+    c = build(base_settings.model_copy(update={"database_url": fresh_database_url}), OffsetClock())
+    yield c
+    await c.close()
+
+
+async def test_the_demo_shows_a_repeating_schedule_and_a_waitlist(own: Container) -> None:
+    from reservo import demo
+
+    await demo.load(own)
+    await demo.load(own)  # idempotent
+    async with own.db.connection() as conn:
+        schedules = await conn.fetch(
+            "SELECT d.name FROM doctor_schedule s JOIN doctor d ON d.id = s.doctor_id"
+        )
+        waiting = await conn.fetch(
+            """SELECT w.patient_id, s.capacity, s.booked_count FROM waitlist_entry w
+                 JOIN time_slot s ON s.id = w.slot_id"""
+        )
+    assert [r["name"] for r in schedules] == [demo.REPEATING]
+    assert [tuple(r) for r in waiting] == [(demo.WAITING_PATIENT, 1, 1)]
