@@ -401,3 +401,27 @@ async def test_joins_racing_cancels_never_leave_a_seat_free_with_someone_waiting
     (row,) = await assert_slot_invariant(db, [slot])
     in_line = await db.fetchval("SELECT count(*) FROM waitlist_entry WHERE slot_id = $1", slot)
     assert in_line == 0 or row["booked_count"] == row["capacity"]
+
+
+async def test_joining_a_waitlist_with_an_idempotency_key_replays_on_retry(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    _, slots = await make_slots(client, capacity=1)
+    slot = slots[0]["id"]
+    assert (await book(client, slot, new_id())).status_code == 201
+    patient = new_id()
+    headers = {**auth("patient", patient), "Idempotency-Key": f"wait-{patient}"}
+    first = await wait(client, slot, patient, headers)
+    assert first.status_code == 201, first.text
+    again = await wait(client, slot, patient, headers)
+    assert again.status_code == 200 and again.json() == first.json()
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM waitlist_entry WHERE slot_id = $1 AND patient_id = $2",
+            slot,
+            patient,
+        )
+        == 1
+    )
+    bad = {**headers, "Idempotency-Key": "\x7f"}
+    problem(await wait(client, slot, patient, bad), 400, "idempotency_key_required")

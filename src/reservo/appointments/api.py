@@ -41,7 +41,7 @@ from reservo.core.http import (
     required_key,
     run_idempotent,
 )
-from reservo.core.idempotency import Within
+from reservo.core.idempotency import Within, validate_key
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
 
@@ -293,16 +293,26 @@ async def join_waitlist(
     body: WaitlistIn,
     caller: Caller,
     request: Request,
+    idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
     """Wait for a seat of a full slot. When a seat frees (a cancel, a reschedule
     away), the first waiting patient still free then is booked in the same
     transaction and notified; a patient busy by then is skipped and told. 409
-    `slot_available` while the slot has room (book it instead). Joining twice is
-    409 `already_waiting`, so a retry creates nothing twice."""
+    `slot_available` while the slot has room (book it instead). Idempotency-Key
+    optional: a retry with it replays the answer (200); without it, joining twice
+    is 409 `already_waiting`."""
     caller.require_owner("patient", body.patient_id)
-    w = await _svc(request).join_waitlist(slot_id, body.patient_id)
-    out = WaitlistOut(slot_id=w.slot_id, patient_id=w.patient_id, position=w.position)
-    return json_response(201, out.wire())
+    key = validate_key(idempotency_key, required=False)
+    svc, store, raw = _svc(request), idempotency_store(request), await request.body()
+
+    async def join_once(within: Within[domain.Waiting] | None) -> domain.Waiting:
+        return await svc.join_waitlist(slot_id, body.patient_id, within)
+
+    def render_waiting(w: domain.Waiting) -> dict[str, Any]:
+        return WaitlistOut(slot_id=w.slot_id, patient_id=w.patient_id, position=w.position).wire()
+
+    endpoint = f"POST /api/slots/{slot_id}/waitlist"
+    return await run_idempotent(store, caller, endpoint, key, raw, join_once, render_waiting)
 
 
 @router.delete(

@@ -417,14 +417,19 @@ class AppointmentService:
 
     # -- second release: waitlist -------------------------------------------------
 
-    async def join_waitlist(self, slot_id: int, patient_id: int) -> domain.Waiting:
+    async def join_waitlist(
+        self, slot_id: int, patient_id: int, within: Within[domain.Waiting] | None = None
+    ) -> domain.Waiting:
         now = self.clock.now()
         async with self.db.transaction() as conn:
             row = await repo.join_waitlist(conn, slot_id, patient_id, now)
             if row is None:
                 raise await self._waitlist_refusal(conn, slot_id, patient_id, now)
             position = await repo.waitlist_position(conn, slot_id, row["id"])
-        return domain.Waiting(slot_id, patient_id, position)
+            waiting = domain.Waiting(slot_id, patient_id, position)
+            if within is not None:
+                await within(conn, waiting)
+        return waiting
 
     async def _waitlist_refusal(
         self, conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any
