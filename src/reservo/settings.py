@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import time
 from pathlib import Path
 from typing import Literal
 
@@ -112,6 +113,14 @@ class Settings(BaseSettings):
     appointments_slots_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
     appointments_full_mark_ttl_s: int = 30
     appointments_max_schedule_days: int = 92
+    # The booking window: a slot opens at this local time (the doctor's zone) of
+    # the day HORIZON_DAYS before its date; repeating schedules are kept generated
+    # up to today + HORIZON_DAYS. Stored per slot when it is generated.
+    appointments_horizon_days: int = Field(default=14, ge=1, le=366)
+    appointments_opening_time: time = time(7, 0)
+    # How often a worker's "appointments" role extends repeating schedules
+    # (idempotent; any number of workers may run it).
+    appointments_schedule_interval_s: float = Field(default=600.0, gt=0)
 
     # Scheduler (delayed jobs): only jobs due within the window live in Redis.
     scheduler_window_s: float = Field(default=300.0, gt=0)

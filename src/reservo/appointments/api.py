@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 import re
-from datetime import date
-from typing import Annotated, Any
+from datetime import date, datetime
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse
-from starlette.responses import Response
+from fastapi.responses import JSONResponse, Response
 
+from reservo.appointments import domain
 from reservo.appointments.domain import Appointment, ScheduleRule
 from reservo.appointments.schemas import (
+    Agenda,
+    AgendaAppointment,
+    AgendaSlot,
     AppointmentIn,
     AppointmentOut,
+    AppointmentPage,
+    ContactIn,
+    ContactOut,
     Doctor,
     DoctorIn,
+    RepeatingScheduleOut,
+    RescheduledOut,
+    RescheduleIn,
     ScheduleIn,
     ScheduleOut,
     SlotOut,
+    WaitlistIn,
+    WaitlistOut,
 )
 from reservo.appointments.service import AppointmentService
 from reservo.core.auth import Principal
-from reservo.core.errors import DomainError
+from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -32,8 +43,9 @@ from reservo.core.http import (
     required_key,
     run_idempotent,
 )
-from reservo.core.idempotency import IdempotencyStore, Within
+from reservo.core.idempotency import IdempotencyStore, Within, validate_key
 from reservo.core.lean import LeanRequest, LeanRoute, json_bytes
+from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
 
 router = APIRouter(prefix="/api", tags=["appointments"])
@@ -66,7 +78,10 @@ async def create_doctor(body: DoctorIn, caller: Caller, request: Request) -> JSO
 
 
 @router.post(
-    "/doctors/{doctorId}/schedules", status_code=201, response_model=ScheduleOut, responses=PROBLEMS
+    "/doctors/{doctorId}/schedules",
+    status_code=201,
+    response_model=ScheduleOut | RepeatingScheduleOut,
+    responses=PROBLEMS,
 )
 async def create_schedule(
     doctor_id: Annotated[PathId, Path(alias="doctorId")],
@@ -75,15 +90,25 @@ async def create_schedule(
     request: Request,
 ) -> JSONResponse:
     caller.require_owner("doctor", doctor_id)
+    """Slots of the doctor's local working hours. Without `to` the schedule repeats:
+    its slots are generated now up to the booking horizon and kept generated, day
+    after day, by the `appointments` worker role. A slot that exists or overlaps
+    another slot of the doctor is skipped (counted in `skipped`)."""
     rule = ScheduleRule(
         body.from_,
-        body.to,
+        body.to or body.from_,
         frozenset(body.weekdays),
         body.start_time,
         body.end_time,
         body.slot_minutes,
         body.capacity,
     )
+    if body.to is None:
+        schedule_id, created, skipped = await _svc(request).create_repeating_schedule(
+            doctor_id, rule
+        )
+        out = RepeatingScheduleOut(created=created, skipped=skipped, schedule_id=schedule_id)
+        return json_response(201, out.wire())
     created, skipped = await _svc(request).create_schedule(doctor_id, rule)
     return json_response(201, ScheduleOut(created=created, skipped=skipped).wire())
 
@@ -215,3 +240,170 @@ async def cancel(
 ) -> JSONResponse:
     await _owned(request, caller, appointment_id)
     return json_response(200, render(await _svc(request).cancel(appointment_id)))
+
+
+# -- second release ---------------------------------------------------------------------
+# New routes only below this line: the booking and slot-list routes above are the
+# hot path and are tuned on their own.
+
+
+def _position(cursor: str | None) -> tuple[datetime, int] | None:
+    """The (start, id) a patient-list cursor carries; 422 when it is not one."""
+    if cursor is None:
+        return None
+    start, appointment_id = decode_cursor(cursor, str, int)
+    try:
+        at = datetime.fromisoformat(start)
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise validation_error(
+            "malformed cursor: pass the `next` value of the previous page unchanged",
+            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
+        )
+    return at, appointment_id
+
+
+@router.get(
+    "/patients/{patientId}/appointments", response_model=AppointmentPage, responses=PROBLEMS
+)
+async def list_patient_appointments(
+    patient_id: Annotated[PathId, Path(alias="patientId")],
+    caller: Caller,
+    request: Request,
+    status: Annotated[Literal["BOOKED", "CANCELLED"] | None, Query()] = None,
+    limit: Limit = DEFAULT_LIMIT,
+    after: After = None,
+) -> JSONResponse:
+    """A patient's appointments, soonest first (keyset pages: `next` is the cursor
+    of the next page, null on the last). The owner patient or an admin."""
+    caller.require_owner("patient", patient_id)
+    appts = await _svc(request).patient_appointments(
+        patient_id, status, _position(after), limit + 1
+    )
+    items, nxt = page(appts, limit, lambda a: (a.start_at.isoformat(), a.id))
+    return json_response(200, {"items": [render(a) for a in items], "next": nxt})
+
+
+def _agenda_slot(s: domain.AgendaSlot) -> AgendaSlot:
+    return AgendaSlot(
+        id=s.id,
+        doctor_id=s.doctor_id,
+        start_at=s.start_at,
+        end_at=s.end_at,
+        opens_at=s.opens_at,
+        capacity=s.capacity,
+        booked_count=s.booked_count,
+        available=s.capacity - s.booked_count,
+        appointments=[
+            AgendaAppointment(id=a.id, patient_id=a.patient_id, status=a.status)  # type: ignore[arg-type]
+            for a in s.appointments
+        ],
+    )
+
+
+@router.get("/doctors/{id}/agenda", response_model=Agenda, responses=PROBLEMS)
+async def doctor_agenda(
+    doctor_id: Annotated[PathId, Path(alias="id")],
+    day: Annotated[date, Query(alias="date", ge=EARLIEST_DAY, le=LATEST_DAY)],
+    caller: Caller,
+    request: Request,
+) -> JSONResponse:
+    """Every slot of the doctor's local date (full, past or not open yet), each with
+    its appointments, cancelled ones included. The doctor themself or an admin."""
+    caller.require_owner("doctor", doctor_id)
+    slots = await _svc(request).agenda(doctor_id, day)
+    out = Agenda(doctor_id=doctor_id, date=day, slots=[_agenda_slot(s) for s in slots])
+    return json_response(200, out.wire())
+
+
+def render_rescheduled(appt: Appointment) -> dict[str, Any]:
+    return {**render(appt), "rescheduledFrom": appt.rescheduled_from}
+
+
+@router.post(
+    "/appointments/{id}/reschedule",
+    status_code=200,
+    response_model=RescheduledOut,
+    responses=PROBLEMS,
+)
+async def reschedule(
+    appointment_id: Annotated[PathId, Path(alias="id")],
+    body: RescheduleIn,
+    caller: Caller,
+    request: Request,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Move a BOOKED appointment to another slot: the new appointment is booked and
+    the old one cancelled in one transaction (both or neither), and the old seat
+    goes to that slot's waitlist. Idempotency-Key required."""
+    key = required_key(idempotency_key)
+    old = await _owned(request, caller, appointment_id)
+    svc, store, raw = _svc(request), idempotency_store(request), await request.body()
+    endpoint = f"POST /api/appointments/{appointment_id}/reschedule"
+
+    async def move_once(within: Within[Appointment] | None) -> Appointment:
+        return await svc.reschedule(old, body.slot_id, within)
+
+    return await run_idempotent(
+        store, caller, endpoint, key, raw, move_once, render_rescheduled, status=200
+    )
+
+
+@router.post(
+    "/slots/{id}/waitlist", status_code=201, response_model=WaitlistOut, responses=PROBLEMS
+)
+async def join_waitlist(
+    slot_id: Annotated[PathId, Path(alias="id")],
+    body: WaitlistIn,
+    caller: Caller,
+    request: Request,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Wait for a seat of a full slot. When a seat frees (a cancel, a reschedule
+    away), the first waiting patient still free then is booked in the same
+    transaction and notified; a patient busy by then is skipped and told. 409
+    `slot_available` while the slot has room (book it instead). Idempotency-Key
+    optional: a retry with it replays the answer (200); without it, joining twice
+    is 409 `already_waiting`."""
+    caller.require_owner("patient", body.patient_id)
+    key = validate_key(idempotency_key, required=False)
+    svc, store, raw = _svc(request), idempotency_store(request), await request.body()
+
+    async def join_once(within: Within[domain.Waiting] | None) -> domain.Waiting:
+        return await svc.join_waitlist(slot_id, body.patient_id, within)
+
+    def render_waiting(w: domain.Waiting) -> dict[str, Any]:
+        return WaitlistOut(slot_id=w.slot_id, patient_id=w.patient_id, position=w.position).wire()
+
+    endpoint = f"POST /api/slots/{slot_id}/waitlist"
+    return await run_idempotent(store, caller, endpoint, key, raw, join_once, render_waiting)
+
+
+@router.delete(
+    "/slots/{id}/waitlist/{patientId}", status_code=204, response_class=Response, responses=PROBLEMS
+)
+async def leave_waitlist(
+    slot_id: Annotated[PathId, Path(alias="id")],
+    patient_id: Annotated[PathId, Path(alias="patientId")],
+    caller: Caller,
+    request: Request,
+) -> Response:
+    """Leave a slot's waitlist. 404 `not_waiting` when not on it."""
+    caller.require_owner("patient", patient_id)
+    await _svc(request).leave_waitlist(slot_id, patient_id)
+    return Response(status_code=204)
+
+
+@router.put("/patients/{patientId}/contact", response_model=ContactOut, responses=PROBLEMS)
+async def put_contact(
+    patient_id: Annotated[PathId, Path(alias="patientId")],
+    body: ContactIn,
+    caller: Caller,
+    request: Request,
+) -> JSONResponse:
+    """Where the patient's notifications go: e-mail through the SMTP channel, phone
+    through the SMS/HTTP channel. Both are replaced; an omitted one is cleared."""
+    caller.require_owner("patient", patient_id)
+    c = await _svc(request).set_contact(patient_id, body.email, body.phone)
+    return json_response(200, ContactOut(patient_id=c.user_id, email=c.email, phone=c.phone).wire())

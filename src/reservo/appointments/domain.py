@@ -8,7 +8,7 @@ duplicate or a missing instant."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
@@ -26,6 +26,8 @@ class Appointment:
     start_at: datetime
     end_at: datetime
     created_at: datetime
+    # Set on the appointment a reschedule created: the one it replaced.
+    rescheduled_from: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Appointment:
@@ -133,3 +135,87 @@ def expand(rule: ScheduleRule, tz: ZoneInfo) -> list[Slot]:
 
 def local_date(instant: datetime, tz: ZoneInfo) -> date:
     return instant.astimezone(tz).date()
+
+
+@dataclass(frozen=True)
+class Window:
+    """The booking window: a slot opens at ``opening_time`` (the doctor's local
+    time) of the day ``horizon_days`` before the slot's local date."""
+
+    horizon_days: int = 14
+    opening_time: time = time(7)
+
+
+def opens_at(start_at: datetime, tz: ZoneInfo, window: Window) -> datetime:
+    day = local_date(start_at, tz) - timedelta(days=window.horizon_days)
+    return local_instant(day, window.opening_time, tz)
+
+
+def horizon_end(now: datetime, tz: ZoneInfo, window: Window) -> date:
+    """The last local date whose slots may open today: what a repeating schedule
+    keeps generated."""
+    return local_date(now, tz) + timedelta(days=window.horizon_days)
+
+
+@dataclass(frozen=True)
+class AgendaEntry:
+    """One appointment of a slot, as a doctor's agenda shows it."""
+
+    id: int
+    patient_id: int
+    status: str
+
+
+@dataclass(frozen=True)
+class AgendaSlot:
+    """A slot of the doctor's day, full or not, with its appointments."""
+
+    id: int
+    doctor_id: int
+    start_at: datetime
+    end_at: datetime
+    opens_at: datetime
+    capacity: int
+    booked_count: int
+    appointments: tuple[AgendaEntry, ...]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A patient's place on a slot's waitlist (1 = next to get a freed seat)."""
+
+    slot_id: int
+    patient_id: int
+    position: int
+
+
+@dataclass(frozen=True)
+class RepeatingSchedule:
+    """A schedule without an end date: its slots are kept generated up to the
+    horizon; ``generated_until`` is the last local date already expanded."""
+
+    id: int
+    doctor_id: int
+    timezone: str
+    generated_until: date
+    rule: ScheduleRule
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RepeatingSchedule:
+        rule = ScheduleRule(
+            row["first_day"],
+            row["first_day"],
+            frozenset(row["weekdays"]),
+            row["start_time"],
+            row["end_time"],
+            row["slot_minutes"],
+            row["capacity"],
+        )
+        return cls(row["id"], row["doctor_id"], row["timezone"], row["generated_until"], rule)
+
+    def next_range(self, until: date) -> ScheduleRule | None:
+        """The rule for the dates not generated yet up to ``until`` (None: nothing)."""
+        first = max(self.generated_until + timedelta(days=1), self.rule.start_date)
+        if first > until:
+            return None
+        return replace(self.rule, start_date=first, end_date=until)

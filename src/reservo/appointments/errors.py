@@ -10,6 +10,11 @@ ERRORS = {
     "already_booked": 409,
     "patient_busy": 409,
     "slot_in_past": 409,
+    "slot_not_open": 409,
+    "not_reschedulable": 409,
+    "slot_available": 409,
+    "already_waiting": 409,
+    "not_waiting": 404,
 }
 
 CONSTRAINTS = {
@@ -18,4 +23,5 @@ CONSTRAINTS = {
         "patient_busy",
         "you already hold a booking that overlaps this slot's time",
     ),
+    "uq_waitlist_slot_patient": ("already_waiting", "you are already waiting for this slot"),
 }

@@ -8,16 +8,18 @@ RETURNING id, name, timezone, specialty;
 SELECT id, name, timezone, specialty FROM doctor WHERE id = $1;
 
 -- name: insert_slots
--- Existing (doctor, start) pairs are skipped, so a schedule can be re-run.
-INSERT INTO time_slot (doctor_id, start_at, end_at, capacity)
-SELECT $1, s, e, $4 FROM unnest($2::timestamptz[], $3::timestamptz[]) AS t(s, e)
-ON CONFLICT ON CONSTRAINT uq_doctor_start DO NOTHING;
+-- A slot that exists, or overlaps one of the doctor's slots (ex_doctor_slot_overlap),
+-- is skipped: a schedule can be re-run, and a second schedule never interleaves.
+INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at)
+SELECT $1, s, e, $4, o
+  FROM unnest($2::timestamptz[], $3::timestamptz[], $5::timestamptz[]) AS t(s, e, o)
+ON CONFLICT DO NOTHING;
 
 -- name: list_available_slots
 SELECT id, doctor_id, start_at, end_at, capacity, booked_count
   FROM time_slot
  WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4
-   AND booked_count < capacity
+   AND booked_count < capacity AND opens_at <= $4
  ORDER BY start_at;
 
 -- name: available_slots_json
@@ -36,14 +38,15 @@ SELECT '[' || coalesce(string_agg(format(
        min(start_at) AS first_start
   FROM time_slot
  WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4
-   AND booked_count < capacity;
+   AND booked_count < capacity AND opens_at <= $4;
 
 -- name: book
 -- Check and write in one statement: the row lock makes a concurrent booking wait
--- and re-evaluate booked_count < capacity against the committed value.
+-- and re-evaluate booked_count < capacity against the committed value. The
+-- booking window is the stored opens_at (set when the slot was generated).
 WITH slot AS (
     UPDATE time_slot SET booked_count = booked_count + 1
-     WHERE id = $1 AND booked_count < capacity AND start_at > $3
+     WHERE id = $1 AND booked_count < capacity AND start_at > $3 AND opens_at <= $3
     RETURNING id, doctor_id, start_at, end_at, capacity, booked_count
 )
 INSERT INTO appointment (slot_id, patient_id, status, period, created_at)
@@ -55,7 +58,7 @@ RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
 
 -- name: slot_state
 -- Only used to explain a refusal after the conditional update said no.
-SELECT s.start_at, s.capacity, s.booked_count,
+SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
        EXISTS (SELECT 1 FROM appointment a
                 WHERE a.slot_id = s.id AND a.patient_id = $2 AND a.status = 'BOOKED') AS mine
   FROM time_slot s WHERE s.id = $1;
@@ -93,3 +96,122 @@ UPDATE appointment a SET reminder_sent_at = $2
  WHERE a.id = $1 AND s.id = a.slot_id AND a.status = 'BOOKED' AND a.reminder_sent_at IS NULL
 RETURNING a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
           upper(a.period) AS end_at, a.created_at, s.doctor_id;
+
+-- name: patient_appointments
+-- A patient's appointments soonest first, after a keyset position (start, id):
+-- an index range scan of appointment_patient_start, never a sort or an OFFSET.
+SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
+       upper(a.period) AS end_at, a.created_at, s.doctor_id
+  FROM appointment a JOIN time_slot s ON s.id = a.slot_id
+ WHERE a.patient_id = $1 AND (lower(a.period), a.id) > ($3::timestamptz, $4::bigint)
+   AND ($2::text IS NULL OR a.status = $2::text)
+ ORDER BY lower(a.period), a.id
+ LIMIT $5;
+
+-- name: agenda_slots
+-- Every slot of a doctor's local day (full, past or not open yet), in time order.
+SELECT id, doctor_id, start_at, end_at, opens_at, capacity, booked_count
+  FROM time_slot
+ WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3
+ ORDER BY start_at;
+
+-- name: agenda_appointments
+-- The appointments (cancelled ones too) of the agenda's slots.
+SELECT id, slot_id, patient_id, status
+  FROM appointment WHERE slot_id = ANY($1::bigint[])
+ ORDER BY slot_id, id;
+
+-- name: cancel_for_reschedule
+-- The first step of a reschedule: the old appointment leaves BOOKED (and its row
+-- stays locked until the new one is booked in the same transaction).
+UPDATE appointment SET status = 'CANCELLED', cancelled_at = $2
+ WHERE id = $1 AND status = 'BOOKED' AND lower(period) > $2
+RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
+          upper(period) AS end_at, created_at;
+
+-- name: lock_slots
+-- Both slots of a reschedule locked in id order, so two reschedules crossing the
+-- same two slots in opposite directions wait for each other instead of deadlocking.
+SELECT id FROM time_slot WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE;
+
+-- name: release_seat
+-- The seat of an appointment that just left BOOKED in this transaction.
+UPDATE time_slot SET booked_count = booked_count - 1 WHERE id = $1 RETURNING doctor_id;
+
+-- name: set_rescheduled_from
+UPDATE appointment SET rescheduled_from = $2 WHERE id = $1;
+
+-- name: join_waitlist
+-- Only a full, open, future slot has a waitlist, and not for a patient holding a
+-- seat in it. FOR SHARE: a transaction freeing a seat (it locks the slot row)
+-- either commits first, and this sees the seat (slot_available, no row), or
+-- waits for this entry and gives the seat to it.
+WITH slot AS (
+    SELECT id FROM time_slot
+     WHERE id = $1 AND booked_count >= capacity AND start_at > $3 AND opens_at <= $3
+       FOR SHARE
+)
+INSERT INTO waitlist_entry (slot_id, patient_id, created_at)
+SELECT slot.id, $2, $3 FROM slot
+ WHERE NOT EXISTS (SELECT 1 FROM appointment a
+                    WHERE a.slot_id = $1 AND a.patient_id = $2 AND a.status = 'BOOKED')
+RETURNING id, slot_id, patient_id;
+
+-- name: waitlist_position
+-- 1 for the next patient to get a freed seat.
+SELECT count(*) FROM waitlist_entry WHERE slot_id = $1 AND id <= $2;
+
+-- name: waitlist_refusal
+-- Only used to explain why join_waitlist inserted nothing.
+SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
+       EXISTS (SELECT 1 FROM appointment a
+                WHERE a.slot_id = s.id AND a.patient_id = $2 AND a.status = 'BOOKED') AS mine
+  FROM time_slot s WHERE s.id = $1;
+
+-- name: leave_waitlist
+DELETE FROM waitlist_entry WHERE slot_id = $1 AND patient_id = $2 RETURNING id;
+
+-- name: slot_exists
+SELECT EXISTS (SELECT 1 FROM time_slot WHERE id = $1);
+
+-- name: first_waiting
+-- The next patient in line for a seat that was just freed (the slot row is locked
+-- by the freeing transaction), and whether they can still take it.
+SELECT w.id, w.patient_id, s.doctor_id, s.start_at, s.end_at,
+       EXISTS (SELECT 1 FROM appointment a
+                WHERE a.slot_id = w.slot_id AND a.patient_id = w.patient_id
+                  AND a.status = 'BOOKED') AS holds_it,
+       EXISTS (SELECT 1 FROM appointment a
+                WHERE a.patient_id = w.patient_id AND a.status = 'BOOKED'
+                  AND a.period && tstzrange(s.start_at, s.end_at, '[)')) AS busy
+  FROM waitlist_entry w JOIN time_slot s ON s.id = w.slot_id
+ WHERE w.slot_id = $1
+ ORDER BY w.id
+ LIMIT 1;
+
+-- name: drop_waiting
+DELETE FROM waitlist_entry WHERE id = $1;
+
+-- name: insert_repeating_schedule
+INSERT INTO doctor_schedule (doctor_id, first_day, weekdays, start_time, end_time,
+                             slot_minutes, capacity, generated_until, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING id, doctor_id, first_day, weekdays, start_time, end_time, slot_minutes, capacity,
+          generated_until, (SELECT timezone FROM doctor WHERE id = $1) AS timezone;
+
+-- name: due_schedules
+-- Repeating schedules not generated up to their doctor's horizon yet ($4: a bound
+-- no zone's local horizon exceeds, for the index), locked by this worker; other
+-- workers skip them.
+SELECT s.id, s.doctor_id, d.timezone, s.first_day, s.weekdays, s.start_time, s.end_time,
+       s.slot_minutes, s.capacity, s.generated_until
+  FROM doctor_schedule s JOIN doctor d ON d.id = s.doctor_id
+ WHERE s.generated_until < $4::date
+   AND s.generated_until < (($1::timestamptz AT TIME ZONE d.timezone)::date + $2::int)
+ ORDER BY s.id
+ LIMIT $3
+   FOR UPDATE OF s SKIP LOCKED;
+
+-- name: set_generated_until
+-- Only forward: a late worker never moves it back.
+UPDATE doctor_schedule SET generated_until = $2 WHERE id = $1 AND generated_until < $2;

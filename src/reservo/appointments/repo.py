@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime, time
 from typing import Any, TypeAlias
 
 import asyncpg
@@ -28,8 +28,9 @@ async def insert_slots(
     starts: list[datetime],
     ends: list[datetime],
     capacity: int,
+    opens: list[datetime],
 ) -> int:
-    status = await conn.execute(Q.insert_slots, doctor_id, starts, ends, capacity)
+    status = await conn.execute(Q.insert_slots, doctor_id, starts, ends, capacity, opens)
     return int(status.split()[-1])
 
 
@@ -80,3 +81,99 @@ async def reminder_job_of(conn: asyncpg.Connection, appointment_id: int) -> int 
 
 async def mark_reminded(conn: asyncpg.Connection, appointment_id: int, now: datetime) -> Row | None:
     return await conn.fetchrow(Q.mark_reminded, appointment_id, now)
+
+
+async def patient_appointments(
+    conn: asyncpg.Connection,
+    patient_id: int,
+    status: str | None,
+    after: tuple[datetime, int],
+    limit: int,
+) -> list[Row]:
+    return list(
+        await conn.fetch(Q.patient_appointments, patient_id, status, after[0], after[1], limit)
+    )
+
+
+async def agenda_slots(
+    conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime
+) -> list[Row]:
+    return list(await conn.fetch(Q.agenda_slots, doctor_id, start, end))
+
+
+async def agenda_appointments(conn: asyncpg.Connection, slot_ids: list[int]) -> list[Row]:
+    return list(await conn.fetch(Q.agenda_appointments, slot_ids))
+
+
+async def cancel_for_reschedule(
+    conn: asyncpg.Connection, appointment_id: int, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.cancel_for_reschedule, appointment_id, now)
+
+
+async def lock_slots(conn: asyncpg.Connection, slot_ids: list[int]) -> None:
+    await conn.fetch(Q.lock_slots, slot_ids)
+
+
+async def release_seat(conn: asyncpg.Connection, slot_id: int) -> int:
+    doctor_id: int = await conn.fetchval(Q.release_seat, slot_id)
+    return doctor_id
+
+
+async def set_rescheduled_from(conn: asyncpg.Connection, appointment_id: int, old: int) -> None:
+    await conn.execute(Q.set_rescheduled_from, appointment_id, old)
+
+
+async def join_waitlist(
+    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.join_waitlist, slot_id, patient_id, now)
+
+
+async def waitlist_position(conn: asyncpg.Connection, slot_id: int, entry_id: int) -> int:
+    position: int = await conn.fetchval(Q.waitlist_position, slot_id, entry_id)
+    return position
+
+
+async def waitlist_refusal(conn: asyncpg.Connection, slot_id: int, patient_id: int) -> Row | None:
+    return await conn.fetchrow(Q.waitlist_refusal, slot_id, patient_id)
+
+
+async def leave_waitlist(conn: asyncpg.Connection, slot_id: int, patient_id: int) -> bool:
+    return await conn.fetchval(Q.leave_waitlist, slot_id, patient_id) is not None
+
+
+async def slot_exists(conn: asyncpg.Connection, slot_id: int) -> bool:
+    found: bool = await conn.fetchval(Q.slot_exists, slot_id)
+    return found
+
+
+async def first_waiting(conn: asyncpg.Connection, slot_id: int) -> Row | None:
+    return await conn.fetchrow(Q.first_waiting, slot_id)
+
+
+async def drop_waiting(conn: asyncpg.Connection, entry_id: int) -> None:
+    await conn.execute(Q.drop_waiting, entry_id)
+
+
+async def insert_repeating_schedule(
+    conn: asyncpg.Connection,
+    doctor_id: int,
+    fields: tuple[date, list[int], time, time, int, int],
+    generated_until: date,
+    now: datetime,
+) -> Row:
+    """``fields``: first day, weekdays, start and end time, slot minutes, capacity."""
+    return await conn.fetchrow(
+        Q.insert_repeating_schedule, doctor_id, *fields, generated_until, now
+    )
+
+
+async def due_schedules(
+    conn: asyncpg.Connection, now: datetime, horizon_days: int, limit: int, bound: date
+) -> list[Row]:
+    return list(await conn.fetch(Q.due_schedules, now, horizon_days, limit, bound))
+
+
+async def set_generated_until(conn: asyncpg.Connection, schedule_id: int, until: date) -> None:
+    await conn.execute(Q.set_generated_until, schedule_id, until)

@@ -37,7 +37,13 @@ class Doctor(ApiModel):
 
 class ScheduleIn(ApiModel):
     from_: Annotated[Day, Field(alias="from")]
-    to: Day
+    to: Annotated[
+        Day | None,
+        Field(
+            description="the last date; omitted, the schedule repeats: its slots are kept "
+            "generated up to the booking horizon, day after day"
+        ),
+    ] = None
     weekdays: Annotated[
         list[Annotated[StrictInt, Field(ge=1, le=7)]], Field(min_length=1, max_length=7)
     ]
@@ -55,9 +61,9 @@ class ScheduleIn(ApiModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> ScheduleIn:
-        if self.to < self.from_:
+        if self.to is not None and self.to < self.from_:
             raise ValueError("'to' is before 'from'")
-        if (self.to - self.from_).days + 1 > 92:
+        if self.to is not None and (self.to - self.from_).days + 1 > 92:
             raise ValueError("at most 92 days per call")
         if self.end_time <= self.start_time:
             raise ValueError("endTime must be after startTime")
@@ -68,7 +74,19 @@ class ScheduleIn(ApiModel):
 
 class ScheduleOut(ApiModel):
     created: int
-    skipped: int
+    skipped: Annotated[
+        int,
+        Field(
+            description="slots not created because they exist, or overlap another slot "
+            "of the doctor (a doctor's slots never overlap, whatever their lengths)"
+        ),
+    ]
+
+
+class RepeatingScheduleOut(ScheduleOut):
+    """A schedule without `to`: the slots generated so far (up to the horizon)."""
+
+    schedule_id: int
 
 
 class SlotOut(ApiModel):
@@ -94,3 +112,78 @@ class AppointmentOut(ApiModel):
     start_at: datetime
     end_at: datetime
     created_at: datetime
+
+
+class AppointmentPage(ApiModel):
+    items: list[AppointmentOut]
+    next: Annotated[str | None, Field(description="cursor of the next page; null: last")]
+
+
+class AgendaAppointment(ApiModel):
+    id: int
+    patient_id: int
+    status: Literal["BOOKED", "CANCELLED"]
+
+
+class AgendaSlot(ApiModel):
+    id: int
+    doctor_id: int
+    start_at: datetime
+    end_at: datetime
+    opens_at: Annotated[datetime, Field(description="when the slot opens for booking")]
+    capacity: int
+    booked_count: int
+    available: int
+    appointments: list[AgendaAppointment]
+
+
+class Agenda(ApiModel):
+    doctor_id: int
+    date: Day
+    slots: list[AgendaSlot]
+
+
+class RescheduleIn(ApiModel):
+    slot_id: Id
+
+
+class RescheduledOut(AppointmentOut):
+    rescheduled_from: Annotated[int, Field(description="the appointment this one replaced")]
+
+
+class WaitlistIn(ApiModel):
+    patient_id: Id
+
+
+class WaitlistOut(ApiModel):
+    slot_id: int
+    patient_id: int
+    position: Annotated[int, Field(description="1: the next to get a freed seat")]
+
+
+Email = Annotated[
+    str,
+    Field(
+        max_length=254,
+        pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$",
+        examples=["ana@example.com"],
+    ),
+]
+Phone = Annotated[
+    str,
+    Field(pattern=r"^\+[1-9][0-9]{6,14}$", examples=["+351912345678"], description="E.164"),
+]
+
+
+class ContactIn(ApiModel):
+    """Both are replaced; an omitted or null one is cleared (the channel's default
+    address applies to it)."""
+
+    email: Email | None = None
+    phone: Phone | None = None
+
+
+class ContactOut(ApiModel):
+    patient_id: int
+    email: str | None
+    phone: str | None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -14,7 +15,7 @@ import structlog
 
 from reservo.appointments import domain, events, repo
 from reservo.appointments.domain import Appointment
-from reservo.core import metrics
+from reservo.core import contacts, metrics
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock
 from reservo.core.db import Database
@@ -29,6 +30,13 @@ log = structlog.get_logger(__name__)
 # A reminder job runs this long before the slot starts (skipped when booked later).
 REMINDER_JOB = "appointments.reminder"
 REMINDER_LEAD = timedelta(hours=24)
+# Repeating schedules one run of the "appointments" role extends per transaction.
+SCHEDULE_BATCH = 50
+# The start of every keyset walk of a patient's appointments.
+_BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), 0)
+_DEADLOCK_RETRIES = 3
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,10 +97,12 @@ class AppointmentService:
         limiter: RateLimiter,
         limits: Limits = Limits(),
         scheduler: Scheduler | None = None,
+        window: domain.Window = domain.Window(),
     ) -> None:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
         self.scheduler = scheduler
         self.limits = limits
+        self.window = window
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
         self._slot_lists = cache.local(limits.slots_local_ttl_s, limits.slots_local_max_entries)
 
@@ -114,17 +124,30 @@ class AppointmentService:
     async def create_schedule(self, doctor_id: int, rule: domain.ScheduleRule) -> tuple[int, int]:
         async with self.db.transaction() as conn:
             tz = await self._zone(conn, doctor_id)
-            slots = domain.expand(rule, tz)
-            created = await repo.insert_slots(
-                conn,
-                doctor_id,
-                [s.start_at for s in slots],
-                [s.end_at for s in slots],
-                rule.capacity,
-            )
-        days = {domain.local_date(s.start_at, tz) for s in slots}
-        await self.cache.delete(*(_slots_key(doctor_id, d) for d in days))
+            created, slots = await self._generate(conn, doctor_id, tz, rule)
+        await self._forget_days(doctor_id, tz, slots)
         return created, len(slots) - created
+
+    async def _generate(
+        self, conn: asyncpg.Connection, doctor_id: int, tz: ZoneInfo, rule: domain.ScheduleRule
+    ) -> tuple[int, list[domain.Slot]]:
+        """Insert the rule's slots; one that exists or overlaps another slot of the
+        doctor is skipped (the database decides, ex_doctor_slot_overlap)."""
+        slots = domain.expand(rule, tz)
+        created = await repo.insert_slots(
+            conn,
+            doctor_id,
+            [s.start_at for s in slots],
+            [s.end_at for s in slots],
+            rule.capacity,
+            [domain.opens_at(s.start_at, tz, self.window) for s in slots],
+        )
+        return created, slots
+
+    async def _forget_days(self, doctor_id: int, tz: ZoneInfo, slots: list[domain.Slot]) -> None:
+        days = {domain.local_date(s.start_at, tz) for s in slots}
+        if days:
+            await self.cache.delete(*(_slots_key(doctor_id, d) for d in days))
 
     async def list_slots(self, doctor_id: int, day: date) -> bytes:
         """The JSON list of a local date's future slots with room left, in the
@@ -235,6 +258,9 @@ class AppointmentService:
             code, detail = "already_booked", "you already hold a booking in this slot"
         elif state["start_at"] <= now:
             code, detail = "slot_in_past", "this slot has already started"
+        elif state["opens_at"] > now:
+            code = "slot_not_open"
+            detail = f"this slot opens for booking at {state['opens_at'].isoformat()}"
         else:
             code, detail = "slot_full", "this slot has no capacity left"
         metrics.CONFLICTS.labels("appointments", code, "database").inc()
@@ -274,6 +300,10 @@ class AppointmentService:
                 reminder = await repo.reminder_job_of(conn, appointment_id)
                 if self.scheduler is not None and reminder is not None:
                     await self.scheduler.cancel(reminder, conn=conn)
+                # The freed seat goes to the slot's waitlist before this commits. A
+                # statement of its own: it must see entries committed while the
+                # cancel waited for the slot row's lock.
+                given = await self._give_seat_to_waitlist(conn, appt.slot_id, now)
         if row is None:
             current = await self.get(appointment_id)
             if current.status == "CANCELLED":
@@ -281,7 +311,8 @@ class AppointmentService:
             metrics.CONFLICTS.labels("appointments", "slot_in_past", "database").inc()
             raise DomainError("slot_in_past", "an appointment that has started cannot be cancelled")
         metrics.CANCELLATIONS.labels("appointments").inc()
-        await self.cache.clear_mark(_full_key(appt.slot_id))
+        if given is None:  # otherwise the seat was taken again at once
+            await self.cache.clear_mark(_full_key(appt.slot_id))
         await self._invalidate(appt)
         return appt
 
@@ -296,3 +327,291 @@ class AppointmentService:
                 await emit(
                     conn, events.REMINDER, f"appointment:{appt.id}", events.payload(appt), now
                 )
+
+    # -- second release: lists ----------------------------------------------------
+
+    async def patient_appointments(
+        self, patient_id: int, status: str | None, after: tuple[datetime, int] | None, limit: int
+    ) -> list[Appointment]:
+        """Soonest first, from the keyset position ``after`` (exclusive)."""
+        async with self.db.connection() as conn:
+            rows = await repo.patient_appointments(
+                conn, patient_id, status, after or _BEFORE_ALL, limit
+            )
+        return [Appointment.from_row(r) for r in rows]
+
+    async def agenda(self, doctor_id: int, day: date) -> list[domain.AgendaSlot]:
+        """Every slot of the doctor's local date with its appointments (never cached:
+        the doctor sees the truth)."""
+        async with self.db.connection() as conn:
+            tz = await self._zone(conn, doctor_id)
+            start, end = domain.day_bounds(day, tz)
+            slots = await repo.agenda_slots(conn, doctor_id, start, end)
+            appts = await repo.agenda_appointments(conn, [s["id"] for s in slots])
+        by_slot: dict[int, list[domain.AgendaEntry]] = {}
+        for a in appts:
+            by_slot.setdefault(a["slot_id"], []).append(
+                domain.AgendaEntry(a["id"], a["patient_id"], a["status"])
+            )
+        return [
+            domain.AgendaSlot(
+                s["id"],
+                s["doctor_id"],
+                s["start_at"],
+                s["end_at"],
+                s["opens_at"],
+                s["capacity"],
+                s["booked_count"],
+                tuple(by_slot.get(s["id"], ())),
+            )
+            for s in slots
+        ]
+
+    # -- second release: reschedule -----------------------------------------------
+
+    async def reschedule(
+        self, old: Appointment, slot_id: int, within: Within[Appointment] | None = None
+    ) -> Appointment:
+        """Book ``slot_id`` and cancel ``old`` in one transaction: both commit or
+        neither. The old seat then goes to its slot's waitlist, in the same
+        transaction. A deadlock the lock order did not foresee is retried."""
+        if old.slot_id == slot_id:
+            raise DomainError("already_booked", "this appointment is already in that slot")
+        for attempt in range(_DEADLOCK_RETRIES):
+            try:
+                appt, freed = await self._reschedule_once(old, slot_id, within)
+                break
+            except asyncpg.exceptions.DeadlockDetectedError:
+                if attempt == _DEADLOCK_RETRIES - 1:
+                    raise DomainError(
+                        "request_in_progress", "the slots are busy; try again"
+                    ) from None
+        metrics.BOOKINGS.labels("appointments").inc()
+        await self.cache.clear_mark(_full_key(old.slot_id))
+        await self._invalidate(appt)
+        await self._invalidate(old)
+        if freed is not None:
+            await self._invalidate(freed)
+        return appt
+
+    async def _reschedule_once(
+        self, old: Appointment, slot_id: int, within: Within[Appointment] | None
+    ) -> tuple[Appointment, Appointment | None]:
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            # Lock order, as everywhere: the appointment row, then slot rows by id.
+            cancelled = await repo.cancel_for_reschedule(conn, old.id, now)
+            if cancelled is None:
+                raise await self._not_reschedulable(conn, old.id)
+            await repo.lock_slots(conn, sorted({old.slot_id, slot_id}))
+            await repo.release_seat(conn, old.slot_id)
+            row = await repo.book(conn, slot_id, old.patient_id, now)
+            if row is None:
+                raise await self._refusal(conn, slot_id, old.patient_id, now)
+            await repo.set_rescheduled_from(conn, row["id"], old.id)
+            appt = dataclasses.replace(Appointment.from_row(row), rescheduled_from=old.id)
+            await emit(
+                conn,
+                events.RESCHEDULED,
+                f"appointment:{appt.id}",
+                events.rescheduled_payload(appt, old),
+                now,
+            )
+            await self._drop_reminder(conn, old.id)
+            await self._remind_later(conn, appt, now)
+            freed = await self._give_seat_to_waitlist(conn, old.slot_id, now)
+            if within is not None:
+                await within(conn, appt)
+        return appt, freed
+
+    async def _not_reschedulable(
+        self, conn: asyncpg.Connection, appointment_id: int
+    ) -> DomainError:
+        row = await repo.get_appointment(conn, appointment_id)
+        if row is None:
+            return DomainError("appointment_not_found", f"no appointment {appointment_id}")
+        if row["status"] != "BOOKED":
+            return DomainError("not_reschedulable", f"the appointment is {row['status']}")
+        return DomainError("not_reschedulable", "the appointment has already started")
+
+    async def _remind_later(self, conn: asyncpg.Connection, appt: Appointment, now: Any) -> None:
+        """The reminder job of a booking made by reschedule or waitlist, in its
+        transaction (as ``book`` does for its own)."""
+        remind_at = appt.start_at - REMINDER_LEAD
+        if self.scheduler is not None and remind_at > now:
+            job = await self.scheduler.enqueue(
+                REMINDER_JOB,
+                {"appointmentId": appt.id},
+                run_at=remind_at,
+                idempotency_key=f"appointment:{appt.id}",
+                conn=conn,
+            )
+            await repo.set_reminder_job(conn, appt.id, job.id)
+
+    async def _drop_reminder(self, conn: asyncpg.Connection, appointment_id: int) -> None:
+        reminder = await repo.reminder_job_of(conn, appointment_id)
+        if self.scheduler is not None and reminder is not None:
+            await self.scheduler.cancel(reminder, conn=conn)
+
+    # -- second release: waitlist -------------------------------------------------
+
+    async def join_waitlist(
+        self, slot_id: int, patient_id: int, within: Within[domain.Waiting] | None = None
+    ) -> domain.Waiting:
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.join_waitlist(conn, slot_id, patient_id, now)
+            if row is None:
+                raise await self._waitlist_refusal(conn, slot_id, patient_id, now)
+            position = await repo.waitlist_position(conn, slot_id, row["id"])
+            waiting = domain.Waiting(slot_id, patient_id, position)
+            if within is not None:
+                await within(conn, waiting)
+        return waiting
+
+    async def _waitlist_refusal(
+        self, conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any
+    ) -> DomainError:
+        state = await repo.waitlist_refusal(conn, slot_id, patient_id)
+        if state is None:
+            return DomainError("slot_not_found", f"no slot {slot_id}")
+        if state["mine"]:
+            return DomainError("already_booked", "you already hold a booking in this slot")
+        if state["start_at"] <= now:
+            return DomainError("slot_in_past", "this slot has already started")
+        if state["opens_at"] > now:
+            return DomainError(
+                "slot_not_open",
+                f"this slot opens for booking at {state['opens_at'].isoformat()}",
+            )
+        return DomainError("slot_available", "this slot has room left: book it instead")
+
+    async def leave_waitlist(self, slot_id: int, patient_id: int) -> None:
+        async with self.db.transaction() as conn:
+            if await repo.leave_waitlist(conn, slot_id, patient_id):
+                return
+            if not await repo.slot_exists(conn, slot_id):
+                raise DomainError("slot_not_found", f"no slot {slot_id}")
+        raise DomainError("not_waiting", f"patient {patient_id} is not waiting for slot {slot_id}")
+
+    async def _give_seat_to_waitlist(
+        self, conn: asyncpg.Connection, slot_id: int, now: Any
+    ) -> Appointment | None:
+        """A seat of ``slot_id`` was freed in this transaction (which holds the slot
+        row's lock): book it for the first waiting patient still free at that time.
+        One who became busy is skipped and told; one who booked the slot meanwhile
+        just leaves the line. Returns the booking made, if any."""
+        while (first := await repo.first_waiting(conn, slot_id)) is not None:
+            if first["holds_it"]:
+                await repo.drop_waiting(conn, first["id"])
+                continue
+            if not first["busy"]:
+                busy_since = False
+                try:
+                    async with conn.transaction():  # a savepoint: a refusal skips one
+                        row = await repo.book(conn, slot_id, first["patient_id"], now)
+                except (
+                    asyncpg.exceptions.ExclusionViolationError,
+                    asyncpg.exceptions.UniqueViolationError,
+                ):
+                    busy_since = True  # booked elsewhere since the check: skipped below
+                if not busy_since:
+                    if row is None:
+                        return None  # no seat after all (started, or taken): the line waits
+                    await repo.drop_waiting(conn, first["id"])
+                    appt = Appointment.from_row(row)
+                    await emit(
+                        conn,
+                        events.WAITLIST_BOOKED,
+                        f"appointment:{appt.id}",
+                        events.payload(appt),
+                        now,
+                    )
+                    await self._remind_later(conn, appt, now)
+                    metrics.BOOKINGS.labels("appointments").inc()
+                    return appt
+            await repo.drop_waiting(conn, first["id"])
+            await emit(
+                conn,
+                events.WAITLIST_SKIPPED,
+                f"slot:{slot_id}",
+                events.skipped_payload(
+                    slot_id,
+                    first["patient_id"],
+                    first["doctor_id"],
+                    first["start_at"],
+                    first["end_at"],
+                ),
+                now,
+            )
+        return None
+
+    # -- second release: repeating schedules ----------------------------------------
+
+    async def create_repeating_schedule(
+        self, doctor_id: int, rule: domain.ScheduleRule
+    ) -> tuple[int, int, int]:
+        """A schedule without an end date: stored, and its slots generated now up
+        to the horizon; the ``appointments`` worker role keeps extending it.
+        Returns (schedule id, created, skipped)."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            tz = await self._zone(conn, doctor_id)
+            # Never back-fill the past: expansion starts today at the earliest.
+            first = max(rule.start_date, domain.local_date(now, tz))
+            row = await repo.insert_repeating_schedule(
+                conn,
+                doctor_id,
+                (
+                    rule.start_date,
+                    sorted(rule.weekdays),
+                    rule.start_time,
+                    rule.end_time,
+                    rule.slot_minutes,
+                    rule.capacity,
+                ),
+                first - timedelta(days=1),
+                now,
+            )
+            created, slots = await self._extend(conn, domain.RepeatingSchedule.from_row(row), now)
+        await self._forget_days(doctor_id, tz, slots)
+        return row["id"], created, len(slots) - created
+
+    async def _extend(
+        self, conn: asyncpg.Connection, schedule: domain.RepeatingSchedule, now: Any
+    ) -> tuple[int, list[domain.Slot]]:
+        tz = domain.zone(schedule.timezone)
+        until = domain.horizon_end(now, tz, self.window)
+        rule = schedule.next_range(until)
+        if rule is None:
+            return 0, []
+        created, slots = await self._generate(conn, schedule.doctor_id, tz, rule)
+        await repo.set_generated_until(conn, schedule.id, until)
+        return created, slots
+
+    async def extend_schedules(self) -> int:
+        """One batch of the ``appointments`` role: repeating schedules not generated
+        up to today + horizon yet get their next days. Idempotent and safe with any
+        number of workers: each schedule is locked (SKIP LOCKED) by one of them, and
+        a slot generated twice is skipped by the database. Returns how many
+        schedules it extended (a full batch means: run again at once)."""
+        now = self.clock.now()
+        # No zone is more than a day ahead of UTC: a bound the index can use.
+        bound = now.date() + timedelta(days=self.window.horizon_days + 1)
+        async with self.db.transaction() as conn:
+            due = await repo.due_schedules(
+                conn, now, self.window.horizon_days, SCHEDULE_BATCH, bound
+            )
+            for row in due:
+                await self._extend(conn, domain.RepeatingSchedule.from_row(row), now)
+        if due:
+            log.info("appointments_schedules_extended", schedules=len(due))
+        return len(due)
+
+    # -- second release: contact -------------------------------------------------------
+
+    async def set_contact(
+        self, patient_id: int, email: str | None, phone: str | None
+    ) -> contacts.Contact:
+        async with self.db.transaction() as conn:
+            return await contacts.put(conn, patient_id, email, phone, self.clock.now())

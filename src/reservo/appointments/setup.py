@@ -6,8 +6,15 @@ from dataclasses import dataclass
 
 from reservo.appointments import events
 from reservo.appointments.api import LEAN_ROUTES, router
+from reservo.appointments.domain import Window
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
-from reservo.appointments.service import REMINDER_JOB, AppointmentService, Limits
+from reservo.appointments.service import (
+    REMINDER_JOB,
+    SCHEDULE_BATCH,
+    AppointmentService,
+    Limits,
+)
+from reservo.core.loops import run_every
 from reservo.core.module import JobKind, Module
 from reservo.shared import Shared
 
@@ -35,6 +42,7 @@ def setup(shared: Shared) -> Appointments:
             key_memory_s=s.idempotency_retention_hours * HOUR_S,
         ),
         scheduler=shared.scheduler,
+        window=Window(s.appointments_horizon_days, s.appointments_opening_time),
     )
     return Appointments(
         name="appointments",
@@ -42,6 +50,17 @@ def setup(shared: Shared) -> Appointments:
         routers=[router],
         lean=LEAN_ROUTES,
         jobs=[JobKind(REMINDER_JOB, service.remind)],
+        # Keeps repeating schedules generated up to the horizon, every day, without
+        # anyone calling again (idempotent; any number of workers may run it).
+        roles={
+            "appointments": lambda stop: run_every(
+                stop,
+                s.appointments_schedule_interval_s,
+                "appointments_schedules",
+                service.extend_schedules,
+                again=lambda extended: extended >= SCHEDULE_BATCH,
+            )
+        },
         errors=ERRORS,
         constraints=CONSTRAINTS,
         notifications={topic: events.notifications for topic in events.TOPICS},

@@ -9,11 +9,13 @@ sent twice; a failed send raises, and the transport retries the event later."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
+from reservo.core import contacts
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.notify import Channel, Notification, NotificationError
@@ -64,6 +66,12 @@ class NotificationConsumer:
         if not messages:
             return
         async with self.db.connection() as conn:
+            # Addresses are read at send time: a contact changed after the event
+            # was emitted is the one used.
+            found = await contacts.of_many(conn, list({n.recipient_user_id for _, n in messages}))
+            messages = [
+                (event, _addressed(n, found.get(n.recipient_user_id))) for event, n in messages
+            ]
             rows = await conn.fetch(
                 Q.notification_upsert,
                 [uuid.UUID(n.event_id) for _, n in messages],
@@ -106,3 +114,9 @@ class NotificationConsumer:
                 )
         if failures:
             raise failures[0]
+
+
+def _addressed(n: Notification, contact: contacts.Contact | None) -> Notification:
+    if contact is None:
+        return n
+    return dataclasses.replace(n, email=contact.email, phone=contact.phone)

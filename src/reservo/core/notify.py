@@ -32,6 +32,10 @@ class Notification:
     subject: str
     body: str
     event_id: str  # the outbox event id, used as an idempotency key downstream
+    # The recipient's own addresses (core.contacts), filled in by the consumer at
+    # send time; None: the channel's default (e-mail template, or the user id).
+    email: str | None = None
+    phone: str | None = None
 
 
 class NotificationError(Exception):
@@ -105,7 +109,7 @@ class SmtpChannel:
         """Public so the exact wire message can be inspected in tests and logs."""
         msg = EmailMessage()
         msg["From"] = self.sender
-        msg["To"] = self.email_template.format(user_id=n.recipient_user_id)
+        msg["To"] = n.email or self.email_template.format(user_id=n.recipient_user_id)
         msg["Subject"] = n.subject
         # A retry after a lost 250 reply resends the same event: an identical
         # Message-ID lets mail clients and humans spot the duplicate.
@@ -157,12 +161,14 @@ class HttpChannel:
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout_s)
 
     async def send(self, n: Notification) -> None:
-        payload = {
+        payload: dict[str, object] = {
             "to": n.recipient_user_id,
             "subject": n.subject,
             "body": n.body,
             "eventId": n.event_id,
         }
+        if n.phone is not None:  # the SMS goes to the user's own number
+            payload["phone"] = n.phone
         try:
             resp = await self._client.post(
                 self.url, json=payload, headers={"Idempotency-Key": n.event_id}

@@ -206,3 +206,14 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) AS dead_letter FROM gone;
+
+-- name: contact_put
+-- A user's notification addresses (both replaced; NULL: the channel's default).
+INSERT INTO contact (user_id, email, phone, updated_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (user_id) DO UPDATE
+   SET email = EXCLUDED.email, phone = EXCLUDED.phone, updated_at = EXCLUDED.updated_at
+RETURNING user_id, email, phone;
+
+-- name: contact_of_many
+-- The addresses of a batch of notification recipients (no row: none set).
+SELECT user_id, email, phone FROM contact WHERE user_id = ANY($1::bigint[]);
