@@ -89,11 +89,12 @@ SELECT 'Doctor ' || g, ($2::text[])[1 + g % array_length($2::text[], 1)], 'bench
   FROM generate_series(1, $1) AS g
 """
 _LOAD_SLOTS = """
-INSERT INTO time_slot (doctor_id, start_at, end_at, capacity)
+INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at)
 SELECT d.id,
        ((day + time '08:00') + n * interval '15 minutes') AT TIME ZONE d.timezone,
        ((day + time '08:00') + (n + 1) * interval '15 minutes') AT TIME ZONE d.timezone,
-       1
+       1,
+       '2000-01-01'::timestamptz  -- every slot open: the booking window is not measured here
   FROM doctor d
  CROSS JOIN generate_series($1::date, $2::date, interval '1 day') AS g(ts)
  CROSS JOIN LATERAL (SELECT g.ts::date AS day) AS d2

@@ -54,8 +54,8 @@ async def test_postgres_writes_the_wire_form_byte_for_byte(
     ]
     for i, s in enumerate(starts):
         await db.execute(
-            "INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, booked_count)"
-            " VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, booked_count, opens_at)"
+            " VALUES ($1, $2, $3, $4, $5, now() - interval '1 day')",
             doctor,
             s,
             s + timedelta(minutes=10, microseconds=999_999 if i == 1 else 0),
