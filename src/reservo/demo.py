@@ -32,6 +32,8 @@ CARS = [
 ]
 
 
+RECURRING_CRON = "*/5 * * * *"
+
 # Upcoming matches (home, away, kick-off in days from the load, at 19:00 UTC). Each
 # load adds the ones of its day (external id demo-<date>-<n>), so a demo started
 # again days later still lists matches to bet on.
@@ -49,10 +51,15 @@ DEMO_ODDS = {
 
 
 def settings_for_demo(settings: Settings) -> Settings:
-    """The demo pays on the sandbox page, unless the environment chose a gateway."""
-    if settings.rentals_payment_gateway is not None:
-        return settings
-    return settings.model_copy(update={"rentals_payment_gateway": "sandbox"})
+    """The demo pays on the sandbox page, unless the environment chose a gateway,
+    and its recurring `http` job may call this service itself (its own address
+    only), unless the environment set the destination allow list."""
+    update: dict[str, object] = {}
+    if settings.rentals_payment_gateway is None:
+        update["rentals_payment_gateway"] = "sandbox"
+    if not settings.jobs_http_allow:
+        update["jobs_http_allow"] = settings.http_host
+    return settings.model_copy(update=update) if update else settings
 
 
 async def load(c: Container) -> list[int]:
@@ -102,7 +109,22 @@ async def load(c: Container) -> list[int]:
         except DomainError as exc:  # match_exists: loaded earlier today
             if exc.code != "match_exists":
                 raise
+    await _recurring_health_check(c)
     return ids
+
+
+async def _recurring_health_check(c: Container) -> None:
+    """A recurring job: every 5 minutes an `http` job calls this service's own
+    /healthz (see GET /api/jobs?category=http). Created once."""
+    url = f"http://{c.settings.http_host}:{c.settings.http_port}/healthz"
+    async with c.db.connection() as conn:
+        exists = await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM recurring_job WHERE payload->>'url' = $1)", url
+        )
+    if not exists:
+        await c.scheduler.create_recurring(
+            "http", RECURRING_CRON, "UTC", {"url": url, "method": "GET"}, urgency=9
+        )
 
 
 async def _full_slot_with_a_waitlist(c: Container, doctor_id: int) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
@@ -253,18 +252,26 @@ async def test_an_omitted_to_is_not_bounded_by_92_days_but_the_rest_is_checked(
 # -- the demo data ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
-    c = build(base_settings.model_copy(update={"database_url": fresh_database_url}), OffsetClock())
-    yield c
-    await c.close()
-
-
-async def test_the_demo_shows_a_repeating_schedule_and_a_waitlist(own: Container) -> None:
+async def test_the_demo_shows_a_repeating_schedule_and_a_waitlist(
+    base_settings: Settings, fresh_database_url: str
+) -> None:
     from reservo import demo
 
-    await demo.load(own)
-    await demo.load(own)  # idempotent
+    # As `reservo up --demo` builds it: the sandbox, and its own address allowed.
+    settings = demo.settings_for_demo(
+        base_settings.model_copy(update={"database_url": fresh_database_url})
+    )
+    assert settings.jobs_http_allow == settings.http_host
+    own = build(settings, OffsetClock())
+    try:
+        await demo.load(own)
+        await demo.load(own)  # idempotent
+        await _demo_shows_its_features(own, demo)
+    finally:
+        await own.close()
+
+
+async def _demo_shows_its_features(own: Container, demo: Any) -> None:
     async with own.db.connection() as conn:
         schedules = await conn.fetch(
             "SELECT d.name FROM doctor_schedule s JOIN doctor d ON d.id = s.doctor_id"
@@ -275,3 +282,6 @@ async def test_the_demo_shows_a_repeating_schedule_and_a_waitlist(own: Container
         )
     assert [r["name"] for r in schedules] == [demo.REPEATING]
     assert [tuple(r) for r in waiting] == [(demo.WAITING_PATIENT, 1, 1)]
+    async with own.db.connection() as conn:
+        recurring = await conn.fetch("SELECT category, cron, payload FROM recurring_job")
+    assert [(r["category"], r["cron"]) for r in recurring] == [("http", demo.RECURRING_CRON)]
