@@ -121,10 +121,15 @@ async def _recurring_health_check(c: Container) -> None:
         exists = await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM recurring_job WHERE payload->>'url' = $1)", url
         )
-    if not exists:
+    if exists:
+        return
+    try:
         await c.scheduler.create_recurring(
             "http", RECURRING_CRON, "UTC", {"url": url, "method": "GET"}, urgency=9
         )
+    except DomainError as exc:  # RESERVO_JOBS_HTTP_ALLOW set without this address
+        if exc.code != "destination_not_allowed":
+            raise
 
 
 async def _full_slot_with_a_waitlist(c: Container, doctor_id: int) -> None:

@@ -588,11 +588,19 @@ async def test_openapi_documents_the_new_endpoints(client: httpx.AsyncClient) ->
 # -- a fresh database of the module: demo data ----------------------------------------------
 
 
-async def test_demo_loads_upcoming_matches_once(own: Container) -> None:
+async def test_demo_loads_upcoming_matches_once(
+    base_settings: Settings, fresh_database_url: str
+) -> None:
     from reservo import demo
 
-    await demo.load(own)
-    await demo.load(own)
-    page = await own.betting.list_matches("UPCOMING", None, 100)
+    # Built as `reservo up --demo` builds it (its recurring job calls its own address).
+    settings = base_settings.model_copy(update={"database_url": fresh_database_url})
+    own = build(demo.settings_for_demo(settings), OffsetClock())
+    try:
+        await demo.load(own)
+        await demo.load(own)
+        page = await own.betting.list_matches("UPCOMING", None, 100)
+    finally:
+        await own.close()
     assert len(page) == len(demo.MATCHES)
     assert all(m["external_id"].startswith("demo-") for m in page)
