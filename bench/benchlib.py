@@ -101,7 +101,7 @@ SELECT d.id,
  CROSS JOIN generate_series(0, $3 - 1) AS n
  ORDER BY d.id, d2.day, n
 """
-_TRANSIENT = ("appointment", "idempotency_key", "outbox", "inbox", "notification")
+_TRANSIENT = ("appointment", "waitlist_entry", "idempotency_key", "outbox", "inbox", "notification")
 
 
 async def connect(url: str | None = None) -> asyncpg.Connection:
@@ -142,7 +142,7 @@ async def ensure_dataset(doctors: int, days: int, per_day: int, fresh: bool) -> 
         ):
             return Dataset(doctors, days, per_day, meta["first_day"], meta["slots"], 0.0)
         started = time.perf_counter()
-        tables = ", ".join((*_TRANSIENT, "time_slot", "doctor", "bench_meta"))
+        tables = ", ".join((*_TRANSIENT, "time_slot", "doctor_schedule", "doctor", "bench_meta"))
         await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
         await conn.execute(_LOAD_DOCTORS, doctors, list(ZONES))
         last = tomorrow + timedelta(days=days - 1)
