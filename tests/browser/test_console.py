@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from tests.browser.conftest import Live
@@ -42,7 +43,7 @@ async def test_a_page_without_a_session_redirects_to_sign_in(page: Any, live: Li
 
 
 async def test_an_admin_signs_in_with_a_token_and_gets_a_session_cookie(
-    page: Any, live: Live
+    page: Any, live: Live, tmp_path: Path
 ) -> None:
     await sign_in(page, live)
     assert page.url == f"{live.url}/console"
@@ -63,6 +64,12 @@ async def test_an_admin_signs_in_with_a_token_and_gets_a_session_cookie(
         "/api/ops/dead-letters", headers={"Authorization": f"Bearer {cookie['value']}"}
     )
     assert as_bearer.status_code == 401
+
+    # On a phone the page fits the screen's width (the grid wraps, nothing scrolls sideways).
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await page.reload()
+    assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+    await page.screenshot(path=str(tmp_path / "phone.png"), full_page=True)
 
     # Signing out (a CSRF-protected form) ends the session.
     await page.click("form.sign-out button")
