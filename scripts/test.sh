@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 venv="${VENV:-.venv}"
 [ -x "$venv/bin/pytest" ] || scripts/install.sh "$venv"
 export PATH="$PWD/$venv/bin:$PATH"
+scripts/install-browser.sh
 
 if [ -z "${RESERVO_TEST_DATABASE_URL:-}" ] && command -v pg_isready >/dev/null \
    && pg_isready -q -h 127.0.0.1 -p 5432 -U postgres; then

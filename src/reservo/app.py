@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,7 +24,11 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         # Start anyway when PostgreSQL is away: requests answer 503 until it is back.
         with contextlib.suppress(Exception):
             await container.db.connect()
+        stop = asyncio.Event()
+        companions = [asyncio.ensure_future(run(stop)) for run in container.companions()]
         yield
+        stop.set()
+        await asyncio.gather(*companions, return_exceptions=True)
         if owns_container:
             await container.close()
 

@@ -20,6 +20,7 @@ from reservo.appointments import setup as appointments
 from reservo.appointments.service import AppointmentService
 from reservo.betting import setup as betting
 from reservo.betting.service import BettingService, FallbackResender, ResultIntake, Settlement
+from reservo.console import setup as console
 from reservo.core import errors
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
@@ -58,6 +59,7 @@ MODULES: tuple[Callable[[Shared], Module], ...] = (
     betting.setup,
     scheduler.setup,
     ops.setup,
+    console.setup,
 )
 # `reservo worker --roles all`: every background role and every consumer.
 ALL = "all"
@@ -136,6 +138,10 @@ class Container(Shared):
     def roles(self) -> dict[str, Role]:
         """Every background role the modules offer (not the consumers)."""
         return {name: role for m in self.modules for name, role in m.roles.items()}
+
+    def companions(self) -> list[Role]:
+        """What every process hosting this graph runs besides its roles."""
+        return [run for m in self.modules for run in m.companions]
 
     def background_roles(self) -> list[str]:
         return list(self.roles())
@@ -303,6 +309,7 @@ async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -
         # Nothing is lost (the events wait in the outbox), but nothing here consumes them.
         log.warning("consumers_run_in_the_relay", consumers=consumers)
     tasks: list[Awaitable[None]] = [run(stop) for name, run in c.roles().items() if name in roles]
+    tasks.extend(run(stop) for run in c.companions())
     if c.settings.kafka_bootstrap:
         for consumer in consumers:
             runner = consumer_from_settings(

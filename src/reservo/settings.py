@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     # Serve the hottest routes' common requests without FastAPI's per-request work
     # (core/lean.py); same answers. False serves everything through FastAPI.
     lean_paths: bool = True
+    # The console (/console): an admin signs in with an admin JWT once and gets a
+    # session cookie, valid this long at most (never past the token's exp).
+    console_session_s: int = Field(default=8 * 3600, ge=60, le=7 * 86400)
+    # Mark the session cookie Secure (sent over https only): on behind TLS.
+    console_secure_cookie: bool = False
     payments_webhook_secret: str = "dev-payments-secret"
     results_webhook_secret: str = "dev-results-secret"
     webhook_tolerance_s: int = 300

@@ -227,6 +227,7 @@ class BettingService:
             ]
             if within is not None:
                 await within(conn, bet)
+        metrics.BETS_PLACED.inc()
         return bet
 
     async def get_bet(self, bet_id: int) -> dict[str, Any]:
@@ -367,6 +368,7 @@ class Settlement:
                     conn, events.BETS_SETTLED, key, events.settled_payload(match_id, settled), now
                 )
             await repo.add_progress(conn, match_id, len(bet_ids))
+        metrics.BETS_SETTLED.inc(len(bet_ids))
         return bet_ids[-1]
 
     async def sweep(self) -> int:
@@ -448,6 +450,7 @@ class ResultIntake:
                     base_s=self.backoff_s,
                     max_s=1.0,
                 )
+                metrics.RESULTS_RECEIVED.labels("kafka").inc()
                 return "kafka"
             except BreakerOpen:
                 log.warning("results_breaker_open", provider_event_id=result.provider_event_id)
@@ -458,6 +461,7 @@ class ResultIntake:
                 await repo.fallback_insert(
                     conn, uuid.uuid4(), result.provider_event_id, payload, now
                 )
+            metrics.RESULTS_RECEIVED.labels("fallback").inc()
             return "fallback"
         except Exception as exc:
             # Neither Kafka nor PostgreSQL holds it: the provider must learn (503)

@@ -82,6 +82,12 @@ def decode_token(secret: str, authorization: str | None, now: datetime) -> Princ
     return _verify(secret, bearer(authorization), now)[0]
 
 
+def verify_with_expiry(secret: str, token: str, now: datetime) -> tuple[Principal, int | float]:
+    """The caller named by a token and its ``exp`` (Unix seconds), by the same
+    checks as every API request (the console's sign-in caps its session at ``exp``)."""
+    return _verify(secret, token, now)
+
+
 def _verify(secret: str, token: str, now: datetime) -> tuple[Principal, int | float]:
     """The caller named by a token and the token's ``exp`` (Unix seconds)."""
     try:

@@ -29,6 +29,11 @@ CANCELLATIONS = Counter("reservo_cancellations_total", "Successful cancellations
 CONFLICTS = Counter(
     "reservo_conflicts_total", "Refused bookings by reason", ["module", "code", "decided_by"]
 )
+BETS_PLACED = Counter("reservo_bets_placed_total", "Bets placed (stake debited)")
+RESULTS_RECEIVED = Counter(
+    "reservo_results_received_total", "Match results accepted from the provider", ["held_by"]
+)
+BETS_SETTLED = Counter("reservo_bets_settled_total", "Bets whose settlement was applied")
 OUTBOX_PUBLISHED = Counter("reservo_outbox_published_total", "Outbox events delivered")
 OUTBOX_FAILURES = Counter(
     "reservo_outbox_failures_total", "Outbox delivery failures (retried)", ["topic"]

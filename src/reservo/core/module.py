@@ -61,6 +61,10 @@ class Module:
     consumes: Sequence[Consumes] = ()
     jobs: Sequence[JobKind] = ()
     roles: Mapping[str, Role] = field(default_factory=dict)
+    # Run in every process that hosts the graph (each API process and each
+    # ``reservo worker``), whatever its roles, until it stops: per-process
+    # duties such as sampling that process's counters (core/pulse.py).
+    companions: Sequence[Role] = ()
     # code -> HTTP status of every DomainError code the module raises.
     errors: Mapping[str, int] = field(default_factory=dict)
     # constraint name -> (code, detail): a refused write becomes that DomainError.

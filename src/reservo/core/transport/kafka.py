@@ -512,3 +512,36 @@ async def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
             await writer.wait_closed()
         return True
     return False
+
+
+async def group_lag(
+    bootstrap: str, groups: dict[str, tuple[str, Sequence[str]]], timeout_ms: int = 2000
+) -> dict[str, int | None]:
+    """Records each consumer group has not consumed yet: name -> (group id, its
+    topics) in, name -> lag out. The lag is the end offset minus the group's
+    committed offset, summed over the partitions it has committed on (None: it
+    has committed nothing yet). For the console. A client per group asks for its
+    committed offsets without joining it (OffsetFetch, which every
+    Kafka-protocol broker answers; the admin API's variant is less portable)."""
+    lag: dict[str, int | None] = {}
+    for name, (group, topics) in groups.items():
+        reader = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            request_timeout_ms=timeout_ms,
+        )
+        await reader.start()
+        try:
+            partitions = [
+                TopicPartition(topic, p)
+                for topic in topics
+                for p in sorted(reader.partitions_for_topic(topic) or ())
+            ]
+            committed = {tp: await reader.committed(tp) for tp in partitions}
+            known = {tp: at for tp, at in committed.items() if at is not None and at >= 0}
+            ends = await reader.end_offsets(list(known)) if known else {}
+        finally:
+            await reader.stop()
+        lag[name] = sum(max(0, ends[tp] - at) for tp, at in known.items()) if known else None
+    return lag

@@ -1,0 +1,48 @@
+-- The console's read-only figures. Each reads through an index and caps its
+-- counts, so the overview stays fast on the benchmark's tables (millions of
+-- slots, bets and jobs). Every action goes through the modules' use cases;
+-- nothing here writes.
+
+-- name: settling_matches
+-- Matches whose settlement is running (partial index betting_match_settling),
+-- with their settled bets and their still-pending legs (betting_selection_pending,
+-- counted up to $2).
+SELECT m.id, m.home, m.away, m.result_at, m.settled_bets,
+       (SELECT count(*) FROM (SELECT 1 FROM betting_selection s
+                               WHERE s.match_id = m.id AND s.status = 'PENDING'
+                               LIMIT $2) p) AS pending
+  FROM betting_match m
+ WHERE m.settlement_status = 'SETTLING'
+ ORDER BY m.id
+ LIMIT $1;
+
+-- name: jobs_due
+-- Jobs whose time has come but which have not started (scheduled_job_pending,
+-- counted up to $2), how late the oldest of them is, and the running ones
+-- (scheduled_job_running, counted up to $2).
+SELECT (SELECT count(*) FROM (SELECT 1 FROM scheduled_job
+                               WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+                                 AND run_at <= $1
+                               LIMIT $2) d) AS due,
+       (SELECT min(run_at) FROM scheduled_job
+         WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED')) AS oldest_pending,
+       (SELECT count(*) FROM (SELECT 1 FROM scheduled_job WHERE status = 'RUNNING'
+                               LIMIT $2) r) AS running;
+
+-- name: dead_letters_by_consumer
+-- Dead letters nobody has replayed yet, per consumer (the table holds only what
+-- consumers rejected, and retention prunes it).
+SELECT consumer, count(*) AS waiting
+  FROM dead_letter
+ WHERE replayed_at IS NULL
+ GROUP BY consumer
+ ORDER BY consumer;
+
+-- name: latest_appointments
+-- The newest appointments (primary key, backwards), with their slot's start.
+SELECT a.id, a.slot_id, a.patient_id, a.status, a.created_at, lower(a.period) AS start_at,
+       t.doctor_id
+  FROM appointment a
+  JOIN time_slot t ON t.id = a.slot_id
+ ORDER BY a.id DESC
+ LIMIT $1;

@@ -1,0 +1,35 @@
+"""The console's reads (queries.sql): read-only, indexed, capped."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from reservo.core.db import Queries
+
+Q = Queries.load("reservo.console")
+CORE = Queries.load("reservo.core")
+Row = Any
+
+
+async def backlog(conn: asyncpg.Connection, now: datetime) -> Row:
+    """The outbox backlog and dead letters, as /readyz shows them."""
+    return await conn.fetchrow(CORE.backlog, now)
+
+
+async def settling_matches(conn: asyncpg.Connection, limit: int, cap: int) -> list[Row]:
+    return list(await conn.fetch(Q.settling_matches, limit, cap))
+
+
+async def jobs_due(conn: asyncpg.Connection, now: datetime, cap: int) -> Row:
+    return await conn.fetchrow(Q.jobs_due, now, cap)
+
+
+async def dead_letters_by_consumer(conn: asyncpg.Connection) -> list[Row]:
+    return list(await conn.fetch(Q.dead_letters_by_consumer))
+
+
+async def latest_appointments(conn: asyncpg.Connection, limit: int) -> list[Row]:
+    return list(await conn.fetch(Q.latest_appointments, limit))

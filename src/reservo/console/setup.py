@@ -1,0 +1,49 @@
+"""Builds the console: its pages, its session cookies and the pulse (the
+per-second figures every process writes to Redis, core/pulse.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reservo.console import overview, signin
+from reservo.console.figures import Figures
+from reservo.console.session import Sessions
+from reservo.console.web import Site, static
+from reservo.core.module import Module
+from reservo.core.pulse import Pulse
+from reservo.shared import Shared
+
+
+@dataclass(frozen=True, kw_only=True)
+class Console(Module):
+    pulse: Pulse
+    figures: Figures
+
+
+def setup(shared: Shared) -> Console:
+    settings = shared.settings
+    pulse = Pulse(shared.gate, settings.redis_namespace, shared.clock)
+    figures = Figures(
+        shared.db,
+        shared.gate,
+        shared.clock,
+        pulse,
+        shared.subscriptions.consumers,
+        lambda consumer: sorted(shared.subscriptions.for_consumer(consumer)),
+        settings.kafka_bootstrap,
+        settings.kafka_group_prefix,
+    )
+    sessions = Sessions(
+        settings.jwt_secret, settings.console_session_s, secure=settings.console_secure_cookie
+    )
+    return Console(
+        name="console",
+        pulse=pulse,
+        figures=figures,
+        routers=[signin.router, overview.router, static],
+        companions=[pulse.run],
+        state={
+            "console": Site(sessions=sessions, clock=shared.clock, jwt_secret=settings.jwt_secret),
+            "console_figures": figures,
+        },
+    )
