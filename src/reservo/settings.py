@@ -28,8 +28,8 @@ class Settings(BaseSettings):
     # How long a request waits for a pooled connection before answering 503.
     db_acquire_timeout_s: float = 5.0
     # Streaming replicas (hot standbys of database_url), comma-separated. Only the
-    # reads API.md allows to be seconds stale use them (the slot lists, the rentals
-    # search, the match lists); every decision stays on the primary. Empty: none.
+    # reads that may be seconds stale use them (the slot lists, the car search, the
+    # match lists); every decision stays on the primary. Empty: none.
     database_replica_urls: str = ""
     # A replica further behind the primary than this serves nothing (its reads go
     # to the primary): the slot list may then be this much plus
@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     # How long a read waits on a replica (connect, pool, statement) before it is
     # re-asked to the primary.
     replica_timeout_s: float = Field(default=1.0, gt=0)
-    db_replica_pool_min: int = Field(default=1, ge=0)
+    db_replica_pool_min: int = Field(default=0, ge=0)
     db_replica_pool_max: int = Field(default=20, ge=1)
     redis_timeout_s: float = 0.25
     # After a Redis failure, skip Redis for this long (fail open) instead of

@@ -1,7 +1,8 @@
 """Streaming replicas for the reads that may be seconds stale.
 
-API.md lets a few reads lag by seconds (the slot list, the rentals search, the
-match list); those call ``Database.stale_read`` and may be served by a hot
+A few reads may lag by seconds: the slot list (API.md: "may be a few seconds
+stale"), the car search and the match list (a stale answer costs at most a 409
+at the decision). Those call ``Database.stale_read`` and may be served by a hot
 standby. Nothing else routes: bookings, holds, transfers, settlement,
 idempotency and every check a decision rests on use ``Database.connection`` /
 ``transaction``, which always reach the primary.
@@ -76,7 +77,7 @@ class Replicas:
         max_lag_s: float,
         probe_interval_s: float,
         timeout_s: float,
-        min_size: int = 1,
+        min_size: int = 0,
         max_size: int = 20,
     ) -> None:
         self.max_lag_s = max_lag_s
@@ -88,7 +89,7 @@ class Replicas:
                 # A replica that does not answer within timeout_s costs the read that
                 # time once, then the read goes to the primary.
                 db=self._pool(dsn, min_size, max_size),
-                probe_db=self._pool(dsn, 1, 1),
+                probe_db=self._pool(dsn, 0, 1),
             )
             for i, dsn in enumerate(dsns)
         ]
@@ -102,6 +103,8 @@ class Replicas:
         self._task: asyncio.Task[None] | None = None
 
     def _pool(self, dsn: str, min_size: int, max_size: int) -> Database:
+        # A floor above 0 has asyncpg reconnect (and log a traceback) every second
+        # while a replica is down; the probes find it back anyway.
         t = self._timeout_s
         return Database(
             dsn,
@@ -118,7 +121,7 @@ class Replicas:
         if self._task is None:
             self._stop.clear()
             if self._primary_probe is None:
-                self._primary_probe = self._pool(primary.dsn, 1, 1)
+                self._primary_probe = self._pool(primary.dsn, 0, 1)
             self._task = asyncio.get_running_loop().create_task(
                 run_every(self._stop, self.probe_interval_s, "replica_probe", self.probe),
                 name="replica-probe",
