@@ -96,6 +96,7 @@ class Replicas:
         # Samples the primary on a connection of its own: with the primary's pool
         # exhausted by load, the replicas keep being measured (and used).
         self._primary_probe: Database | None = None
+        self._primary_sampled = True
         # (monotonic time just before the query, primary WAL end in bytes)
         self._samples: deque[tuple[float, int]] = deque()
         self._turn = itertools.count()
@@ -148,8 +149,13 @@ class Replicas:
             async with asyncio.timeout(self._timeout_s), self._primary_probe.connection() as conn:
                 end = await conn.fetchval(SQL.primary_wal_position)
             self._samples.append((at, int(end)))
-        except Exception as exc:  # a probe reports and goes on; reads decide alone
-            log.warning("replica_probe_primary_failed", error=repr(exc))
+            if not self._primary_sampled:
+                log.info("replica_probe_primary_back")
+            self._primary_sampled = True
+        except Exception as exc:  # a probe reports (once per outage) and goes on
+            if self._primary_sampled:
+                log.warning("replica_probe_primary_failed", error=repr(exc))
+            self._primary_sampled = False
         # Older samples could only prove a lag beyond the bound.
         while self._samples and self._samples[0][0] < at - 2 * self.max_lag_s:
             self._samples.popleft()
