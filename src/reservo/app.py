@@ -77,6 +77,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         if checks["postgres"]:
             with contextlib.suppress(Exception):  # detail only: never fails readiness
                 body["backlog"] = await container.backlog()
+        if container.db.replicas is not None:  # detail only: reads fall back to the primary
+            body["replicas"] = container.db.replicas.status()
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["operations"], response_class=Response)

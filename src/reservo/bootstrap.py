@@ -33,6 +33,7 @@ from reservo.core.notify import Channel
 from reservo.core.outbox import OutboxRelay
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.redis import RedisGate, make_client
+from reservo.core.replicas import Replicas
 from reservo.core.transport.base import Subscriptions
 from reservo.core.transport.kafka import broker_answers
 from reservo.ops import setup as ops
@@ -212,6 +213,18 @@ def build_shared(settings: Settings, clock: Clock, *, announce: bool = True) -> 
         max_size=settings.db_pool_max,
         command_timeout=settings.db_command_timeout_s,
         acquire_timeout=settings.db_acquire_timeout_s,
+        replicas=(
+            Replicas(
+                settings.replica_urls,
+                max_lag_s=settings.replica_max_lag_s,
+                probe_interval_s=settings.replica_probe_interval_s,
+                timeout_s=settings.replica_timeout_s,
+                min_size=settings.db_replica_pool_min,
+                max_size=settings.db_replica_pool_max,
+            )
+            if settings.replica_urls
+            else None
+        ),
     )
     client = make_client(settings.redis_url, settings.redis_timeout_s)
     gate = RedisGate(client, backoff_s=settings.redis_backoff_s)

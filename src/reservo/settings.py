@@ -27,6 +27,21 @@ class Settings(BaseSettings):
     db_command_timeout_s: float = 10.0
     # How long a request waits for a pooled connection before answering 503.
     db_acquire_timeout_s: float = 5.0
+    # Streaming replicas (hot standbys of database_url), comma-separated. Only the
+    # reads that may be seconds stale use them (the slot lists, the car search, the
+    # match lists); every decision stays on the primary. Empty: none.
+    database_replica_urls: str = ""
+    # A replica further behind the primary than this serves nothing (its reads go
+    # to the primary): the slot list may then be this much plus
+    # appointments_slots_cache_ttl_s stale.
+    replica_max_lag_s: float = Field(default=2.0, gt=0, le=60)
+    # How often each API process measures every replica's lag (and finds one back).
+    replica_probe_interval_s: float = Field(default=0.5, gt=0)
+    # How long a read waits on a replica (connect, pool, statement) before it is
+    # re-asked to the primary.
+    replica_timeout_s: float = Field(default=1.0, gt=0)
+    db_replica_pool_min: int = Field(default=0, ge=0)
+    db_replica_pool_max: int = Field(default=20, ge=1)
     redis_timeout_s: float = 0.25
     # After a Redis failure, skip Redis for this long (fail open) instead of
     # paying a timeout on every request.
@@ -244,6 +259,20 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
     log_json: bool = True
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return [url.strip() for url in self.database_replica_urls.split(",") if url.strip()]
+
+    @model_validator(mode="after")
+    def _replicas_can_be_within_the_bound(self) -> Settings:
+        # A replica in step with the primary shows up to a probe interval of lag.
+        if self.replica_probe_interval_s * 2 > self.replica_max_lag_s:
+            raise ValueError(
+                "RESERVO_REPLICA_PROBE_INTERVAL_S must be at most half of "
+                "RESERVO_REPLICA_MAX_LAG_S: a replica in step shows up to one interval of lag"
+            )
+        return self
 
     @model_validator(mode="after")
     def _retention_keeps_what_a_redelivery_needs(self) -> Settings:

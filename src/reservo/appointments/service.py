@@ -163,12 +163,17 @@ class AppointmentService:
                     return SlotList.parse(raw), life_s
                 except orjson.JSONDecodeError:
                     log.warning("cache.corrupt_entry", key=key)  # a miss, not an outage
-            async with self.db.connection() as conn:
+
+            async def read(conn: asyncpg.Connection) -> tuple[bytes, datetime | None]:
                 tz = await self._zone(conn, doctor_id)
                 start, end = domain.day_bounds(day, tz)
-                body, first = await repo.available_slots_json(
+                return await repo.available_slots_json(
                     conn, doctor_id, start, end, self.clock.now()
                 )
+
+            # A replica may serve it (seconds stale, like the cache); one that has not
+            # seen a new doctor yet is not trusted with its 404.
+            body, first = await self.db.stale_read(read, recheck=("doctor_not_found",))
             fresh = SlotList(body, first.isoformat() if first is not None else "")
             ttl = self.limits.slots_cache_ttl_s
             await self.cache.set_bytes(key, fresh.body, ttl)

@@ -111,15 +111,20 @@ class BettingService:
     async def list_matches(
         self, status: str, after: tuple[datetime, int] | None, limit: int
     ) -> list[dict[str, Any]]:
-        """One page of matches of a status, soonest first (keyset on startsAt, id)."""
+        """One page of matches of a status, soonest first (keyset on startsAt, id).
+        A replica may serve it (seconds stale): a bet is checked against the
+        primary's odds (409 odds_changed)."""
         key = after or (_BEFORE_ANY_MATCH, 0)
-        async with self.db.connection() as conn:
+        now = self.clock.now()
+
+        async def read(conn: asyncpg.Connection) -> list[asyncpg.Record]:
             if status == "UPCOMING":
-                rows = await repo.matches_upcoming(conn, self.clock.now(), key, limit)
-            elif status == "STARTED":
-                rows = await repo.matches_started(conn, self.clock.now(), key, limit)
-            else:
-                rows = await repo.matches_settled(conn, key, limit)
+                return await repo.matches_upcoming(conn, now, key, limit)
+            if status == "STARTED":
+                return await repo.matches_started(conn, now, key, limit)
+            return await repo.matches_settled(conn, key, limit)
+
+        rows = await self.db.stale_read(read)
         return [repo.as_dict(r) for r in rows]
 
     async def customer_owner(self, account_id: int) -> int | None:

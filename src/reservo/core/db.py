@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 import orjson
@@ -24,7 +24,11 @@ import structlog
 
 from reservo.core.errors import DomainError, translate, validation_error
 
+if TYPE_CHECKING:
+    from reservo.core.replicas import Replicas
+
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -103,7 +107,8 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
 
 class Database:
     """A lazily (re)connecting pool. Requests made while PostgreSQL is down get
-    503; the pool heals itself when it comes back."""
+    503; the pool heals itself when it comes back. With ``replicas``, the reads
+    that may be seconds stale (``stale_read``) go to a streaming replica."""
 
     def __init__(
         self,
@@ -114,6 +119,8 @@ class Database:
         command_timeout: float = 10.0,
         acquire_timeout: float = 5.0,
         statement_cache_size: int = 100,
+        connect_timeout: float = 60.0,
+        replicas: Replicas | None = None,
     ) -> None:
         self.dsn = dsn
         self._kw: dict[str, Any] = {
@@ -121,12 +128,14 @@ class Database:
             "max_size": max_size,
             "command_timeout": command_timeout,
             "statement_cache_size": statement_cache_size,
+            "timeout": connect_timeout,
             "init": _init_connection,
             "reset": _reset_connection,
         }
         self._acquire_timeout = acquire_timeout
         self._pool: asyncpg.Pool | None = None
         self._lock = asyncio.Lock()
+        self.replicas = replicas
 
     async def _get_pool(self) -> asyncpg.Pool:
         if self._pool is not None:
@@ -140,9 +149,13 @@ class Database:
         return self._pool
 
     async def connect(self) -> None:
+        if self.replicas is not None:
+            self.replicas.start(self)
         await self._get_pool()
 
     async def close(self) -> None:
+        if self.replicas is not None:
+            await self.replicas.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -180,6 +193,23 @@ class Database:
             ) from exc
         except UNAVAILABLE as exc:
             raise unavailable() from exc
+
+    async def stale_read(
+        self,
+        read: Callable[[asyncpg.Connection], Awaitable[T]],
+        *,
+        recheck: Collection[str] = (),
+    ) -> T:
+        """Run ``read``, a read whose answer may be seconds stale by contract (never
+        one a decision is taken on), on a replica within the lag bound, else on
+        the primary. A replica failing it is re-asked to the primary, once: a
+        replica's death never becomes an error. ``recheck`` lists error codes a
+        lagging replica may give about a row created since (``doctor_not_found``):
+        the primary confirms them."""
+        if self.replicas is None:
+            async with self.connection() as conn:
+                return await read(conn)
+        return await self.replicas.read(self, read, recheck)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.Connection]:

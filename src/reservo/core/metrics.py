@@ -70,6 +70,25 @@ POISON_ROWS = Counter(
     ["loop"],
 )
 
+# Read replicas (core/replicas.py): only the reads that may be seconds stale.
+STALE_READS = Counter(
+    "reservo_db_stale_reads_total",
+    "Reads that may be seconds stale, by the pool that served them and why",
+    ["pool", "reason"],
+)
+REPLICA_LAG = Gauge(
+    "reservo_db_replica_lag_seconds",
+    "Upper bound of how far a replica is behind the primary, at its last probe",
+    ["replica"],
+    multiprocess_mode="livemax",
+)
+REPLICA_UP = Gauge(
+    "reservo_db_replica_up",
+    "1 when the replica answered its last probe as a standby",
+    ["replica"],
+    multiprocess_mode="livemin",
+)
+
 
 def render() -> tuple[bytes, str]:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -129,8 +129,11 @@ class RentalService:
         if cached is not None:
             return cached
         period = domain.stored_period(start, end, self.config.turnaround)
-        async with self.db.connection() as conn:
-            rows = await repo.search_available(conn, city, period, self.clock.now(), limit)
+        now = self.clock.now()
+        # A replica may answer (seconds stale, like the cache): the hold decides.
+        rows = await self.db.stale_read(
+            lambda conn: repo.search_available(conn, city, period, now, limit)
+        )
         cars = [
             {
                 "id": r["id"],
