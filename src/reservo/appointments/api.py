@@ -33,7 +33,7 @@ from reservo.appointments.schemas import (
 )
 from reservo.appointments.service import AppointmentService
 from reservo.core.auth import Principal
-from reservo.core.errors import DomainError, validation_error
+from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -153,10 +153,7 @@ async def book_flow(
     key = required_key(idempotency_key)
     endpoint = "POST /api/appointments"
     scoped_key = f"{caller.role}:{caller.sub}:{endpoint}:{key}"
-    if await svc.gate(patient_id, slot_id, scoped_key):
-        # Refused by the Redis filter before it ran: nothing was created and nothing is
-        # recorded, so a retry with this key is simply evaluated again.
-        raise DomainError("slot_full", "this slot has no capacity left")
+    await svc.admit(patient_id, slot_id, scoped_key)
 
     async def book_once(within: Within[Appointment] | None) -> Appointment:
         await svc.remember_key(scoped_key)

@@ -180,12 +180,14 @@ class AppointmentService:
 
     # -- booking ---------------------------------------------------------------
 
-    async def gate(self, patient_id: int, slot_id: int, request_key: str) -> bool:
-        """The Redis filter in front of a booking, in one round trip. Raises 429 when
-        the patient is over the rate limit. Returns True when the attempt may be
-        refused as slot_full without touching the database: Redis marks the slot
-        full and has never seen this request's Idempotency-Key (a retry of a request
-        that reached the database must get its stored answer, so it goes on)."""
+    async def admit(self, patient_id: int, slot_id: int, request_key: str) -> None:
+        """The Redis filter in front of a booking, in one round trip; returns when
+        the attempt may go on to the database. Raises 429 when the patient is over
+        the rate limit, and 409 slot_full when Redis marks the slot full and has
+        never seen this request's Idempotency-Key (a retry of a request that
+        reached the database must get its stored answer, so it goes on). A
+        refusal here created nothing and is not recorded: a retry with the same
+        key is simply evaluated again."""
         decision, (full, seen) = await self.cache.hit_and_check(
             self.limiter,
             "book",
@@ -205,8 +207,7 @@ class AppointmentService:
             )
         if full and not seen:
             metrics.CONFLICTS.labels("appointments", "slot_full", "redis").inc()
-            return True
-        return False
+            raise DomainError("slot_full", "this slot has no capacity left")
 
     async def remember_key(self, request_key: str) -> None:
         """Tell the Redis filter that this key reached the database. Both marks live
