@@ -162,7 +162,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
     # The other match finished 0-0 (BTTS NO wins) and is fully settled first.
     kick_off(container.clock, match, other)  # results count only once a match started
     async with container.db.transaction() as conn:
-        other_id = await container.settlement.accept_in(
+        other_id = await container.settlement.accept_in_tx(
             conn,
             {
                 "matchExternalId": other["externalId"],
@@ -174,7 +174,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         )
     await container.settlement.settle(other_id)
     async with container.db.transaction() as conn:
-        await container.settlement.accept_in(
+        await container.settlement.accept_in_tx(
             conn,
             {
                 "matchExternalId": match["externalId"],

@@ -126,7 +126,7 @@ class BettingService:
         """The owner of a customer account; None when there is no such account
         (unknown, or a system account: it places no bets)."""
         async with self.db.connection() as conn:
-            account = await wallet.get_account_in(conn, account_id)
+            account = await wallet.get_account_in_tx(conn, account_id)
         if account is None or account["kind"] != "CUSTOMER":
             return None
         return int(account["owner_id"])
@@ -147,7 +147,7 @@ class BettingService:
 
     async def account_owner(self, account_id: int) -> int:
         async with self.db.connection() as conn:
-            account = await wallet.get_account_in(conn, account_id)
+            account = await wallet.get_account_in_tx(conn, account_id)
         if account is None or account["kind"] != "CUSTOMER":
             raise DomainError("account_not_found", f"no account {account_id}")
         return int(account["owner_id"])
@@ -164,7 +164,7 @@ class BettingService:
         potential = self.potential_payout(stake, legs)
         now = self.clock.now()
         async with self.db.transaction() as conn:
-            account = await wallet.get_account_in(conn, account_id)
+            account = await wallet.get_account_in_tx(conn, account_id)
             if account is None or account["kind"] != "CUSTOMER":
                 raise DomainError("account_not_found", f"no account {account_id}")
             rows = await repo.matches_for_bet(conn, [leg.match_id for leg in legs])
@@ -205,14 +205,14 @@ class BettingService:
                 [leg.pick for leg in legs],
                 [leg.odds for leg in legs],
             )
-            house = await wallet.house_account_in(
+            house = await wallet.house_account_in_tx(
                 conn,
                 account["currency"],
                 wallet.house_shard(account_id, self.house_shards),
                 self.house_shards,
                 now,
             )
-            await wallet.transfer_in(
+            await wallet.transfer_in_tx(
                 conn, account_id, house, stake, "STAKE", wallet.bet_reference(bet["id"]), now
             )
             bet["selections"] = [
@@ -257,7 +257,7 @@ class Settlement:
         self.db, self.clock = db, clock
         self.chunk, self.parallel, self.house_shards = chunk, parallel, house_shards
 
-    async def accept_in(self, conn: asyncpg.Connection, payload: dict[str, Any]) -> int | None:
+    async def accept_in_tx(self, conn: asyncpg.Connection, payload: dict[str, Any]) -> int | None:
         """Record a result in the caller's transaction, once per providerEventId.
         Returns the match to settle (also for a duplicate whose match is still
         settling, so a redelivery resumes an interrupted settlement)."""
@@ -302,7 +302,7 @@ class Settlement:
         if event.topic != events.RESULT_TOPIC:
             return
         async with self.db.transaction() as conn:
-            match_id = await self.accept_in(conn, event.payload)
+            match_id = await self.accept_in_tx(conn, event.payload)
         if match_id is not None:
             await self.settle(match_id)
 
@@ -592,7 +592,7 @@ class FallbackResender:
         match to settle (settled after the commit, chunk by chunk)."""
         try:
             async with self.db.transaction() as conn:
-                match_id = await self.settlement.accept_in(conn, row["payload"])
+                match_id = await self.settlement.accept_in_tx(conn, row["payload"])
                 await repo.fallback_resent(conn, [row["id"]], self.clock.now())
             return match_id
         except Exception as exc:

@@ -1,6 +1,6 @@
 """Wallet use cases. Each owns its transaction: lock, check, write.
 
-``transfer_in`` and ``pay_many_in`` run inside a caller's transaction, so the
+``transfer_in_tx`` and ``pay_many_in_tx`` run inside a caller's transaction, so the
 betting module can debit a stake atomically with the bet it inserts."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _not_found(account_id: int) -> DomainError:
     return DomainError("account_not_found", f"no account {account_id}")
 
 
-async def transfer_in(
+async def transfer_in_tx(
     conn: asyncpg.Connection,
     source_id: int,
     target_id: int,
@@ -69,14 +69,14 @@ async def transfer_in(
     return repo.as_dict(row)
 
 
-async def get_account_in(conn: asyncpg.Connection, account_id: int) -> dict[str, Any] | None:
+async def get_account_in_tx(conn: asyncpg.Connection, account_id: int) -> dict[str, Any] | None:
     """An account (id, owner_id, currency, kind, balance), or None. owner_id is
     None for the system accounts (WORLD, HOUSE)."""
     row = await repo.get_account(conn, account_id)
     return None if row is None else repo.as_dict(row)
 
 
-async def house_account_in(
+async def house_account_in_tx(
     conn: asyncpg.Connection, currency: str, shard: int, shards: int, now: datetime
 ) -> int:
     house = await repo.system_account(conn, "HOUSE", currency, shard)
@@ -87,7 +87,7 @@ async def house_account_in(
     return house
 
 
-async def pay_many_in(
+async def pay_many_in_tx(
     conn: asyncpg.Connection, items: Sequence[Payout], shard: int, shards: int, now: datetime
 ) -> int:
     """Credit a chunk of payouts/refunds from the house in the caller's
@@ -103,7 +103,7 @@ async def pay_many_in(
             raise _not_found(p.account_id)
         by_currency[currencies[p.account_id]].append(p)
     houses = {
-        cur: await house_account_in(conn, cur, shard % max(1, shards), shards, now)
+        cur: await house_account_in_tx(conn, cur, shard % max(1, shards), shards, now)
         for cur in by_currency
     }
     # One lock statement, ascending ids, house rows included: same order as transfers.
@@ -158,7 +158,9 @@ class WalletService:
                 await repo.ensure_system_accounts(conn, account["currency"], self.house_shards, now)
                 world = await repo.system_account(conn, "WORLD", account["currency"], 0)
             assert world is not None
-            transfer = await transfer_in(conn, world, account_id, amount, "DEPOSIT", reference, now)
+            transfer = await transfer_in_tx(
+                conn, world, account_id, amount, "DEPOSIT", reference, now
+            )
             if within is not None:
                 await within(conn, transfer)
         return transfer
@@ -168,14 +170,16 @@ class WalletService:
     ) -> Transfer:
         now = self.clock.now()
         async with self.db.transaction() as conn:
-            transfer = await transfer_in(conn, source_id, target_id, amount, "TRANSFER", None, now)
+            transfer = await transfer_in_tx(
+                conn, source_id, target_id, amount, "TRANSFER", None, now
+            )
             if within is not None:
                 await within(conn, transfer)
         return transfer
 
     async def pay_many(self, items: Sequence[Payout], shard: int = 0) -> int:
         async with self.db.transaction() as conn:
-            return await pay_many_in(conn, items, shard, self.house_shards, self.clock.now())
+            return await pay_many_in_tx(conn, items, shard, self.house_shards, self.clock.now())
 
     async def statement(
         self, account_id: int, before: int | None, limit: int
