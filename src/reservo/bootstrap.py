@@ -47,7 +47,6 @@ from reservo.wallet.service import WalletService
 
 log = structlog.get_logger(__name__)
 CORE_SQL = Queries.load("reservo.core")
-HOUR_S = 3600
 
 # The business modules, in the order their routes appear in the API. Core's own
 # modules (the outbox's relay and maintenance roles, notifications) come first.

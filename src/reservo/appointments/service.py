@@ -17,7 +17,7 @@ from reservo.appointments import domain, events, repo
 from reservo.appointments.domain import Appointment
 from reservo.core import contacts, metrics
 from reservo.core.cache import Cache
-from reservo.core.clock import Clock
+from reservo.core.clock import HOUR_S, Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
@@ -36,8 +36,6 @@ SCHEDULE_BATCH = 50
 _BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), 0)
 _DEADLOCK_RETRIES = 3
 
-log = structlog.get_logger(__name__)
-
 
 @dataclass(frozen=True)
 class Limits:
@@ -52,7 +50,7 @@ class Limits:
     full_mark_ttl_s: int = 30
     # How long Redis remembers that an Idempotency-Key reached the database: as
     # long as the database keeps the key itself.
-    key_memory_s: int = 24 * 3600
+    key_memory_s: int = 24 * HOUR_S
 
 
 @dataclass(frozen=True, slots=True)

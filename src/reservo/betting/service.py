@@ -42,6 +42,9 @@ log = structlog.get_logger(__name__)
 
 # Below every match's start (betting_match_starts_at_range): the first page's key.
 _BEFORE_ANY_MATCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Matches one sweep resumes: each settles in full before the next, and the next
+# sweep (every few seconds) takes the rest.
+SWEEP_BATCH = 10
 
 
 # -- matches and bets ------------------------------------------------------------------
@@ -372,7 +375,7 @@ class Settlement:
     async def sweep(self) -> int:
         """Resume settlements a crashed worker left SETTLING."""
         async with self.db.connection() as conn:
-            ids = await repo.settling_matches(conn, 10)
+            ids = await repo.settling_matches(conn, SWEEP_BATCH)
         for match_id in ids:
             await self.settle(match_id)
         return len(ids)
