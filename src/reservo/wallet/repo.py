@@ -53,10 +53,6 @@ async def apply_transfer(
     return await conn.fetchrow(Q.apply_transfer, source, target, amount, kind, reference, now)
 
 
-async def transfer_by_reference(conn: asyncpg.Connection, kind: str, reference: str) -> Row | None:
-    return await conn.fetchrow(Q.transfer_by_reference, kind, reference)
-
-
 async def pay_many(
     conn: asyncpg.Connection,
     house_id: int,
