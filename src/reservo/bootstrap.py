@@ -19,7 +19,10 @@ from reservo import core_modules
 from reservo.appointments import setup as appointments
 from reservo.appointments.service import AppointmentService
 from reservo.betting import setup as betting
-from reservo.betting.service import BettingService, FallbackResender, ResultIntake, Settlement
+from reservo.betting.intake import ResultIntake
+from reservo.betting.resender import FallbackResender
+from reservo.betting.service import BettingService
+from reservo.betting.settlement import Settlement
 from reservo.core import errors
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock

@@ -16,7 +16,7 @@ import pytest
 from reservo.app import create_app
 from reservo.betting import events as betting_events
 from reservo.betting.domain import Leg
-from reservo.betting.service import Settlement
+from reservo.betting.settlement import Settlement
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event

@@ -18,7 +18,8 @@ import pytest
 
 from reservo.app import create_app
 from reservo.betting.domain import Leg
-from reservo.betting.service import FallbackResender, TransportPublisher
+from reservo.betting.publisher import TransportPublisher
+from reservo.betting.resender import FallbackResender
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from reservo.betting.domain import Leg
+from reservo.betting.intake import ResultIntake
 from reservo.betting.schemas import (
     Accepted,
     BetIn,
@@ -27,7 +28,7 @@ from reservo.betting.schemas import (
     SettlementSummaryOut,
     odds_text,
 )
-from reservo.betting.service import BettingService, ResultIntake
+from reservo.betting.service import BettingService
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
