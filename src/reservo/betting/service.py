@@ -98,9 +98,9 @@ class BettingService:
         (unknown, or a system account: it places no bets)."""
         async with self.db.connection() as conn:
             account = await wallet.get_account_in_tx(conn, account_id)
-        if account is None or account["kind"] != "CUSTOMER":
+        if account is None or account.kind != "CUSTOMER":
             return None
-        return int(account["owner_id"])
+        return int(account.owner_id)
 
     async def account_bets(
         self, account_id: int, before: int | None, limit: int, status: str | None
@@ -119,9 +119,9 @@ class BettingService:
     async def account_owner(self, account_id: int) -> int:
         async with self.db.connection() as conn:
             account = await wallet.get_account_in_tx(conn, account_id)
-        if account is None or account["kind"] != "CUSTOMER":
+        if account is None or account.kind != "CUSTOMER":
             raise DomainError("account_not_found", f"no account {account_id}")
-        return int(account["owner_id"])
+        return int(account.owner_id)
 
     async def place_bet(
         self,
@@ -136,7 +136,7 @@ class BettingService:
         now = self.clock.now()
         async with self.db.transaction() as conn:
             account = await wallet.get_account_in_tx(conn, account_id)
-            if account is None or account["kind"] != "CUSTOMER":
+            if account is None or account.kind != "CUSTOMER":
                 raise DomainError("account_not_found", f"no account {account_id}")
             rows = await repo.matches_for_bet(conn, [leg.match_id for leg in legs])
             matches = {
@@ -160,8 +160,8 @@ class BettingService:
                 await repo.insert_bet(
                     conn,
                     account_id,
-                    account["owner_id"],
-                    account["currency"],
+                    account.owner_id,
+                    account.currency,
                     stake,
                     potential,
                     now,
@@ -178,7 +178,7 @@ class BettingService:
             )
             house = await wallet.house_account_in_tx(
                 conn,
-                account["currency"],
+                account.currency,
                 wallet.house_shard(account_id, self.house_shards),
                 self.house_shards,
                 now,

@@ -9,7 +9,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 
@@ -18,8 +17,7 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.wallet import domain, repo
-
-Transfer = dict[str, Any]
+from reservo.wallet.domain import Account, Entry, Transfer
 
 
 @dataclass(frozen=True)
@@ -66,14 +64,13 @@ async def transfer_in_tx(
         raise DomainError(
             "insufficient_funds", f"account {source_id} does not hold {amount} {currency}"
         )
-    return repo.as_dict(row)
+    return Transfer.from_row(row)
 
 
-async def get_account_in_tx(conn: asyncpg.Connection, account_id: int) -> dict[str, Any] | None:
-    """An account (id, owner_id, currency, kind, balance), or None. owner_id is
-    None for the system accounts (WORLD, HOUSE)."""
+async def get_account_in_tx(conn: asyncpg.Connection, account_id: int) -> Account | None:
+    """An account, or None. owner_id is None for the system accounts (WORLD, HOUSE)."""
     row = await repo.get_account(conn, account_id)
-    return None if row is None else repo.as_dict(row)
+    return None if row is None else Account.from_row(row)
 
 
 async def house_account_in_tx(
@@ -131,18 +128,18 @@ class WalletService:
     def __init__(self, db: Database, clock: Clock, house_shards: int = 8) -> None:
         self.db, self.clock, self.house_shards = db, clock, house_shards
 
-    async def create_account(self, owner_id: int, currency: str) -> dict[str, Any]:
+    async def create_account(self, owner_id: int, currency: str) -> Account:
         now = self.clock.now()
         async with self.db.transaction() as conn:
             await repo.ensure_system_accounts(conn, currency, self.house_shards, now)
-            return repo.as_dict(await repo.insert_account(conn, owner_id, currency, now))
+            return Account.from_row(await repo.insert_account(conn, owner_id, currency, now))
 
-    async def get_account(self, account_id: int) -> dict[str, Any]:
+    async def get_account(self, account_id: int) -> Account:
         async with self.db.connection() as conn:
             row = await repo.get_account(conn, account_id)
         if row is None:
             raise _not_found(account_id)
-        return repo.as_dict(row)
+        return Account.from_row(row)
 
     async def deposit(
         self, account_id: int, amount: int, reference: str, within: Within[Transfer] | None = None
@@ -183,7 +180,7 @@ class WalletService:
 
     async def statement(
         self, account_id: int, before: int | None, limit: int
-    ) -> tuple[dict[str, Any], list[dict[str, Any]], int | None]:
+    ) -> tuple[Account, list[Entry], int | None]:
         """Newest first; one row more than asked tells whether another page exists.
         Balance and page come from one snapshot (REPEATABLE READ)."""
         async with self.db.connection() as conn, conn.transaction(isolation="repeatable_read"):
@@ -191,6 +188,6 @@ class WalletService:
             if account is None:
                 raise _not_found(account_id)
             rows = await repo.statement(conn, account_id, before, limit + 1)
-        entries = [repo.as_dict(r) for r in rows[:limit]]
-        next_before = entries[-1]["id"] if len(rows) > limit else None
-        return repo.as_dict(account), entries, next_before
+        entries = [Entry.from_row(r) for r in rows[:limit]]
+        next_before = entries[-1].id if len(rows) > limit else None
+        return Account.from_row(account), entries, next_before
