@@ -603,4 +603,4 @@ async def test_demo_loads_upcoming_matches_once(
     finally:
         await own.close()
     assert len(page) == len(demo.MATCHES)
-    assert all(m["external_id"].startswith("demo-") for m in page)
+    assert all(m.external_id.startswith("demo-") for m in page)

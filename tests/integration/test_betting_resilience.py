@@ -97,7 +97,7 @@ async def test_kafka_down_answers_202_from_the_fallback_then_resend_settles(
         "SELECT status FROM webhook_events_fallback WHERE provider_event_id = $1", event
     )
     assert row["status"] == "RESENT"
-    settled = await db.fetchrow("SELECT status, payout FROM betting_bet WHERE id = $1", bet["id"])
+    settled = await db.fetchrow("SELECT status, payout FROM betting_bet WHERE id = $1", bet.id)
     assert (settled["status"], settled["payout"]) == ("WON", 420)
     assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", account) == 1_320
 
@@ -205,7 +205,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         "SELECT settlement_status, settled_bets FROM betting_match WHERE id = $1", match["id"]
     )
     assert (state["settlement_status"], state["settled_bets"]) == ("SETTLED", 300)
-    ids = [b["id"] for b in bets]
+    ids = [b.id for b in bets]
     rows = await db.fetch(
         "SELECT id, stake, status, payout FROM betting_bet WHERE id = ANY($1)", ids
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from reservo import wallet
 from reservo.betting import domain, repo
+from reservo.betting.domain import Bet, Match, Selection
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
@@ -16,6 +16,8 @@ from reservo.core.idempotency import Within
 
 # Below every match's start (betting_match_starts_at_range): the first page's key.
 _BEFORE_ANY_MATCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Above every bet id (a bigint): the first page of an account's bets, newest first.
+_AFTER_ANY_BET = 2**63 - 1
 
 
 class BettingService:
@@ -45,26 +47,26 @@ class BettingService:
         away: str,
         starts_at: datetime,
         odds: dict[str, dict[str, str]],
-    ) -> dict[str, Any]:
+    ) -> Match:
         async with self.db.transaction() as conn:
             row = await repo.insert_match(
                 conn, external_id, home, away, starts_at, odds, self.clock.now()
             )
-        return {**repo.as_dict(row), "pending_bets": 0}
+        return Match.from_row(row, pending_bets=0)
 
-    async def get_match(self, match_id: int) -> dict[str, Any]:
+    async def get_match(self, match_id: int) -> Match:
         async with self.db.connection() as conn:
             row = await repo.get_match(conn, match_id)
         if row is None:
             raise DomainError("match_not_found", f"no match {match_id}")
-        return repo.as_dict(row)
+        return Match.from_row(row)
 
     async def update_match(
         self,
         match_id: int,
         odds: dict[str, dict[str, str]] | None,
         suspended: bool | None,
-    ) -> dict[str, Any]:
+    ) -> Match:
         """New odds and/or suspension, while the match is open. The UPDATE waits
         for bets that share-locked the row (matches_for_bet) and bets after it
         see the new row: a bet commits either before the change or under it."""
@@ -77,11 +79,11 @@ class BettingService:
             raise DomainError(
                 "match_closed", f"match {match_id} has started or has a result: no more changes"
             )
-        return repo.as_dict(row)
+        return Match.from_row(row)
 
     async def list_matches(
         self, status: str, after: tuple[datetime, int] | None, limit: int
-    ) -> list[dict[str, Any]]:
+    ) -> list[Match]:
         """One page of matches of a status, soonest first (keyset on startsAt, id)."""
         key = after or (_BEFORE_ANY_MATCH, 0)
         async with self.db.connection() as conn:
@@ -91,7 +93,7 @@ class BettingService:
                 rows = await repo.matches_started(conn, self.clock.now(), key, limit)
             else:
                 rows = await repo.matches_settled(conn, key, limit)
-        return [repo.as_dict(r) for r in rows]
+        return [Match.from_row(r) for r in rows]
 
     async def customer_owner(self, account_id: int) -> int | None:
         """The owner of a customer account; None when there is no such account
@@ -104,17 +106,16 @@ class BettingService:
 
     async def account_bets(
         self, account_id: int, before: int | None, limit: int, status: str | None
-    ) -> list[dict[str, Any]]:
+    ) -> list[Bet]:
         """One page of an account's bets with their legs, newest first (keyset on id)."""
         async with self.db.connection() as conn:
-            rows = await repo.account_bets(conn, account_id, before or 2**63 - 1, limit, status)
-            bets = [repo.as_dict(r) for r in rows]
-            legs: dict[int, list[dict[str, Any]]] = {b["id"]: [] for b in bets}
+            rows = await repo.account_bets(
+                conn, account_id, before or _AFTER_ANY_BET, limit, status
+            )
+            legs: dict[int, list[Selection]] = {r["id"]: [] for r in rows}
             for s in await repo.selections_of_bets(conn, list(legs)):
-                legs[s["bet_id"]].append(repo.as_dict(s))
-        for b in bets:
-            b["selections"] = legs[b["id"]]
-        return bets
+                legs[s["bet_id"]].append(Selection.from_row(s))
+        return [Bet.from_row(r, legs[r["id"]]) for r in rows]
 
     async def account_owner(self, account_id: int) -> int:
         async with self.db.connection() as conn:
@@ -128,8 +129,8 @@ class BettingService:
         account_id: int,
         stake: int,
         legs: Sequence[domain.Leg],
-        within: Within[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+        within: Within[Bet] | None = None,
+    ) -> Bet:
         """Insert the bet and debit its stake in one transaction: either both
         happen or neither (the wallet's conditional update refuses overdrafts)."""
         potential = self.potential_payout(stake, legs)
@@ -156,21 +157,19 @@ class BettingService:
                 domain.check_bet(legs, matches, now)
             except domain.BetRefused as exc:
                 raise DomainError(exc.code, exc.detail) from None
-            bet = repo.as_dict(
-                await repo.insert_bet(
-                    conn,
-                    account_id,
-                    account.owner_id,
-                    account.currency,
-                    stake,
-                    potential,
-                    now,
-                    len(legs),
-                )
+            row = await repo.insert_bet(
+                conn,
+                account_id,
+                account.owner_id,
+                account.currency,
+                stake,
+                potential,
+                now,
+                len(legs),
             )
             await repo.insert_selections(
                 conn,
-                bet["id"],
+                row["id"],
                 [leg.match_id for leg in legs],
                 [leg.market for leg in legs],
                 [leg.pick for leg in legs],
@@ -184,27 +183,23 @@ class BettingService:
                 now,
             )
             await wallet.transfer_in_tx(
-                conn, account_id, house, stake, "STAKE", wallet.bet_reference(bet["id"]), now
+                conn, account_id, house, stake, "STAKE", wallet.bet_reference(row["id"]), now
             )
-            bet["selections"] = [
-                {
-                    "match_id": leg.match_id,
-                    "market": leg.market,
-                    "pick": leg.pick,
-                    "odds": leg.odds,
-                    "status": "PENDING",
-                }
-                for leg in legs
-            ]
+            bet = Bet.from_row(
+                row,
+                (
+                    Selection(leg.match_id, leg.market, leg.pick, leg.odds, "PENDING")
+                    for leg in legs
+                ),
+            )
             if within is not None:
                 await within(conn, bet)
         return bet
 
-    async def get_bet(self, bet_id: int) -> dict[str, Any]:
+    async def get_bet(self, bet_id: int) -> Bet:
         async with self.db.connection() as conn:
             row = await repo.get_bet(conn, bet_id)
             if row is None:
                 raise DomainError("bet_not_found", f"no bet {bet_id}")
-            bet = repo.as_dict(row)
-            bet["selections"] = [repo.as_dict(s) for s in await repo.bet_selections(conn, bet_id)]
-        return bet
+            legs = await repo.bet_selections(conn, bet_id)
+        return Bet.from_row(row, map(Selection.from_row, legs))
