@@ -19,7 +19,6 @@ from reservo import core_modules
 from reservo.appointments import setup as appointments
 from reservo.appointments.service import AppointmentService
 from reservo.betting import setup as betting
-from reservo.betting.intake import ResultIntake
 from reservo.betting.resender import FallbackResender
 from reservo.betting.service import BettingService
 from reservo.betting.settlement import Settlement
@@ -27,11 +26,9 @@ from reservo.core import errors
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
 from reservo.core.db import Database, Queries
-from reservo.core.deadletters import DeadLetterBox
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.module import Module, Role
 from reservo.core.notifications import NotificationConsumer
-from reservo.core.notify import Channel
 from reservo.core.outbox import OutboxRelay
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.redis import RedisGate, make_client
@@ -46,7 +43,6 @@ from reservo.settings import Settings
 from reservo.shared import Shared, consumer_from_settings
 from reservo.wallet import setup as wallet
 from reservo.wallet.events import PayoutConsumer
-from reservo.wallet.service import WalletService
 
 log = structlog.get_logger(__name__)
 CORE_SQL = Queries.load("reservo.core")
@@ -90,10 +86,6 @@ class Container(Shared):
         return self.module(core_modules.Notifications).consumer
 
     @property
-    def channel(self) -> Channel:
-        return self.module(core_modules.Notifications).channel
-
-    @property
     def appointments(self) -> AppointmentService:
         return self.module(appointments.Appointments).service
 
@@ -104,10 +96,6 @@ class Container(Shared):
     @property
     def rentals_gateway(self) -> PaymentGateway | None:
         return self.module(rentals.Rentals).gateway
-
-    @property
-    def wallet(self) -> WalletService:
-        return self.module(wallet.Wallet).service
 
     @property
     def payouts(self) -> PayoutConsumer:
@@ -122,16 +110,8 @@ class Container(Shared):
         return self.module(betting.Betting).settlement
 
     @property
-    def results(self) -> ResultIntake:
-        return self.module(betting.Betting).results
-
-    @property
     def resender(self) -> FallbackResender:
         return self.module(betting.Betting).resender
-
-    @property
-    def dead_letters(self) -> DeadLetterBox:
-        return self.module(ops.Ops).dead_letters
 
     # -- roles ---------------------------------------------------------------------
 
