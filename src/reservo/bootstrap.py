@@ -2,12 +2,14 @@
 through its ``setup``, and wires what the modules declare (routes, subscriptions,
 job kinds, roles, error codes). Tests build the same graph with their own settings.
 
-Adding a module is its import and one line in ``MODULES``."""
+Adding a module is one line in ``MODULES``: its package, whose ``setup`` module
+has ``setup(shared) -> Module``."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -34,7 +36,6 @@ from reservo.core.ratelimit import RateLimiter
 from reservo.core.redis import RedisGate, make_client
 from reservo.core.transport.base import Subscriptions
 from reservo.core.transport.kafka import broker_answers
-from reservo.ops import setup as ops
 from reservo.rentals import setup as rentals
 from reservo.rentals.gateway import PaymentGateway
 from reservo.rentals.service import RentalService
@@ -47,15 +48,16 @@ from reservo.wallet.events import PayoutConsumer
 log = structlog.get_logger(__name__)
 CORE_SQL = Queries.load("reservo.core")
 
-# The business modules, in the order their routes appear in the API. Core's own
-# modules (the outbox's relay and maintenance roles, notifications) come first.
-MODULES: tuple[Callable[[Shared], Module], ...] = (
-    appointments.setup,
-    rentals.setup,
-    wallet.setup,
-    betting.setup,
-    scheduler.setup,
-    ops.setup,
+# The business modules (their packages), in the order their routes appear in the
+# API. Core's own modules (the outbox's relay and maintenance roles,
+# notifications) come first.
+MODULES: tuple[str, ...] = (
+    "reservo.appointments",
+    "reservo.rentals",
+    "reservo.wallet",
+    "reservo.betting",
+    "reservo.scheduler",
+    "reservo.ops",
 )
 # `reservo worker --roles all`: every background role and every consumer.
 ALL = "all"
@@ -215,7 +217,7 @@ def build(settings: Settings, clock: Clock | None = None, *, announce: bool = Tr
     """The whole graph. ``announce`` logs the start-up warnings (sandbox or no
     payment gateway); off when the graph is built only to read what it declares."""
     shared = build_shared(settings, clock or SystemClock(), announce=announce)
-    business = [setup(shared) for setup in MODULES]
+    business = [setup_of(package)(shared) for package in MODULES]
     renderers = {t: r for m in business for t, r in m.notifications.items()}
     modules = (
         core_modules.outbox(shared),
@@ -225,6 +227,12 @@ def build(settings: Settings, clock: Clock | None = None, *, announce: bool = Tr
     wire(shared, modules)
     parts = {f.name: getattr(shared, f.name) for f in fields(Shared)}
     return Container(**parts, modules=modules)
+
+
+def setup_of(package: str) -> Callable[[Shared], Module]:
+    """The ``setup`` function of a module's ``setup.py``."""
+    setup: Callable[[Shared], Module] = importlib.import_module(f"{package}.setup").setup
+    return setup
 
 
 def wire(shared: Shared, modules: Sequence[Module]) -> None:
