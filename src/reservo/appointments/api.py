@@ -37,6 +37,7 @@ from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -53,9 +54,7 @@ PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
-def _svc(request: Request) -> AppointmentService:
-    svc: AppointmentService = request.app.state.appointments
-    return svc
+_svc = from_state(AppointmentService, "appointments")
 
 
 def render(appt: Appointment) -> dict[str, Any]:

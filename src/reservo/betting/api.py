@@ -33,6 +33,7 @@ from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -48,9 +49,8 @@ PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
-def _svc(request: Request) -> BettingService:
-    svc: BettingService = request.app.state.betting
-    return svc
+_svc = from_state(BettingService, "betting")
+_intake = from_state(ResultIntake, "results")
 
 
 def _match_fields(m: Match) -> dict[str, Any]:
@@ -270,6 +270,5 @@ async def match_result(
     request: Request, x_signature: Annotated[str | None, Header(alias="X-Signature")] = None
 ) -> JSONResponse:
     """Signed by the results provider (X-Signature over the raw body)."""
-    intake: ResultIntake = request.app.state.results
-    await intake.receive(await request.body(), x_signature)
+    await _intake(request).receive(await request.body(), x_signature)
     return json_response(202, Accepted(accepted=True).wire())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import orjson
 import structlog
@@ -44,9 +44,17 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"description": _PHRASES[s], "content": {PROBLEM_JSON: {}}} for s in statuses}
 
 
-def idempotency_store(request: Request) -> IdempotencyStore:
-    store: IdempotencyStore = request.app.state.idempotency
-    return store
+def from_state(kind: type[T], name: str) -> Callable[[Request], T]:
+    """The getter of what the app keeps on ``app.state`` under ``name`` (a
+    module's ``state``, set by the app at start): ``_svc = from_state(X, "x")``."""
+
+    def get(request: Request) -> T:
+        return cast(T, getattr(request.app.state, name))
+
+    return get
+
+
+idempotency_store = from_state(IdempotencyStore, "idempotency")
 
 
 def problem(err: DomainError) -> JSONResponse:

@@ -17,6 +17,7 @@ from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -49,9 +50,7 @@ PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
-def svc_of(request: Request) -> RentalService:
-    svc: RentalService = request.app.state.rentals
-    return svc
+svc_of = from_state(RentalService, "rentals")
 
 
 def render(svc: RentalService, b: Booking) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -42,9 +43,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
-def _svc(request: Request) -> Scheduler:
-    svc: Scheduler = request.app.state.scheduler
-    return svc
+_svc = from_state(Scheduler, "scheduler")
 
 
 def render(job: Job) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -35,9 +36,7 @@ PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
-def _svc(request: Request) -> WalletService:
-    svc: WalletService = request.app.state.wallet
-    return svc
+_svc = from_state(WalletService, "wallet")
 
 
 def render_account(a: Account) -> dict[str, Any]:
