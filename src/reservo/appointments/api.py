@@ -20,7 +20,6 @@ from reservo.appointments.schemas import (
     AppointmentPage,
     ContactIn,
     ContactOut,
-    Doctor,
     DoctorIn,
     RepeatingScheduleOut,
     RescheduledOut,
@@ -31,6 +30,7 @@ from reservo.appointments.schemas import (
     WaitlistIn,
     WaitlistOut,
 )
+from reservo.appointments.schemas import Doctor as DoctorOut
 from reservo.appointments.service import AppointmentService
 from reservo.core.auth import Principal
 from reservo.core.errors import validation_error
@@ -69,11 +69,14 @@ def render(appt: Appointment) -> dict[str, Any]:
     ).wire()
 
 
-@router.post("/doctors", status_code=201, response_model=Doctor, responses=PROBLEMS)
+@router.post("/doctors", status_code=201, response_model=DoctorOut, responses=PROBLEMS)
 async def create_doctor(body: DoctorIn, caller: Caller, request: Request) -> JSONResponse:
     caller.require("admin")
     doctor = await _svc(request).create_doctor(body.name, body.timezone, body.specialty)
-    return json_response(201, Doctor(**doctor).wire())
+    out = DoctorOut(
+        id=doctor.id, name=doctor.name, timezone=doctor.timezone, specialty=doctor.specialty
+    )
+    return json_response(201, out.wire())
 
 
 @router.post(

@@ -106,9 +106,9 @@ class AppointmentService:
 
     # -- doctors and schedules -------------------------------------------------
 
-    async def create_doctor(self, name: str, tz: str, specialty: str | None) -> dict[str, Any]:
+    async def create_doctor(self, name: str, tz: str, specialty: str | None) -> domain.Doctor:
         async with self.db.transaction() as conn:
-            return repo.as_dict(await repo.insert_doctor(conn, name, tz, specialty))
+            return domain.Doctor.from_row(await repo.insert_doctor(conn, name, tz, specialty))
 
     async def _zone(self, conn: asyncpg.Connection, doctor_id: int) -> ZoneInfo:
         tz = self._zones.get(doctor_id)
