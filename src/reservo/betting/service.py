@@ -99,10 +99,8 @@ class BettingService:
         """The owner of a customer account; None when there is no such account
         (unknown, or a system account: it places no bets)."""
         async with self.db.connection() as conn:
-            account = await wallet.get_account_in_tx(conn, account_id)
-        if account is None or account.kind != "CUSTOMER":
-            return None
-        return int(account.owner_id)
+            customer = _customer(await wallet.get_account_in_tx(conn, account_id))
+        return None if customer is None else customer[1]
 
     async def account_bets(
         self, account_id: int, before: int | None, limit: int, status: str | None
@@ -118,11 +116,10 @@ class BettingService:
         return [Bet.from_row(r, legs[r["id"]]) for r in rows]
 
     async def account_owner(self, account_id: int) -> int:
-        async with self.db.connection() as conn:
-            account = await wallet.get_account_in_tx(conn, account_id)
-        if account is None or account.kind != "CUSTOMER":
+        owner = await self.customer_owner(account_id)
+        if owner is None:
             raise DomainError("account_not_found", f"no account {account_id}")
-        return int(account.owner_id)
+        return owner
 
     async def place_bet(
         self,
@@ -136,9 +133,10 @@ class BettingService:
         potential = self.potential_payout(stake, legs)
         now = self.clock.now()
         async with self.db.transaction() as conn:
-            account = await wallet.get_account_in_tx(conn, account_id)
-            if account is None or account.kind != "CUSTOMER":
+            customer = _customer(await wallet.get_account_in_tx(conn, account_id))
+            if customer is None:
                 raise DomainError("account_not_found", f"no account {account_id}")
+            account, owner = customer
             rows = await repo.matches_for_bet(conn, [leg.match_id for leg in legs])
             matches = {
                 r["id"]: domain.MatchState(
@@ -160,7 +158,7 @@ class BettingService:
             row = await repo.insert_bet(
                 conn,
                 account_id,
-                account.owner_id,
+                owner,
                 account.currency,
                 stake,
                 potential,
@@ -203,3 +201,11 @@ class BettingService:
                 raise DomainError("bet_not_found", f"no bet {bet_id}")
             legs = await repo.bet_selections(conn, bet_id)
         return Bet.from_row(row, map(Selection.from_row, legs))
+
+
+def _customer(account: wallet.Account | None) -> tuple[wallet.Account, int] | None:
+    """A customer account and its owner; None for no account or a system one
+    (WORLD, HOUSE: nobody's, it places no bets)."""
+    if account is None or account.kind != "CUSTOMER" or account.owner_id is None:
+        return None
+    return account, account.owner_id
