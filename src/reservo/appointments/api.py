@@ -33,7 +33,6 @@ from reservo.appointments.schemas import (
 from reservo.appointments.schemas import Doctor as DoctorOut
 from reservo.appointments.service import AppointmentService
 from reservo.core.auth import Principal
-from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -46,7 +45,14 @@ from reservo.core.http import (
 )
 from reservo.core.idempotency import IdempotencyStore, Within, validate_key
 from reservo.core.lean import LeanRequest, LeanRoute, json_bytes
-from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.pagination import (
+    DEFAULT_LIMIT,
+    After,
+    Limit,
+    decode_cursor,
+    malformed_cursor,
+    page,
+)
 from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
 
 router = APIRouter(prefix="/api", tags=["appointments"])
@@ -256,10 +262,7 @@ def _position(cursor: str | None) -> tuple[datetime, int] | None:
     except ValueError:
         at = None
     if at is None or at.tzinfo is None:
-        raise validation_error(
-            "malformed cursor: pass the `next` value of the previous page unchanged",
-            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
-        )
+        raise malformed_cursor()
     return at, appointment_id
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
@@ -29,7 +28,7 @@ from reservo.betting.schemas import (
     odds_text,
 )
 from reservo.betting.service import BettingService
-from reservo.core.errors import DomainError, validation_error
+from reservo.core.errors import DomainError
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -41,8 +40,15 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within
-from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
-from reservo.core.schemas import EARLIEST, LATEST
+from reservo.core.pagination import (
+    DEFAULT_LIMIT,
+    After,
+    Limit,
+    decode_cursor,
+    page,
+    time_cursor,
+    time_key,
+)
 
 router = APIRouter(prefix="/api", tags=["betting"])
 PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -139,26 +145,10 @@ async def get_match(
     return json_response(200, render_match(await _svc(request).get_match(match_id)))
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
-
 def _match_key(m: Match) -> tuple[int, int]:
-    """A match's place in the lists (startsAt in microseconds since 1970, id)."""
-    return (m.starts_at - _EPOCH) // _US, m.id
-
-
-def _match_cursor(after: str | None) -> tuple[datetime, int] | None:
-    if after is None:
-        return None
-    us, match_id = decode_cursor(after, int, int)
-    if not (EARLIEST - _EPOCH) // _US <= us < (LATEST - _EPOCH) // _US:
-        # No match starts there (betting_match_starts_at_range): not our cursor.
-        raise validation_error(
-            "malformed cursor: pass the `next` value of the previous page unchanged",
-            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
-        )
-    return _EPOCH + us * _US, match_id
+    """A match's place in the lists: (startsAt, id). No match starts outside
+    [EARLIEST, LATEST) (betting_match_starts_at_range)."""
+    return time_key(m.starts_at, m.id)
 
 
 @router.get("/matches", response_model=MatchPage, responses=PROBLEMS)
@@ -179,7 +169,7 @@ async def list_matches(
 ) -> JSONResponse:
     """Matches of one status, soonest first (startsAt, then id). Items are matches
     without `settlement.pendingBets` (GET /api/matches/{id} counts it)."""
-    matches = await _svc(request).list_matches(status, _match_cursor(after), limit + 1)
+    matches = await _svc(request).list_matches(status, time_cursor(after), limit + 1)
     items, nxt = page(matches, limit, _match_key)
     body = MatchPage(items=[render_match_summary(m) for m in items], next=nxt)
     return json_response(200, body.wire())

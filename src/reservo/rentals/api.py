@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Annotated, Any
 
@@ -25,8 +24,15 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within, validate_key
-from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
-from reservo.core.schemas import EARLIEST, LATEST, Instant
+from reservo.core.pagination import (
+    DEFAULT_LIMIT,
+    After,
+    Limit,
+    page,
+    time_cursor,
+    time_key,
+)
+from reservo.core.schemas import Instant
 from reservo.rentals import domain
 from reservo.rentals.domain import Booking, Car
 from reservo.rentals.schemas import (
@@ -256,27 +262,11 @@ async def payment_webhook(
 
 # -- second release: a customer's bookings, a car's calendar, a quote ------------------
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
 
 def _booking_key(b: Booking) -> tuple[int, int]:
-    """A booking's place in its customer's list (createdAt in microseconds since
-    1970, id): the cursor of the page it ends."""
-    return (b.created_at - _EPOCH) // _US, b.id
-
-
-def _booking_cursor(after: str | None) -> tuple[datetime, int] | None:
-    if after is None:
-        return None
-    us, booking_id = decode_cursor(after, int, int)
-    if not (EARLIEST - _EPOCH) // _US <= us < (LATEST - _EPOCH) // _US:
-        # Not a time the server clock stamps on a booking: not our cursor.
-        raise validation_error(
-            "malformed cursor: pass the `next` value of the previous page unchanged",
-            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
-        )
-    return _EPOCH + us * _US, booking_id
+    """A booking's place in its customer's list, (createdAt, id): the cursor of
+    the page it ends."""
+    return time_key(b.created_at, b.id)
 
 
 @router.get("/customers/{customerId}/bookings", response_model=BookingPage, responses=PROBLEMS)
@@ -299,7 +289,7 @@ async def customer_bookings(
     else is 403 whether the customer has bookings or not."""
     caller.require_owner("customer", customer_id)
     svc = svc_of(request)
-    rows = await svc.customer_bookings(customer_id, _booking_cursor(after), limit + 1, status)
+    rows = await svc.customer_bookings(customer_id, time_cursor(after), limit + 1, status)
     items, nxt = page(rows, limit, _booking_key)
     return json_response(200, {"items": [render(svc, b) for b in items], "next": nxt})
 
