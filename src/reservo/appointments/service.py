@@ -223,17 +223,8 @@ class AppointmentService:
                     raise await self._refusal(conn, slot_id, patient_id, now)
                 appt = Appointment.from_row(row)
                 await emit(conn, events.BOOKED, f"appointment:{appt.id}", events.payload(appt), now)
-                remind_at = appt.start_at - REMINDER_LEAD
-                if self.scheduler is not None and remind_at > now:
-                    # Same transaction: the booking and its reminder commit together.
-                    job = await self.scheduler.enqueue(
-                        REMINDER_JOB,
-                        {"appointmentId": appt.id},
-                        run_at=remind_at,
-                        idempotency_key=f"appointment:{appt.id}",
-                        conn=conn,
-                    )
-                    await repo.set_reminder_job(conn, appt.id, job.id)
+                # Same transaction: the booking and its reminder commit together.
+                await self._remind_later(conn, appt, now)
                 if within is not None:
                     await within(conn, appt)
         except DomainError as err:
@@ -434,8 +425,8 @@ class AppointmentService:
         return DomainError("not_reschedulable", "the appointment has already started")
 
     async def _remind_later(self, conn: asyncpg.Connection, appt: Appointment, now: Any) -> None:
-        """The reminder job of a booking made by reschedule or waitlist, in its
-        transaction (as ``book`` does for its own)."""
+        """The reminder job of a booking (booked, rescheduled or given a freed
+        seat), in its transaction; none when it starts sooner than the lead."""
         remind_at = appt.start_at - REMINDER_LEAD
         if self.scheduler is not None and remind_at > now:
             job = await self.scheduler.enqueue(
