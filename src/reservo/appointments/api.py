@@ -36,6 +36,7 @@ from reservo.core.auth import Principal
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
     from_state,
     idempotency_store,
     json_response,
@@ -53,10 +54,9 @@ from reservo.core.pagination import (
     malformed_cursor,
     page,
 )
-from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
+from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY, MAX_ID
 
 router = APIRouter(prefix="/api", tags=["appointments"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
@@ -179,7 +179,7 @@ _BOOK_KEYS = frozenset(("slotId", "patientId"))
 
 def _id(value: Any) -> int | None:
     # StrictInt: no bool, no float, no string; within [1, 2^63-1].
-    if type(value) is int and 1 <= value <= 2**63 - 1:
+    if type(value) is int and 1 <= value <= MAX_ID:
         return value
     return None
 

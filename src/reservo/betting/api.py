@@ -32,6 +32,7 @@ from reservo.core.errors import DomainError
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
     from_state,
     idempotency_store,
     json_response,
@@ -51,7 +52,6 @@ from reservo.core.pagination import (
 )
 
 router = APIRouter(prefix="/api", tags=["betting"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 

@@ -13,11 +13,12 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
+from reservo.core.schemas import MAX_ID
 
 # Below every match's start (betting_match_starts_at_range): the first page's key.
 _BEFORE_ANY_MATCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Above every bet id (a bigint): the first page of an account's bets, newest first.
-_AFTER_ANY_BET = 2**63 - 1
+_AFTER_ANY_BET = MAX_ID
 
 
 class BettingService:

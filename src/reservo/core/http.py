@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar, cast
 
 import orjson
 import structlog
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -20,8 +20,11 @@ from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.clock import Clock
 from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Within, validate_key
+from reservo.core.schemas import MAX_ID
 
 T = TypeVar("T")
+# An id in a path (`Annotated[PathId, Path(alias="id")]`).
+PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 log = structlog.get_logger(__name__)
 

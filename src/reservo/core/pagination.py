@@ -14,7 +14,7 @@ import orjson
 from fastapi import Query
 
 from reservo.core.errors import DomainError, validation_error
-from reservo.core.schemas import EARLIEST, LATEST
+from reservo.core.schemas import EARLIEST, LATEST, MAX_ID
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size (1-200)")]
@@ -41,7 +41,7 @@ def decode_cursor(cursor: str, *types: type) -> tuple[Any, ...]:
         and len(key) == len(types)
         and all(type(v) is t for v, t in zip(key, types, strict=True))
         and all(v >= 1 for v in key if isinstance(v, int))
-        and all(v < 2**63 for v in key if isinstance(v, int))
+        and all(v <= MAX_ID for v in key if isinstance(v, int))
     )
     if not ok:
         raise malformed_cursor()

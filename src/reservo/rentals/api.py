@@ -16,6 +16,7 @@ from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
     from_state,
     idempotency_store,
     json_response,
@@ -52,7 +53,6 @@ from reservo.rentals.schemas import Car as CarOut
 from reservo.rentals.service import RentalService
 
 router = APIRouter(prefix="/api", tags=["rentals"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 

@@ -22,12 +22,12 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse
 
 from reservo.core.errors import DomainError
+from reservo.core.http import PathId
 from reservo.rentals import domain
 from reservo.rentals.api import process_webhook, svc_of
 from reservo.rentals.gateway import SandboxGateway
 
 router = APIRouter(prefix="/sandbox", tags=["rentals sandbox"], include_in_schema=False)
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 # The form carries one short field; anything bigger is not our form.
 MAX_FORM_BYTES = 1024
 

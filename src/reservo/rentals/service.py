@@ -21,6 +21,7 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
+from reservo.core.schemas import MAX_ID
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
 from reservo.rentals.domain import BlockedPeriod, Booking, Car
@@ -33,7 +34,7 @@ NO_GATEWAY = "no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY
 # A customer's clock may lag ours a little: a period starting this long ago is accepted.
 START_GRACE = timedelta(minutes=5)
 # The keyset before every booking: a customer's list starts here.
-FIRST_PAGE = (datetime(9999, 12, 31, tzinfo=UTC), 2**63 - 1)
+FIRST_PAGE = (datetime(9999, 12, 31, tzinfo=UTC), MAX_ID)
 
 
 class JobScheduler(Protocol):

@@ -15,6 +15,7 @@ from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
     from_state,
     idempotency_store,
     json_response,
@@ -37,7 +38,6 @@ from reservo.scheduler.schemas import (
 from reservo.scheduler.service import Scheduler
 
 router = APIRouter(prefix="/api", tags=["jobs"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 # Payloads live in PostgreSQL; keep them small.
 MAX_PAYLOAD_BYTES = 64 * 1024
 PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)

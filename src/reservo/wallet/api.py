@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
     from_state,
     idempotency_store,
     json_response,
@@ -19,6 +20,7 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within
+from reservo.core.schemas import MAX_ID
 from reservo.wallet.domain import Account, Transfer
 from reservo.wallet.schemas import (
     AccountIn,
@@ -32,7 +34,6 @@ from reservo.wallet.schemas import (
 from reservo.wallet.service import WalletService
 
 router = APIRouter(prefix="/api", tags=["wallet"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
@@ -139,7 +140,7 @@ async def statement(
     caller: Caller,
     request: Request,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    before: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
 ) -> JSONResponse:
     await _owned(request, caller, account_id)
     account, entries, next_before = await _svc(request).statement(account_id, before, limit)
