@@ -5,12 +5,8 @@
 -- comma-separated, ISO> <run id>
 -- Prints one "WRK_JSON {...}" line: statuses, latency percentiles.
 
-local threads = {}
-
-function setup(thread)
-  thread:set("tid", #threads + 1)
-  table.insert(threads, thread)
-end
+-- The shared setup(), count() and done() (the WRK_JSON line), beside this script.
+dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../wrk_report.lua")
 
 function init(args)
   auth = "Bearer " .. args[1]
@@ -22,7 +18,6 @@ function init(args)
   run = tonumber(args[5])
   n = 0
   math.randomseed(os.time() * 7919 + tid * 104729)
-  statuses = {}
 end
 
 function request()
@@ -40,30 +35,5 @@ function request()
 end
 
 function response(status, headers, body)
-  local key = tostring(status)
-  if status >= 400 then
-    local code = body and body:match('"code"%s*:%s*"([%w_]+)"')
-    key = key .. " " .. (code or "?")
-  end
-  statuses[key] = (statuses[key] or 0) + 1
-end
-
-function done(summary, latency, requests)
-  local total = {}
-  for _, t in ipairs(threads) do
-    for k, n in pairs(t:get("statuses")) do
-      total[k] = (total[k] or 0) + n
-    end
-  end
-  local parts = {}
-  for k, n in pairs(total) do
-    parts[#parts + 1] = string.format('"%s":%d', k, n)
-  end
-  local e = summary.errors
-  io.write(string.format(
-    'WRK_JSON {"duration_us":%d,"requests":%d,"statuses":{%s},"p50_us":%d,"p90_us":%d,'
-      .. '"p99_us":%d,"max_us":%d,"errors":{"connect":%d,"read":%d,"write":%d,"timeout":%d}}\n',
-    summary.duration, summary.requests, table.concat(parts, ","),
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max,
-    e.connect, e.read, e.write, e.timeout))
+  count(status_key(status, body))
 end

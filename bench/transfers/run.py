@@ -31,7 +31,7 @@ from reservo.core.auth import mint_token
 from reservo.core.clock import SystemClock
 from reservo.core.db import Database
 from reservo.core.migrate import migrate
-from reservo.wallet.service import Payout, pay_many_in, transfer_in
+from reservo.wallet.service import Payout, pay_many_in_tx, transfer_in_tx
 
 JWT = "bench-jwt-secret-0123456789abcdef0123"
 
@@ -140,7 +140,7 @@ async def payouts(url: str, ids: list[int], n: int, mode: str, concurrency: int 
             while queue:
                 part = queue.pop()
                 async with db.transaction() as conn:
-                    await pay_many_in(conn, part, 0, 8, clock.now())
+                    await pay_many_in_tx(conn, part, 0, 8, clock.now())
 
         await asyncio.gather(*(worker_b(0) for _ in range(4)))
     else:
@@ -151,7 +151,7 @@ async def payouts(url: str, ids: list[int], n: int, mode: str, concurrency: int 
                 p = queue2.pop()
                 house = houses[0] if mode == "single-1-house" else houses[p.account_id % 8]
                 async with db.transaction() as conn:
-                    await transfer_in(
+                    await transfer_in_tx(
                         conn, house, p.account_id, p.amount, "PAYOUT", p.reference, clock.now()
                     )
 

@@ -2,12 +2,14 @@
 through its ``setup``, and wires what the modules declare (routes, subscriptions,
 job kinds, roles, error codes). Tests build the same graph with their own settings.
 
-Adding a module is its import and one line in ``MODULES``."""
+Adding a module is one line in ``MODULES``: its package, whose ``setup`` module
+has ``setup(shared) -> Module``."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -19,24 +21,22 @@ from reservo import core_modules
 from reservo.appointments import setup as appointments
 from reservo.appointments.service import AppointmentService
 from reservo.betting import setup as betting
-from reservo.betting.service import BettingService, FallbackResender, ResultIntake, Settlement
-from reservo.console import setup as console
+from reservo.betting.resender import FallbackResender
+from reservo.betting.service import BettingService
+from reservo.betting.settlement import Settlement
 from reservo.core import errors
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
 from reservo.core.db import Database, Queries
-from reservo.core.deadletters import DeadLetterBox
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.module import Module, Role
 from reservo.core.notifications import NotificationConsumer
-from reservo.core.notify import Channel
 from reservo.core.outbox import OutboxRelay
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.redis import RedisGate, make_client
 from reservo.core.replicas import Replicas
 from reservo.core.transport.base import Subscriptions
 from reservo.core.transport.kafka import broker_answers
-from reservo.ops import setup as ops
 from reservo.rentals import setup as rentals
 from reservo.rentals.gateway import PaymentGateway
 from reservo.rentals.service import RentalService
@@ -45,22 +45,21 @@ from reservo.settings import Settings
 from reservo.shared import Shared, consumer_from_settings
 from reservo.wallet import setup as wallet
 from reservo.wallet.events import PayoutConsumer
-from reservo.wallet.service import WalletService
 
 log = structlog.get_logger(__name__)
 CORE_SQL = Queries.load("reservo.core")
-HOUR_S = 3600
 
-# The business modules, in the order their routes appear in the API. Core's own
-# modules (the outbox's relay and maintenance roles, notifications) come first.
-MODULES: tuple[Callable[[Shared], Module], ...] = (
-    appointments.setup,
-    rentals.setup,
-    wallet.setup,
-    betting.setup,
-    scheduler.setup,
-    ops.setup,
-    console.setup,
+# The business modules (their packages), in the order their routes appear in the
+# API. Core's own modules (the outbox's relay and maintenance roles,
+# notifications) come first.
+MODULES: tuple[str, ...] = (
+    "reservo.appointments",
+    "reservo.rentals",
+    "reservo.wallet",
+    "reservo.betting",
+    "reservo.scheduler",
+    "reservo.ops",
+    "reservo.console",
 )
 # `reservo worker --roles all`: every background role and every consumer.
 ALL = "all"
@@ -91,10 +90,6 @@ class Container(Shared):
         return self.module(core_modules.Notifications).consumer
 
     @property
-    def channel(self) -> Channel:
-        return self.module(core_modules.Notifications).channel
-
-    @property
     def appointments(self) -> AppointmentService:
         return self.module(appointments.Appointments).service
 
@@ -105,10 +100,6 @@ class Container(Shared):
     @property
     def rentals_gateway(self) -> PaymentGateway | None:
         return self.module(rentals.Rentals).gateway
-
-    @property
-    def wallet(self) -> WalletService:
-        return self.module(wallet.Wallet).service
 
     @property
     def payouts(self) -> PayoutConsumer:
@@ -123,16 +114,8 @@ class Container(Shared):
         return self.module(betting.Betting).settlement
 
     @property
-    def results(self) -> ResultIntake:
-        return self.module(betting.Betting).results
-
-    @property
     def resender(self) -> FallbackResender:
         return self.module(betting.Betting).resender
-
-    @property
-    def dead_letters(self) -> DeadLetterBox:
-        return self.module(ops.Ops).dead_letters
 
     # -- roles ---------------------------------------------------------------------
 
@@ -252,7 +235,7 @@ def build(settings: Settings, clock: Clock | None = None, *, announce: bool = Tr
     """The whole graph. ``announce`` logs the start-up warnings (sandbox or no
     payment gateway); off when the graph is built only to read what it declares."""
     shared = build_shared(settings, clock or SystemClock(), announce=announce)
-    business = [setup(shared) for setup in MODULES]
+    business = [setup_of(package)(shared) for package in MODULES]
     renderers = {t: r for m in business for t, r in m.notifications.items()}
     modules = (
         core_modules.outbox(shared),
@@ -262,6 +245,12 @@ def build(settings: Settings, clock: Clock | None = None, *, announce: bool = Tr
     wire(shared, modules)
     parts = {f.name: getattr(shared, f.name) for f in fields(Shared)}
     return Container(**parts, modules=modules)
+
+
+def setup_of(package: str) -> Callable[[Shared], Module]:
+    """The ``setup`` function of a module's ``setup.py``."""
+    setup: Callable[[Shared], Module] = importlib.import_module(f"{package}.setup").setup
+    return setup
 
 
 def wire(shared: Shared, modules: Sequence[Module]) -> None:

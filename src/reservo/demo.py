@@ -74,7 +74,7 @@ async def load(c: Container) -> list[int]:
     for name, tz, specialty, capacity in DOCTORS:
         doctor_id = existing.get(name)
         if doctor_id is None:
-            doctor_id = (await c.appointments.create_doctor(name, tz, specialty))["id"]
+            doctor_id = (await c.appointments.create_doctor(name, tz, specialty)).id
         rule = ScheduleRule(
             today,
             today + timedelta(days=13),

@@ -29,6 +29,7 @@ from tests.betting_helpers import (
 )
 from tests.conftest import auth, new_id
 from tests.integration.test_betting_flow import drain
+from tests.plans import plans_of
 
 NEW_ODDS = {
     "1X2": {"HOME": "2.05", "DRAW": "3.30", "AWAY": "3.60"},
@@ -523,14 +524,7 @@ async def test_list_plans_walk_an_index_without_sorting(own: Container) -> None:
     }
     async with own.db.connection() as conn:
         for name, (sql, args, index) in plans.items():
-            await conn.execute(f"PREPARE plan_{name} AS {sql.strip().rstrip(';')}")
-            # A custom plan, and the generic one a prepared statement switches to
-            # after five runs: both must walk the index.
-            for mode in ("force_custom_plan", "force_generic_plan"):
-                await conn.execute(f"SET plan_cache_mode = {mode}")
-                values = ", ".join(_literal(v) for v in args)
-                rows = await conn.fetch(f"EXPLAIN EXECUTE plan_{name}({values})")
-                plan = "\n".join(r[0] for r in rows)
+            for mode, plan in (await plans_of(conn, name, sql, args)).items():
                 assert index in plan, (name, mode, plan)
                 assert "Seq Scan" not in plan, (name, mode, plan)
                 if name == "bets_by_status":
@@ -545,16 +539,6 @@ async def test_list_plans_walk_an_index_without_sorting(own: Container) -> None:
                     assert walk.count("Sort Key") == 1 and "Merge Append" in walk, plan
                 else:
                     assert "Sort" not in plan, (name, mode, plan)
-            await conn.execute("RESET plan_cache_mode")
-
-
-def _literal(v: Any) -> str:
-    """Test values as SQL literals (EXPLAIN EXECUTE takes no bind parameters)."""
-    if isinstance(v, datetime):
-        return f"'{v.isoformat()}'::timestamptz"
-    if isinstance(v, str):
-        return f"'{v}'"
-    return str(int(v))
 
 
 # -- the contract in the OpenAPI document ---------------------------------------------------
@@ -603,4 +587,4 @@ async def test_demo_loads_upcoming_matches_once(
     finally:
         await own.close()
     assert len(page) == len(demo.MATCHES)
-    assert all(m["external_id"].startswith("demo-") for m in page)
+    assert all(m.external_id.startswith("demo-") for m in page)

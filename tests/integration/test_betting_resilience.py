@@ -16,7 +16,7 @@ import pytest
 from reservo.app import create_app
 from reservo.betting import events as betting_events
 from reservo.betting.domain import Leg
-from reservo.betting.service import Settlement
+from reservo.betting.settlement import Settlement
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
@@ -97,7 +97,7 @@ async def test_kafka_down_answers_202_from_the_fallback_then_resend_settles(
         "SELECT status FROM webhook_events_fallback WHERE provider_event_id = $1", event
     )
     assert row["status"] == "RESENT"
-    settled = await db.fetchrow("SELECT status, payout FROM betting_bet WHERE id = $1", bet["id"])
+    settled = await db.fetchrow("SELECT status, payout FROM betting_bet WHERE id = $1", bet.id)
     assert (settled["status"], settled["payout"]) == ("WON", 420)
     assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", account) == 1_320
 
@@ -162,7 +162,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
     # The other match finished 0-0 (BTTS NO wins) and is fully settled first.
     kick_off(container.clock, match, other)  # results count only once a match started
     async with container.db.transaction() as conn:
-        other_id = await container.settlement.accept_in(
+        other_id = await container.settlement.accept_in_tx(
             conn,
             {
                 "matchExternalId": other["externalId"],
@@ -174,7 +174,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         )
     await container.settlement.settle(other_id)
     async with container.db.transaction() as conn:
-        await container.settlement.accept_in(
+        await container.settlement.accept_in_tx(
             conn,
             {
                 "matchExternalId": match["externalId"],
@@ -205,7 +205,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         "SELECT settlement_status, settled_bets FROM betting_match WHERE id = $1", match["id"]
     )
     assert (state["settlement_status"], state["settled_bets"]) == ("SETTLED", 300)
-    ids = [b["id"] for b in bets]
+    ids = [b.id for b in bets]
     rows = await db.fetch(
         "SELECT id, stake, status, payout FROM betting_bet WHERE id = ANY($1)", ids
     )

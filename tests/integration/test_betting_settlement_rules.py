@@ -113,7 +113,7 @@ async def test_sql_settlement_matches_the_model(
             "providerEventId": f"prop-{uuid.uuid4()}",
         }
         async with container.db.transaction() as conn:
-            assert await settlement.accept_in(conn, payload) == match_id
+            assert await settlement.accept_in_tx(conn, payload) == match_id
         await settlement.settle(match_id)
     row = await db.fetchrow("SELECT status, payout FROM betting_bet WHERE id = $1", bet_id)
     assert (row["status"], row["payout"]) == model(stake, legs)

@@ -17,6 +17,7 @@ from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.integration.test_rentals_flow import ADMIN, at, hold, make_car, webhook
+from tests.plans import plans_of
 
 
 def code(r: httpx.Response) -> tuple[int, str]:
@@ -378,12 +379,7 @@ async def test_plans_walk_an_index_without_sorting(own: Container) -> None:
     }
     async with own.db.connection() as conn:
         for name, (sql, args, index) in plans.items():
-            await conn.execute(f"PREPARE plan_{name} AS {sql.strip().rstrip(';')}")
-            for mode in ("force_custom_plan", "force_generic_plan"):
-                await conn.execute(f"SET plan_cache_mode = {mode}")
-                values = ", ".join(_literal(v) for v in args)
-                rows = await conn.fetch(f"EXPLAIN EXECUTE plan_{name}({values})")
-                plan = "\n".join(r[0] for r in rows)
+            for mode, plan in (await plans_of(conn, name, sql, args)).items():
                 assert index in plan, (name, mode, plan)
                 assert "Seq Scan" not in plan, (name, mode, plan)
                 if name == "list_by_status":
@@ -393,16 +389,6 @@ async def test_plans_walk_an_index_without_sorting(own: Container) -> None:
                     continue
                 if name != "calendar":  # the calendar sorts the window's few periods
                     assert "Sort" not in plan and "Bitmap" not in plan, (name, mode, plan)
-            await conn.execute("RESET plan_cache_mode")
-
-
-def _literal(v: Any) -> str:
-    """Test values as SQL literals (EXPLAIN EXECUTE takes no bind parameters)."""
-    if isinstance(v, datetime):
-        return f"'{v.isoformat()}'::timestamptz"
-    if isinstance(v, str):
-        return v if v.startswith("tstzrange(") else f"'{v}'"
-    return str(int(v))
 
 
 # -- the contract in the OpenAPI document -------------------------------------------------------

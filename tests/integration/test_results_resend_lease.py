@@ -18,7 +18,8 @@ import pytest
 
 from reservo.app import create_app
 from reservo.betting.domain import Leg
-from reservo.betting.service import FallbackResender, TransportPublisher
+from reservo.betting.publisher import TransportPublisher
+from reservo.betting.resender import FallbackResender
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database
@@ -141,21 +142,19 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
             await transport.stop()
             await stuck_db.close()
         assert await c.resender.run_once() == 0  # still leased
-        assert await db.fetchval("SELECT status FROM betting_bet WHERE id = $1", bet["id"]) == (
+        assert await db.fetchval("SELECT status FROM betting_bet WHERE id = $1", bet.id) == (
             "PENDING"
         )
         clock.advance(timedelta(seconds=c.settings.betting_resend_lease_s + 1))
         await drain(c)
         await drain(c)  # a second pass changes nothing
         assert tuple(await db.fetchrow(fallback, event)) == (row_id, "RESENT", 1)
-        settled = await db.fetchrow(
-            "SELECT status, payout FROM betting_bet WHERE id = $1", bet["id"]
-        )
+        settled = await db.fetchrow("SELECT status, payout FROM betting_bet WHERE id = $1", bet.id)
         assert (settled["status"], settled["payout"]) == ("WON", 420)
         assert (
             await db.fetchval(
                 "SELECT count(*) FROM wallet_transfer WHERE kind = 'PAYOUT' AND reference = $1",
-                f"bet:{bet['id']}",
+                f"bet:{bet.id}",
             )
             == 1
         )

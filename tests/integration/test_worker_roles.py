@@ -125,20 +125,20 @@ async def test_up_roles_without_kafka_settle_pay_and_refund(
         # Rentals: a paid booking cancelled 100 h before pickup (full refund).
         car = await c.rentals.create_car(f"T-{uuid.uuid4().hex[:8]}", "Uno", "Porto", 10_000, 7)
         start = (datetime.now(UTC) + timedelta(hours=100)).replace(second=0, microsecond=0)
-        booking = await c.rentals.hold(car["id"], new_id(), start, start + timedelta(days=1))
+        booking = await c.rentals.hold(car.id, new_id(), start, start + timedelta(days=1))
         paid = await c.rentals.on_payment(
-            booking["id"], f"txn-{uuid.uuid4().hex}", booking["deposit_amount"], "SUCCEEDED"
+            booking.id, f"txn-{uuid.uuid4().hex}", booking.deposit_amount, "SUCCEEDED"
         )
         assert paid == "confirmed"
-        cancelled = await c.rentals.cancel(booking["id"], "customer")
-        assert cancelled["refund_amount"] == booking["deposit_amount"] > 0
+        cancelled = await c.rentals.cancel(booking.id, "customer")
+        assert cancelled.refund_amount == booking.deposit_amount > 0
         for sql, args, want in [
             ("SELECT settlement_status FROM betting_match WHERE id = $1", [match["id"]], "SETTLED"),
             ("SELECT balance FROM wallet_account WHERE id = $1", [account], 800 + 390),
             (
                 "SELECT amount FROM payment WHERE booking_id = $1 AND type = 'REFUND'",
-                [booking["id"]],
-                booking["deposit_amount"],
+                [booking.id],
+                booking.deposit_amount,
             ),
         ]:
             for _ in range(300):

@@ -20,7 +20,6 @@ from reservo.appointments.schemas import (
     AppointmentPage,
     ContactIn,
     ContactOut,
-    Doctor,
     DoctorIn,
     RepeatingScheduleOut,
     RescheduledOut,
@@ -31,12 +30,14 @@ from reservo.appointments.schemas import (
     WaitlistIn,
     WaitlistOut,
 )
+from reservo.appointments.schemas import Doctor as DoctorOut
 from reservo.appointments.service import AppointmentService
 from reservo.core.auth import Principal
-from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -45,17 +46,21 @@ from reservo.core.http import (
 )
 from reservo.core.idempotency import IdempotencyStore, Within, validate_key
 from reservo.core.lean import LeanRequest, LeanRoute, json_bytes
-from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
-from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
+from reservo.core.pagination import (
+    DEFAULT_LIMIT,
+    After,
+    Limit,
+    decode_cursor,
+    malformed_cursor,
+    page,
+)
+from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY, MAX_ID
 
 router = APIRouter(prefix="/api", tags=["appointments"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
-def _svc(request: Request) -> AppointmentService:
-    svc: AppointmentService = request.app.state.appointments
-    return svc
+_svc = from_state(AppointmentService, "appointments")
 
 
 def render(appt: Appointment) -> dict[str, Any]:
@@ -70,11 +75,14 @@ def render(appt: Appointment) -> dict[str, Any]:
     ).wire()
 
 
-@router.post("/doctors", status_code=201, response_model=Doctor, responses=PROBLEMS)
+@router.post("/doctors", status_code=201, response_model=DoctorOut, responses=PROBLEMS)
 async def create_doctor(body: DoctorIn, caller: Caller, request: Request) -> JSONResponse:
     caller.require("admin")
     doctor = await _svc(request).create_doctor(body.name, body.timezone, body.specialty)
-    return json_response(201, Doctor(**doctor).wire())
+    out = DoctorOut(
+        id=doctor.id, name=doctor.name, timezone=doctor.timezone, specialty=doctor.specialty
+    )
+    return json_response(201, out.wire())
 
 
 @router.post(
@@ -153,10 +161,7 @@ async def book_flow(
     key = required_key(idempotency_key)
     endpoint = "POST /api/appointments"
     scoped_key = f"{caller.role}:{caller.sub}:{endpoint}:{key}"
-    if await svc.gate(patient_id, slot_id, scoped_key):
-        # Refused by the Redis filter before it ran: nothing was created and nothing is
-        # recorded, so a retry with this key is simply evaluated again.
-        raise DomainError("slot_full", "this slot has no capacity left")
+    await svc.admit(patient_id, slot_id, scoped_key)
 
     async def book_once(within: Within[Appointment] | None) -> Appointment:
         await svc.remember_key(scoped_key)
@@ -174,7 +179,7 @@ _BOOK_KEYS = frozenset(("slotId", "patientId"))
 
 def _id(value: Any) -> int | None:
     # StrictInt: no bool, no float, no string; within [1, 2^63-1].
-    if type(value) is int and 1 <= value <= 2**63 - 1:
+    if type(value) is int and 1 <= value <= MAX_ID:
         return value
     return None
 
@@ -257,10 +262,7 @@ def _position(cursor: str | None) -> tuple[datetime, int] | None:
     except ValueError:
         at = None
     if at is None or at.tzinfo is None:
-        raise validation_error(
-            "malformed cursor: pass the `next` value of the previous page unchanged",
-            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
-        )
+        raise malformed_cursor()
     return at, appointment_id
 
 

@@ -14,6 +14,18 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 
+@dataclass(frozen=True, slots=True)
+class Doctor:
+    id: int
+    name: str
+    timezone: str  # IANA zone: the doctor's working hours are local times there
+    specialty: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Doctor:
+        return cls(row["id"], row["name"], row["timezone"], row["specialty"])
+
+
 @dataclass(frozen=True)
 class Appointment:
     """A booking of one place in a slot (what the use cases hand around)."""

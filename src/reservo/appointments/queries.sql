@@ -1,10 +1,12 @@
 -- Named queries of the appointments module.
 
 -- name: insert_doctor
+-- A new doctor, returned as the API shows it.
 INSERT INTO doctor (name, timezone, specialty) VALUES ($1, $2, $3)
 RETURNING id, name, timezone, specialty;
 
 -- name: get_doctor
+-- One doctor by id (its zone expands the working hours).
 SELECT id, name, timezone, specialty FROM doctor WHERE id = $1;
 
 -- name: insert_slots
@@ -16,6 +18,7 @@ SELECT $1, s, e, $4, o
 ON CONFLICT DO NOTHING;
 
 -- name: list_available_slots
+-- A doctor's slots starting in [$2, $3), after $4, open at $4 and not full, in time order.
 SELECT id, doctor_id, start_at, end_at, capacity, booked_count
   FROM time_slot
  WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4
@@ -64,6 +67,7 @@ SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
   FROM time_slot s WHERE s.id = $1;
 
 -- name: get_appointment
+-- One appointment with its period and its slot's doctor.
 SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
        upper(a.period) AS end_at, a.created_at, s.doctor_id
   FROM appointment a JOIN time_slot s ON s.id = a.slot_id
@@ -84,9 +88,11 @@ WITH appt AS (
 SELECT appt.*, released.doctor_id FROM appt, released;
 
 -- name: set_reminder_job
+-- Remember the reminder job of a booking (cancelled with it).
 UPDATE appointment SET reminder_job_id = $2 WHERE id = $1;
 
 -- name: reminder_job_of
+-- The reminder job of an appointment, to cancel it.
 SELECT reminder_job_id FROM appointment WHERE id = $1;
 
 -- name: mark_reminded
@@ -139,6 +145,7 @@ SELECT id FROM time_slot WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPD
 UPDATE time_slot SET booked_count = booked_count - 1 WHERE id = $1 RETURNING doctor_id;
 
 -- name: set_rescheduled_from
+-- Link a reschedule's new appointment to the one it replaced.
 UPDATE appointment SET rescheduled_from = $2 WHERE id = $1;
 
 -- name: join_waitlist
@@ -169,9 +176,11 @@ SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
   FROM time_slot s WHERE s.id = $1;
 
 -- name: leave_waitlist
+-- A patient leaves a slot's waitlist; no row when they were not on it.
 DELETE FROM waitlist_entry WHERE slot_id = $1 AND patient_id = $2 RETURNING id;
 
 -- name: slot_exists
+-- Whether a slot exists: leaving a waitlist found no entry, 404 or not_waiting.
 SELECT EXISTS (SELECT 1 FROM time_slot WHERE id = $1);
 
 -- name: first_waiting
@@ -190,9 +199,11 @@ SELECT w.id, w.patient_id, s.doctor_id, s.start_at, s.end_at,
  LIMIT 1;
 
 -- name: drop_waiting
+-- The promoted waitlist entry leaves the list.
 DELETE FROM waitlist_entry WHERE id = $1;
 
 -- name: insert_repeating_schedule
+-- A new repeating schedule, returned with its doctor's zone.
 INSERT INTO doctor_schedule (doctor_id, first_day, weekdays, start_time, end_time,
                              slot_minutes, capacity, generated_until, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)

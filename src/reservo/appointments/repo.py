@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import date, datetime, time
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import asyncpg
 
@@ -64,10 +64,6 @@ async def get_appointment(conn: asyncpg.Connection, appointment_id: int) -> Row 
 
 async def cancel(conn: asyncpg.Connection, appointment_id: int, now: datetime) -> Row | None:
     return await conn.fetchrow(Q.cancel, appointment_id, now)
-
-
-def as_dict(row: Row) -> dict[str, Any]:
-    return dict(row.items())
 
 
 async def set_reminder_job(conn: asyncpg.Connection, appointment_id: int, job_id: int) -> None:

@@ -8,9 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictInt, field_validator, model_validator
 
 from reservo.appointments.domain import InvalidTimezone, zone
-from reservo.core.schemas import ApiModel, Day
-
-Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+from reservo.core.schemas import ApiModel, Day, Id
 
 
 class DoctorIn(ApiModel):

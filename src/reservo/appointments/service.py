@@ -17,7 +17,7 @@ from reservo.appointments import domain, events, repo
 from reservo.appointments.domain import Appointment
 from reservo.core import contacts, metrics
 from reservo.core.cache import Cache
-from reservo.core.clock import Clock
+from reservo.core.clock import HOUR_S, Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
@@ -36,8 +36,6 @@ SCHEDULE_BATCH = 50
 _BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), 0)
 _DEADLOCK_RETRIES = 3
 
-log = structlog.get_logger(__name__)
-
 
 @dataclass(frozen=True)
 class Limits:
@@ -52,7 +50,7 @@ class Limits:
     full_mark_ttl_s: int = 30
     # How long Redis remembers that an Idempotency-Key reached the database: as
     # long as the database keeps the key itself.
-    key_memory_s: int = 24 * 3600
+    key_memory_s: int = 24 * HOUR_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +106,9 @@ class AppointmentService:
 
     # -- doctors and schedules -------------------------------------------------
 
-    async def create_doctor(self, name: str, tz: str, specialty: str | None) -> dict[str, Any]:
+    async def create_doctor(self, name: str, tz: str, specialty: str | None) -> domain.Doctor:
         async with self.db.transaction() as conn:
-            return repo.as_dict(await repo.insert_doctor(conn, name, tz, specialty))
+            return domain.Doctor.from_row(await repo.insert_doctor(conn, name, tz, specialty))
 
     async def _zone(self, conn: asyncpg.Connection, doctor_id: int) -> ZoneInfo:
         tz = self._zones.get(doctor_id)
@@ -185,12 +183,14 @@ class AppointmentService:
 
     # -- booking ---------------------------------------------------------------
 
-    async def gate(self, patient_id: int, slot_id: int, request_key: str) -> bool:
-        """The Redis filter in front of a booking, in one round trip. Raises 429 when
-        the patient is over the rate limit. Returns True when the attempt may be
-        refused as slot_full without touching the database: Redis marks the slot
-        full and has never seen this request's Idempotency-Key (a retry of a request
-        that reached the database must get its stored answer, so it goes on)."""
+    async def admit(self, patient_id: int, slot_id: int, request_key: str) -> None:
+        """The Redis filter in front of a booking, in one round trip; returns when
+        the attempt may go on to the database. Raises 429 when the patient is over
+        the rate limit, and 409 slot_full when Redis marks the slot full and has
+        never seen this request's Idempotency-Key (a retry of a request that
+        reached the database must get its stored answer, so it goes on). A
+        refusal here created nothing and is not recorded: a retry with the same
+        key is simply evaluated again."""
         decision, (full, seen) = await self.cache.hit_and_check(
             self.limiter,
             "book",
@@ -210,8 +210,7 @@ class AppointmentService:
             )
         if full and not seen:
             metrics.CONFLICTS.labels("appointments", "slot_full", "redis").inc()
-            return True
-        return False
+            raise DomainError("slot_full", "this slot has no capacity left")
 
     async def remember_key(self, request_key: str) -> None:
         """Tell the Redis filter that this key reached the database. Both marks live
@@ -229,17 +228,8 @@ class AppointmentService:
                     raise await self._refusal(conn, slot_id, patient_id, now)
                 appt = Appointment.from_row(row)
                 await emit(conn, events.BOOKED, f"appointment:{appt.id}", events.payload(appt), now)
-                remind_at = appt.start_at - REMINDER_LEAD
-                if self.scheduler is not None and remind_at > now:
-                    # Same transaction: the booking and its reminder commit together.
-                    job = await self.scheduler.enqueue(
-                        REMINDER_JOB,
-                        {"appointmentId": appt.id},
-                        run_at=remind_at,
-                        idempotency_key=f"appointment:{appt.id}",
-                        conn=conn,
-                    )
-                    await repo.set_reminder_job(conn, appt.id, job.id)
+                # Same transaction: the booking and its reminder commit together.
+                await self._remind_later(conn, appt, now)
                 if within is not None:
                     await within(conn, appt)
         except DomainError as err:
@@ -440,8 +430,8 @@ class AppointmentService:
         return DomainError("not_reschedulable", "the appointment has already started")
 
     async def _remind_later(self, conn: asyncpg.Connection, appt: Appointment, now: Any) -> None:
-        """The reminder job of a booking made by reschedule or waitlist, in its
-        transaction (as ``book`` does for its own)."""
+        """The reminder job of a booking (booked, rescheduled or given a freed
+        seat), in its transaction; none when it starts sooner than the lead."""
         remind_at = appt.start_at - REMINDER_LEAD
         if self.scheduler is not None and remind_at > now:
             job = await self.scheduler.enqueue(

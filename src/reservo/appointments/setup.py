@@ -14,11 +14,10 @@ from reservo.appointments.service import (
     AppointmentService,
     Limits,
 )
+from reservo.core.clock import HOUR_S
 from reservo.core.loops import run_every
 from reservo.core.module import JobKind, Module
 from reservo.shared import Shared
-
-HOUR_S = 3600
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from reservo.betting.domain import Leg
+from reservo.betting.domain import Bet, Leg, Match
+from reservo.betting.intake import ResultIntake
 from reservo.betting.schemas import (
     Accepted,
     BetIn,
@@ -27,11 +27,13 @@ from reservo.betting.schemas import (
     SettlementSummaryOut,
     odds_text,
 )
-from reservo.betting.service import BettingService, ResultIntake
-from reservo.core.errors import DomainError, validation_error
+from reservo.betting.service import BettingService
+from reservo.core.errors import DomainError
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -39,87 +41,87 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within
-from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
-from reservo.core.schemas import EARLIEST, LATEST
+from reservo.core.pagination import (
+    DEFAULT_LIMIT,
+    After,
+    Limit,
+    decode_cursor,
+    page,
+    time_cursor,
+    time_key,
+)
 
 router = APIRouter(prefix="/api", tags=["betting"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
-def _svc(request: Request) -> BettingService:
-    svc: BettingService = request.app.state.betting
-    return svc
+_svc = from_state(BettingService, "betting")
+_intake = from_state(ResultIntake, "results")
 
 
-def _result(m: dict[str, Any]) -> ResultOut | None:
-    if m["result_status"] is None:
-        return None
-    return ResultOut(
-        status=m["result_status"],
-        home_score=m["home_score"],
-        away_score=m["away_score"],
-        provider_event_id=m["result_event_id"],
+def _match_fields(m: Match) -> dict[str, Any]:
+    """What a match and a list's summary of it both show."""
+    result = None
+    if m.result is not None:
+        result = ResultOut(
+            status=m.result.status,
+            home_score=m.result.home_score,
+            away_score=m.result.away_score,
+            provider_event_id=m.result.provider_event_id,
+        )
+    return {
+        "id": m.id,
+        "external_id": m.external_id,
+        "home": m.home,
+        "away": m.away,
+        "starts_at": m.starts_at,
+        "odds": m.odds,
+        "suspended": m.suspended,
+        "result": result,
+    }
+
+
+def render_match(m: Match) -> dict[str, Any]:
+    assert m.pending_bets is not None  # read with every single match
+    settlement = SettlementOut(
+        status=m.settlement_status,
+        pending_bets=m.pending_bets,
+        settled_bets=m.settled_bets,
     )
+    return MatchOut(**_match_fields(m), settlement=settlement).wire()
 
 
-def render_match(m: dict[str, Any]) -> dict[str, Any]:
-    return MatchOut(
-        id=m["id"],
-        external_id=m["external_id"],
-        home=m["home"],
-        away=m["away"],
-        starts_at=m["starts_at"],
-        odds=m["odds"],
-        suspended=m["suspended"],
-        result=_result(m),
-        settlement=SettlementOut(
-            status=m["settlement_status"],
-            pending_bets=m["pending_bets"],
-            settled_bets=m["settled_bets"],
-        ),
-    ).wire()
-
-
-def render_match_summary(m: dict[str, Any]) -> MatchSummaryOut:
-    return MatchSummaryOut(
-        id=m["id"],
-        external_id=m["external_id"],
-        home=m["home"],
-        away=m["away"],
-        starts_at=m["starts_at"],
-        odds=m["odds"],
-        suspended=m["suspended"],
-        result=_result(m),
-        settlement=SettlementSummaryOut(
-            status=m["settlement_status"], settled_bets=m["settled_bets"]
-        ),
+def render_match_summary(m: Match) -> MatchSummaryOut:
+    settlement = SettlementSummaryOut(
+        status=m.settlement_status,
+        settled_bets=m.settled_bets,
     )
+    return MatchSummaryOut(**_match_fields(m), settlement=settlement)
 
 
-def render_bet(b: dict[str, Any]) -> dict[str, Any]:
+def render_bet(b: Bet) -> dict[str, Any]:
     return bet_out(b).wire()
 
 
-def bet_out(b: dict[str, Any]) -> BetOut:
+def bet_out(b: Bet) -> BetOut:
     return BetOut(
-        id=b["id"],
-        account_id=b["account_id"],
-        stake=b["stake"],
-        status=b["status"],
-        potential_payout=b["potential_payout"],
-        payout=b["payout"],
+        id=b.id,
+        account_id=b.account_id,
+        stake=b.stake,
+        status=b.status,
+        potential_payout=b.potential_payout,
+        payout=b.payout,
         selections=[
             SelectionOut(
-                match_id=s["match_id"],
-                market=s["market"],
-                pick=s["pick"],
-                odds=odds_text(s["odds"]),
-                status=s["status"],
+                match_id=s.match_id,
+                market=s.market,
+                pick=s.pick,
+                odds=odds_text(s.odds),
+                status=s.status,
             )
-            for s in b["selections"]
+            for s in b.selections
         ],
-        created_at=b["created_at"],
+        created_at=b.created_at,
     )
 
 
@@ -143,26 +145,10 @@ async def get_match(
     return json_response(200, render_match(await _svc(request).get_match(match_id)))
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
-
-def _match_key(m: dict[str, Any]) -> tuple[int, int]:
-    """A match's place in the lists (startsAt in microseconds since 1970, id)."""
-    return (m["starts_at"] - _EPOCH) // _US, m["id"]
-
-
-def _match_cursor(after: str | None) -> tuple[datetime, int] | None:
-    if after is None:
-        return None
-    us, match_id = decode_cursor(after, int, int)
-    if not (EARLIEST - _EPOCH) // _US <= us < (LATEST - _EPOCH) // _US:
-        # No match starts there (betting_match_starts_at_range): not our cursor.
-        raise validation_error(
-            "malformed cursor: pass the `next` value of the previous page unchanged",
-            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
-        )
-    return _EPOCH + us * _US, match_id
+def _match_key(m: Match) -> tuple[int, int]:
+    """A match's place in the lists: (startsAt, id). No match starts outside
+    [EARLIEST, LATEST) (betting_match_starts_at_range)."""
+    return time_key(m.starts_at, m.id)
 
 
 @router.get("/matches", response_model=MatchPage, responses=PROBLEMS)
@@ -183,7 +169,7 @@ async def list_matches(
 ) -> JSONResponse:
     """Matches of one status, soonest first (startsAt, then id). Items are matches
     without `settlement.pendingBets` (GET /api/matches/{id} counts it)."""
-    matches = await _svc(request).list_matches(status, _match_cursor(after), limit + 1)
+    matches = await _svc(request).list_matches(status, time_cursor(after), limit + 1)
     items, nxt = page(matches, limit, _match_key)
     body = MatchPage(items=[render_match_summary(m) for m in items], next=nxt)
     return json_response(200, body.wire())
@@ -228,7 +214,7 @@ async def account_bets(
     caller.require_owner("bettor", owner)
     before = decode_cursor(after, int)[0] if after is not None else None
     bets = await svc.account_bets(account_id, before, limit + 1, status)
-    items, nxt = page(bets, limit, lambda b: b["id"])
+    items, nxt = page(bets, limit, lambda b: b.id)
     body = BetPage(items=[bet_out(b) for b in items], next=nxt)
     return json_response(200, body.wire())
 
@@ -246,7 +232,7 @@ async def place_bet(
     svc.potential_payout(body.stake, legs)
     caller.require_owner("bettor", await svc.account_owner(body.account_id))
 
-    def place(within: Within[dict[str, Any]] | None) -> Awaitable[dict[str, Any]]:
+    def place(within: Within[Bet] | None) -> Awaitable[Bet]:
         return svc.place_bet(body.account_id, body.stake, legs, within)
 
     raw = await request.body()
@@ -260,7 +246,7 @@ async def get_bet(
 ) -> JSONResponse:
     caller.require("bettor")
     bet = await _svc(request).get_bet(bet_id)
-    caller.require_owner("bettor", bet["owner_id"])
+    caller.require_owner("bettor", bet.owner_id)
     return json_response(200, render_bet(bet))
 
 
@@ -274,6 +260,5 @@ async def match_result(
     request: Request, x_signature: Annotated[str | None, Header(alias="X-Signature")] = None
 ) -> JSONResponse:
     """Signed by the results provider (X-Signature over the raw body)."""
-    intake: ResultIntake = request.app.state.results
-    await intake.receive(await request.body(), x_signature)
+    await _intake(request).receive(await request.body(), x_signature)
     return json_response(202, Accepted(accepted=True).wire())

@@ -6,9 +6,10 @@ rules set-based; tests check one against the other."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_FLOOR, Decimal
+from typing import Any
 
 MARKETS: dict[str, tuple[str, ...]] = {
     "1X2": ("HOME", "DRAW", "AWAY"),
@@ -39,6 +40,92 @@ class MatchState:
     odds: Mapping[str, Mapping[str, str]]
     has_result: bool
     suspended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    status: str  # FINISHED | CANCELLED
+    home_score: int | None
+    away_score: int | None
+    provider_event_id: str  # the provider's event that brought it
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    id: int
+    external_id: str
+    home: str
+    away: str
+    starts_at: datetime
+    odds: dict[str, dict[str, str]]
+    suspended: bool
+    result: MatchResult | None  # None until the result came
+    settlement_status: str
+    settled_bets: int
+    # Legs still to settle: read for one match, not for the lists.
+    pending_bets: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], pending_bets: int | None = None) -> Match:
+        return cls(
+            id=row["id"],
+            external_id=row["external_id"],
+            home=row["home"],
+            away=row["away"],
+            starts_at=row["starts_at"],
+            odds=row["odds"],
+            suspended=row["suspended"],
+            result=None
+            if row["result_status"] is None
+            else MatchResult(
+                row["result_status"], row["home_score"], row["away_score"], row["result_event_id"]
+            ),
+            settlement_status=row["settlement_status"],
+            settled_bets=row["settled_bets"],
+            pending_bets=row.get("pending_bets", pending_bets),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """One leg of a placed bet and its grade."""
+
+    match_id: int
+    market: str
+    pick: str
+    odds: Decimal
+    status: str  # PENDING | WON | LOST | VOID
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Selection:
+        return cls(row["match_id"], row["market"], row["pick"], row["odds"], row["status"])
+
+
+@dataclass(frozen=True, slots=True)
+class Bet:
+    id: int
+    account_id: int
+    owner_id: int
+    stake: int
+    potential_payout: int
+    status: str
+    payout: int | None
+    created_at: datetime
+    selections: tuple[Selection, ...] = field(default=())
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], selections: Iterable[Selection] = ()) -> Bet:
+        return cls(
+            id=row["id"],
+            account_id=row["account_id"],
+            owner_id=row["owner_id"],
+            stake=row["stake"],
+            potential_payout=row["potential_payout"],
+            status=row["status"],
+            payout=row["payout"],
+            created_at=row["created_at"],
+            selections=tuple(selections),
+        )
 
 
 def winning_picks(home: int, away: int) -> dict[str, str]:

@@ -1,11 +1,13 @@
 -- Named queries of the betting module.
 
 -- name: insert_match
+-- A new match with its odds.
 INSERT INTO betting_match (external_id, home, away, starts_at, odds, created_at)
 VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING *;
 
 -- name: get_match
+-- One match with how many of its legs are still pending.
 SELECT m.*,
        (SELECT count(*) FROM betting_selection s
          WHERE s.match_id = m.id AND s.status = 'PENDING') AS pending_bets
@@ -76,16 +78,19 @@ SELECT * FROM betting_match
  LIMIT $3;
 
 -- name: insert_bet
+-- A new bet (its stake is debited in the same transaction).
 INSERT INTO betting_bet (account_id, owner_id, currency, stake, potential_payout, created_at, legs)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING id, account_id, owner_id, stake, potential_payout, status, payout, created_at;
 
 -- name: insert_selections
+-- All the legs of a bet in one statement, from parallel arrays.
 INSERT INTO betting_selection (bet_id, match_id, market, pick, odds)
 SELECT $1, m, k, p, o
   FROM unnest($2::bigint[], $3::text[], $4::text[], $5::numeric[]) AS t(m, k, p, o);
 
 -- name: get_bet
+-- One bet by id (its legs come from bet_selections).
 SELECT id, account_id, owner_id, stake, potential_payout, status, payout, created_at, settled_at
   FROM betting_bet WHERE id = $1;
 
@@ -113,6 +118,7 @@ SELECT bet_id, match_id, market, pick, odds, status FROM betting_selection
  ORDER BY bet_id, match_id;
 
 -- name: bet_selections
+-- The legs of one bet, by match id.
 SELECT match_id, market, pick, odds, status FROM betting_selection
  WHERE bet_id = $1 ORDER BY match_id;
 
@@ -124,6 +130,7 @@ ON CONFLICT (provider_event_id) DO NOTHING
 RETURNING provider_event_id;
 
 -- name: set_inbox_outcome
+-- Why a claimed result changed nothing (unknown or duplicate match).
 UPDATE betting_result_inbox SET outcome = $2 WHERE provider_event_id = $1;
 
 -- name: record_result
@@ -135,6 +142,7 @@ UPDATE betting_match
 RETURNING id;
 
 -- name: match_result
+-- A match's result and settlement status, read by each settlement chunk.
 SELECT result_status, home_score, away_score, settlement_status FROM betting_match WHERE id = $1;
 
 -- name: grade_chunk
@@ -197,18 +205,22 @@ UPDATE betting_bet b
 RETURNING b.id, b.account_id, b.owner_id, b.status, b.payout;
 
 -- name: add_progress
+-- Count the bets a settlement chunk settled.
 UPDATE betting_match SET settled_bets = settled_bets + $2 WHERE id = $1;
 
 -- name: finish_settlement
+-- SETTLED once no leg of the match is pending; only the first caller gets the row.
 UPDATE betting_match SET settlement_status = 'SETTLED', settled_at = $2
  WHERE id = $1 AND settlement_status = 'SETTLING'
    AND NOT EXISTS (SELECT 1 FROM betting_selection
                     WHERE match_id = $1 AND status = 'PENDING');
 
 -- name: settling_matches
+-- Matches left SETTLING (a crashed settlement), for the sweeper.
 SELECT id FROM betting_match WHERE settlement_status = 'SETTLING' ORDER BY id LIMIT $1;
 
 -- name: fallback_insert
+-- Keep a result that Kafka did not acknowledge, PENDING for the resender.
 INSERT INTO webhook_events_fallback (id, provider_event_id, payload, created_at)
 VALUES ($1, $2, $3, $4);
 
@@ -251,6 +263,7 @@ UPDATE webhook_events_fallback SET leased_until = NULL
  WHERE id = ANY($1::uuid[]) AND status = 'PENDING';
 
 -- name: record_rejected
+-- Keep a webhook body that did not validate, for investigation.
 INSERT INTO webhook_events_rejected (source, body, error, received_at) VALUES ($1, $2, $3, $4);
 
 -- name: fallback_prune

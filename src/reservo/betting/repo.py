@@ -16,10 +16,6 @@ Q = Queries.load("reservo.betting")
 Row: TypeAlias = asyncpg.Record
 
 
-def as_dict(row: Row) -> dict[str, Any]:
-    return dict(row.items())
-
-
 async def insert_match(
     conn: asyncpg.Connection,
     external_id: str,

@@ -9,9 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from reservo.betting.domain import MARKETS, MAX_SELECTIONS
-from reservo.core.schemas import ApiModel, Instant
+from reservo.core.schemas import ApiModel, Id, Instant
 
-Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
 Market = Literal["1X2", "TOTALS_2_5", "BTTS"]
 # Decimal strings with at most two decimals, between 1.01 and 1000.
 OddsStr = Annotated[str, Field(pattern=r"^[0-9]{1,4}(\.[0-9]{1,2})?$", examples=["1.85"])]

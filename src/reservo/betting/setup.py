@@ -7,14 +7,11 @@ from dataclasses import dataclass
 from reservo.betting import events
 from reservo.betting.api import router
 from reservo.betting.errors import CONSTRAINTS, ERRORS
-from reservo.betting.service import (
-    BettingService,
-    FallbackResender,
-    Publisher,
-    ResultIntake,
-    Settlement,
-    TransportPublisher,
-)
+from reservo.betting.intake import ResultIntake
+from reservo.betting.publisher import Publisher, TransportPublisher
+from reservo.betting.resender import FallbackResender
+from reservo.betting.service import BettingService
+from reservo.betting.settlement import Settlement
 from reservo.core.breaker import CircuitBreaker
 from reservo.core.loops import run_every
 from reservo.core.module import Consumes, Module

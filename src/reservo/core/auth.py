@@ -14,6 +14,7 @@ from typing import Any, Literal
 import jwt
 
 from reservo.core.errors import DomainError
+from reservo.core.schemas import MAX_ID
 
 Role = Literal["admin", "doctor", "patient", "customer", "host", "bettor", "service"]
 ROLES: frozenset[str] = frozenset(
@@ -21,7 +22,7 @@ ROLES: frozenset[str] = frozenset(
 )
 # User ids are PostgreSQL bigints from 1 up; 0 and below belong to no user, so no
 # token may carry them (system accounts have no owner at all).
-MAX_SUB = 2**63 - 1
+MAX_SUB = MAX_ID
 # One spelling per id: ASCII digits, no sign, no leading zero. str.isdigit()/int()
 # also take "01", U+0660 (Arabic-Indic zero) or U+FF11 (fullwidth one), which
 # would alias other users.

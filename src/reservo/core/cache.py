@@ -109,12 +109,7 @@ class Cache:
 
         Encoding errors raise: an unserialisable value is a bug, not an outage.
         """
-        rkey, data, px = self.value_key(key), orjson.dumps(value), _ttl_ms(ttl_s)
-
-        async def _set(client: redis.asyncio.Redis) -> bool:
-            return bool(await client.set(rkey, data, px=px))
-
-        return await self.gate.call(_set, False)
+        return await self.set_bytes(key, orjson.dumps(value), ttl_s)
 
     async def delete(self, *keys: str) -> int:
         """Invalidate cached values; returns how many existed (0 if Redis is down).

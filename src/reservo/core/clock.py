@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+# Seconds in an hour, for settings given in hours and TTLs given in seconds.
+HOUR_S = 3600
+
 
 class Clock(Protocol):
     def now(self) -> datetime: ...

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import orjson
 import structlog
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -20,8 +20,11 @@ from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.clock import Clock
 from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Within, validate_key
+from reservo.core.schemas import MAX_ID
 
 T = TypeVar("T")
+# An id in a path (`Annotated[PathId, Path(alias="id")]`).
+PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 log = structlog.get_logger(__name__)
 
@@ -44,9 +47,17 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"description": _PHRASES[s], "content": {PROBLEM_JSON: {}}} for s in statuses}
 
 
-def idempotency_store(request: Request) -> IdempotencyStore:
-    store: IdempotencyStore = request.app.state.idempotency
-    return store
+def from_state(kind: type[T], name: str) -> Callable[[Request], T]:
+    """The getter of what the app keeps on ``app.state`` under ``name`` (a
+    module's ``state``, set by the app at start): ``_svc = from_state(X, "x")``."""
+
+    def get(request: Request) -> T:
+        return cast(T, getattr(request.app.state, name))
+
+    return get
+
+
+idempotency_store = from_state(IdempotencyStore, "idempotency")
 
 
 def problem(err: DomainError) -> JSONResponse:

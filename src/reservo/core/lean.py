@@ -35,10 +35,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.errors import PROBLEM_JSON, DomainError
+from reservo.core.schemas import MAX_ID
 
 # A path parameter the lean path accepts: the canonical spelling of an id.
 _ID = "[1-9][0-9]{0,18}"
-MAX_ID = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)

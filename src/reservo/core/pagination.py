@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import orjson
 from fastapi import Query
 
-from reservo.core.errors import validation_error
+from reservo.core.errors import DomainError, validation_error
+from reservo.core.schemas import EARLIEST, LATEST, MAX_ID
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size (1-200)")]
@@ -39,14 +41,40 @@ def decode_cursor(cursor: str, *types: type) -> tuple[Any, ...]:
         and len(key) == len(types)
         and all(type(v) is t for v, t in zip(key, types, strict=True))
         and all(v >= 1 for v in key if isinstance(v, int))
-        and all(v < 2**63 for v in key if isinstance(v, int))
+        and all(v <= MAX_ID for v in key if isinstance(v, int))
     )
     if not ok:
-        raise validation_error(
-            "malformed cursor: pass the `next` value of the previous page unchanged",
-            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
-        )
+        raise malformed_cursor()
     return tuple(key)
+
+
+# A time in a cursor: microseconds since 1970 (an integer survives JSON exactly).
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def time_key(at: datetime, row_id: int) -> tuple[int, int]:
+    """The cursor key of a list sorted on (a time, id)."""
+    return (at - _EPOCH) // _US, row_id
+
+
+def time_cursor(after: str | None) -> tuple[datetime, int] | None:
+    """The (time, id) a ``time_key`` cursor carries; 422 for a time outside
+    [EARLIEST, LATEST), which no row holds: not our cursor."""
+    if after is None:
+        return None
+    us, row_id = decode_cursor(after, int, int)
+    if not (EARLIEST - _EPOCH) // _US <= us < (LATEST - _EPOCH) // _US:
+        raise malformed_cursor()
+    return _EPOCH + us * _US, row_id
+
+
+def malformed_cursor() -> DomainError:
+    """The 422 of a cursor this list did not make."""
+    return validation_error(
+        "malformed cursor: pass the `next` value of the previous page unchanged",
+        [{"loc": ["query", "after"], "msg": "malformed cursor"}],
+    )
 
 
 def page(items: list[Any], limit: int, key: Any) -> tuple[list[Any], str | None]:

@@ -1,12 +1,14 @@
 -- Named queries of the platform (core). Loaded once by reservo.core.db.Queries.
 
 -- name: idem_insert
+-- Claim an Idempotency-Key (IN_PROGRESS until $5); no row when it is taken.
 INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, locked_until, created_at)
 VALUES ($1, $2, $3, $4, 'IN_PROGRESS', $5, $6)
 ON CONFLICT (caller, endpoint, key) DO NOTHING
 RETURNING caller;
 
 -- name: idem_get
+-- The stored state of an Idempotency-Key: its request hash and answer.
 SELECT request_hash, status, locked_until, response_status, response_body
   FROM idempotency_key
  WHERE caller = $1 AND endpoint = $2 AND key = $3;
@@ -20,11 +22,13 @@ UPDATE idempotency_key
 RETURNING caller;
 
 -- name: idem_complete
+-- Store the answer of a claimed key, to replay it to a retry.
 UPDATE idempotency_key
    SET status = 'DONE', locked_until = NULL, response_status = $4, response_body = $5
  WHERE caller = $1 AND endpoint = $2 AND key = $3;
 
 -- name: idem_release
+-- Free a key whose request failed, so a retry runs again.
 DELETE FROM idempotency_key
  WHERE caller = $1 AND endpoint = $2 AND key = $3 AND status = 'IN_PROGRESS';
 
@@ -43,6 +47,7 @@ WITH gone AS (
 SELECT count(*) AS idempotency_key FROM gone;
 
 -- name: outbox_insert
+-- An event to publish, written in the caller's transaction.
 INSERT INTO outbox (event_id, topic, key, payload, created_at, available_at)
 VALUES ($1, $2, $3, $4, $5, $5);
 
@@ -61,6 +66,7 @@ UPDATE outbox o
 RETURNING o.id, o.event_id, o.topic, o.key, o.payload, o.created_at, o.attempts;
 
 -- name: outbox_done
+-- Events the transport acknowledged.
 UPDATE outbox SET status = 'DONE', published_at = $2, locked_until = NULL, last_error = NULL
  WHERE id = ANY($1::bigint[]);
 
@@ -78,11 +84,13 @@ UPDATE outbox
  WHERE id = $1;
 
 -- name: outbox_lag
+-- Pending events and the age of the oldest (metrics).
 SELECT count(*) AS pending,
        coalesce(extract(epoch FROM ($1::timestamptz - min(created_at))), 0)::float8 AS oldest_s
   FROM outbox WHERE status = 'PENDING';
 
 -- name: outbox_dead_count
+-- Events given up on (metrics).
 SELECT count(*) FROM outbox WHERE status = 'DEAD';
 
 -- name: outbox_prune
@@ -98,6 +106,7 @@ WITH gone AS (
 SELECT count(*) AS outbox FROM gone;
 
 -- name: inbox_claim
+-- Apply an event once per consumer: no row when it was applied before.
 INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
 ON CONFLICT DO NOTHING
 RETURNING event_id;
@@ -119,10 +128,12 @@ DO UPDATE SET attempts = notification.attempts + 1
 RETURNING id, status;
 
 -- name: notification_sent
+-- Notifications the channel accepted.
 UPDATE notification SET status = 'SENT', sent_at = $2, last_error = NULL
  WHERE id = ANY($1::bigint[]);
 
 -- name: notification_failed
+-- Keep the last reason a notification could not be sent.
 UPDATE notification SET last_error = $2 WHERE id = $1;
 
 -- name: dead_letter_insert
@@ -166,6 +177,7 @@ UPDATE dead_letter SET replayed_at = $2
 RETURNING consumer, topic, value;
 
 -- name: dead_letter_exists
+-- Whether a dead letter exists: a replay found nothing to take, done or 404.
 SELECT EXISTS (SELECT 1 FROM dead_letter WHERE id = $1);
 
 -- name: dead_letter_replay_failed

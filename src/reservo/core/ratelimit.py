@@ -24,30 +24,27 @@ from reservo.core.redis import RedisGate
 # KEYS[1] counter; ARGV[1] window in ms. Returns {count, pttl_ms}.
 # A key found without a TTL (should not happen; e.g. a manual SET) gets one, so a
 # subject can never be locked out forever.
-_HIT_LUA = """
+_HIT = """
 local count = redis.call('INCR', KEYS[1])
 local ttl = redis.call('PTTL', KEYS[1])
 if count == 1 or ttl < 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
   ttl = tonumber(ARGV[1])
 end
-return {count, ttl}
 """
-# The same hit, then EXISTS of every further key (KEYS[2..n]): the booking gate's
-# rate limit and its marks in one command. Returns {count, pttl_ms, e2, ..., en}.
-_HIT_CHECK_LUA = """
-local count = redis.call('INCR', KEYS[1])
-local ttl = redis.call('PTTL', KEYS[1])
-if count == 1 or ttl < 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-  ttl = tonumber(ARGV[1])
-end
-local out = {count, ttl}
+_HIT_LUA = _HIT + "return {count, ttl}\n"
+# The same hit, then EXISTS of every further key (KEYS[2..n]): the booking
+# filter's rate limit and its marks in one command (appointments' admit).
+# Returns {count, pttl_ms, e2, ..., en}.
+_HIT_CHECK_LUA = (
+    _HIT
+    + """local out = {count, ttl}
 for i = 2, #KEYS do
   out[i + 1] = redis.call('EXISTS', KEYS[i])
 end
 return out
 """
+)
 
 
 @dataclass(frozen=True, slots=True)

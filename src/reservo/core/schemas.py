@@ -6,7 +6,15 @@ import math
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 # The one accepted range of every instant and date a client sends (jobs, matches,
@@ -18,6 +26,9 @@ from pydantic.alias_generators import to_camel
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST = datetime(2100, 1, 1, tzinfo=UTC)  # exclusive
 EARLIEST_DAY, LATEST_DAY = EARLIEST.date(), date(2099, 12, 31)
+# Every id is a PostgreSQL bigint: a larger one names nothing (422, not a 500).
+MAX_ID = 2**63 - 1
+Id = Annotated[StrictInt, Field(ge=1, le=MAX_ID)]
 
 
 def _in_range(value: datetime) -> datetime:

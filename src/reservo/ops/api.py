@@ -8,18 +8,15 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from reservo.core.deadletters import DeadLetter, DeadLetterBox
-from reservo.core.http import Caller, json_response, problem_responses
+from reservo.core.http import Caller, PathId, from_state, json_response, problem_responses
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.ops.schemas import DeadLetterOut, DeadLetterPage, Replayed
 
 router = APIRouter(prefix="/api/ops", tags=["operations"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
-def _box(request: Request) -> DeadLetterBox:
-    box: DeadLetterBox = request.app.state.dead_letters
-    return box
+_box = from_state(DeadLetterBox, "dead_letters")
 
 
 def render(d: DeadLetter) -> DeadLetterOut:

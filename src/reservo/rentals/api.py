@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -16,6 +16,8 @@ from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -23,9 +25,17 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within, validate_key
-from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
-from reservo.core.schemas import EARLIEST, LATEST, Instant
+from reservo.core.pagination import (
+    DEFAULT_LIMIT,
+    After,
+    Limit,
+    page,
+    time_cursor,
+    time_key,
+)
+from reservo.core.schemas import Instant
 from reservo.rentals import domain
+from reservo.rentals.domain import Booking, Car
 from reservo.rentals.schemas import (
     BookingIn,
     BookingOut,
@@ -33,58 +43,60 @@ from reservo.rentals.schemas import (
     BookingStatus,
     Calendar,
     CalendarPeriod,
-    Car,
     CarIn,
     City,
     QuoteOut,
     WebhookIn,
     WebhookOut,
 )
-from reservo.rentals.service import Booking, RentalService
+from reservo.rentals.schemas import Car as CarOut
+from reservo.rentals.service import RentalService
 
 router = APIRouter(prefix="/api", tags=["rentals"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
-def svc_of(request: Request) -> RentalService:
-    svc: RentalService = request.app.state.rentals
-    return svc
+svc_of = from_state(RentalService, "rentals")
 
 
 def render(svc: RentalService, b: Booking) -> dict[str, Any]:
     # A HOLD past its expiry is shown as EXPIRED even before a job flipped it.
-    status = domain.effective_status(b["status"], b["hold_expires_at"], svc.clock.now())
+    status = domain.effective_status(b.status, b.hold_expires_at, svc.clock.now())
     live_hold = status == "HOLD"
     return BookingOut(
-        booking_id=b["id"],
-        car_id=b["car_id"],
-        customer_id=b["customer_id"],
-        from_=b["from_at"],
-        to=b["return_at"],
+        booking_id=b.id,
+        car_id=b.car_id,
+        customer_id=b.customer_id,
+        from_=b.from_at,
+        to=b.return_at,
         status=status,  # type: ignore[arg-type]
-        deposit_amount=b["deposit_amount"],
-        hold_expires_at=b["hold_expires_at"] if live_hold else None,
-        payment_url=svc.payment_url(b["id"]) if live_hold else None,
-        refund_amount=b["refund_amount"],
+        deposit_amount=b.deposit_amount,
+        hold_expires_at=b.hold_expires_at if live_hold else None,
+        payment_url=svc.payment_url(b.id) if live_hold else None,
+        refund_amount=b.refund_amount,
     ).wire()
 
 
-def _car(c: dict[str, Any]) -> dict[str, Any]:
-    return Car(
-        id=c["id"],
-        plate=c["plate"],
-        model=c["model"],
-        city=c["city"],
-        daily_price=c["daily_price"],
-        host_id=c["host_id"],
-    ).wire()
+def render_car(c: Car) -> dict[str, Any]:
+    """A car on the wire (CarOut), built by hand: the search renders many."""
+    return {
+        "id": c.id,
+        "plate": c.plate,
+        "model": c.model,
+        "city": c.city,
+        "dailyPrice": c.daily_price,
+        "hostId": c.host_id,
+    }
+
+
+def render_cars(cars: list[Car]) -> bytes:
+    return orjson.dumps([render_car(c) for c in cars])
 
 
 # -- cars ----------------------------------------------------------------------
 
 
-@router.post("/cars", status_code=201, response_model=Car, responses=PROBLEMS)
+@router.post("/cars", status_code=201, response_model=CarOut, responses=PROBLEMS)
 async def create_car(
     body: CarIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
@@ -92,16 +104,16 @@ async def create_car(
     key = validate_key(idempotency_key, required=False)
     svc, raw = svc_of(request), await request.body()
 
-    def create(within: Within[dict[str, Any]] | None) -> Awaitable[dict[str, Any]]:
+    def create(within: Within[Car] | None) -> Awaitable[Car]:
         return svc.create_car(
             body.plate, body.model, body.city, body.daily_price, body.host_id, within
         )
 
     store = idempotency_store(request)
-    return await run_idempotent(store, caller, "POST /api/cars", key, raw, create, _car)
+    return await run_idempotent(store, caller, "POST /api/cars", key, raw, create, render_car)
 
 
-@router.get("/cars", response_model=list[Car], responses=PROBLEMS)
+@router.get("/cars", response_model=list[CarOut], responses=PROBLEMS)
 async def search_cars(
     city: Annotated[City, Query()],
     from_: Annotated[Instant, Query(alias="from")],
@@ -112,7 +124,7 @@ async def search_cars(
 ) -> Response:
     """Cars of a city free for the whole [from, to) (turnaround included). The
     list may be up to RESERVO_RENTALS_SEARCH_CACHE_TTL_S stale; booking is not."""
-    body = await svc_of(request).search(city, from_, to, limit)
+    body = await svc_of(request).search(city, from_, to, limit, render_cars)
     return Response(body, media_type="application/json")
 
 
@@ -141,9 +153,9 @@ def _who(caller: Principal, b: Booking, *, customer: bool) -> domain.Canceller:
     """admin, the car's host, or (when ``customer``) the booking's customer."""
     if caller.is_admin:
         return "admin"
-    if caller.role == "host" and caller.sub == b["host_id"]:
+    if caller.role == "host" and caller.sub == b.host_id:
         return "host"
-    if customer and caller.role == "customer" and caller.sub == b["customer_id"]:
+    if customer and caller.role == "customer" and caller.sub == b.customer_id:
         return "customer"
     raise DomainError("forbidden", "not your booking")
 
@@ -250,27 +262,11 @@ async def payment_webhook(
 
 # -- second release: a customer's bookings, a car's calendar, a quote ------------------
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
 
 def _booking_key(b: Booking) -> tuple[int, int]:
-    """A booking's place in its customer's list (createdAt in microseconds since
-    1970, id): the cursor of the page it ends."""
-    return (b["created_at"] - _EPOCH) // _US, b["id"]
-
-
-def _booking_cursor(after: str | None) -> tuple[datetime, int] | None:
-    if after is None:
-        return None
-    us, booking_id = decode_cursor(after, int, int)
-    if not (EARLIEST - _EPOCH) // _US <= us < (LATEST - _EPOCH) // _US:
-        # Not a time the server clock stamps on a booking: not our cursor.
-        raise validation_error(
-            "malformed cursor: pass the `next` value of the previous page unchanged",
-            [{"loc": ["query", "after"], "msg": "malformed cursor"}],
-        )
-    return _EPOCH + us * _US, booking_id
+    """A booking's place in its customer's list, (createdAt, id): the cursor of
+    the page it ends."""
+    return time_key(b.created_at, b.id)
 
 
 @router.get("/customers/{customerId}/bookings", response_model=BookingPage, responses=PROBLEMS)
@@ -293,7 +289,7 @@ async def customer_bookings(
     else is 403 whether the customer has bookings or not."""
     caller.require_owner("customer", customer_id)
     svc = svc_of(request)
-    rows = await svc.customer_bookings(customer_id, _booking_cursor(after), limit + 1, status)
+    rows = await svc.customer_bookings(customer_id, time_cursor(after), limit + 1, status)
     items, nxt = page(rows, limit, _booking_key)
     return json_response(200, {"items": [render(svc, b) for b in items], "next": nxt})
 
@@ -314,16 +310,16 @@ async def car_calendar(
     host or an admin (403 for other hosts and roles)."""
     caller.require("host")
     car, rows = await svc_of(request).calendar(car_id, from_, to)
-    caller.require_owner("host", car["host_id"])
+    caller.require_owner("host", car.host_id)
     periods = [
         CalendarPeriod(
-            booking_id=r["id"],
-            from_=r["from_at"],
-            to=r["return_at"],
-            buffer_until=r["buffer_until"],
-            status=r["status"],
+            booking_id=p.booking_id,
+            from_=p.from_at,
+            to=p.return_at,
+            buffer_until=p.buffer_until,
+            status=p.status,  # type: ignore[arg-type]
         )
-        for r in rows
+        for p in rows
     ]
     return json_response(200, Calendar(car_id=car_id, periods=periods).wire())
 
@@ -344,6 +340,6 @@ async def car_quote(
     over 730 days ahead) are 422 here too. Anyone authenticated."""
     car, q, free = await svc_of(request).quote(car_id, from_, to)
     body = QuoteOut(
-        car_id=car["id"], days=q.days, price=q.price, deposit_amount=q.deposit, available=free
+        car_id=car.id, days=q.days, price=q.price, deposit_amount=q.deposit, available=free
     )
     return json_response(200, body.wire())

@@ -6,10 +6,11 @@ passed in by the caller."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Literal
+from typing import Any, Literal
 
 Status = Literal["HOLD", "CONFIRMED", "ON_TRIP", "COMPLETED", "CANCELLED", "EXPIRED"]
 # Statuses that occupy the car (the exclusion constraint's predicate).
@@ -24,6 +25,73 @@ MAX_AHEAD = timedelta(days=730)
 
 class InvalidPeriod(ValueError):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Car:
+    id: int
+    plate: str
+    model: str
+    city: str
+    daily_price: int
+    host_id: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Car:
+        return cls(
+            row["id"], row["plate"], row["model"], row["city"], row["daily_price"], row["host_id"]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """A booking as the use cases return it; ``from_at`` is the customer's start
+    (the stored period's lower bound), ``return_at`` their end (before the buffer)."""
+
+    id: int
+    car_id: int
+    customer_id: int
+    from_at: datetime
+    return_at: datetime
+    status: str
+    deposit_amount: int
+    refund_amount: int | None
+    hold_expires_at: datetime | None
+    created_at: datetime
+    # The car's host: read with every row that emits an event; None in a
+    # customer's list, which does not need it.
+    host_id: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Booking:
+        return cls(
+            id=row["id"],
+            car_id=row["car_id"],
+            customer_id=row["customer_id"],
+            from_at=row["from_at"],
+            return_at=row["return_at"],
+            status=row["status"],
+            deposit_amount=row["deposit_amount"],
+            refund_amount=row["refund_amount"],
+            hold_expires_at=row["hold_expires_at"],
+            created_at=row["created_at"],
+            host_id=row.get("host_id"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedPeriod:
+    """One entry of a car's calendar: a live booking and the end of its buffer."""
+
+    booking_id: int
+    from_at: datetime
+    return_at: datetime
+    buffer_until: datetime
+    status: str
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> BlockedPeriod:
+        return cls(row["id"], row["from_at"], row["return_at"], row["buffer_until"], row["status"])
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from reservo.core.notify import Notification
 from reservo.core.transport.base import Event
+from reservo.rentals.domain import Booking
 
 HELD = "rentals.booking.held.v1"
 CONFIRMED = "rentals.booking.confirmed.v1"
@@ -36,24 +37,24 @@ def key(booking_id: int) -> str:
     return f"booking:{booking_id}"
 
 
-def payload(b: dict[str, Any]) -> dict[str, Any]:
+def payload(b: Booking) -> dict[str, Any]:
     return {
-        "bookingId": b["id"],
-        "carId": b["car_id"],
-        "customerId": b["customer_id"],
-        "hostId": b["host_id"],
-        "status": b["status"],
-        "from": b["from_at"].isoformat(),
-        "to": b["return_at"].isoformat(),
-        "depositAmount": b["deposit_amount"],
-        "refundAmount": b.get("refund_amount"),
+        "bookingId": b.id,
+        "carId": b.car_id,
+        "customerId": b.customer_id,
+        "hostId": b.host_id,
+        "status": b.status,
+        "from": b.from_at.isoformat(),
+        "to": b.return_at.isoformat(),
+        "depositAmount": b.deposit_amount,
+        "refundAmount": b.refund_amount,
     }
 
 
-def refund_payload(b: dict[str, Any], amount: int, reason: str) -> dict[str, Any]:
+def refund_payload(b: Booking, amount: int, reason: str) -> dict[str, Any]:
     return {
-        "bookingId": b["id"],
-        "customerId": b["customer_id"],
+        "bookingId": b.id,
+        "customerId": b.customer_id,
         "amount": amount,
         "reason": reason,
     }

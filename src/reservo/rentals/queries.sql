@@ -2,11 +2,13 @@
 -- UPDATE or an INSERT a constraint may refuse; nothing is decided from a SELECT.
 
 -- name: insert_car
+-- A new car of a host.
 INSERT INTO car (plate, model, city, daily_price, host_id, created_at)
 VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING id, plate, model, city, daily_price, host_id;
 
 -- name: get_car
+-- One car by id.
 SELECT id, plate, model, city, daily_price, host_id FROM car WHERE id = $1;
 
 -- name: search_available
@@ -46,6 +48,7 @@ RETURNING id, car_id, customer_id, lower(period) AS from_at, return_at, status,
           deposit_amount, refund_amount, hold_expires_at, created_at;
 
 -- name: get_booking
+-- One booking with its period start and its car's host.
 SELECT b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at, b.status,
        b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at, c.host_id
   FROM booking b JOIN car c ON c.id = b.car_id
@@ -84,6 +87,7 @@ RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at
           p.status AS previous_status, NULL::timestamptz AS hold_expires_at;
 
 -- name: set_refund
+-- The refund a cancellation owes, decided by the refund policy.
 UPDATE booking SET refund_amount = $2 WHERE id = $1;
 
 -- name: transition
@@ -122,9 +126,11 @@ RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at
           c.host_id;
 
 -- name: refund_recorded
+-- Whether the gateway's refund transaction is recorded already.
 SELECT EXISTS (SELECT 1 FROM payment WHERE provider_txn_id = $1);
 
 -- name: insert_refund
+-- Record a refund once per gateway transaction id.
 INSERT INTO payment (booking_id, provider_txn_id, type, amount, gateway_ref, created_at)
 VALUES ($1, $2, 'REFUND', $3, $4, $5)
 ON CONFLICT ON CONSTRAINT uq_payment_provider_txn DO NOTHING

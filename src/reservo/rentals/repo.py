@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import asyncpg
 
@@ -123,10 +123,6 @@ async def insert_refund(
 ) -> bool:
     found = await conn.fetchval(Q.insert_refund, booking_id, txn_id, amount, gateway_ref, now)
     return found is not None
-
-
-def as_dict(row: Row) -> dict[str, Any]:
-    return dict(row.items())
 
 
 # -- second release: the hold rate limit, lists, calendar, quote ---------------------

@@ -22,12 +22,12 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse
 
 from reservo.core.errors import DomainError
+from reservo.core.http import PathId
 from reservo.rentals import domain
 from reservo.rentals.api import process_webhook, svc_of
 from reservo.rentals.gateway import SandboxGateway
 
 router = APIRouter(prefix="/sandbox", tags=["rentals sandbox"], include_in_schema=False)
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 # The form carries one short field; anything bigger is not our form.
 MAX_FORM_BYTES = 1024
 
@@ -64,11 +64,11 @@ def _checked(request: Request, booking_id: int, token: str | None) -> tuple[Sand
 async def _page(request: Request, booking_id: int, token: str, message: str = "") -> HTMLResponse:
     svc = svc_of(request)
     b = await svc.get(booking_id)
-    status = domain.effective_status(b["status"], b["hold_expires_at"], svc.clock.now())
+    status = domain.effective_status(b.status, b.hold_expires_at, svc.clock.now())
     action = (
         '<form method="post">'
         f'<input type="hidden" name="token" value="{html.escape(token)}">'
-        f'<button type="submit">Pay {b["deposit_amount"]}</button></form>'
+        f'<button type="submit">Pay {b.deposit_amount}</button></form>'
         if status == "HOLD"
         else ""
     )
@@ -76,12 +76,12 @@ async def _page(request: Request, booking_id: int, token: str, message: str = ""
         action = f"<p>Gateway result: <b>{html.escape(message)}</b></p>" + action
     return HTMLResponse(
         _PAGE.format(
-            booking_id=b["id"],
-            car_id=b["car_id"],
-            start=html.escape(b["from_at"].isoformat()),
-            end=html.escape(b["return_at"].isoformat()),
+            booking_id=b.id,
+            car_id=b.car_id,
+            start=html.escape(b.from_at.isoformat()),
+            end=html.escape(b.return_at.isoformat()),
             status=html.escape(status),
-            amount=b["deposit_amount"],
+            amount=b.deposit_amount,
             action=action,
         ),
         headers={"Cache-Control": "no-store"},
@@ -118,12 +118,12 @@ async def pay(
     gateway, token = _checked(request, booking_id, await _posted_token(request))
     svc = svc_of(request)
     b = await svc.get(booking_id)
-    status = domain.effective_status(b["status"], b["hold_expires_at"], svc.clock.now())
+    status = domain.effective_status(b.status, b.hold_expires_at, svc.clock.now())
     if status != "HOLD":
         # Paid, cancelled or run out: nothing to pay, nothing is sent.
         return await _page(request, booking_id, token, f"nothing to pay: booking is {status}")
     raw, signature = gateway.checkout(
-        booking_id, b["deposit_amount"], int(svc.clock.now().timestamp())
+        booking_id, b.deposit_amount, int(svc.clock.now().timestamp())
     )
     result = await process_webhook(request, raw, signature)
     return await _page(request, booking_id, token, result)

@@ -7,9 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, StrictInt, StringConstraints
 
-from reservo.core.schemas import ApiModel, Instant
+from reservo.core.schemas import ApiModel, Id, Instant
 
-Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
 Money = Annotated[StrictInt, Field(ge=0, le=10**15)]
 # Plates and txn ids are visible ASCII without surrounding spaces.
 Plate = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9 .\-]{0,18}[A-Za-z0-9]$")]

@@ -5,13 +5,12 @@ conditional status flips, the hold rate limit); Redis only caches searches."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
-import orjson
 import redis.asyncio
 import structlog
 
@@ -22,20 +21,20 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
+from reservo.core.schemas import MAX_ID
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
+from reservo.rentals.domain import BlockedPeriod, Booking, Car
 from reservo.rentals.gateway import PaymentGateway
 
 log = structlog.get_logger(__name__)
-
-Booking = dict[str, Any]
 
 EXPIRE_HOLD = "rentals.expire-hold"
 NO_GATEWAY = "no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY"
 # A customer's clock may lag ours a little: a period starting this long ago is accepted.
 START_GRACE = timedelta(minutes=5)
 # The keyset before every booking: a customer's list starts here.
-FIRST_PAGE = (datetime(9999, 12, 31, tzinfo=UTC), 2**63 - 1)
+FIRST_PAGE = (datetime(9999, 12, 31, tzinfo=UTC), MAX_ID)
 
 
 class JobScheduler(Protocol):
@@ -106,10 +105,10 @@ class RentalService:
         city: str,
         daily_price: int,
         host_id: int,
-        within: Within[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+        within: Within[Car] | None = None,
+    ) -> Car:
         async with self.db.transaction() as conn:
-            car = repo.as_dict(
+            car = Car.from_row(
                 await repo.insert_car(
                     conn, plate, model, city, daily_price, host_id, self.clock.now()
                 )
@@ -118,10 +117,17 @@ class RentalService:
                 await within(conn, car)
         return car
 
-    async def search(self, city: str, start: datetime, end: datetime, limit: int) -> bytes:
-        """The cars of ``city`` free for [start, end) (plus the turnaround), as JSON
-        bytes, served from a short-lived cache: a stale answer only costs a 409
-        later, the constraint decides."""
+    async def search(
+        self,
+        city: str,
+        start: datetime,
+        end: datetime,
+        limit: int,
+        render: Callable[[list[Car]], bytes],
+    ) -> bytes:
+        """The cars of ``city`` free for [start, end) (plus the turnaround), as
+        ``render`` writes them (the API's JSON), served from a short-lived cache of
+        those bytes: a stale answer only costs a 409 later, the constraint decides."""
         self.check_period(start, end)
         start, end = start.astimezone(UTC), end.astimezone(UTC)
         key = f"rentals:avail:{{city:{city}}}:{start.isoformat()}:{end.isoformat()}:{limit}"
@@ -134,19 +140,9 @@ class RentalService:
         rows = await self.db.stale_read(
             lambda conn: repo.search_available(conn, city, period, now, limit)
         )
-        cars = [
-            {
-                "id": r["id"],
-                "plate": r["plate"],
-                "model": r["model"],
-                "city": r["city"],
-                "dailyPrice": r["daily_price"],
-                "hostId": r["host_id"],
-            }
-            for r in rows
-        ]
-        await self.cache.set_json(key, cars, self.config.search_cache_ttl_s)
-        return orjson.dumps(cars)
+        body = render([Car.from_row(r) for r in rows])
+        await self.cache.set_bytes(key, body, self.config.search_cache_ttl_s)
+        return body
 
     async def _get_raw(self, key: str) -> bytes | None:
         # The stored JSON is returned as is: no decode/encode on the hot path.
@@ -187,7 +183,7 @@ class RentalService:
         customer_id: int,
         start: datetime,
         end: datetime,
-        within: Within[dict[str, Any]] | None = None,
+        within: Within[Booking] | None = None,
     ) -> Booking:
         self.check_period(start, end)
         now = self.clock.now()
@@ -202,7 +198,7 @@ class RentalService:
             amount = domain.deposit(start, end, car["daily_price"], self.config.deposit_rate)
             # Stale holds overlapping this period stop blocking before we insert.
             for row in await repo.expire_overlapping(conn, car_id, period, now):
-                await self._emit(conn, repo.as_dict(row), now)
+                await self._emit(conn, Booking.from_row(row), now)
             try:
                 row = await repo.insert_hold(
                     conn, car_id, customer_id, period, end, amount, expires, now
@@ -210,14 +206,14 @@ class RentalService:
             except asyncpg.ExclusionViolationError:
                 metrics.CONFLICTS.labels("rentals", "car_unavailable", "database").inc()
                 raise
-            booking = {**repo.as_dict(row), "host_id": car["host_id"]}
+            booking = replace(Booking.from_row(row), host_id=car["host_id"])
             if self.scheduler is not None:
                 jobs.append(
                     await self.scheduler.enqueue(
                         EXPIRE_HOLD,
-                        {"bookingId": booking["id"]},
+                        {"bookingId": booking.id},
                         run_at=expires,
-                        idempotency_key=_expiry_key(booking["id"]),
+                        idempotency_key=_expiry_key(booking.id),
                         conn=conn,
                     )
                 )
@@ -239,7 +235,7 @@ class RentalService:
             await self.scheduler.cancel_by_key(EXPIRE_HOLD, _expiry_key(booking_id), conn=conn)
 
     async def _emit(self, conn: asyncpg.Connection, b: Booking, now: datetime) -> None:
-        await emit(conn, events.BY_STATUS[b["status"]], events.key(b["id"]), events.payload(b), now)
+        await emit(conn, events.BY_STATUS[b.status], events.key(b.id), events.payload(b), now)
 
     # -- reading ---------------------------------------------------------------
 
@@ -248,7 +244,7 @@ class RentalService:
             row = await repo.get_booking(conn, booking_id)
         if row is None:
             raise DomainError("booking_not_found", f"no booking {booking_id}")
-        return repo.as_dict(row)
+        return Booking.from_row(row)
 
     async def customer_bookings(
         self,
@@ -264,16 +260,16 @@ class RentalService:
             rows = await repo.customer_bookings(
                 conn, customer_id, before or FIRST_PAGE, limit, status, self.clock.now()
             )
-        return [repo.as_dict(r) for r in rows]
+        return [Booking.from_row(r) for r in rows]
 
-    def _car_of(self, car: asyncpg.Record | None, car_id: int) -> dict[str, Any]:
+    def _car_of(self, car: asyncpg.Record | None, car_id: int) -> Car:
         if car is None:
             raise DomainError("car_not_found", f"no car {car_id}")
-        return repo.as_dict(car)
+        return Car.from_row(car)
 
     async def calendar(
         self, car_id: int, start: datetime, end: datetime
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    ) -> tuple[Car, list[BlockedPeriod]]:
         """The car and what blocks it during [start, end): its live bookings whose
         period, turnaround buffer included, overlaps the window, in time order."""
         try:
@@ -285,11 +281,11 @@ class RentalService:
         async with self.db.connection() as conn:
             car = self._car_of(await repo.get_car(conn, car_id), car_id)
             rows = await repo.car_calendar(conn, car_id, window, self.clock.now())
-        return car, [repo.as_dict(r) for r in rows]
+        return car, [BlockedPeriod.from_row(r) for r in rows]
 
     async def quote(
         self, car_id: int, start: datetime, end: datetime
-    ) -> tuple[dict[str, Any], domain.Quote, bool]:
+    ) -> tuple[Car, domain.Quote, bool]:
         """The car, what a hold of [start, end) would cost, and whether it would
         find the car free now (the hold's own period rules: 422 for a period a
         hold would refuse)."""
@@ -299,7 +295,7 @@ class RentalService:
         async with self.db.connection() as conn:
             car = self._car_of(await repo.get_car(conn, car_id), car_id)
             free = await repo.car_is_free(conn, car_id, period, now)
-        q = domain.quote(start, end, car["daily_price"], self.config.deposit_rate)
+        q = domain.quote(start, end, car.daily_price, self.config.deposit_rate)
         return car, q, free
 
     # -- payments --------------------------------------------------------------
@@ -315,14 +311,14 @@ class RentalService:
                 return "duplicate"
             row = await repo.confirm(conn, booking_id, amount, now)
             if row is not None:
-                await self._emit(conn, repo.as_dict(row), now)
+                await self._emit(conn, Booking.from_row(row), now)
                 await self._drop_expiry(conn, booking_id)
                 return "confirmed"
             # Paid too late (or too little, or after a cancel): the car may belong to
             # someone else by now, so the money goes back in full.
             expired = await repo.expire_one(conn, booking_id, now)
             if expired is not None:
-                await self._emit(conn, repo.as_dict(expired), now)
+                await self._emit(conn, Booking.from_row(expired), now)
             current = await repo.get_booking(conn, booking_id)
             assert current is not None  # the payment row's foreign key just saw it
             await emit(
@@ -330,7 +326,7 @@ class RentalService:
                 events.REFUND_REQUESTED,
                 events.key(booking_id),
                 events.refund_payload(
-                    repo.as_dict(current), amount, f"payment received for a {current['status']}"
+                    Booking.from_row(current), amount, f"payment received for a {current['status']}"
                 ),
                 now,
             )
@@ -345,12 +341,11 @@ class RentalService:
         async with self.db.transaction() as conn:
             row = await repo.cancel(conn, booking_id, now, by)
             if row is not None:
-                b = repo.as_dict(row)
                 refund = 0
-                if b.pop("previous_status") == "CONFIRMED":
-                    refund = domain.refund_amount(b["deposit_amount"], b["from_at"], now, by)
+                if row["previous_status"] == "CONFIRMED":
+                    refund = domain.refund_amount(row["deposit_amount"], row["from_at"], now, by)
                 await repo.set_refund(conn, booking_id, refund)
-                b["refund_amount"] = refund
+                b = replace(Booking.from_row(row), refund_amount=refund)
                 await self._emit(conn, b, now)
                 await self._drop_expiry(conn, booking_id)
                 if refund > 0:
@@ -363,9 +358,9 @@ class RentalService:
                     )
         if row is None:
             current = await self.get(booking_id)
-            if current["status"] == "CANCELLED":
+            if current.status == "CANCELLED":
                 return current
-            status = domain.effective_status(current["status"], current["hold_expires_at"], now)
+            status = domain.effective_status(current.status, current.hold_expires_at, now)
             raise DomainError("not_cancellable", f"a {status} booking cannot be cancelled")
         metrics.CANCELLATIONS.labels("rentals").inc()
         return b
@@ -376,13 +371,11 @@ class RentalService:
         async with self.db.transaction() as conn:
             row = await repo.transition(conn, booking_id, from_status, to_status, now)
             if row is not None:
-                b = repo.as_dict(row)
+                b = Booking.from_row(row)
                 await self._emit(conn, b, now)
                 return b
         current = await self.get(booking_id)
-        raise DomainError(
-            "invalid_state", f"booking is {current['status']}, expected {from_status}"
-        )
+        raise DomainError("invalid_state", f"booking is {current.status}, expected {from_status}")
 
     # -- expiry ----------------------------------------------------------------
 
@@ -392,7 +385,7 @@ class RentalService:
         async with self.db.transaction() as conn:
             row = await repo.expire_one(conn, booking_id, now)
             if row is not None:
-                await self._emit(conn, repo.as_dict(row), now)
+                await self._emit(conn, Booking.from_row(row), now)
         return row is not None
 
     async def sweep(self, batch: int = 500) -> int:
@@ -403,7 +396,7 @@ class RentalService:
             async with self.db.transaction() as conn:
                 rows = await repo.sweep(conn, now, batch)
                 for row in rows:
-                    await self._emit(conn, repo.as_dict(row), now)
+                    await self._emit(conn, Booking.from_row(row), now)
             total += len(rows)
             if len(rows) < batch:
                 if total:

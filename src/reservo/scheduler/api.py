@@ -15,6 +15,8 @@ from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -36,15 +38,12 @@ from reservo.scheduler.schemas import (
 from reservo.scheduler.service import Scheduler
 
 router = APIRouter(prefix="/api", tags=["jobs"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 # Payloads live in PostgreSQL; keep them small.
 MAX_PAYLOAD_BYTES = 64 * 1024
 PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
-def _svc(request: Request) -> Scheduler:
-    svc: Scheduler = request.app.state.scheduler
-    return svc
+_svc = from_state(Scheduler, "scheduler")
 
 
 def render(job: Job) -> dict[str, Any]:

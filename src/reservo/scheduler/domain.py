@@ -172,6 +172,11 @@ def local_instant(local: datetime, zone: zoneinfo.ZoneInfo) -> datetime:
     raise ValueError(f"no valid local time in {zone.key} near {local.isoformat()}")
 
 
+# A bound on the matched wall times that may map to instants already passed: a
+# repeated hour holds at most 60 minutes of them, a skipped day 1440; with room.
+PASSED_WALL_TIMES = 3000
+
+
 def occurrences(
     cron: str, zone: zoneinfo.ZoneInfo, after: datetime, until: datetime, limit: int
 ) -> tuple[list[datetime], datetime | None]:
@@ -184,10 +189,10 @@ def occurrences(
     start = after.astimezone(zone).replace(tzinfo=None)
     found: list[datetime] = []
     last = after
-    # Wall times the cron matches; a bound on how many may map to instants
-    # already passed (a repeated hour at most 60 minutes, a skipped day 1440).
+    # Wall times the cron matches beyond ``limit`` that may map to instants
+    # already passed: at most PASSED_WALL_TIMES of them.
     for n, local in enumerate(CronSim(cron, start)):
-        if local.year >= LATEST.year or n > limit + 3000:
+        if local.year >= LATEST.year or n > limit + PASSED_WALL_TIMES:
             return found, None
         at = local_instant(local, zone)
         if at >= LATEST:

@@ -15,12 +15,15 @@ SELECT $1, u, r, p, 'SCHEDULED', $5, $6
   FROM unnest($2::smallint[], $3::timestamptz[], $4::jsonb[]) AS t(u, r, p);
 
 -- name: job_by_key
+-- The job an idempotency key created first.
 SELECT * FROM scheduled_job WHERE category = $1 AND idempotency_key = $2;
 
 -- name: get_job
+-- One job by id.
 SELECT * FROM scheduled_job WHERE id = $1;
 
 -- name: status_of
+-- Where a batch of jobs stands (why an executor could not claim them).
 SELECT id, status, run_at, category, urgency FROM scheduled_job WHERE id = ANY($1::bigint[]);
 
 -- name: mark_pushed
@@ -250,6 +253,7 @@ UPDATE scheduled_job
 RETURNING id;
 
 -- name: executions
+-- The attempts of a job, in order.
 SELECT attempt, worker, started_at, finished_at, outcome, error
   FROM job_execution WHERE job_id = $1 ORDER BY attempt;
 
@@ -328,6 +332,7 @@ UPDATE scheduled_job
 RETURNING *;
 
 -- name: insert_recurring
+-- A new recurring job with its first occurrence.
 INSERT INTO recurring_job (category, cron, timezone, payload, urgency, next_at, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING *;

@@ -9,6 +9,7 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from reservo.core.db import Queries
+from reservo.core.schemas import MAX_ID
 from reservo.scheduler.domain import Job, Recurring
 
 Q = Queries.load("reservo.scheduler")
@@ -180,7 +181,7 @@ async def executions(conn: asyncpg.Connection, job_id: int) -> list[Row]:
 # -- lists, retry, reschedule -------------------------------------------------------
 
 # The first page's cursor: every id is below it.
-_NO_CURSOR = 2**63 - 1
+_NO_CURSOR = MAX_ID
 
 
 async def jobs_page(

@@ -26,6 +26,20 @@ from reservo.scheduler.service import Scheduler
 log = structlog.get_logger(__name__)
 # A role whose step failed (Redis or PostgreSQL away) tries again after this long.
 RETRY_S = 0.5
+# A lock's time to live, in periods of its holder's loop: a holder that misses two
+# steps in a row (a pause, a slow Redis) still keeps it; a dead one frees it soon.
+LOCK_PERIODS = 3
+# A mover that did not get the lock tries again after this fraction of its TTL, so
+# it takes over within a third of the TTL after the holder dies.
+LOCK_RETRY_FRACTION = 1 / LOCK_PERIODS
+# Stale RUNNING rows a reaper pass reads at most (the rest wait for the next pass).
+REAP_BATCH = 1000
+# How long an executor trusts its list of (category, urgency) queues before asking
+# Redis again: queues appear rarely, and asking on every step costs a round trip.
+QUEUES_REFRESH_S = 0.5
+# The longest error text stored on a job row (the public and the detailed one).
+ERROR_TEXT_MAX = 2000
+MS_PER_S = 1000
 Groups = dict[tuple[str, int], list[int]]
 # The `loop` label of reservo_poison_rows_total.
 LOADER, EXECUTOR, REAPER = "scheduler.loader", "scheduler.executor", "scheduler.reaper"
@@ -33,11 +47,11 @@ Fetch = Callable[[asyncpg.Connection], Awaitable[list[repo.Row]]]
 FetchIds = Callable[[asyncpg.Connection], Awaitable[list[int]]]
 
 
-async def _park(s: Scheduler, loop: str, job_id: int, exc: BaseException) -> None:
+async def _park(scheduler: Scheduler, loop: str, job_id: int, exc: BaseException) -> None:
     """Poison: DEAD by id, with a statement that reads none of the row's values."""
     reason = f"parked by the {loop}: this row could not be processed ({exc!r})"
-    async with s.db.connection() as conn:
-        await repo.park(conn, job_id, reason, s.clock.now())
+    async with scheduler.db.connection() as conn:
+        await repo.park(conn, job_id, reason, scheduler.clock.now())
 
 
 class Loader:
@@ -45,21 +59,21 @@ class Loader:
     (rows not pushed yet) every period; a full resync of the window when Redis
     lost its epoch key (FLUSHALL, restart) and every resync period."""
 
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
         self.epoch: str | None = None
         self.last_full = 0.0
         self.token = uuid.uuid4().hex
         self.owner = False
 
     async def step(self) -> float:
-        cfg = self.s.config
+        cfg = self.scheduler.config
         if cfg.loader_lock:
             # Like the mover's: only saves the work of N loaders pushing the same
             # rows; two loaders at once are still correct (loading is idempotent).
-            ttl = max(cfg.lock_ttl_ms, int(cfg.loader_period_s * 3000))
-            key = self.s.keys.loader_lock
-            self.owner = await self.s.dispatcher.acquire(self.token, ttl, key)
+            ttl = max(cfg.lock_ttl_ms, int(cfg.loader_period_s * LOCK_PERIODS * MS_PER_S))
+            key = self.scheduler.keys.loader_lock
+            self.owner = await self.scheduler.dispatcher.acquire(self.token, ttl, key)
             if not self.owner:
                 self.epoch = None  # when we take over, start with a full resync
                 return cfg.loader_period_s
@@ -69,21 +83,21 @@ class Loader:
     async def release(self) -> None:
         if self.owner:
             with contextlib.suppress(Exception):
-                await self.s.dispatcher.release(self.token, self.s.keys.loader_lock)
+                await self.scheduler.dispatcher.release(self.token, self.scheduler.keys.loader_lock)
 
     async def run_once(self) -> int:
-        cfg = self.s.config
-        token = await self.s.dispatcher.epoch(uuid.uuid4().hex)
+        cfg = self.scheduler.config
+        token = await self.scheduler.dispatcher.epoch(uuid.uuid4().hex)
         full = token != self.epoch or time.monotonic() - self.last_full >= cfg.resync_period_s
-        horizon = self.s.clock.now() + timedelta(seconds=cfg.window_s)
+        horizon = self.scheduler.clock.now() + timedelta(seconds=cfg.window_s)
         loaded = 0
         if full:
             loaded += await self._full(horizon)
             self.epoch, self.last_full = token, time.monotonic()
         while True:
             rows, seen = await self._page(
-                lambda c: repo.unpushed(c, horizon, cfg.loader_batch),
-                lambda c: repo.unpushed_ids(c, horizon, cfg.loader_batch),
+                lambda conn: repo.unpushed(conn, horizon, cfg.loader_batch),
+                lambda conn: repo.unpushed_ids(conn, horizon, cfg.loader_batch),
             )
             if not seen:
                 break
@@ -95,7 +109,7 @@ class Loader:
     async def _full(self, horizon: datetime) -> int:
         # datetime.min is sent as -infinity: the first page starts before any row.
         after: tuple[datetime, int] = (datetime.min.replace(tzinfo=horizon.tzinfo), 0)
-        batch = self.s.config.loader_batch
+        batch = self.scheduler.config.loader_batch
         loaded = 0
         while True:
             rows, seen = await self._page(
@@ -108,14 +122,14 @@ class Loader:
             # A page whose rows were all parked keeps the cursor: they are no
             # longer pending, so the same query now returns the rows after them.
             if rows:
-                after = max((r["run_at"], r["id"]) for r in rows)
+                after = max((row["run_at"], row["id"]) for row in rows)
 
     async def _page(self, fetch: Fetch, fetch_ids: FetchIds) -> tuple[list[repo.Row], int]:
         """A page of rows and how many rows it had. A page that cannot be decoded
         (a timestamp Python cannot represent) is read again as ids, then row by
         row, and the rows that fail alone are parked: one bad row must not hold
         back every row after it in run_at order."""
-        async with self.s.db.connection() as conn:
+        async with self.scheduler.db.connection() as conn:
             try:
                 rows = await fetch(conn)
                 return rows, len(rows)
@@ -126,36 +140,38 @@ class Loader:
         return rows, len(ids)
 
     async def _rows(self, ids: Sequence[int]) -> list[repo.Row]:
-        async with self.s.db.connection() as conn:
+        async with self.scheduler.db.connection() as conn:
             return await repo.loadable_rows(conn, ids)
 
     async def _park_id(self, job_id: int, exc: BaseException) -> None:
-        await _park(self.s, LOADER, job_id, exc)
+        await _park(self.scheduler, LOADER, job_id, exc)
 
     async def _push(self, rows: list[repo.Row]) -> int:
         good = []
-        for r in rows:
+        for row in rows:
             try:
-                domain.check_run_at(r["run_at"])
-                good.append(r)
+                domain.check_run_at(row["run_at"])
+                good.append(row)
             except ValueError as exc:  # written before the rule: never run it
-                await report(LOADER, r["id"], exc, self._park_id(r["id"], exc))
+                await report(LOADER, row["id"], exc, self._park_id(row["id"], exc))
         added = await isolate(
             good,
             self._push_batch,
-            lambda r, exc: self._park_id(r["id"], exc),
+            lambda row, exc: self._park_id(row["id"], exc),
             loop=LOADER,
-            key=lambda r: r["id"],
+            key=lambda row: row["id"],
         )
         return sum(added)
 
     async def _push_batch(self, rows: Sequence[repo.Row]) -> list[int]:
         # Redis first, then the flag: a crash in between only means a no-op reload.
-        added = await self.s.dispatcher.load(
-            (r["id"], r["category"], r["urgency"], domain.ms(r["run_at"])) for r in rows
+        added = await self.scheduler.dispatcher.load(
+            (row["id"], row["category"], row["urgency"], domain.ms(row["run_at"])) for row in rows
         )
-        async with self.s.db.connection() as conn:
-            await repo.mark_pushed(conn, [r["id"] for r in rows], [r["revision"] for r in rows])
+        async with self.scheduler.db.connection() as conn:
+            await repo.mark_pushed(
+                conn, [row["id"] for row in rows], [row["revision"] for row in rows]
+            )
         return [added]
 
 
@@ -163,34 +179,34 @@ class Mover:
     """Promotes due ids from each ZSET to its LIST, continuously, by Redis' TIME.
     The lock only saves work; two movers running together are still correct."""
 
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
         self.token = uuid.uuid4().hex
         self.owner = False
 
     async def step(self) -> float:
-        cfg = self.s.config
+        cfg = self.scheduler.config
         if cfg.mover_lock:
-            self.owner = await self.s.dispatcher.acquire(self.token, cfg.lock_ttl_ms)
+            self.owner = await self.scheduler.dispatcher.acquire(self.token, cfg.lock_ttl_ms)
             if not self.owner:
-                return cfg.lock_ttl_ms / 3000
+                return cfg.lock_ttl_ms * LOCK_RETRY_FRACTION / MS_PER_S
         return await self.move_once()
 
     async def move_once(self) -> float:
-        cfg = self.s.config
-        pairs = await self.s.dispatcher.pairs()
+        cfg = self.scheduler.config
+        pairs = await self.scheduler.dispatcher.pairs()
         if not pairs:
             return cfg.mover_idle_s
-        results = await self.s.dispatcher.move(pairs, cfg.mover_batch)
+        results = await self.scheduler.dispatcher.move(pairs, cfg.mover_batch)
         if any(moved >= cfg.mover_batch for moved, _, _ in results):
             return 0.0  # more is due right now
-        nexts = [(nxt - now) / 1000 for _, nxt, now in results if nxt >= 0]
+        nexts = [(nxt - now) / MS_PER_S for _, nxt, now in results if nxt >= 0]
         return min([cfg.mover_idle_s, *nexts]) if nexts else cfg.mover_idle_s
 
     async def release(self) -> None:
         if self.owner:
             with contextlib.suppress(Exception):
-                await self.s.dispatcher.release(self.token)
+                await self.scheduler.dispatcher.release(self.token)
 
 
 class Reaper:
@@ -198,39 +214,40 @@ class Reaper:
     go back to QUEUED (PostgreSQL), and processing lists of workers whose live
     key expired go back to their queues (Redis)."""
 
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
 
     async def step(self) -> float:
         await self.run_once()
-        return self.s.config.reaper_period_s
+        return self.scheduler.config.reaper_period_s
 
     async def run_once(self) -> int:
-        cfg = self.s.config
-        now = self.s.clock.now()
+        cfg = self.scheduler.config
+        now = self.scheduler.clock.now()
         stale = now - timedelta(seconds=cfg.reaper_timeout_s)
-        async with self.s.db.connection() as conn:
-            ids = await repo.stale_running(conn, stale, 1000)
+        async with self.scheduler.db.connection() as conn:
+            ids = await repo.stale_running(conn, stale, REAP_BATCH)
 
         async def reap(batch: Sequence[int]) -> list[repo.Row]:
-            async with self.s.db.transaction() as conn:
+            async with self.scheduler.db.transaction() as conn:
                 rows = await repo.reap(conn, batch, stale, now)
-                for r in rows:  # a row written before the rule: parked, not requeued
-                    domain.check_run_at(r["run_at"])
+                for row in rows:  # a row written before the rule: parked, not requeued
+                    domain.check_run_at(row["run_at"])
             return rows
 
         async def park(job_id: int, exc: BaseException) -> None:
-            await _park(self.s, REAPER, job_id, exc)
+            await _park(self.scheduler, REAPER, job_id, exc)
 
         rows = await isolate(ids, reap, park, loop=REAPER)
-        for r in rows:
-            log.warning("scheduler_job_reaped", job_id=r["id"], status=r["status"])
-        back = [r for r in rows if r["status"] in domain.PENDING]
+        for row in rows:
+            log.warning("scheduler_job_reaped", job_id=row["id"], status=row["status"])
+        back = [row for row in rows if row["status"] in domain.PENDING]
         if back:
-            await self.s.dispatcher.load(
-                (r["id"], r["category"], r["urgency"], domain.ms(r["run_at"])) for r in back
+            await self.scheduler.dispatcher.load(
+                (row["id"], row["category"], row["urgency"], domain.ms(row["run_at"]))
+                for row in back
             )
-        await self.s.dispatcher.requeue_dead()
+        await self.scheduler.dispatcher.requeue_dead()
         return len(rows)
 
 
@@ -238,45 +255,49 @@ class Executor:
     """Takes due ids with a reliable pop into its own processing list, claims
     them in PostgreSQL, runs the handlers, settles, then acknowledges in Redis."""
 
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
-        self.worker = s.new_worker_id("exec")
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.worker = scheduler.new_worker_id("exec")
         self.running: set[int] = set()
         self._pairs: list[tuple[str, int]] = []
         self._pairs_at = 0.0
 
     @property
     def ttl_ms(self) -> int:
-        return int(self.s.config.reaper_timeout_s * 1000)
+        return int(self.scheduler.config.reaper_timeout_s * MS_PER_S)
 
     async def pairs(self) -> list[tuple[str, int]]:
-        if time.monotonic() - self._pairs_at > 0.5:
-            found = await self.s.dispatcher.pairs()
-            self._pairs = [p for p in found if p[0] in self.s.handlers]
+        if time.monotonic() - self._pairs_at > QUEUES_REFRESH_S:
+            found = await self.scheduler.dispatcher.pairs()
+            self._pairs = [pair for pair in found if pair[0] in self.scheduler.handlers]
             self._pairs_at = time.monotonic()
         return self._pairs
 
     async def heartbeat(self) -> float:
-        await self.s.dispatcher.alive(self.worker, self.ttl_ms)
+        await self.scheduler.dispatcher.alive(self.worker, self.ttl_ms)
         if self.running:
-            async with self.s.db.connection() as conn:
-                await repo.heartbeat(conn, list(self.running), self.s.clock.now(), self.worker)
-        return self.s.config.heartbeat_s
+            async with self.scheduler.db.connection() as conn:
+                await repo.heartbeat(
+                    conn, list(self.running), self.scheduler.clock.now(), self.worker
+                )
+        return self.scheduler.config.heartbeat_s
 
     async def step(self) -> float:
-        cfg = self.s.config
+        cfg = self.scheduler.config
         pairs = await self.pairs()
         if not pairs:
             return cfg.executor_idle_s
-        got = await self.s.dispatcher.take(pairs, self.worker, cfg.executor_batch)
+        got = await self.scheduler.dispatcher.take(pairs, self.worker, cfg.executor_batch)
         if not got:
-            c, u = pairs[0]  # sleep in Redis on the most urgent queue
-            got = await self.s.dispatcher.wait_one(c, u, self.worker, cfg.executor_idle_s)
+            category, urgency = pairs[0]  # sleep in Redis on the most urgent queue
+            got = await self.scheduler.dispatcher.wait_one(
+                category, urgency, self.worker, cfg.executor_idle_s
+            )
             if not got:
                 return 0.0
             # The mover pushes what fell due together: take the rest in the same
             # batch rather than paying a claim and a settle for one job.
-            got += await self.s.dispatcher.take(pairs, self.worker, cfg.executor_batch - 1)
+            got += await self.scheduler.dispatcher.take(pairs, self.worker, cfg.executor_batch - 1)
         try:
             await self.process(got)
         except Exception:
@@ -285,20 +306,20 @@ class Executor:
             # it while we are alive: hand it back to the queue. Claimed rows are
             # skipped there (RUNNING) and come back through the reaper.
             with contextlib.suppress(Exception):
-                await self.s.dispatcher.give_back(self.worker, [p for p, _ in got])
+                await self.scheduler.dispatcher.give_back(self.worker, [pair for pair, _ in got])
             raise
         return 0.0
 
     async def process(self, got: list[tuple[tuple[str, int], list[int]]]) -> None:
-        cfg, s = self.s.config, self.s
-        where: dict[int, tuple[str, int]] = {i: p for p, ids in got for i in ids}
-        now = s.clock.now()
-        async with s.db.connection() as conn:
+        cfg, scheduler = self.scheduler.config, self.scheduler
+        where: dict[int, tuple[str, int]] = {job_id: pair for pair, ids in got for job_id in ids}
+        now = scheduler.clock.now()
+        async with scheduler.db.connection() as conn:
 
             async def claim(ids: Sequence[int]) -> list[Job]:
                 jobs = await repo.claim(conn, list(ids), now, self.worker)
-                for j in jobs:  # a row written before the rule: parked, not run
-                    domain.check_run_at(j.run_at)
+                for job in jobs:  # a row written before the rule: parked, not run
+                    domain.check_run_at(job.run_at)
                 return jobs
 
             async def claim_one(job_id: int) -> list[Job]:
@@ -308,97 +329,104 @@ class Executor:
                 if not jobs:
                     mine = await repo.claimed_by(conn, job_id, self.worker)
                     jobs = [mine] if mine is not None else []
-                for j in jobs:
-                    domain.check_run_at(j.run_at)
+                for job in jobs:
+                    domain.check_run_at(job.run_at)
                 return jobs
 
             async def status_of(ids: Sequence[int]) -> list[repo.Row]:
                 return await repo.status_of(conn, ids)
 
             jobs = await isolate(list(where), claim, self._park, loop=EXECUTOR, one=claim_one)
-            claimed = {j.id for j in jobs}
-            missed = [i for i in where if i not in claimed]
+            claimed = {job.id for job in jobs}
+            missed = [job_id for job_id in where if job_id not in claimed]
             early = []
             if missed:
                 # Not claimable: settled, cancelled, running elsewhere, parked
                 # (skip them) or not due yet by our clock (a stale copy): put
                 # those back.
-                for r in await isolate(missed, status_of, self._park, loop=EXECUTOR):
-                    if r["status"] in domain.PENDING and r["run_at"] > now:
-                        early.append(r)
-        self.running.update(j.id for j in jobs)
+                for row in await isolate(missed, status_of, self._park, loop=EXECUTOR):
+                    if row["status"] in domain.PENDING and row["run_at"] > now:
+                        early.append(row)
+        self.running.update(job.id for job in jobs)
         try:
-            outcomes = await asyncio.gather(*(self._run(j) for j in jobs))
-            done = [(j.id, j.revision) for j, err in zip(jobs, outcomes, strict=True) if not err]
-            failed = [(j, err) for j, err in zip(jobs, outcomes, strict=True) if err]
-            now = s.clock.now()
+            outcomes = await asyncio.gather(*(self._run(job) for job in jobs))
+            ran = list(zip(jobs, outcomes, strict=True))
+            done = [(job.id, job.revision) for job, err in ran if not err]
+            failed = [(job, err) for job, err in ran if err]
+            now = scheduler.clock.now()
             retried: list[repo.Row] = []
             # Each settle statement is atomic on its own (UPDATE + log in one
             # statement), and jobs are independent: no BEGIN/COMMIT round trips.
             # A job whose settle fails alone (a constraint its row breaks) is
             # parked rather than left RUNNING for the reaper to rerun forever.
-            async with s.db.connection() as conn:
+            async with scheduler.db.connection() as conn:
 
                 async def complete(batch: Sequence[tuple[int, int]]) -> list[int]:
                     return await repo.complete(
-                        conn, [d[0] for d in batch], [d[1] for d in batch], now, self.worker
+                        conn,
+                        [job_id for job_id, _ in batch],
+                        [revision for _, revision in batch],
+                        now,
+                        self.worker,
                     )
 
                 async def fail(batch: Sequence[tuple[Job, JobFailure]]) -> list[repo.Row]:
                     retry_ats = [
                         now
                         + timedelta(
-                            seconds=backoff_delay(j.attempts, cfg.backoff_base_s, cfg.backoff_max_s)
+                            seconds=backoff_delay(
+                                job.attempts, cfg.backoff_base_s, cfg.backoff_max_s
+                            )
                         )
-                        for j, _ in batch
+                        for job, _ in batch
                     ]
                     return await repo.fail(
                         conn,
-                        [j.id for j, _ in batch],
-                        [j.revision for j, _ in batch],
-                        [f.public[:2000] for _, f in batch],
+                        [job.id for job, _ in batch],
+                        [job.revision for job, _ in batch],
+                        [failure.public[:ERROR_TEXT_MAX] for _, failure in batch],
                         retry_ats,
                         now,
                         self.worker,
-                        [f.detail[:2000] for _, f in batch],
-                        [f.permanent for _, f in batch],
+                        [failure.detail[:ERROR_TEXT_MAX] for _, failure in batch],
+                        [failure.permanent for _, failure in batch],
                     )
 
                 await isolate(
                     done,
                     complete,
-                    lambda d, exc: self._park(d[0], exc),
+                    lambda item, exc: self._park(item[0], exc),
                     loop=EXECUTOR,
-                    key=lambda d: d[0],
+                    key=lambda item: item[0],
                 )
                 rows = await isolate(
                     failed,
                     fail,
-                    lambda f, exc: self._park(f[0].id, exc),
+                    lambda item, exc: self._park(item[0].id, exc),
                     loop=EXECUTOR,
-                    key=lambda f: f[0].id,
+                    key=lambda item: item[0].id,
                 )
-                retried = [r for r in rows if r["status"] == domain.FAILED]
+                retried = [row for row in rows if row["status"] == domain.FAILED]
         finally:
-            self.running.difference_update(j.id for j in jobs)
+            self.running.difference_update(job.id for job in jobs)
         groups: Groups = defaultdict(list)
-        for i, p in where.items():
-            groups[p].append(i)
-        await s.dispatcher.ack(self.worker, groups)
+        for job_id, pair in where.items():
+            groups[pair].append(job_id)
+        await scheduler.dispatcher.ack(self.worker, groups)
         back = [*retried, *early]
         if back:
-            horizon = s.clock.now() + timedelta(seconds=cfg.window_s)
-            await s.dispatcher.load(
-                (r["id"], r["category"], r["urgency"], domain.ms(r["run_at"]))
-                for r in back
-                if r["run_at"] < horizon
+            horizon = scheduler.clock.now() + timedelta(seconds=cfg.window_s)
+            await scheduler.dispatcher.load(
+                (row["id"], row["category"], row["urgency"], domain.ms(row["run_at"]))
+                for row in back
+                if row["run_at"] < horizon
             )
 
     async def _park(self, job_id: int, exc: BaseException) -> None:
-        await _park(self.s, EXECUTOR, job_id, exc)
+        await _park(self.scheduler, EXECUTOR, job_id, exc)
 
     async def _run(self, job: Job) -> JobFailure | None:
-        handler = self.s.handlers.get(job.category)
+        handler = self.scheduler.handlers.get(job.category)
         if handler is None:
             text = f"no handler for category {job.category!r}"
             return JobFailure(text, text)
@@ -424,14 +452,14 @@ class Materialiser:
     """Creates the jobs of recurring jobs' occurrences ahead of time (within the
     window), every loader period. Any number may run: see Scheduler.materialise."""
 
-    def __init__(self, s: Scheduler) -> None:
-        self.s = s
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
 
     async def step(self) -> float:
-        handled, _ = await self.s.materialise()
-        if handled >= self.s.config.recurring_batch:
+        handled, _ = await self.scheduler.materialise()
+        if handled >= self.scheduler.config.recurring_batch:
             return 0.0  # more may be due right now
-        return self.s.config.loader_period_s
+        return self.scheduler.config.loader_period_s
 
 
 def _forever(
@@ -444,32 +472,32 @@ def _forever(
     )
 
 
-async def run(s: Scheduler, stop: asyncio.Event) -> None:
+async def run(scheduler: Scheduler, stop: asyncio.Event) -> None:
     """Loader, mover, reaper, executors and recurring-job materialiser of one
     process, until ``stop``."""
-    cfg = s.config
+    cfg = scheduler.config
     tasks: list[Awaitable[None]] = []
-    movers = [Mover(s) for _ in range(cfg.movers)]
-    loaders = [Loader(s) for _ in range(cfg.loaders)]
-    executors = [Executor(s) for _ in range(cfg.executors)]
-    for ld in loaders:
-        tasks.append(_forever(stop, "loader", ld.step))
-    for m in movers:
-        tasks.append(_forever(stop, "mover", m.step))
+    movers = [Mover(scheduler) for _ in range(cfg.movers)]
+    loaders = [Loader(scheduler) for _ in range(cfg.loaders)]
+    executors = [Executor(scheduler) for _ in range(cfg.executors)]
+    for loader in loaders:
+        tasks.append(_forever(stop, "loader", loader.step))
+    for mover in movers:
+        tasks.append(_forever(stop, "mover", mover.step))
     for _ in range(cfg.reapers):
-        tasks.append(_forever(stop, "reaper", Reaper(s).step))
+        tasks.append(_forever(stop, "reaper", Reaper(scheduler).step))
     for _ in range(cfg.materialisers):
-        tasks.append(_forever(stop, "materialiser", Materialiser(s).step))
-    for e in executors:
-        tasks.append(_forever(stop, "heartbeat", e.heartbeat))
-        tasks.append(_forever(stop, "executor", e.step))
+        tasks.append(_forever(stop, "materialiser", Materialiser(scheduler).step))
+    for executor in executors:
+        tasks.append(_forever(stop, "heartbeat", executor.heartbeat))
+        tasks.append(_forever(stop, "executor", executor.step))
     try:
         await asyncio.gather(*tasks)
     finally:
-        for m in movers:
-            await m.release()
-        for ld in loaders:
-            await ld.release()
-        for e in executors:  # a clean stop hands back what this worker took
+        for mover in movers:
+            await mover.release()
+        for loader in loaders:
+            await loader.release()
+        for executor in executors:  # a clean stop hands back what this worker took
             with contextlib.suppress(Exception):
-                await s.dispatcher.leave(e.worker)
+                await scheduler.dispatcher.leave(executor.worker)

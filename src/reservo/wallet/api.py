@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
+    PathId,
+    from_state,
     idempotency_store,
     json_response,
     problem_responses,
@@ -18,6 +20,8 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within
+from reservo.core.schemas import MAX_ID
+from reservo.wallet.domain import Account, Transfer
 from reservo.wallet.schemas import (
     AccountIn,
     AccountOut,
@@ -27,38 +31,33 @@ from reservo.wallet.schemas import (
     TransferIn,
     TransferOut,
 )
-from reservo.wallet.service import Transfer, WalletService
+from reservo.wallet.service import WalletService
 
 router = APIRouter(prefix="/api", tags=["wallet"])
-PathId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
-def _svc(request: Request) -> WalletService:
-    svc: WalletService = request.app.state.wallet
-    return svc
+_svc = from_state(WalletService, "wallet")
 
 
-def render_account(a: dict[str, Any]) -> dict[str, Any]:
-    return AccountOut(
-        id=a["id"], owner_id=a["owner_id"], currency=a["currency"], balance=a["balance"]
-    ).wire()
+def render_account(a: Account) -> dict[str, Any]:
+    return AccountOut(id=a.id, owner_id=a.owner_id, currency=a.currency, balance=a.balance).wire()
 
 
 def render_transfer(t: Transfer) -> dict[str, Any]:
     return TransferOut(
-        id=t["id"],
-        from_account_id=t["from_account_id"],
-        to_account_id=t["to_account_id"],
-        amount=t["amount"],
-        created_at=t["created_at"],
+        id=t.id,
+        from_account_id=t.from_account_id,
+        to_account_id=t.to_account_id,
+        amount=t.amount,
+        created_at=t.created_at,
     ).wire()
 
 
-async def _owned(request: Request, caller: Caller, account_id: int) -> dict[str, Any]:
+async def _owned(request: Request, caller: Caller, account_id: int) -> Account:
     caller.require("bettor")
     account = await _svc(request).get_account(account_id)
-    owner: int | None = account["owner_id"]
+    owner = account.owner_id
     # A system account (WORLD, HOUSE) has no owner: no sub, whatever its value,
     # acts for it; only an admin may read it (and nobody may move it, see
     # domain.ROUTES).
@@ -141,16 +140,27 @@ async def statement(
     caller: Caller,
     request: Request,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    before: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
 ) -> JSONResponse:
     await _owned(request, caller, account_id)
     account, entries, next_before = await _svc(request).statement(account_id, before, limit)
     return json_response(
         200,
         StatementOut(
-            account_id=account["id"],
-            balance=account["balance"],
-            entries=[EntryOut(**e) for e in entries],
+            account_id=account.id,
+            balance=account.balance,
+            entries=[
+                EntryOut(
+                    id=e.id,
+                    transfer_id=e.transfer_id,
+                    amount=e.amount,
+                    balance_after=e.balance_after,
+                    kind=e.kind,
+                    reference=e.reference,
+                    created_at=e.created_at,
+                )
+                for e in entries
+            ],
             next_before=next_before,
         ).wire(),
     )

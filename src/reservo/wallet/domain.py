@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
 
@@ -13,6 +16,67 @@ class AccountRef:
     owner_id: int | None  # None for the system accounts (WORLD, HOUSE): nobody's
     currency: str
     kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    id: int
+    owner_id: int | None  # None for the system accounts (WORLD, HOUSE): nobody's
+    currency: str
+    kind: str  # CUSTOMER | WORLD | HOUSE
+    balance: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Account:
+        return cls(row["id"], row["owner_id"], row["currency"], row["kind"], row["balance"])
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    id: int
+    kind: str
+    reference: str | None
+    from_account_id: int
+    to_account_id: int
+    amount: int
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Transfer:
+        return cls(
+            row["id"],
+            row["kind"],
+            row["reference"],
+            row["from_account_id"],
+            row["to_account_id"],
+            row["amount"],
+            row["created_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One line of an account's ledger: its side of a transfer."""
+
+    id: int
+    transfer_id: int
+    amount: int  # negative: a debit
+    balance_after: int
+    kind: str
+    reference: str | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Entry:
+        return cls(
+            row["id"],
+            row["transfer_id"],
+            row["amount"],
+            row["balance_after"],
+            row["kind"],
+            row["reference"],
+            row["created_at"],
+        )
 
 
 class TransferRefused(Exception):

@@ -11,7 +11,7 @@ from reservo.core import inbox
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.transport.base import Event
-from reservo.wallet.service import Payout, pay_many_in
+from reservo.wallet.service import Payout, pay_many_in_tx
 
 PAYOUT_REQUESTED = "wallet.payout.requested.v1"
 TOPICS = (PAYOUT_REQUESTED,)
@@ -56,6 +56,6 @@ class PayoutConsumer:
         items, shard = parse_request(event.payload)
 
         async def apply(conn: asyncpg.Connection) -> None:
-            await pay_many_in(conn, items, shard, self.house_shards, self.clock.now())
+            await pay_many_in_tx(conn, items, shard, self.house_shards, self.clock.now())
 
         await inbox.once(self.db, CONSUMER, event.id, apply)

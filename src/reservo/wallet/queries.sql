@@ -1,6 +1,7 @@
 -- Named queries of the wallet module.
 
 -- name: insert_account
+-- A new customer account (balance 0).
 INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
 VALUES ($1, $2, 'CUSTOMER', 0, $3)
 RETURNING id, owner_id, currency, kind, balance;
@@ -16,9 +17,11 @@ SELECT NULL::bigint, $1::text, k, s, $3::timestamptz
 ON CONFLICT (kind, currency, shard) WHERE kind <> 'CUSTOMER' DO NOTHING;
 
 -- name: system_account
+-- The id of a system account (WORLD, HOUSE) of a currency and shard.
 SELECT id FROM wallet_account WHERE kind = $1 AND currency = $2 AND shard = $3;
 
 -- name: get_account
+-- One account with its balance.
 SELECT id, owner_id, currency, kind, balance FROM wallet_account WHERE id = $1;
 
 -- name: lock_accounts
@@ -61,10 +64,6 @@ WITH allowed AS (
 )
 SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at FROM t;
 
--- name: transfer_by_reference
-SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at
-  FROM wallet_transfer WHERE kind = $1 AND reference = $2;
-
 -- name: pay_many
 -- A chunk of payouts/refunds from one house sub-account, applied in one
 -- statement: the house row is updated once for the whole chunk. A reference
@@ -105,6 +104,7 @@ WITH items AS (
 SELECT count(*)::int AS applied, coalesce(sum(amount), 0)::bigint AS total FROM ins;
 
 -- name: statement
+-- An account's ledger entries, newest first, below entry $2 (keyset).
 SELECT id, transfer_id, amount, balance_after, kind, reference, created_at
   FROM wallet_entry
  WHERE account_id = $1 AND ($2::bigint IS NULL OR id < $2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import asyncpg
 
@@ -53,10 +53,6 @@ async def apply_transfer(
     return await conn.fetchrow(Q.apply_transfer, source, target, amount, kind, reference, now)
 
 
-async def transfer_by_reference(conn: asyncpg.Connection, kind: str, reference: str) -> Row | None:
-    return await conn.fetchrow(Q.transfer_by_reference, kind, reference)
-
-
 async def pay_many(
     conn: asyncpg.Connection,
     house_id: int,
@@ -73,10 +69,6 @@ async def statement(
     conn: asyncpg.Connection, account_id: int, before: int | None, limit: int
 ) -> list[Row]:
     return list(await conn.fetch(Q.statement, account_id, before, limit))
-
-
-def as_dict(row: Row) -> dict[str, Any]:
-    return dict(row.items())
 
 
 async def currencies(conn: asyncpg.Connection, ids: list[int]) -> list[Row]:

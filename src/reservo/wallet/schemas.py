@@ -7,9 +7,8 @@ from typing import Annotated
 
 from pydantic import Field, StrictInt
 
-from reservo.core.schemas import ApiModel
+from reservo.core.schemas import ApiModel, Id
 
-Id = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
 # Positive and far below bigint overflow even after many credits.
 Amount = Annotated[StrictInt, Field(ge=1, le=10**15)]
 Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$", examples=["EUR"])]
@@ -17,7 +16,7 @@ Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$", examples=["EUR"])]
 
 class AccountIn(ApiModel):
     # A real user (>= 1): 0 or below would collide with "nobody" (CHECK wallet_account_owner).
-    owner_id: Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+    owner_id: Id
     currency: Currency
 
 

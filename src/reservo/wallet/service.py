@@ -1,6 +1,6 @@
 """Wallet use cases. Each owns its transaction: lock, check, write.
 
-``transfer_in`` and ``pay_many_in`` run inside a caller's transaction, so the
+``transfer_in_tx`` and ``pay_many_in_tx`` run inside a caller's transaction, so the
 betting module can debit a stake atomically with the bet it inserts."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 
@@ -18,8 +17,7 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.wallet import domain, repo
-
-Transfer = dict[str, Any]
+from reservo.wallet.domain import Account, Entry, Transfer
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ def _not_found(account_id: int) -> DomainError:
     return DomainError("account_not_found", f"no account {account_id}")
 
 
-async def transfer_in(
+async def transfer_in_tx(
     conn: asyncpg.Connection,
     source_id: int,
     target_id: int,
@@ -66,17 +64,16 @@ async def transfer_in(
         raise DomainError(
             "insufficient_funds", f"account {source_id} does not hold {amount} {currency}"
         )
-    return repo.as_dict(row)
+    return Transfer.from_row(row)
 
 
-async def get_account_in(conn: asyncpg.Connection, account_id: int) -> dict[str, Any] | None:
-    """An account (id, owner_id, currency, kind, balance), or None. owner_id is
-    None for the system accounts (WORLD, HOUSE)."""
+async def get_account_in_tx(conn: asyncpg.Connection, account_id: int) -> Account | None:
+    """An account, or None. owner_id is None for the system accounts (WORLD, HOUSE)."""
     row = await repo.get_account(conn, account_id)
-    return None if row is None else repo.as_dict(row)
+    return None if row is None else Account.from_row(row)
 
 
-async def house_account_in(
+async def house_account_in_tx(
     conn: asyncpg.Connection, currency: str, shard: int, shards: int, now: datetime
 ) -> int:
     house = await repo.system_account(conn, "HOUSE", currency, shard)
@@ -87,7 +84,7 @@ async def house_account_in(
     return house
 
 
-async def pay_many_in(
+async def pay_many_in_tx(
     conn: asyncpg.Connection, items: Sequence[Payout], shard: int, shards: int, now: datetime
 ) -> int:
     """Credit a chunk of payouts/refunds from the house in the caller's
@@ -103,7 +100,7 @@ async def pay_many_in(
             raise _not_found(p.account_id)
         by_currency[currencies[p.account_id]].append(p)
     houses = {
-        cur: await house_account_in(conn, cur, shard % max(1, shards), shards, now)
+        cur: await house_account_in_tx(conn, cur, shard % max(1, shards), shards, now)
         for cur in by_currency
     }
     # One lock statement, ascending ids, house rows included: same order as transfers.
@@ -131,18 +128,18 @@ class WalletService:
     def __init__(self, db: Database, clock: Clock, house_shards: int = 8) -> None:
         self.db, self.clock, self.house_shards = db, clock, house_shards
 
-    async def create_account(self, owner_id: int, currency: str) -> dict[str, Any]:
+    async def create_account(self, owner_id: int, currency: str) -> Account:
         now = self.clock.now()
         async with self.db.transaction() as conn:
             await repo.ensure_system_accounts(conn, currency, self.house_shards, now)
-            return repo.as_dict(await repo.insert_account(conn, owner_id, currency, now))
+            return Account.from_row(await repo.insert_account(conn, owner_id, currency, now))
 
-    async def get_account(self, account_id: int) -> dict[str, Any]:
+    async def get_account(self, account_id: int) -> Account:
         async with self.db.connection() as conn:
             row = await repo.get_account(conn, account_id)
         if row is None:
             raise _not_found(account_id)
-        return repo.as_dict(row)
+        return Account.from_row(row)
 
     async def deposit(
         self, account_id: int, amount: int, reference: str, within: Within[Transfer] | None = None
@@ -158,7 +155,9 @@ class WalletService:
                 await repo.ensure_system_accounts(conn, account["currency"], self.house_shards, now)
                 world = await repo.system_account(conn, "WORLD", account["currency"], 0)
             assert world is not None
-            transfer = await transfer_in(conn, world, account_id, amount, "DEPOSIT", reference, now)
+            transfer = await transfer_in_tx(
+                conn, world, account_id, amount, "DEPOSIT", reference, now
+            )
             if within is not None:
                 await within(conn, transfer)
         return transfer
@@ -168,18 +167,20 @@ class WalletService:
     ) -> Transfer:
         now = self.clock.now()
         async with self.db.transaction() as conn:
-            transfer = await transfer_in(conn, source_id, target_id, amount, "TRANSFER", None, now)
+            transfer = await transfer_in_tx(
+                conn, source_id, target_id, amount, "TRANSFER", None, now
+            )
             if within is not None:
                 await within(conn, transfer)
         return transfer
 
     async def pay_many(self, items: Sequence[Payout], shard: int = 0) -> int:
         async with self.db.transaction() as conn:
-            return await pay_many_in(conn, items, shard, self.house_shards, self.clock.now())
+            return await pay_many_in_tx(conn, items, shard, self.house_shards, self.clock.now())
 
     async def statement(
         self, account_id: int, before: int | None, limit: int
-    ) -> tuple[dict[str, Any], list[dict[str, Any]], int | None]:
+    ) -> tuple[Account, list[Entry], int | None]:
         """Newest first; one row more than asked tells whether another page exists.
         Balance and page come from one snapshot (REPEATABLE READ)."""
         async with self.db.connection() as conn, conn.transaction(isolation="repeatable_read"):
@@ -187,6 +188,6 @@ class WalletService:
             if account is None:
                 raise _not_found(account_id)
             rows = await repo.statement(conn, account_id, before, limit + 1)
-        entries = [repo.as_dict(r) for r in rows[:limit]]
-        next_before = entries[-1]["id"] if len(rows) > limit else None
-        return repo.as_dict(account), entries, next_before
+        entries = [Entry.from_row(r) for r in rows[:limit]]
+        next_before = entries[-1].id if len(rows) > limit else None
+        return Account.from_row(account), entries, next_before

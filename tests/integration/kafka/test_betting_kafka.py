@@ -100,7 +100,7 @@ async def test_result_through_kafka_and_fallback_settles_once(
                     await conn.fetchval(
                         "SELECT count(*) FROM wallet_transfer"
                         " WHERE kind = 'PAYOUT' AND reference = $1",
-                        f"bet:{bet['id']}",
+                        f"bet:{bet.id}",
                     )
                     == 1
                 )

@@ -11,17 +11,21 @@ the idempotent producer (which Tansu's in-memory store does not support).
 
 Consuming (``KafkaConsumerRunner``): one consumer group per consumer name
 (``<prefix>.<consumer>``) calls the SAME handlers the local transport calls.
-Records of one partition are handled in order, partitions concurrently; the
-offset is committed only after the handler returned (its transaction
-committed). A topic with a batch handler gets each partition's fetched records
-in one call (one transaction for up to ``max_records`` events: the per-event
-commit is what limits a consumer otherwise); when that call fails the records
-are replayed one by one. A record whose handler fails transiently (a
-dependency away: core.failures) is retried a few times at once, then the
-partition waits with a growing backoff (capped) and reads it again, for as long
-as the outage lasts; a record the handler rejects (a permanent failure) is
-parked at once (``dead_letter`` table, plus ``<topic>.dlt`` when enabled) and
-the partition moves on. Crash before the commit means redelivery; handlers dedupe.
+Records of one key (one aggregate) are handled in offset order; different keys,
+in one partition or in several, concurrently (core.ordering). Kafka orders a
+whole partition, but the only order the events promise is per aggregate, and one
+handler transaction per record is commit-latency bound. A partition's offset is
+committed only up to its first record not finished (the handlers' transactions
+committed), so a record is never skipped. A topic with a batch handler gets
+each partition's fetched records in one call (one transaction for up to
+``max_records`` events: the per-event commit is what limits a consumer
+otherwise); when that call fails the records are replayed one by one. A record
+whose handler fails transiently (a dependency away: core.failures) is retried a
+few times at once, then the partition waits with a growing backoff (capped) and
+reads it again, for as long as the outage lasts; a record the handler rejects
+(a permanent failure) is parked at once (``dead_letter`` table, plus
+``<topic>.dlt`` when enabled) and the partition moves on. Crash before the
+commit means redelivery; handlers dedupe.
 """
 
 from __future__ import annotations
@@ -360,8 +364,9 @@ class KafkaConsumerRunner:
         records: list[ConsumerRecord[Any, Any]],
     ) -> None:
         """Handle one partition's records: in order per key, different keys concurrently
-        (the order Kafka promises is per key anyway, and one handler transaction per
-        event is commit-latency bound). Commit up to the first record not finished."""
+        (the events promise order per aggregate, their key, not per partition; and
+        one handler transaction per event is commit-latency bound). A record without
+        a key is its own group. Commit up to the first record not finished."""
         batch = self.batch_handlers.get(tp.topic)
         if batch is not None and await self._try_batch(batch, tp, records):
             await self._commit(consumer, tp, records[-1].offset + 1)

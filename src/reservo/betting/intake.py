@@ -1,0 +1,136 @@
+"""The result webhook's intake: verified, checked, then held by Kafka or, when
+Kafka does not acknowledge, by the PostgreSQL fallback table."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+import orjson
+import structlog
+from pydantic import ValidationError
+
+from reservo.betting import domain, events, repo
+from reservo.betting.publisher import Publisher
+from reservo.betting.schemas import ResultIn
+from reservo.core import metrics
+from reservo.core.auth import verify_webhook
+from reservo.core.breaker import BreakerOpen, CircuitBreaker
+from reservo.core.clock import Clock
+from reservo.core.db import Database
+from reservo.core.errors import DomainError, validation_error
+from reservo.core.retry import retry_async
+from reservo.core.transport.base import Event
+
+log = structlog.get_logger(__name__)
+
+
+class ResultIntake:
+    """POST /api/webhooks/match-results. The provider never resends, so 202 is
+    answered only once Kafka acknowledged the result or PostgreSQL stored it."""
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        secret: str,
+        *,
+        tolerance_s: int = 300,
+        publisher: Publisher | None = None,
+        breaker: CircuitBreaker | None = None,
+        attempts: int = 3,
+        backoff_s: float = 0.05,
+    ) -> None:
+        self.db, self.clock, self.secret, self.tolerance_s = db, clock, secret, tolerance_s
+        self.publisher = publisher
+        self.breaker = breaker or CircuitBreaker("results_kafka", failure_threshold=3)
+        self.attempts, self.backoff_s = attempts, backoff_s
+
+    async def receive(self, raw: bytes, signature: str | None) -> str:
+        """Returns where the result is held: ``kafka`` or ``fallback``."""
+        now = self.clock.now()
+        verify_webhook(self.secret, signature, raw, now, self.tolerance_s)
+        try:
+            result = ResultIn.model_validate_json(raw)
+        except ValidationError as exc:
+            await self._reject(raw, exc, now)
+            errors = orjson.loads(exc.json(include_url=False, include_input=False))
+            raise validation_error("the result payload is not valid", errors) from None
+        await self._check_started(result, now)
+        payload = result.wire()
+        event = Event(
+            events.result_event_id(result.provider_event_id),
+            events.RESULT_TOPIC,
+            result.match_external_id,
+            payload,
+            now,
+        )
+        if self.publisher is not None:
+            publisher = self.publisher
+            try:
+                await retry_async(
+                    lambda: self.breaker.call(publisher.publish, event),
+                    name="results_publish",
+                    attempts=self.attempts,
+                    base_s=self.backoff_s,
+                    max_s=1.0,
+                )
+                metrics.RESULTS_RECEIVED.labels("kafka").inc()
+                return "kafka"
+            except BreakerOpen:
+                log.warning("results_breaker_open", provider_event_id=result.provider_event_id)
+            except Exception as exc:
+                log.warning("results_publish_failed", error=repr(exc))
+        try:
+            async with self.db.transaction() as conn:
+                await repo.fallback_insert(
+                    conn, uuid.uuid4(), result.provider_event_id, payload, now
+                )
+            metrics.RESULTS_RECEIVED.labels("fallback").inc()
+            return "fallback"
+        except Exception as exc:
+            # Neither Kafka nor PostgreSQL holds it: the provider must learn (503)
+            # and the payload must at least reach the logs.
+            log.error(
+                "match_result_not_durable", payload=raw.decode(errors="replace"), error=repr(exc)
+            )
+            raise DomainError("unavailable", "the result could not be stored; retry") from exc
+
+    async def _check_started(self, result: ResultIn, now: datetime) -> None:
+        """Refuse (409, nothing stored) a final result for a match that has not
+        started by this server's clock. Decided here, at intake, against the match
+        row. An unknown match passes, as before: the consumer records it as
+        UNKNOWN_MATCH. When PostgreSQL cannot answer, the result is not refused:
+        the provider never resends, and Kafka may still hold it durably; the
+        settlement consumer applies the same rule before it records anything."""
+        try:
+            async with self.db.connection() as conn:
+                match = await repo.match_by_external_id(conn, result.match_external_id)
+        except DomainError as exc:
+            if exc.status != 503:
+                raise
+            log.warning("match_result_unchecked", provider_event_id=result.provider_event_id)
+            return
+        if match is None:
+            return
+        try:
+            domain.check_result(result.status, match["starts_at"], now)
+        except domain.BetRefused as exc:
+            log.warning(
+                "match_result_refused",
+                code=exc.code,
+                provider_event_id=result.provider_event_id,
+                match_external_id=result.match_external_id,
+            )
+            raise DomainError(exc.code, exc.detail) from None
+
+    async def _reject(self, raw: bytes, exc: Exception, now: datetime) -> None:
+        try:
+            async with self.db.connection() as conn:
+                await repo.record_rejected(
+                    conn, "match-results", raw.decode(errors="replace"), str(exc)[:4000], now
+                )
+        except Exception as err:  # recording is for investigation; the 422 stands
+            log.error(
+                "webhook_reject_not_recorded", body=raw.decode(errors="replace"), error=repr(err)
+            )

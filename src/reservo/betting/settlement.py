@@ -1,0 +1,170 @@
+"""Settling a match's bets once its result is recorded.
+
+Settlement is chunked: each chunk grades up to ``chunk`` pending legs of the match
+and recomputes their bets set-based in one transaction, emitting the chunk's
+payouts (to the wallet) and settled-bet notifications through the outbox in
+that same transaction. A crash loses at most the chunk in flight, which rolls
+back and is done again by whoever resumes (the consumer redelivery or the sweeper).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Any
+
+import asyncpg
+import structlog
+
+from reservo import wallet
+from reservo.betting import domain, events, repo
+from reservo.betting.schemas import ResultIn
+from reservo.core import metrics
+from reservo.core.clock import Clock
+from reservo.core.db import Database
+from reservo.core.failures import Rejected
+from reservo.core.outbox import emit
+from reservo.core.transport.base import Event
+
+log = structlog.get_logger(__name__)
+
+# Matches one sweep resumes: each settles in full before the next, and the next
+# sweep (every few seconds) takes the rest.
+SWEEP_BATCH = 10
+
+
+class Settlement:
+    """The settlement consumer (same handler for Kafka and the fallback path)."""
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        *,
+        chunk: int = 10_000,
+        parallel: int = 2,
+        house_shards: int = 8,
+    ) -> None:
+        self.db, self.clock = db, clock
+        self.chunk, self.parallel, self.house_shards = chunk, parallel, house_shards
+
+    async def accept_in_tx(self, conn: asyncpg.Connection, payload: dict[str, Any]) -> int | None:
+        """Record a result in the caller's transaction, once per providerEventId.
+        Returns the match to settle (also for a duplicate whose match is still
+        settling, so a redelivery resumes an interrupted settlement)."""
+        result = ResultIn.model_validate(payload)
+        now = self.clock.now()
+        started = await repo.match_by_external_id(conn, result.match_external_id)
+        if started is not None:
+            try:  # the intake's rule again, for a result it could not check
+                domain.check_result(result.status, started["starts_at"], now)
+            except domain.BetRefused as exc:
+                raise Rejected(exc.detail) from None
+        if await repo.claim_result(conn, result.provider_event_id, result.match_external_id, now):
+            match_id = await repo.record_result(
+                conn,
+                result.match_external_id,
+                result.status,
+                result.home_score,
+                result.away_score,
+                result.provider_event_id,
+                now,
+            )
+            if match_id is not None:
+                return int(match_id)
+            match = await repo.match_by_external_id(conn, result.match_external_id)
+            outcome = "UNKNOWN_MATCH" if match is None else "DUPLICATE_MATCH"
+            await repo.set_inbox_outcome(conn, result.provider_event_id, outcome)
+            log.warning(
+                "match_result_ignored",
+                outcome=outcome,
+                provider_event_id=result.provider_event_id,
+                match_external_id=result.match_external_id,
+            )
+            if match is None:
+                return None
+        match = await repo.match_by_external_id(conn, result.match_external_id)
+        if match is not None and match["settlement_status"] == "SETTLING":
+            return int(match["id"])
+        return None
+
+    async def handle(self, event: Event) -> None:
+        """Consumer-group handler of ``matches.result.v1``."""
+        if event.topic != events.RESULT_TOPIC:
+            return
+        async with self.db.transaction() as conn:
+            match_id = await self.accept_in_tx(conn, event.payload)
+        if match_id is not None:
+            await self.settle(match_id)
+
+    async def settle(self, match_id: int) -> None:
+        """Run chunks until no pending leg of the match is left. Several loops
+        (here and in other processes) may share one match: SKIP LOCKED."""
+        await asyncio.gather(*(self._loop(match_id) for _ in range(max(1, self.parallel))))
+
+    async def _loop(self, match_id: int) -> None:
+        after = 0
+        while True:
+            last = await self.settle_chunk(match_id, after)
+            if last is not None:
+                after = last
+            elif after > 0:
+                # One more pass from the start: legs skipped while another worker
+                # held them (and then rolled back) are picked up here.
+                after = 0
+            else:
+                break
+        async with self.db.transaction() as conn:
+            if await repo.finish_settlement(conn, match_id, self.clock.now()):
+                log.info("match_settled", match_id=match_id)
+
+    async def settle_chunk(self, match_id: int, after: int = 0) -> int | None:
+        """One transaction: grade up to ``chunk`` legs (of bets after ``after``),
+        settle their bets, emit the chunk's payouts and notifications. Returns the
+        last bet id it graded, None when there was nothing left."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            result = await repo.match_result(conn, match_id)
+            if result is None or result["result_status"] is None:
+                return None
+            void = result["result_status"] == "CANCELLED"
+            picks = {} if void else domain.winning_picks(result["home_score"], result["away_score"])
+            bet_ids = await repo.grade_chunk(conn, match_id, self.chunk, void, picks, after)
+            if not bet_ids:
+                return None
+            await repo.lock_bets(conn, bet_ids)
+            settled = await repo.settle_bets(conn, bet_ids, now)
+            credits = [
+                wallet.Payout(
+                    "REFUND" if r["status"] == "VOID" else "PAYOUT",
+                    wallet.bet_reference(r["id"]),
+                    r["account_id"],
+                    r["payout"],
+                )
+                for r in settled
+                if r["payout"]
+            ]
+            # One key per house sub-account: chunks of a match are independent (each
+            # bet is paid once whatever the order), so they are applied in parallel,
+            # but never two at once on the same house row.
+            shard = zlib.crc32(str(bet_ids[0]).encode()) % self.house_shards
+            key = f"match:{match_id}:{shard}"
+            if credits:
+                await emit(
+                    conn, wallet.PAYOUT_REQUESTED, key, wallet.payout_request(credits, shard), now
+                )
+            if settled:
+                await emit(
+                    conn, events.BETS_SETTLED, key, events.settled_payload(match_id, settled), now
+                )
+            await repo.add_progress(conn, match_id, len(bet_ids))
+        metrics.BETS_SETTLED.inc(len(bet_ids))
+        return bet_ids[-1]
+
+    async def sweep(self) -> int:
+        """Resume settlements a crashed worker left SETTLING."""
+        async with self.db.connection() as conn:
+            ids = await repo.settling_matches(conn, SWEEP_BATCH)
+        for match_id in ids:
+            await self.settle(match_id)
+        return len(ids)
