@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+from structlog.testing import capture_logs
 
 from reservo.core.auth import sign_webhook
 from tests.betting_helpers import kick_off, make_account, make_match, place
@@ -196,15 +197,18 @@ async def test_a_result_posted_twice_by_hand_settles_once(page: Any, live: Live)
         name: await card.locator(f"input[name={name}]").input_value()
         for name in ("csrf", "match_id", "external_id", "home_score", "away_score")
     }
-    await card.locator("button[type=submit]").click()
-    await page.wait_for_url(f"**/console/betting?status=STARTED&posted={match['id']}")
-    # The same post again, as a double click or a resent form would send it.
-    again = await page.request.post(
-        f"{live.url}/console/betting/results",
-        form={**form, "result_status": "FINISHED"},
-        max_redirects=0,
-    )
+    with capture_logs() as logs:
+        await card.locator("button[type=submit]").click()
+        await page.wait_for_url(f"**/console/betting?status=STARTED&posted={match['id']}")
+        # The same post again, as a double click or a resent form would send it.
+        again = await page.request.post(
+            f"{live.url}/console/betting/results",
+            form={**form, "result_status": "FINISHED"},
+            max_redirects=0,
+        )
     assert again.status == 303
+    posted = [e for e in logs if e["event"] == "match_result_posted_by_hand"]
+    assert [(e["admin"], e["match_external_id"]) for e in posted] == [(1, match["externalId"])] * 2
     await drain(live)
 
     got = await http.get(f"/api/matches/{match['id']}", headers=ADMIN)
