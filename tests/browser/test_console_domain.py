@@ -68,7 +68,11 @@ async def test_the_agenda_shows_a_full_slot_and_its_waitlist(page: Any, live: Li
     await page.goto(f"{live.url}/console/clinic?doctor={doctor_id}&day={day.isoformat()}")
     seats = await page.locator(f"#slot-{slot_id} .seats").inner_text()
     assert "1/1 seats booked" in seats and "FULL" in seats  # words, not a colour
+    await page.set_viewport_size({"width": 390, "height": 844})  # a phone
+    await page.reload()
+    assert await page.evaluate("document.documentElement.scrollWidth") <= 390
     await page.click(f"#slot-{slot_id} a[href$='/waitlist']")
+    assert await page.evaluate("document.documentElement.scrollWidth") <= 390
     rows = page.locator("#waitlist tbody tr")
     assert await rows.count() == 2
     assert (await rows.nth(0).inner_text()).split()[:2] == ["1", str(waiting[0])]
@@ -154,6 +158,12 @@ async def test_the_car_timeline_shows_a_hold_and_a_confirmed_booking(page: Any, 
     await page.select_option("#status", "HOLD")
     await page.click("form.picker button")
     assert "No booking." in await page.locator("#bookings").inner_text()
+
+    # On a phone, the timeline and the lists fit the screen's width.
+    await page.set_viewport_size({"width": 390, "height": 844})
+    for path in (f"/console/rentals?car={car_id}&days=10", "/console/betting", page.url):
+        await page.goto(f"{live.url}{path}" if path.startswith("/") else path)
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390, path
 
 
 async def drain(live: Live) -> None:
