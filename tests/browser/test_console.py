@@ -1,6 +1,6 @@
 """The console's main journeys in a real headless Chromium: signing in, the
-overview following a booking made through the API, and the refusals (no
-session, a non-admin token, forged form posts)."""
+overview following a booking made through the API and the agenda cancelling
+it, and the refusals (no session, a non-admin token, forged form posts)."""
 
 from __future__ import annotations
 
@@ -141,6 +141,28 @@ async def test_the_overview_shows_a_booking_made_through_the_api(page: Any, live
         arg=["#chart-booked .total", before],
         timeout=15_000,
     )
+
+    # From the agenda: the slot's seats, then Cancel, confirmed on its own page.
+    await page.click("nav a[href='/console/clinic']")
+    await page.fill("#doctor", str(doctor_id))
+    await page.fill("#day", day.isoformat())
+    await page.click("form.picker button")
+    slot = page.locator(f"#slot-{slot_id}")
+    assert "1/1 seats booked" in await slot.locator(".seats").inner_text()
+    await slot.locator(f"#appointment-{appointment_id} a.action").click()
+    assert await page.locator("h1").inner_text() == f"Cancel appointment {appointment_id}?"
+    await page.click("button.danger")
+    await page.wait_for_url(re.compile(r".*/console/clinic\?doctor=.*"))
+    assert "0/1 seats booked" in await slot.locator(".seats").inner_text()
+    assert "CANCELLED" in await slot.locator(f"#appointment-{appointment_id}").inner_text()
+    # The API agrees: the appointment is cancelled and the seat is free again.
+    got = await http.get(f"/api/appointments/{appointment_id}", headers=ADMIN)
+    assert got.json()["status"] == "CANCELLED"
+    agenda = await http.get(
+        f"/api/doctors/{doctor_id}/agenda", params={"date": day.isoformat()}, headers=ADMIN
+    )
+    seats = {s["id"]: s["bookedCount"] for s in agenda.json()["slots"]}
+    assert seats[slot_id] == 0
 
 
 async def test_forged_form_posts_are_refused_and_change_nothing(page: Any, live: Live) -> None:

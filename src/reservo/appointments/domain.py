@@ -202,6 +202,15 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class WaitlistEntry:
+    """One patient waiting for a seat of a slot, in line order."""
+
+    position: int
+    patient_id: int
+    since: datetime
+
+
+@dataclass(frozen=True)
 class RepeatingSchedule:
     """A schedule without an end date: its slots are kept generated up to the
     horizon; ``generated_until`` is the last local date already expanded."""

@@ -179,6 +179,13 @@ SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
 -- A patient leaves a slot's waitlist; no row when they were not on it.
 DELETE FROM waitlist_entry WHERE slot_id = $1 AND patient_id = $2 RETURNING id;
 
+-- name: waitlist_of_slot
+-- Slot $1's waitlist in line order (waitlist_entry_slot_order), the first $2.
+SELECT id, patient_id, created_at FROM waitlist_entry
+ WHERE slot_id = $1
+ ORDER BY id
+ LIMIT $2;
+
 -- name: slot_exists
 -- Whether a slot exists: leaving a waitlist found no entry, 404 or not_waiting.
 SELECT EXISTS (SELECT 1 FROM time_slot WHERE id = $1);

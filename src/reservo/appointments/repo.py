@@ -139,6 +139,11 @@ async def leave_waitlist(conn: asyncpg.Connection, slot_id: int, patient_id: int
     return await conn.fetchval(Q.leave_waitlist, slot_id, patient_id) is not None
 
 
+async def waitlist_of_slot(conn: asyncpg.Connection, slot_id: int, limit: int) -> list[Row]:
+    rows: list[Row] = await conn.fetch(Q.waitlist_of_slot, slot_id, limit)
+    return rows
+
+
 async def slot_exists(conn: asyncpg.Connection, slot_id: int) -> bool:
     found: bool = await conn.fetchval(Q.slot_exists, slot_id)
     return found

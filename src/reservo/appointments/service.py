@@ -489,6 +489,17 @@ class AppointmentService:
                 raise DomainError("slot_not_found", f"no slot {slot_id}")
         raise DomainError("not_waiting", f"patient {patient_id} is not waiting for slot {slot_id}")
 
+    async def waitlist(self, slot_id: int, limit: int) -> list[domain.WaitlistEntry]:
+        """Who waits for a seat of ``slot_id``, next first (at most ``limit``)."""
+        async with self.db.connection() as conn:
+            rows = await repo.waitlist_of_slot(conn, slot_id, limit)
+            if not rows and not await repo.slot_exists(conn, slot_id):
+                raise DomainError("slot_not_found", f"no slot {slot_id}")
+        return [
+            domain.WaitlistEntry(n, r["patient_id"], r["created_at"])
+            for n, r in enumerate(rows, start=1)
+        ]
+
     async def _give_seat_to_waitlist(
         self, conn: asyncpg.Connection, slot_id: int, now: Any
     ) -> Appointment | None:

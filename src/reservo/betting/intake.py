@@ -56,6 +56,24 @@ class ResultIntake:
             await self._reject(raw, exc, now)
             errors = orjson.loads(exc.json(include_url=False, include_input=False))
             raise validation_error("the result payload is not valid", errors) from None
+        return await self._take(result, now)
+
+    async def post_by_hand(self, result: ResultIn, admin: int) -> str:
+        """A result an admin posted from the console for a match whose provider
+        failed: the webhook's path after its signature check (same refusals, same
+        event id from ``providerEventId``, so a second post settles nothing)."""
+        log.warning(
+            "match_result_posted_by_hand",
+            admin=admin,
+            provider_event_id=result.provider_event_id,
+            match_external_id=result.match_external_id,
+            status=result.status,
+            home_score=result.home_score,
+            away_score=result.away_score,
+        )
+        return await self._take(result, self.clock.now())
+
+    async def _take(self, result: ResultIn, now: datetime) -> str:
         await self._check_started(result, now)
         payload = result.wire()
         event = Event(
@@ -92,7 +110,7 @@ class ResultIntake:
             # Neither Kafka nor PostgreSQL holds it: the provider must learn (503)
             # and the payload must at least reach the logs.
             log.error(
-                "match_result_not_durable", payload=raw.decode(errors="replace"), error=repr(exc)
+                "match_result_not_durable", payload=orjson.dumps(payload).decode(), error=repr(exc)
             )
             raise DomainError("unavailable", "the result could not be stored; retry") from exc
 

@@ -166,6 +166,14 @@ class Figures:
         names = ["PostgreSQL", "Redis", "Kafka"]
         return [Health(name, ok) for name, ok in zip(names, answers, strict=False)]
 
+    async def pending_legs(self, match_ids: list[int]) -> dict[int, int]:
+        """Each match's pending legs, counted up to CAP (Settling.pending_text)."""
+        if not match_ids:
+            return {}
+        async with self.db.connection() as conn:
+            rows = await repo.pending_legs(conn, match_ids, CAP)
+        return {r["id"]: r["pending"] for r in rows}
+
     async def overview(self) -> Overview:
         now = self.clock.now()
         health, series = await asyncio.gather(self.health(), self.pulse.series(WINDOW_S))

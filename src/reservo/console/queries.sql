@@ -46,3 +46,12 @@ SELECT a.id, a.slot_id, a.patient_id, a.status, a.created_at, lower(a.period) AS
   JOIN time_slot t ON t.id = a.slot_id
  ORDER BY a.id DESC
  LIMIT $1;
+
+-- name: pending_legs
+-- The pending legs of each match of $1 (betting_selection_pending), each counted
+-- up to $2: the settlement's progress without counting over every bet.
+SELECT m.id,
+       (SELECT count(*) FROM (SELECT 1 FROM betting_selection s
+                               WHERE s.match_id = m.id AND s.status = 'PENDING'
+                               LIMIT $2) p) AS pending
+  FROM unnest($1::bigint[]) AS m(id);

@@ -33,3 +33,7 @@ async def dead_letters_by_consumer(conn: asyncpg.Connection) -> list[Row]:
 
 async def latest_appointments(conn: asyncpg.Connection, limit: int) -> list[Row]:
     return list(await conn.fetch(Q.latest_appointments, limit))
+
+
+async def pending_legs(conn: asyncpg.Connection, match_ids: list[int], cap: int) -> list[Row]:
+    return list(await conn.fetch(Q.pending_legs, match_ids, cap))

@@ -1,0 +1,141 @@
+"""The clinic pages: a doctor's day (each slot's seats booked out of its
+capacity, its appointments), cancelling an appointment as an admin would through
+``DELETE /api/appointments/{id}``, and a slot's waitlist. Reads and the cancel go
+through the appointments service, the same use cases as the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from reservo.appointments.service import AppointmentService
+from reservo.console.web import SignedIn, Verified, render
+from reservo.core.errors import DomainError
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+WAITLIST_SHOWN = 100
+
+
+def _appointments(request: Request) -> AppointmentService:
+    s: AppointmentService = request.app.state.appointments
+    return s
+
+
+def _agenda_url(doctor: int, day: date) -> str:
+    return f"/console/clinic?doctor={doctor}&day={day.isoformat()}"
+
+
+@router.get("/clinic", response_class=HTMLResponse)
+async def agenda(
+    request: Request,
+    session: SignedIn,
+    doctor: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    day: date | None = None,
+) -> HTMLResponse:
+    """The form picks a doctor and a day (GET: the page can be bookmarked)."""
+    day = day or request.app.state.console.clock.now().date()
+    if doctor is None:
+        return render(request, "clinic.html", session, doctor=None, day=day, slots=[], error=None)
+    try:
+        slots = await _appointments(request).agenda(doctor, day)
+    except DomainError as err:
+        return render(
+            request,
+            "clinic.html",
+            session,
+            status=err.status,
+            doctor=doctor,
+            day=day,
+            slots=[],
+            error=err.detail,
+        )
+    return render(request, "clinic.html", session, doctor=doctor, day=day, slots=slots, error=None)
+
+
+@router.get("/clinic/appointments/{id}/cancel", response_class=HTMLResponse)
+async def confirm_cancel(
+    request: Request,
+    session: SignedIn,
+    appointment_id: Annotated[int, Path(alias="id", ge=1, le=2**63 - 1)],
+    day: date | None = None,
+) -> HTMLResponse:
+    """Asks before cancelling: a page of its own, so it works without JavaScript.
+    ``day`` is the agenda's (the doctor's local date) to come back to."""
+    try:
+        appt = await _appointments(request).get(appointment_id)
+    except DomainError as err:
+        return render(
+            request,
+            "clinic_cancel.html",
+            session,
+            appt=None,
+            back="/console/clinic",
+            error=err.detail,
+            status=err.status,
+        )
+    day = day or appt.start_at.date()
+    back = _agenda_url(appt.doctor_id, day)
+    return render(request, "clinic_cancel.html", session, appt=appt, day=day, back=back, error=None)
+
+
+@router.post("/clinic/appointments/{id}/cancel", response_model=None)
+async def cancel(
+    request: Request,
+    session: Verified,
+    appointment_id: Annotated[int, Path(alias="id", ge=1, le=2**63 - 1)],
+) -> HTMLResponse | RedirectResponse:
+    """The API's cancel with an admin's rights (any appointment); cancelling twice
+    changes nothing, as there. Back to the agenda the admin came from."""
+    svc = _appointments(request)
+    try:
+        appt = await svc.cancel(appointment_id)
+    except DomainError as err:
+        return render(
+            request,
+            "clinic_cancel.html",
+            session,
+            appt=None,
+            back="/console/clinic",
+            error=err.detail,
+            status=err.status,
+        )
+    form = await request.form()
+    raw_day = form.get("day")
+    try:
+        day = date.fromisoformat(raw_day) if isinstance(raw_day, str) else appt.start_at.date()
+    except ValueError:
+        day = appt.start_at.date()
+    return RedirectResponse(_agenda_url(appt.doctor_id, day), status_code=303)
+
+
+@router.get("/clinic/slots/{id}/waitlist", response_class=HTMLResponse)
+async def waitlist(
+    request: Request,
+    session: SignedIn,
+    slot_id: Annotated[int, Path(alias="id", ge=1, le=2**63 - 1)],
+) -> HTMLResponse:
+    try:
+        entries = await _appointments(request).waitlist(slot_id, WAITLIST_SHOWN)
+    except DomainError as err:
+        return render(
+            request,
+            "clinic_waitlist.html",
+            session,
+            slot_id=slot_id,
+            entries=[],
+            shown=WAITLIST_SHOWN,
+            error=err.detail,
+            status=err.status,
+        )
+    return render(
+        request,
+        "clinic_waitlist.html",
+        session,
+        slot_id=slot_id,
+        entries=entries,
+        shown=WAITLIST_SHOWN,
+        error=None,
+    )

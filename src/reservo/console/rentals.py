@@ -1,0 +1,174 @@
+"""The rentals pages: a car's calendar drawn as a timeline (holds, confirmed
+trips and the turnaround buffers after them, each labelled in words) and a
+customer's bookings of one status, a keyset page at a time. Both read through
+the rentals service, the same use cases as ``GET /api/cars/{id}/calendar`` and
+``GET /api/customers/{id}/bookings``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Annotated, Any, get_args
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from reservo.console.web import SignedIn, render
+from reservo.core.errors import DomainError
+from reservo.core.pagination import decode_cursor, page
+from reservo.rentals.domain import BlockedPeriod, Booking
+from reservo.rentals.schemas import BookingStatus
+from reservo.rentals.service import RentalService
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+PAGE = 25
+WIDTH = 1000  # the timeline's viewBox width; the SVG scales to the screen
+ROW_H = 34
+TOP = 22  # room for the day ticks
+Id = Annotated[int | None, Query(ge=1, le=2**63 - 1)]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+STATUSES: tuple[str, ...] = get_args(BookingStatus)
+
+
+def _rentals(request: Request) -> RentalService:
+    s: RentalService = request.app.state.rentals
+    return s
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One drawn part of a booking: its trip or its buffer, in viewBox units."""
+
+    x: float
+    y: float
+    width: float
+    kind: str  # HOLD | CONFIRMED | ON_TRIP | buffer
+    short: str  # drawn on the bar
+    label: str  # its tooltip
+
+
+def timeline(periods: list[BlockedPeriod], start: datetime, end: datetime) -> list[Bar]:
+    """A row per booking: the trip, then its buffer, clipped to [start, end)."""
+    span = (end - start).total_seconds()
+
+    def x(t: datetime) -> float:
+        return round(max(0.0, min(1.0, (t - start).total_seconds() / span)) * WIDTH, 1)
+
+    bars: list[Bar] = []
+    for row, p in enumerate(periods):
+        y = TOP + row * ROW_H
+        short = f"{p.status} #{p.booking_id}"
+        trip = f"{short} {p.from_at:%m-%d %H:%M} to {p.return_at:%m-%d %H:%M}"
+        left, right = x(p.from_at), x(p.return_at)
+        bars.append(Bar(left, y, right - left, p.status, short, trip))
+        if p.buffer_until > p.return_at:
+            bars.append(
+                Bar(
+                    x(p.return_at),
+                    y,
+                    x(p.buffer_until) - x(p.return_at),
+                    "buffer",
+                    "buffer",
+                    f"buffer of #{p.booking_id} until {p.buffer_until:%m-%d %H:%M}",
+                )
+            )
+    return bars
+
+
+@router.get("/rentals", response_class=HTMLResponse)
+async def car_calendar(
+    request: Request,
+    session: SignedIn,
+    car: Id = None,
+    day: date | None = None,
+    days: Annotated[int, Query(ge=1, le=31)] = 7,
+) -> HTMLResponse:
+    """The car's calendar from ``day`` (UTC) for ``days`` days."""
+    day = day or request.app.state.console.clock.now().date()
+    start = datetime.combine(day, time(), UTC)
+    end = start + timedelta(days=days)
+    ticks = [
+        (round(i / days * WIDTH, 1), (day + timedelta(days=i)).strftime("%m-%d"))
+        for i in range(days)
+    ]
+    context: dict[str, Any] = {
+        "car": car,
+        "day": day,
+        "days": days,
+        "periods": [],
+        "bars": [],
+        "ticks": ticks,
+        "width": WIDTH,
+        "height": TOP + ROW_H,
+        "row_h": ROW_H,
+        "car_row": None,
+        "error": None,
+    }
+    if car is not None:
+        try:
+            car_row, periods = await _rentals(request).calendar(car, start, end)
+        except DomainError as err:
+            return render(
+                request,
+                "rentals.html",
+                session,
+                status=err.status,
+                **{**context, "error": err.detail},
+            )
+        context.update(
+            car_row=car_row,
+            periods=periods,
+            bars=timeline(periods, start, end),
+            height=TOP + max(1, len(periods)) * ROW_H,
+        )
+    return render(request, "rentals.html", session, **context)
+
+
+def _key(b: Booking) -> tuple[int, int]:
+    return (b.created_at - _EPOCH) // _US, b.id
+
+
+@router.get("/rentals/bookings", response_class=HTMLResponse)
+async def bookings(
+    request: Request,
+    session: SignedIn,
+    customer: Id = None,
+    status: Annotated[str | None, Query(max_length=20)] = None,
+    after: Annotated[str | None, Query(max_length=200)] = None,
+) -> HTMLResponse:
+    """A customer's bookings, newest first, of one status or all."""
+    items: list[dict[str, Any]] = []
+    nxt = None
+    status = status or None  # the form's "any"
+    if status is not None and status not in STATUSES:
+        return render(
+            request,
+            "rentals_bookings.html",
+            session,
+            status=422,
+            customer=customer,
+            chosen=None,
+            statuses=STATUSES,
+            items=[],
+            next=None,
+            error=f"no booking status {status!r}",
+        )
+    if customer is not None:
+        cursor = None
+        if after:
+            us, booking_id = decode_cursor(after, int, int)
+            cursor = (_EPOCH + us * _US, booking_id)
+        rows = await _rentals(request).customer_bookings(customer, cursor, PAGE + 1, status)
+        items, nxt = page(rows, PAGE, _key)
+    return render(
+        request,
+        "rentals_bookings.html",
+        session,
+        customer=customer,
+        chosen=status,
+        statuses=STATUSES,
+        items=items,
+        next=nxt,
+        error=None,
+    )
