@@ -4,27 +4,21 @@ result's provider event id."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from reservo.betting.schemas import ResultIn
 from reservo.console.betting import manual_event_id
 from reservo.console.rentals import ROW_H, TOP, WIDTH, timeline
+from reservo.rentals.domain import BlockedPeriod
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def period(
     booking: int, day: float, days: float, status: str, buffer_h: float = 2
-) -> dict[str, Any]:
+) -> BlockedPeriod:
     f = START + timedelta(days=day)
     to = f + timedelta(days=days)
-    return {
-        "id": booking,
-        "status": status,
-        "from_at": f,
-        "return_at": to,
-        "buffer_until": to + timedelta(hours=buffer_h),
-    }
+    return BlockedPeriod(booking, f, to, to + timedelta(hours=buffer_h), status)
 
 
 def test_each_booking_is_a_row_of_trip_then_buffer_labelled_in_words() -> None:
