@@ -67,6 +67,18 @@ class Jobs:
 
 
 @dataclass(frozen=True)
+class Count:
+    """A count read up to CAP."""
+
+    name: str
+    n: int
+
+    @property
+    def text(self) -> str:
+        return f"{CAP:,}+" if self.n >= CAP else f"{self.n:,}"
+
+
+@dataclass(frozen=True)
 class Consumer:
     name: str
     lag: str  # what is waiting for it, in words (depends on the transport)
@@ -165,6 +177,18 @@ class Figures:
         answers = await asyncio.gather(*checks)
         names = ["PostgreSQL", "Redis", "Kafka"]
         return [Health(name, ok) for name, ok in zip(names, answers, strict=False)]
+
+    async def job_statuses(self, statuses: Sequence[str]) -> list[Count]:
+        """Jobs per status, each counted up to CAP (an index range per status)."""
+        async with self.db.connection() as conn:
+            rows = await repo.job_status_counts(conn, list(statuses), CAP)
+        return [Count(r["status"], r["n"]) for r in rows]
+
+    async def dead_letter_consumers(self) -> list[Count]:
+        """Consumers with dead letters not replayed yet, and how many."""
+        async with self.db.connection() as conn:
+            rows = await repo.dead_letters_by_consumer(conn)
+        return [Count(r["consumer"], r["waiting"]) for r in rows]
 
     async def overview(self) -> Overview:
         now = self.clock.now()

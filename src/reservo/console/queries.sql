@@ -46,3 +46,12 @@ SELECT a.id, a.slot_id, a.patient_id, a.status, a.created_at, lower(a.period) AS
   JOIN time_slot t ON t.id = a.slot_id
  ORDER BY a.id DESC
  LIMIT $1;
+
+-- name: job_status_counts
+-- Jobs per status, each counted up to $1 through index scheduled_job_status_id
+-- (status, id): a capped index range per status, never a count of the table.
+SELECT s.status,
+       (SELECT count(*) FROM (SELECT 1 FROM scheduled_job j
+                               WHERE j.status = s.status LIMIT $1) c) AS n
+  FROM unnest($2::text[]) WITH ORDINALITY AS s(status, pos)
+ ORDER BY s.pos;

@@ -33,3 +33,7 @@ async def dead_letters_by_consumer(conn: asyncpg.Connection) -> list[Row]:
 
 async def latest_appointments(conn: asyncpg.Connection, limit: int) -> list[Row]:
     return list(await conn.fetch(Q.latest_appointments, limit))
+
+
+async def job_status_counts(conn: asyncpg.Connection, statuses: list[str], cap: int) -> list[Row]:
+    return list(await conn.fetch(Q.job_status_counts, cap, statuses))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reservo.console import overview, signin
+from reservo.console import deadletters, jobs, overview, signin
 from reservo.console.figures import Figures
 from reservo.console.session import Sessions
 from reservo.console.web import Site, static
@@ -40,7 +40,7 @@ def setup(shared: Shared) -> Console:
         name="console",
         pulse=pulse,
         figures=figures,
-        routers=[signin.router, overview.router, static],
+        routers=[signin.router, overview.router, jobs.router, deadletters.router, static],
         companions=[pulse.run],
         state={
             "console": Site(sessions=sessions, clock=shared.clock, jwt_secret=settings.jwt_secret),

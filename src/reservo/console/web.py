@@ -33,7 +33,11 @@ class NavItem:
 
 # The navigation, in order. A new page adds its entry here (docs/ARCHITECTURE.md,
 # "How to add a console page").
-NAV: tuple[NavItem, ...] = (NavItem("/console", "Overview"),)
+NAV: tuple[NavItem, ...] = (
+    NavItem("/console", "Overview"),
+    NavItem("/console/jobs", "Jobs"),
+    NavItem("/console/dead-letters", "Dead letters"),
+)
 
 # Every console answer: never cached, never framed, nothing but our own assets.
 SECURITY_HEADERS = {

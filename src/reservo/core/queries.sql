@@ -159,6 +159,12 @@ SELECT id, consumer, topic, event_id, error, attempts, parked_at, replayed_at
  ORDER BY id DESC
  LIMIT $3;
 
+-- name: dead_letter_get
+-- One dead letter with the record it parked (the console's inspect page).
+SELECT id, consumer, topic, event_id, error, attempts, parked_at, replayed_at, key, value
+  FROM dead_letter
+ WHERE id = $1;
+
 -- name: dead_letter_take_for_replay
 -- Claim a dead letter for a replay (one replay at a time); NULL when it is already replayed.
 UPDATE dead_letter SET replayed_at = $2

@@ -332,6 +332,10 @@ INSERT INTO recurring_job (category, cron, timezone, payload, urgency, next_at, 
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING *;
 
+-- name: recurring_page
+-- The recurring jobs, newest first (primary key, backwards from the cursor $1).
+SELECT * FROM recurring_job WHERE id < $1 ORDER BY id DESC LIMIT $2;
+
 -- name: delete_recurring
 -- DELETE /api/recurring-jobs/{id}: waits for a materialiser holding the row, so
 -- the jobs it created are committed and visible to cancel_occurrences next.

@@ -225,6 +225,13 @@ async def insert_recurring(conn: asyncpg.Connection, r: Recurring, now: datetime
     return Recurring.from_row(row)
 
 
+async def recurring_page(
+    conn: asyncpg.Connection, before: int | None, limit: int
+) -> list[Recurring]:
+    cursor = before if before is not None else _NO_CURSOR
+    return [Recurring.from_row(r) for r in await conn.fetch(Q.recurring_page, cursor, limit)]
+
+
 async def delete_recurring(conn: asyncpg.Connection, recurring_id: int) -> bool:
     return await conn.fetchval(Q.delete_recurring, recurring_id) is not None
 
