@@ -281,6 +281,13 @@ WITH gone AS (
 )
 SELECT (SELECT count(*) FROM gone) AS scheduled_job, (SELECT count(*) FROM runs) AS job_execution;
 
+-- name: custom_plans
+-- For the rest of the transaction, plan each statement for its parameters'
+-- values: a filtered page's generic plan walks the primary key and filters
+-- (its estimate of "any status" makes that look cheap), reading the whole table
+-- when nothing matches; planned for the value, it is the index made for it.
+SET LOCAL plan_cache_mode = force_custom_plan;
+
 -- name: jobs_page
 -- GET /api/jobs, newest first: a backward range scan of the primary key from
 -- the cursor ($1: the last id served, or the largest bigint for page one).
