@@ -287,3 +287,25 @@ async def test_forged_posts_on_the_actions_are_refused_and_change_nothing(
     assert r.ok
     assert await _job_status(live, scheduled) == "CANCELLED"
     assert flaky_event not in flaky.applied
+
+
+async def test_the_queues_refresh_themselves_and_bad_filters_are_said_in_words(
+    page: Any, live: Live
+) -> None:
+    fragment = await live.http.get("/console/jobs/counts", headers={"HX-Request": "true"})
+    assert fragment.status_code == 401 and fragment.headers["hx-redirect"] == "/console/sign-in"
+
+    cat = category()
+    live.container.scheduler.register(cat, Switch())
+    await sign_in(page, live)
+    await page.goto(f"{live.url}/console/jobs")
+    assert await page.locator("#queues tr", has_text=cat).count() == 0
+    # Due within the scheduler's window: handed to Redis at once, so it is queued.
+    await _create_job(live, cat, datetime.now(UTC) + timedelta(seconds=1))
+    # No reload: the counts panel refreshes itself (htmx) and shows its queue.
+    await page.locator("#queues tr", has_text=cat).wait_for(timeout=15_000)
+
+    r = await page.goto(f"{live.url}/console/jobs?status=dead&category=Not%20one")
+    assert r is not None and r.status == 422
+    alert = await page.locator("[role=alert]").inner_text()
+    assert "No status 'dead'" in alert and "is not a category name" in alert
