@@ -247,6 +247,10 @@ async def test_forged_posts_on_the_actions_are_refused_and_change_nothing(
     dead = await _create_job(live, cat, datetime.now(UTC) + timedelta(hours=1))
     async with live.container.db.connection() as conn:
         await conn.execute("UPDATE scheduled_job SET status = 'DEAD' WHERE id = $1", dead)
+    body = {"category": cat, "cron": "0 3 * * *", "timezone": "UTC", "payload": {}}
+    r = await live.http.post("/api/recurring-jobs", json=body, headers=SERVICE)
+    assert r.status_code == 201, r.text
+    recurring = r.json()["id"]
     flaky = Flaky(live, f"test-console-{uuid.uuid4().hex[:8]}")
     flaky_event, letter = await _park_one(live, flaky)
     flaky.reject = False  # a replay that got through would apply it
@@ -258,6 +262,7 @@ async def test_forged_posts_on_the_actions_are_refused_and_change_nothing(
         f"/console/jobs/{dead}/retry",
         f"/console/jobs/{scheduled}/cancel",
         f"/console/dead-letters/{letter}/replay",
+        f"/console/recurring-jobs/{recurring}/delete",
     ]
     for action in actions:
         # The session cookie, with a wrong or missing token, or the right one from another site.
@@ -281,6 +286,8 @@ async def test_forged_posts_on_the_actions_are_refused_and_change_nothing(
     )
     assert r.json()["items"][0]["replayedAt"] is None
     assert flaky.applied == []
+    async with live.container.db.connection() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM recurring_job WHERE id = $1", recurring)
 
     # The same posts with the page's token do act (the refusals above were the CSRF check).
     r = await page.request.post(f"{live.url}/console/jobs/{scheduled}/cancel", form={"csrf": csrf})

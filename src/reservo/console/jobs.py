@@ -7,6 +7,7 @@ console's own read (``Figures.job_statuses``)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
@@ -15,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from reservo.console.figures import Figures
 from reservo.console.web import SignedIn, Verified, render
 from reservo.core.errors import DomainError
-from reservo.scheduler.domain import CANCELLABLE, RETRYABLE, STATUSES, valid_category
+from reservo.scheduler.domain import CANCELLABLE, RETRYABLE, STATUSES, Job, valid_category
 from reservo.scheduler.service import Scheduler
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -121,13 +122,12 @@ async def job(request: Request, session: SignedIn, job_id: JobId) -> HTMLRespons
     return await _job_page(request, session, job_id)
 
 
-async def _act(request: Request, session: Verified, job_id: int, action: str) -> Response:
-    svc = _scheduler(request)
+async def _act(
+    request: Request, session: Verified, job_id: int, use_case: Callable[[int], Awaitable[Job]]
+) -> Response:
+    """Runs the scheduler's use case; a refusal is shown on the job's page."""
     try:
-        if action == "retry":
-            await svc.retry(job_id)
-        else:
-            await svc.cancel_job(job_id)
+        await use_case(job_id)
     except DomainError as err:
         return await _job_page(request, session, job_id, err.detail, err.status)
     return RedirectResponse(f"/console/jobs/{job_id}", status_code=303)
@@ -136,13 +136,13 @@ async def _act(request: Request, session: Verified, job_id: int, action: str) ->
 @router.post("/jobs/{job_id}/retry", response_model=None)
 async def retry(request: Request, session: Verified, job_id: JobId) -> Response:
     """POST /api/jobs/{id}/retry's use case: a DEAD or FAILED job runs again now."""
-    return await _act(request, session, job_id, "retry")
+    return await _act(request, session, job_id, _scheduler(request).retry)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=None)
 async def cancel(request: Request, session: Verified, job_id: JobId) -> Response:
     """DELETE /api/jobs/{id}'s use case: a job no worker has claimed is cancelled."""
-    return await _act(request, session, job_id, "cancel")
+    return await _act(request, session, job_id, _scheduler(request).cancel_job)
 
 
 @router.post("/recurring-jobs/{recurring_id}/delete", response_model=None)
