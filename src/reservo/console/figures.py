@@ -82,7 +82,11 @@ class Count:
 class Consumer:
     name: str
     lag: str  # what is waiting for it, in words (depends on the transport)
-    dead_letters: int
+    dead_letters: int  # capped at CAP
+
+    @property
+    def dead_letters_text(self) -> str:
+        return f"{CAP:,}+" if self.dead_letters >= CAP else f"{self.dead_letters:,}"
 
 
 class KafkaLag:
@@ -185,9 +189,10 @@ class Figures:
         return [Count(r["status"], r["n"]) for r in rows]
 
     async def dead_letter_consumers(self) -> list[Count]:
-        """Consumers with dead letters not replayed yet, and how many."""
+        """Every consumer that parked a letter, and how many wait for a replay
+        (up to CAP)."""
         async with self.db.connection() as conn:
-            rows = await repo.dead_letters_by_consumer(conn)
+            rows = await repo.dead_letters_waiting(conn, CAP)
         return [Count(r["consumer"], r["waiting"]) for r in rows]
 
     async def overview(self) -> Overview:
@@ -206,7 +211,7 @@ class Figures:
                     b = await repo.backlog(conn, now)
                     parked = {
                         r["consumer"]: r["waiting"]
-                        for r in await repo.dead_letters_by_consumer(conn)
+                        for r in await repo.dead_letters_waiting(conn, CAP)
                     }
                     rows = await repo.settling_matches(conn, SETTLING_SHOWN, CAP)
                     j = await repo.jobs_due(conn, now, CAP)

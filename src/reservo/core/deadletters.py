@@ -107,8 +107,10 @@ class DeadLetterBox:
     async def page(
         self, consumer: str | None, before_id: int | None, limit: int
     ) -> list[DeadLetter]:
-        """Newest first; ``limit`` rows at most."""
-        async with self.db.connection() as conn:
+        """Newest first; ``limit`` rows at most. Planned for the values given
+        (queries.sql, custom_plans)."""
+        async with self.db.transaction() as conn:
+            await conn.execute(Q.custom_plans)
             rows = await conn.fetch(Q.dead_letter_page, consumer, before_id, limit)
         return [DeadLetter.from_row(r) for r in rows]
 
