@@ -1,11 +1,13 @@
 """A scratch database for the console's jobs and dead-letters pages.
 
     .venv/bin/python bench/console/jobs_data.py [--db reservo_bench_console_jobs] [--jobs 1000000]
+        [--flood 0]
 
 Creates (or reloads) the database with ``--jobs`` jobs in 20 categories and all
 10 urgencies: 60 % DONE (each with an execution), 30 % SCHEDULED in the next
 days, 9 % SCHEDULED and already due (a backlog), and DEAD, FAILED, RUNNING and
-CANCELLED ones; 50 recurring jobs and 2,000 dead letters of 4 consumers. Then
+CANCELLED ones; 50 recurring jobs and 2,000 dead letters of 4 consumers (plus
+``--flood`` more of one consumer, ``bench-flood``, none replayed). Then
 hands a sample of due ids to Redis (every category and urgency in the bench
 namespace), as the loader would, so the queues table has its 200 rows. Time the
 pages afterwards with ``bench/console/run.py --db <the same>``."""
@@ -70,6 +72,12 @@ SELECT 'bench-consumer-' || (g % 4), 'bench.topic.v1', gen_random_uuid(), 'k' ||
        'Rejected(''bench ' || g || ''')', 1, now()
   FROM generate_series(1, 2000) AS g
 """
+_FLOOD = """
+INSERT INTO dead_letter (consumer, topic, event_id, key, value, error, attempts, parked_at)
+SELECT 'bench-flood', 'bench.topic.v1', gen_random_uuid(), 'k', convert_to('{}', 'UTF8'),
+       'Rejected()', 1, now()
+  FROM generate_series(1, $1) AS g
+"""
 _DUE_SAMPLE = """
 SELECT id, category, urgency, run_at FROM scheduled_job
  WHERE status = 'SCHEDULED' AND id % 50 = 0
@@ -77,7 +85,7 @@ SELECT id, category, urgency, run_at FROM scheduled_job
 """
 
 
-async def main(db: str, jobs: int) -> None:
+async def main(db: str, jobs: int, flood: int) -> None:
     admin = await connect(PG_ADMIN_URL)
     await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     await admin.execute(f'CREATE DATABASE "{db}"')
@@ -90,12 +98,13 @@ async def main(db: str, jobs: int) -> None:
         ("executions", _EXECUTIONS, ()),
         ("recurring jobs", _RECURRING, ()),
         ("dead letters", _DEAD_LETTERS, ()),
+        ("flood", _FLOOD, (flood,)),
     ):
         status = await conn.execute(sql, *args)
         print(f"{name}: {status} ({time.perf_counter() - t:.0f} s)")
     await conn.execute("VACUUM ANALYZE scheduled_job")
     await conn.execute("VACUUM ANALYZE job_execution")
-    await conn.execute("ANALYZE dead_letter")
+    await conn.execute("VACUUM ANALYZE dead_letter")
     sample = await conn.fetch(_DUE_SAMPLE)
     await conn.close()
     client = make_client(REDIS_URL, 10.0)
@@ -114,5 +123,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="reservo_bench_console_jobs")
     parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--flood", type=int, default=0)
     args = parser.parse_args()
-    asyncio.run(main(args.db, args.jobs))
+    asyncio.run(main(args.db, args.jobs, args.flood))
