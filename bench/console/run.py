@@ -32,7 +32,30 @@ from reservo.core.auth import mint_token
 from reservo.core.clock import SystemClock
 from reservo.settings import Settings
 
-PAGES = ("/console", "/console/overview/panels")
+PAGES = (
+    "/console",
+    "/console/overview/panels",
+    "/console/jobs",
+    "/console/jobs/counts",
+    "/console/jobs?status=DEAD",
+    "/console/jobs?category=bench.c7",
+    "/console/jobs?status=FAILED&category=bench.c3",
+    "/console/dead-letters",
+    "/console/dead-letters?consumer=bench-consumer-1",
+)
+
+
+async def _details(client: httpx.AsyncClient, token: str) -> list[str]:
+    """The newest job's and dead letter's own pages, when there are any."""
+    bearer = {"Authorization": f"Bearer {token}"}
+    found = []
+    for api, field, page in (
+        ("/api/jobs", "jobId", "/console/jobs"),
+        ("/api/ops/dead-letters", "id", "/console/dead-letters"),
+    ):
+        items = (await client.get(api, params={"limit": 1}, headers=bearer)).json()["items"]
+        found += [f"{page}/{i[field]}" for i in items]
+    return found
 
 
 async def main(db: str, requests: int, samples: int) -> None:
@@ -53,7 +76,7 @@ async def main(db: str, requests: int, samples: int) -> None:
         assert nonce is not None
         signed = await client.post("/console/sign-in", data={"token": token, "nonce": nonce[1]})
         assert signed.status_code == 303, signed.text
-        for path in PAGES:
+        for path in [*PAGES, *await _details(client, token)]:
             times = []
             for _ in range(requests):
                 t = time.perf_counter()

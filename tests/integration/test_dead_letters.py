@@ -14,11 +14,13 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.clock import OffsetClock, SystemClock
+from reservo.core.db import Database
+from reservo.core.deadletters import DeadLetterBox, Q
 from reservo.core.failures import Rejected
 from reservo.core.inbox import once
 from reservo.core.outbox import emit
-from reservo.core.transport.base import Event
+from reservo.core.transport.base import Event, Subscriptions
 from reservo.settings import Settings
 from tests.conftest import auth
 
@@ -142,3 +144,25 @@ async def test_who_may_and_bad_requests(own: Container) -> None:
         for limit in (0, 201, -1):
             r = await client.get("/api/ops/dead-letters", params={"limit": limit}, headers=ADMIN)
             assert r.status_code == 422
+
+
+async def test_every_page_is_planned_for_its_values(database_url: str) -> None:
+    # A prepared statement gets a generic plan after five runs; for the list's
+    # `$1 IS NULL OR consumer = $1` that plan walks the primary key and filters,
+    # reading every letter when the consumer has few (docs/BENCHMARKS.md, "Console").
+    db = Database(database_url, min_size=1, max_size=1)  # one connection: its statements
+    try:
+        box = DeadLetterBox(db, SystemClock(), Subscriptions())
+        for _ in range(8):
+            await box.page("test-nobody", None, 51)
+            await box.page(None, 1, 51)
+        async with db.connection() as conn:
+            row = await conn.fetchrow(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement = $1",
+                Q.dead_letter_page,
+            )
+        assert row is not None
+        assert (row["generic_plans"], row["custom_plans"]) == (0, 16)
+    finally:
+        await db.close()

@@ -67,10 +67,26 @@ class Jobs:
 
 
 @dataclass(frozen=True)
+class Count:
+    """A count read up to CAP."""
+
+    name: str
+    n: int
+
+    @property
+    def text(self) -> str:
+        return f"{CAP:,}+" if self.n >= CAP else f"{self.n:,}"
+
+
+@dataclass(frozen=True)
 class Consumer:
     name: str
     lag: str  # what is waiting for it, in words (depends on the transport)
-    dead_letters: int
+    dead_letters: int  # capped at CAP
+
+    @property
+    def dead_letters_text(self) -> str:
+        return f"{CAP:,}+" if self.dead_letters >= CAP else f"{self.dead_letters:,}"
 
 
 class KafkaLag:
@@ -174,6 +190,19 @@ class Figures:
             rows = await repo.pending_legs(conn, match_ids, CAP)
         return {r["id"]: r["pending"] for r in rows}
 
+    async def job_statuses(self, statuses: Sequence[str]) -> list[Count]:
+        """Jobs per status, each counted up to CAP (an index range per status)."""
+        async with self.db.connection() as conn:
+            rows = await repo.job_status_counts(conn, list(statuses), CAP)
+        return [Count(r["status"], r["n"]) for r in rows]
+
+    async def dead_letter_consumers(self) -> list[Count]:
+        """Every consumer that parked a letter, and how many wait for a replay
+        (up to CAP)."""
+        async with self.db.connection() as conn:
+            rows = await repo.dead_letters_waiting(conn, CAP)
+        return [Count(r["consumer"], r["waiting"]) for r in rows]
+
     async def overview(self) -> Overview:
         now = self.clock.now()
         health, series = await asyncio.gather(self.health(), self.pulse.series(WINDOW_S))
@@ -190,7 +219,7 @@ class Figures:
                     b = await repo.backlog(conn, now)
                     parked = {
                         r["consumer"]: r["waiting"]
-                        for r in await repo.dead_letters_by_consumer(conn)
+                        for r in await repo.dead_letters_waiting(conn, CAP)
                     }
                     rows = await repo.settling_matches(conn, SETTLING_SHOWN, CAP)
                     j = await repo.jobs_due(conn, now, CAP)

@@ -29,15 +29,6 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM scheduled_job
        (SELECT count(*) FROM (SELECT 1 FROM scheduled_job WHERE status = 'RUNNING'
                                LIMIT $2) r) AS running;
 
--- name: dead_letters_by_consumer
--- Dead letters nobody has replayed yet, per consumer (the table holds only what
--- consumers rejected, and retention prunes it).
-SELECT consumer, count(*) AS waiting
-  FROM dead_letter
- WHERE replayed_at IS NULL
- GROUP BY consumer
- ORDER BY consumer;
-
 -- name: latest_appointments
 -- The newest appointments (primary key, backwards), with their slot's start.
 SELECT a.id, a.slot_id, a.patient_id, a.status, a.created_at, lower(a.period) AS start_at,
@@ -55,3 +46,34 @@ SELECT m.id,
                                WHERE s.match_id = m.id AND s.status = 'PENDING'
                                LIMIT $2) p) AS pending
   FROM unnest($1::bigint[]) AS m(id);
+
+-- name: job_status_counts
+-- Jobs per status, each counted up to $1 through index scheduled_job_status_id
+-- (status, id): a capped index range per status, never a count of the table.
+SELECT s.status,
+       (SELECT count(*) FROM (SELECT 1 FROM scheduled_job j
+                               WHERE j.status = s.status LIMIT $1) c) AS n
+  FROM unnest($2::text[]) WITH ORDINALITY AS s(status, pos)
+ ORDER BY s.pos;
+
+-- name: dead_letters_waiting
+-- Per consumer, its dead letters not replayed yet, counted up to $1: the
+-- consumers by a skip scan of dead_letter_consumer_id (one index probe per
+-- consumer, however many letters), then a capped walk of that index per
+-- consumer (ordered by it, so the planner walks it rather than the table).
+WITH RECURSIVE consumers AS (
+    (SELECT consumer FROM dead_letter ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.consumer FROM dead_letter d WHERE d.consumer > c.consumer
+             ORDER BY d.consumer LIMIT 1)
+      FROM consumers c
+     WHERE c.consumer IS NOT NULL
+)
+SELECT c.consumer,
+       (SELECT count(*) FROM (SELECT 1 FROM dead_letter d
+                               WHERE d.consumer = c.consumer AND d.replayed_at IS NULL
+                               ORDER BY d.consumer, d.id
+                               LIMIT $1) w) AS waiting
+  FROM consumers c
+ WHERE c.consumer IS NOT NULL
+ ORDER BY c.consumer;

@@ -27,13 +27,17 @@ async def jobs_due(conn: asyncpg.Connection, now: datetime, cap: int) -> Row:
     return await conn.fetchrow(Q.jobs_due, now, cap)
 
 
-async def dead_letters_by_consumer(conn: asyncpg.Connection) -> list[Row]:
-    return list(await conn.fetch(Q.dead_letters_by_consumer))
-
-
 async def latest_appointments(conn: asyncpg.Connection, limit: int) -> list[Row]:
     return list(await conn.fetch(Q.latest_appointments, limit))
 
 
 async def pending_legs(conn: asyncpg.Connection, match_ids: list[int], cap: int) -> list[Row]:
     return list(await conn.fetch(Q.pending_legs, match_ids, cap))
+
+
+async def job_status_counts(conn: asyncpg.Connection, statuses: list[str], cap: int) -> list[Row]:
+    return list(await conn.fetch(Q.job_status_counts, cap, statuses))
+
+
+async def dead_letters_waiting(conn: asyncpg.Connection, cap: int) -> list[Row]:
+    return list(await conn.fetch(Q.dead_letters_waiting, cap))

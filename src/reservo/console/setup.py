@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reservo.console import betting, clinic, overview, rentals, signin
+from reservo.console import betting, clinic, deadletters, jobs, overview, rentals, signin
 from reservo.console.figures import Figures
 from reservo.console.session import Sessions
 from reservo.console.web import Site, static
@@ -46,6 +46,8 @@ def setup(shared: Shared) -> Console:
             clinic.router,
             rentals.router,
             betting.router,
+            jobs.router,
+            deadletters.router,
             static,
         ],
         companions=[pulse.run],

@@ -38,6 +38,8 @@ NAV: tuple[NavItem, ...] = (
     NavItem("/console/clinic", "Clinic"),
     NavItem("/console/rentals", "Rentals"),
     NavItem("/console/betting", "Betting"),
+    NavItem("/console/jobs", "Jobs"),
+    NavItem("/console/dead-letters", "Dead letters"),
 )
 
 # Every console answer: never cached, never framed, nothing but our own assets.

@@ -9,6 +9,7 @@ from datetime import datetime
 from uuid import UUID
 
 import asyncpg
+import orjson
 import structlog
 
 from reservo.core import metrics
@@ -77,6 +78,24 @@ class DeadLetter:
         )
 
 
+@dataclass(frozen=True)
+class Inspected:
+    """A dead letter with what it parked: the record's key and its envelope as
+    text (indented JSON when it is JSON, else the bytes decoded leniently: a
+    record a consumer rejected may well be malformed)."""
+
+    letter: DeadLetter
+    key: str | None
+    envelope: str
+
+
+def _readable(value: bytes) -> str:
+    try:
+        return orjson.dumps(orjson.loads(value), option=orjson.OPT_INDENT_2).decode()
+    except orjson.JSONDecodeError:
+        return value.decode("utf-8", errors="replace")
+
+
 class DeadLetterBox:
     """Lists dead letters and replays one to the consumer that parked it, through
     the same handler (which dedupes by event id through its inbox: a replay is
@@ -88,10 +107,19 @@ class DeadLetterBox:
     async def page(
         self, consumer: str | None, before_id: int | None, limit: int
     ) -> list[DeadLetter]:
-        """Newest first; ``limit`` rows at most."""
-        async with self.db.connection() as conn:
+        """Newest first; ``limit`` rows at most. Planned for the values given
+        (queries.sql, custom_plans)."""
+        async with self.db.transaction() as conn:
+            await conn.execute(Q.custom_plans)
             rows = await conn.fetch(Q.dead_letter_page, consumer, before_id, limit)
         return [DeadLetter.from_row(r) for r in rows]
+
+    async def inspect(self, letter_id: int) -> Inspected:
+        async with self.db.connection() as conn:
+            row = await conn.fetchrow(Q.dead_letter_get, letter_id)
+        if row is None:
+            raise DomainError("not_found", f"no dead letter {letter_id}")
+        return Inspected(DeadLetter.from_row(row), row["key"], _readable(bytes(row["value"])))
 
     async def replay(self, letter_id: int) -> None:
         """Deliver the parked event to its consumer again. Already replayed: done

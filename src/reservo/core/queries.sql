@@ -162,6 +162,14 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE status = 'PENDING' LIMI
        (SELECT count(*) FROM outbox WHERE status = 'DEAD') AS dead_events,
        (SELECT count(*) FROM dead_letter WHERE replayed_at IS NULL) AS dead_letters;
 
+-- name: custom_plans
+-- For the rest of the transaction, plan each statement for its parameters'
+-- values. dead_letter_page's `$1 IS NULL OR consumer = $1` has one good plan
+-- per value (the consumer's index, or the primary key); the generic plan a
+-- prepared statement gets after five runs walks the primary key and filters,
+-- reading every letter when the consumer has few.
+SET LOCAL plan_cache_mode = force_custom_plan;
+
 -- name: dead_letter_page
 -- Newest first, optionally of one consumer; keyset on id (index dead_letter_consumer_id).
 SELECT id, consumer, topic, event_id, error, attempts, parked_at, replayed_at
@@ -169,6 +177,12 @@ SELECT id, consumer, topic, event_id, error, attempts, parked_at, replayed_at
  WHERE ($1::text IS NULL OR consumer = $1) AND ($2::bigint IS NULL OR id < $2)
  ORDER BY id DESC
  LIMIT $3;
+
+-- name: dead_letter_get
+-- One dead letter with the record it parked (the console's inspect page).
+SELECT id, consumer, topic, event_id, error, attempts, parked_at, replayed_at, key, value
+  FROM dead_letter
+ WHERE id = $1;
 
 -- name: dead_letter_take_for_replay
 -- Claim a dead letter for a replay (one replay at a time); NULL when it is already replayed.

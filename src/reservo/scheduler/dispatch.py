@@ -72,6 +72,18 @@ class Dispatch:
         members = await self.r.smembers(self.keys.registry)
         return sorted((unpair(_text(m)) for m in members), key=lambda p: (p[1], p[0]))
 
+    async def lengths(self) -> list[tuple[str, int, int, int]]:
+        """(category, urgency, ZCARD future, LLEN queue) of every registered pair."""
+        pairs = await self.pairs()
+        if not pairs:
+            return []
+        async with self.r.pipeline(transaction=False) as pipe:
+            for c, u in pairs:
+                pipe.zcard(self.keys.future(c, u))
+                pipe.llen(self.keys.queue(c, u))
+            got = await pipe.execute()
+        return [(c, u, int(got[2 * i]), int(got[2 * i + 1])) for i, (c, u) in enumerate(pairs)]
+
     # -- moving ------------------------------------------------------------------
 
     async def move(

@@ -285,6 +285,13 @@ WITH gone AS (
 )
 SELECT (SELECT count(*) FROM gone) AS scheduled_job, (SELECT count(*) FROM runs) AS job_execution;
 
+-- name: custom_plans
+-- For the rest of the transaction, plan each statement for its parameters'
+-- values: a filtered page's generic plan walks the primary key and filters
+-- (its estimate of "any status" makes that look cheap), reading the whole table
+-- when nothing matches; planned for the value, it is the index made for it.
+SET LOCAL plan_cache_mode = force_custom_plan;
+
 -- name: jobs_page
 -- GET /api/jobs, newest first: a backward range scan of the primary key from
 -- the cursor ($1: the last id served, or the largest bigint for page one).
@@ -336,6 +343,10 @@ RETURNING *;
 INSERT INTO recurring_job (category, cron, timezone, payload, urgency, next_at, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING *;
+
+-- name: recurring_page
+-- The recurring jobs, newest first (primary key, backwards from the cursor $1).
+SELECT * FROM recurring_job WHERE id < $1 ORDER BY id DESC LIMIT $2;
 
 -- name: delete_recurring
 -- DELETE /api/recurring-jobs/{id}: waits for a materialiser holding the row, so

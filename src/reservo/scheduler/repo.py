@@ -193,16 +193,22 @@ async def jobs_page(
 ) -> list[Job]:
     """Newest first. One statement per filter combination, so each plan is the
     range scan of the index made for it (a generic `$x IS NULL OR ...` plan
-    could not use them)."""
+    could not use them). A filtered page is planned for its own values
+    (queries.sql, custom_plans): the generic plan PostgreSQL switches a
+    prepared statement to after five runs walks the primary key and filters,
+    which reads the whole table when the filter matches nothing."""
     cursor = before if before is not None else _NO_CURSOR
-    if status is not None and category is not None:
-        rows = await conn.fetch(Q.jobs_page_status_category, cursor, limit, status, category)
-    elif status is not None:
-        rows = await conn.fetch(Q.jobs_page_status, cursor, limit, status)
-    elif category is not None:
-        rows = await conn.fetch(Q.jobs_page_category, cursor, limit, category)
-    else:
+    if status is None and category is None:
         rows = await conn.fetch(Q.jobs_page, cursor, limit)
+        return [to_job(r) for r in rows]
+    async with conn.transaction():
+        await conn.execute(Q.custom_plans)
+        if status is not None and category is not None:
+            rows = await conn.fetch(Q.jobs_page_status_category, cursor, limit, status, category)
+        elif status is not None:
+            rows = await conn.fetch(Q.jobs_page_status, cursor, limit, status)
+        else:
+            rows = await conn.fetch(Q.jobs_page_category, cursor, limit, category)
     return [to_job(r) for r in rows]
 
 
@@ -224,6 +230,13 @@ async def insert_recurring(conn: asyncpg.Connection, r: Recurring, now: datetime
         Q.insert_recurring, r.category, r.cron, r.timezone, r.payload, r.urgency, r.next_at, now
     )
     return Recurring.from_row(row)
+
+
+async def recurring_page(
+    conn: asyncpg.Connection, before: int | None, limit: int
+) -> list[Recurring]:
+    cursor = before if before is not None else _NO_CURSOR
+    return [Recurring.from_row(r) for r in await conn.fetch(Q.recurring_page, cursor, limit)]
 
 
 async def delete_recurring(conn: asyncpg.Connection, recurring_id: int) -> bool:

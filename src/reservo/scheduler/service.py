@@ -308,6 +308,11 @@ class Scheduler:
                 await within(conn, rec)
         return rec
 
+    async def list_recurring(self, before: int | None, limit: int) -> list[Recurring]:
+        """Newest first, ``limit`` at most, ids below ``before``."""
+        async with self.db.connection() as conn:
+            return await repo.recurring_page(conn, before, limit)
+
     async def delete_recurring(self, recurring_id: int) -> int:
         """Stops future occurrences and cancels the jobs already created for
         occurrences that have not run. Returns how many were cancelled."""
@@ -363,6 +368,12 @@ class Scheduler:
                 await repo.advance_recurring(conn, rec.id, rec.next_at, nxt)
         await self.dispatch(created)
         return len(due), created
+
+    async def queue_lengths(self) -> list[tuple[str, int, int, int]]:
+        """What Redis holds per (category, urgency): ids waiting for their time
+        inside the window and ids due and ready for an executor, as
+        (category, urgency, waiting, ready); one pipelined round trip."""
+        return await self.dispatcher.lengths()
 
     async def executions(self, job_id: int) -> list[dict[str, Any]]:
         async with self.db.connection() as conn:
