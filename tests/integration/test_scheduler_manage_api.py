@@ -122,7 +122,9 @@ async def test_a_filtered_list_is_planned_for_its_values_every_time(
     # docs/BENCHMARKS.md "Console"). Every run must be planned for its values.
     for _ in range(8):
         for status, cat in (("FAILED", "test.none"), ("DEAD", None), (None, "test.none")):
-            assert await repo.jobs_page(db, status, cat, None, 51) == []
+            # Other tests of the session may have left DEAD jobs: the rows don't
+            # matter here, the plans do.
+            await repo.jobs_page(db, status, cat, None, 51)
     plans = await db.fetch(
         "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
         " WHERE statement = ANY($1::text[])",
