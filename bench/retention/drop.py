@@ -1,26 +1,31 @@
 """Retention of the partitioned outbox: dropping old day partitions whole vs
-deleting their rows in batches (the pruner's 5,000-row statements), each while
-concurrent writers emit outbox events (the hot path a booking storm puts on
-this table).
+deleting their rows in batches (the pruner's 5,000-row statements), alone and
+while concurrent writers emit outbox events (the hot path a booking storm puts
+on this table).
 
-Two sets of N DONE rows, each spread over 4 old days (set 1: 12 to 9 days ago,
-set 2: 8 to 5 days ago), are inserted once. Then:
+4 x N DONE rows over 8 old days (N/2 a day, 12 to 5 days ago) are inserted
+once; then each pair of days goes one way:
 
-1. writers alone for --window seconds (the baseline: writes/s, latency, and
-   the WAL one write costs);
-2. set 1 goes by dropping its 4 day partitions (reservo.core.partitions, the
-   keeper run with a clock 5 days back so that only set 1 is past retention);
-3. set 2 goes by the batch pruner (the outbox rule alone, default batch size
-   and pause), then VACUUM of the outbox (the dead tuples a DELETE leaves are
-   part of its cost; a drop leaves none).
+1. writers alone for --window seconds (the baseline);
+2. days 12-11 ago: dropped (reservo.core.partitions' keeper, with a clock set so
+   that only these two days are past the 72 h retention), nothing else running;
+3. days 10-9 ago: dropped the same way, while the writers write;
+4. days 8-7 ago: deleted by the outbox rule's statement in batches (default
+   batch size and pause), nothing else running, then VACUUM of those two days
+   (the dead tuples a DELETE leaves are part of its cost; a drop leaves none);
+5. days 6-5 ago: deleted by the pruner itself (reservo.core.retention), while
+   the writers write, then VACUUM.
 
-Each step runs with the writers and after a CHECKPOINT (so both pay full-page
-images from the same start). Printed per step: time, WAL written (total, and
-net of the writers' own WAL, estimated from the baseline's WAL per write), the
-CPU seconds of the pruning backend, and the writers' rate and latency.
+Each step starts after a CHECKPOINT (both ways pay full-page images from the
+same start). WAL is measured per statement, not as the server's WAL position
+(the PostgreSQL server is shared, and others write too): the batch DELETEs by
+EXPLAIN (ANALYZE, WAL), VACUUM by its VERBOSE report, a drop by pg_walinspect
+(the records of the drop's own transactions). CPU: the pruning backend's
+(psutil). The writers (16 connections, one outbox event per transaction)
+report writes/s and latency.
 
-    python bench/retention/drop.py                     # 2 x 2,000,000 rows
-    python bench/retention/drop.py --rows 10000000 --drop-db
+    python bench/retention/drop.py                     # N = 500,000
+    python bench/retention/drop.py --rows 2500000 --drop-db
 
 Own database (BENCH_DB, default reservo_bench_partitions).
 """
@@ -29,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -37,11 +44,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import psutil
 
-from reservo.core.clock import OffsetClock, SystemClock
+from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
 from reservo.core.migrate import migrate
 from reservo.core.partitions import PartitionKeeper
@@ -57,9 +65,11 @@ Q = Queries.load("reservo.core")
 D = timedelta(days=1)
 TOPIC = "bench.partitions.old.v1"
 SETTINGS = Settings()
+FIRST_DAY = 12  # the oldest filled day, in days before today
+DAYS = 8
 
-# N rows over 4 days starting `first` days ago (UTC midnight), each published a
-# minute after its creation.
+# $1 rows over the DAYS days from FIRST_DAY days ago (UTC midnight), each
+# published a minute after its creation.
 _FILL = f"""
 INSERT INTO outbox (event_id, topic, key, payload, created_at, available_at, status,
                     attempts, published_at)
@@ -68,9 +78,10 @@ SELECT gen_random_uuid(), '{TOPIC}', 'appointment:' || g,
                           'startAt', now(), 'status', 'BOOKED'),
        t.at, t.at, 'DONE', 1, t.at + interval '1 minute'
   FROM generate_series(1, $1::int) AS g
- CROSS JOIN LATERAL (SELECT date_trunc('day', now(), 'UTC') - $2::int * interval '1 day'
-                            + ((g - 1)::float8 / $1::int) * interval '4 days' AS at) t
+ CROSS JOIN LATERAL (SELECT date_trunc('day', now(), 'UTC') - {FIRST_DAY} * interval '1 day'
+                            + ((g - 1)::float8 / $1::int) * {DAYS} * interval '1 day' AS at) t
 """
+_VACUUM_WAL = re.compile(r"WAL usage: (\d+) records, (\d+) full page images, (\d+) bytes")
 
 
 @dataclass
@@ -92,10 +103,13 @@ class Step:
     label: str
     rows: int
     seconds: float
-    wal_bytes: int
+    wal_bytes: int | None  # None: not measured (writers' WAL mixed in)
     backend_cpu_s: float
-    writes: Writes
+    writes: Writes | None
     extra: str = ""
+
+
+Work = Callable[[Database, asyncpg.Connection], Awaitable[tuple[int | None, str]]]
 
 
 async def writers(db: Database, stop: asyncio.Event, n: int) -> Writes:
@@ -117,19 +131,11 @@ async def writers(db: Database, stop: asyncio.Event, n: int) -> Writes:
     return out
 
 
-async def wal_lsn(conn: asyncpg.Connection) -> str:
-    return str(await conn.fetchval("SELECT pg_current_wal_lsn()::text"))
-
-
 async def measured(
-    label: str,
-    rows: int,
-    opts: argparse.Namespace,
-    work: Callable[[Database], Awaitable[str]],
-    min_window: float,
+    label: str, rows: int, opts: argparse.Namespace, work: Work, with_writers: bool
 ) -> Step:
-    """Runs ``work(db)`` (an async callable on a one-connection Database) with the
-    writers, after a CHECKPOINT; the writers run for at least ``min_window``."""
+    """Runs ``work`` on a one-connection Database after a CHECKPOINT, with the
+    writers around it when asked (for at least --window seconds)."""
     url = benchlib.db_url()
     admin = await benchlib.connect()
     pruning = Database(url, min_size=1, max_size=1)
@@ -139,20 +145,17 @@ async def measured(
         async with pruning.connection() as conn:
             backend = psutil.Process(await conn.fetchval("SELECT pg_backend_pid()"))
         cpu0 = benchlib.cpu_s([backend.pid])
-        lsn0 = await wal_lsn(admin)
         stop = asyncio.Event()
-        writing_task = asyncio.create_task(writers(writing, stop, opts.writers))
-        await asyncio.sleep(1.0)  # the writers at their pace before the work starts
+        task = asyncio.create_task(writers(writing, stop, opts.writers)) if with_writers else None
+        if task is not None:
+            await asyncio.sleep(1.0)  # the writers at their pace before the work starts
         started = time.perf_counter()
-        extra = await work(pruning)
+        wal, extra = await work(pruning, admin)
         took = time.perf_counter() - started
-        rest = min_window - (took + 1.0)
-        if rest > 0:
-            await asyncio.sleep(rest)
+        if task is not None:
+            await asyncio.sleep(max(0.0, opts.window - took - 1.0))
         stop.set()
-        writes = await writing_task
-        lsn1 = await wal_lsn(admin)
-        wal = int(await admin.fetchval("SELECT pg_wal_lsn_diff($1, $2)", lsn1, lsn0))
+        writes = await task if task is not None else None
         cpu = benchlib.cpu_s([backend.pid]) - cpu0
         return Step(label, rows, took, wal, cpu, writes, extra)
     finally:
@@ -161,15 +164,151 @@ async def measured(
         await admin.close()
 
 
-def keeper(db: Database, days_back: int) -> PartitionKeeper:
+def keeper(db: Database, offset: timedelta, tries: int = 20) -> PartitionKeeper:
     return PartitionKeeper(
         db,
-        OffsetClock(-days_back * D),
+        OffsetClock(offset),
         partitioned(SETTINGS),
         days_ahead=7,
         lock_timeout_ms=SETTINGS.retention_partition_lock_timeout_ms,
-        lock_tries=20,
+        lock_tries=tries,
     )
+
+
+def pair_clock(newest_days_ago: int) -> timedelta:
+    """The clock offset at which the 72 h retention has just passed the end of
+    the day ``newest_days_ago`` days ago, and of no later day."""
+    return -(newest_days_ago - 4) * D
+
+
+def drop_pair(newest_days_ago: int, wal: bool) -> Work:
+    """Drops the two days; ``wal``: measure its WAL (only alone: the writers'
+    records would be counted too)."""
+
+    async def work(db: Database, admin: asyncpg.Connection) -> tuple[int | None, str]:
+        lsn0 = await admin.fetchval("SELECT pg_current_wal_lsn()")
+        (result,) = await keeper(db, pair_clock(newest_days_ago)).retire_old()
+        lsn1 = await admin.fetchval("SELECT pg_current_wal_lsn()")
+        own = await drop_wal(admin, lsn0, lsn1) if wal else None
+        return own, f"dropped {result.dropped}, held {result.held}, busy {result.busy}"
+
+    return work
+
+
+async def drop_wal(admin: asyncpg.Connection, lsn0: object, lsn1: object) -> int:
+    """The WAL of this database's transactions between two positions: every
+    record touching one of its relations, and the commit records of the
+    transactions that wrote them (pg_walinspect; other databases excluded)."""
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    oid = await admin.fetchval("SELECT oid FROM pg_database WHERE datname = current_database()")
+    return int(
+        await admin.fetchval(
+            """WITH r AS (SELECT * FROM pg_get_wal_records_info($1, $2))
+               SELECT coalesce(sum(record_length), 0) FROM r
+                WHERE block_ref LIKE '%/' || $3::text || '/%'
+                   OR (xid <> 0 AND xid IN (SELECT xid FROM r
+                                             WHERE block_ref LIKE '%/' || $3::text || '/%'))""",
+            lsn0,
+            lsn1,
+            str(oid),
+        )
+    )
+
+
+async def vacuum_days(conn: asyncpg.Connection, days: list[str]) -> tuple[int, float]:
+    """VACUUM (VERBOSE) of those day partitions: WAL bytes (its report) and seconds."""
+    notes: list[str] = []
+
+    def listen(_: object, message: asyncpg.PostgresLogMessage) -> None:
+        notes.append(str(message.message) + "\n" + str(getattr(message, "detail", "") or ""))
+
+    conn.add_log_listener(listen)
+    t0 = time.perf_counter()
+    try:
+        for day in days:
+            await conn.execute(f"VACUUM (VERBOSE) {day}")  # names built from dates, quoted-safe
+    finally:
+        conn.remove_log_listener(listen)
+    wal = sum(int(m[3]) for note in notes for m in _VACUUM_WAL.finditer(note))
+    return wal, time.perf_counter() - t0
+
+
+def day_names(newest_days_ago: int) -> list[str]:
+    today = datetime.now(UTC).date()
+    return [f"outbox_p{today - (newest_days_ago + i) * D:%Y%m%d}" for i in (1, 0)]
+
+
+def delete_pair_explained(newest_days_ago: int) -> Work:
+    """The outbox rule's statement, batch after batch with the pruner's pause,
+    each under EXPLAIN (ANALYZE, WAL) to read its WAL bytes; then VACUUM."""
+
+    async def work(db: Database, _: asyncpg.Connection) -> tuple[int | None, str]:
+        (rule,) = [r for r in rules(SETTINGS) if r.name == "outbox_prune"]
+        cutoff = OffsetClock(pair_clock(newest_days_ago)).now() - rule.keep
+        wal = batches = 0
+        async with db.connection() as conn:
+            while True:
+                plan = await conn.fetchval(
+                    f"EXPLAIN (ANALYZE, WAL, FORMAT JSON) {rule.sql}",
+                    cutoff,
+                    SETTINGS.retention_batch_size,
+                )
+                doc = (plan if isinstance(plan, list) else json.loads(plan))[0]
+                batches += 1
+                wal += _plan_wal(doc["Plan"])
+                if _plan_deleted(doc["Plan"]) < SETTINGS.retention_batch_size:
+                    break
+                await asyncio.sleep(SETTINGS.retention_pause_s)
+            vac_wal, vac_s = await vacuum_days(conn, day_names(newest_days_ago))
+        return wal + vac_wal, (
+            f"{batches} batches, DELETE WAL {mib(wal)}; VACUUM {vac_s:.1f} s, WAL {mib(vac_wal)}"
+        )
+
+    return work
+
+
+def _plan_wal(node: dict[str, Any]) -> int:
+    """WAL bytes of a plan tree: the largest node figure (each node's includes
+    its children's, so that is the top's)."""
+    return max([int(node.get("WAL Bytes", 0)), *(_plan_wal(c) for c in node.get("Plans", []))])
+
+
+def _plan_deleted(node: dict[str, Any]) -> int:
+    """Rows the statement's DELETE removed (the ModifyTable node's output)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.get("Node Type") == "ModifyTable":
+            return int(n.get("Actual Rows", 0))
+        stack.extend(n.get("Plans", []))
+    return 0
+
+
+def delete_pair_pruner(newest_days_ago: int) -> Work:
+    async def work(db: Database, _: asyncpg.Connection) -> tuple[int | None, str]:
+        (rule,) = [r for r in rules(SETTINGS) if r.name == "outbox_prune"]
+        pruner = Pruner(
+            db,
+            OffsetClock(pair_clock(newest_days_ago)),
+            [rule],
+            batch=SETTINGS.retention_batch_size,
+            pause_s=SETTINGS.retention_pause_s,
+        )
+        t0 = time.perf_counter()
+        (result,) = await pruner.run()
+        took = time.perf_counter() - t0
+        async with db.connection() as conn:
+            _, vac_s = await vacuum_days(conn, day_names(newest_days_ago))
+        return None, (
+            f"{result.batches} batches, {result.rows['outbox']:,} rows in {took:.1f} s "
+            f"= {result.rows['outbox'] / max(took, 1e-9):,.0f} rows/s; then VACUUM {vac_s:.1f} s"
+        )
+
+    return work
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 async def prepare(rows: int) -> float:
@@ -186,14 +325,12 @@ async def prepare(rows: int) -> float:
     conn = await benchlib.connect()
     try:
         await conn.execute("TRUNCATE outbox")
-        # The days of both sets (12 to 5 days ago) and on to next week, as a
-        # keeper running all along would have made them.
+        # The filled days and on to next week, as a keeper running all along made them.
         await PartitionKeeper(
-            db, OffsetClock(-13 * D), partitioned(SETTINGS), days_ahead=20
+            db, OffsetClock(-FIRST_DAY * D), partitioned(SETTINGS), days_ahead=FIRST_DAY + 7
         ).ensure_ahead()
         started = time.perf_counter()
-        await conn.execute(_FILL, rows, 12)
-        await conn.execute(_FILL, rows, 8)
+        await conn.execute(_FILL, 4 * rows)
         took = time.perf_counter() - started
         await conn.execute("VACUUM ANALYZE outbox")
         return took
@@ -202,67 +339,17 @@ async def prepare(rows: int) -> float:
         await db.close()
 
 
-async def count_old(first: int) -> int:
+async def old_rows() -> int:
     conn = await benchlib.connect()
     try:
-        return int(
-            await conn.fetchval(
-                "SELECT count(*) FROM outbox WHERE topic = $1 AND created_at >= "
-                "date_trunc('day', now(), 'UTC') - $2::int * interval '1 day' AND created_at < "
-                "date_trunc('day', now(), 'UTC') - ($2::int - 4) * interval '1 day'",
-                TOPIC,
-                first,
-            )
-        )
+        return int(await conn.fetchval("SELECT count(*) FROM outbox WHERE topic = $1", TOPIC))
     finally:
         await conn.close()
 
 
-async def baseline(opts: argparse.Namespace) -> Step:
-    async def nothing(_: Database) -> str:
-        return ""
-
-    return await measured("writers alone", 0, opts, nothing, opts.window)
-
-
-async def by_drop(opts: argparse.Namespace) -> Step:
-    async def drop(db: Database) -> str:
-        # Retention 72 h seen from 5 days back: only set 1's days (12 to 9 days
-        # ago) ended before that cutoff.
-        (result,) = await keeper(db, 5).retire_old()
-        return f"dropped {len(result.dropped)} partitions, held {result.held}, busy {result.busy}"
-
-    rows = await count_old(12)
-    return await measured("drop partitions", rows, opts, drop, opts.window)
-
-
-async def by_batches(opts: argparse.Namespace) -> Step:
-    async def delete(db: Database) -> str:
-        (rule,) = [r for r in rules(SETTINGS) if r.name == "outbox_prune"]
-        pruner = Pruner(
-            db,
-            SystemClock(),
-            [rule],
-            batch=SETTINGS.retention_batch_size,
-            pause_s=SETTINGS.retention_pause_s,
-        )
-        (result,) = await pruner.run()
-        t0 = time.perf_counter()
-        async with db.connection() as conn:
-            await conn.execute("VACUUM outbox")
-        return f"{result.batches} batches; then VACUUM outbox {time.perf_counter() - t0:.1f} s"
-
-    rows = await count_old(8)
-    return await measured("delete in batches + VACUUM", rows, opts, delete, opts.window)
-
-
-def mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rows", type=int, default=2_000_000, help="DONE rows per set")
+    p.add_argument("--rows", type=int, default=500_000, help="DONE rows per step (2 days)")
     p.add_argument("--writers", type=int, default=16, help="concurrent emitting connections")
     p.add_argument("--window", type=float, default=10.0, help="min seconds of writers per step")
     p.add_argument("--drop-db", action="store_true", help="drop the database at the end")
@@ -272,31 +359,43 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reservo code under test: {benchlib.reservo_source()}")
     print(f"when: {time.strftime('%Y-%m-%d %H:%M:%S %z')}")
     took = benchlib.run_async(prepare(opts.rows))
-    print(f"outbox: 2 x {opts.rows:,} DONE rows over 4 days each, inserted in {took:.1f} s")
+    print(f"outbox: 4 x {opts.rows:,} DONE rows over 8 days, inserted in {took:.1f} s")
 
-    steps = [
-        benchlib.run_async(baseline(opts)),
-        benchlib.run_async(by_drop(opts)),
-        benchlib.run_async(by_batches(opts)),
+    async def nothing(_: Database, __: asyncpg.Connection) -> tuple[int | None, str]:
+        return None, ""
+
+    n = opts.rows
+    plan: list[tuple[str, int, Work, bool]] = [
+        ("writers alone", 0, nothing, True),
+        ("drop, alone", n, drop_pair(11, wal=True), False),
+        ("drop, with writers", n, drop_pair(9, wal=False), True),
+        ("delete + VACUUM, alone", n, delete_pair_explained(7), False),
+        ("delete + VACUUM, with writers", n, delete_pair_pruner(5), True),
     ]
-    base = steps[0]
-    wal_per_write = base.wal_bytes / max(1, len(base.writes.latencies_ms))
+    steps = []
+    for label, rows, work, with_writers in plan:
+        step = benchlib.run_async(measured(label, rows, opts, work, with_writers))
+        steps.append(step)
+        print(f"{label}: {step.seconds:.2f} s  {step.extra}", flush=True)
     print(f"\nwriters: {opts.writers} connections, one outbox event per transaction")
     print(
-        "step                          rows        seconds   WAL total    WAL net      "
-        "backend CPU  writes/s  p50 ms  p99 ms  max ms"
+        "step                            rows       seconds   WAL (own)    backend CPU  "
+        "writes/s  p50 ms  p99 ms  max ms"
     )
     for s in steps:
-        net = s.wal_bytes - wal_per_write * len(s.writes.latencies_ms)
-        print(
-            f"{s.label:<28} {s.rows:>11,}  {s.seconds:>8.2f}  {mib(s.wal_bytes):>11}  "
-            f"{mib(max(0.0, net)):>11}  {s.backend_cpu_s:>9.2f} s  {s.writes.rate:>8,.0f}  "
-            f"{s.writes.pct(0.5):>6.1f}  {s.writes.pct(0.99):>6.1f}  "
-            f"{max(s.writes.latencies_ms, default=0):>6.0f}"
+        wal = "-" if s.wal_bytes is None else mib(s.wal_bytes)
+        w = s.writes
+        writes = (
+            f"{w.rate:>8,.0f}  {w.pct(0.5):>6.1f}  {w.pct(0.99):>6.1f}  "
+            f"{max(w.latencies_ms, default=0):>6.0f}"
+            if w is not None
+            else f"{'-':>8}  {'-':>6}  {'-':>6}  {'-':>6}"
         )
-        if s.extra:
-            print(f"  {s.extra}")
-    left = benchlib.run_async(count_old(12)) + benchlib.run_async(count_old(8))
+        print(
+            f"{s.label:<30} {s.rows:>10,}  {s.seconds:>8.2f}  {wal:>11}  "
+            f"{s.backend_cpu_s:>9.2f} s  {writes}"
+        )
+    left = benchlib.run_async(old_rows())
     failures = [] if left == 0 else [f"{left:,} old rows left"]
     return benchlib.finish(failures, opts.drop_db, "every old row gone, every write committed")
 
