@@ -138,7 +138,8 @@ async def measured(
     writers around it when asked (for at least --window seconds)."""
     url = benchlib.db_url()
     admin = await benchlib.connect()
-    pruning = Database(url, min_size=1, max_size=1)
+    # No statement timeout: a VACUUM of a day of dead rows takes minutes.
+    pruning = Database(url, min_size=1, max_size=1, command_timeout=3600)
     writing = Database(url, min_size=opts.writers, max_size=opts.writers)
     try:
         await admin.execute("CHECKPOINT")
@@ -376,7 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, rows, work, with_writers in plan:
         step = benchlib.run_async(measured(label, rows, opts, work, with_writers))
         steps.append(step)
-        print(f"{label}: {step.seconds:.2f} s  {step.extra}", flush=True)
+        wal = "-" if step.wal_bytes is None else mib(step.wal_bytes)
+        print(
+            f"{label}: {step.seconds:.2f} s, WAL {wal}, backend CPU {step.backend_cpu_s:.2f} s; "
+            f"{step.extra}",
+            flush=True,
+        )
     print(f"\nwriters: {opts.writers} connections, one outbox event per transaction")
     print(
         "step                            rows       seconds   WAL (own)    backend CPU  "
