@@ -19,7 +19,7 @@ from reservo.core.notify import Channel
 from reservo.core.outbox import OutboxRelay
 from reservo.core.transport.base import Transport
 from reservo.core.transport.local import LocalTransport
-from reservo.retention import build_pruner
+from reservo.retention import build_partition_keeper, build_pruner
 from reservo.shared import Shared, channel_from_settings, transport_from_settings
 
 log = structlog.get_logger(__name__)
@@ -72,6 +72,11 @@ def outbox(shared: Shared) -> Outbox:
             loops.insert(
                 0,
                 run_every(stop, s.retention_interval_s, "retention", lambda: pruner.run(stop)),
+            )
+        else:  # no pruning, but the days ahead are still created (inserts stay routed)
+            keeper = build_partition_keeper(s, shared.db, shared.clock)
+            loops.insert(
+                0, run_every(stop, s.retention_interval_s, "partitions", keeper.ensure_ahead)
             )
         await asyncio.gather(*loops)
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
+from reservo.core.partitions import PartitionedTable, PartitionKeeper
 from reservo.core.retention import Pruner, PruneRule
 from reservo.settings import Settings
 
@@ -71,5 +72,38 @@ def rules(s: Settings) -> list[PruneRule]:
     ]
 
 
+def partitioned(s: Settings) -> list[PartitionedTable]:
+    """Tables partitioned by day (migration 0025), dropped a day at a time after
+    the same retention as their batch rule. DEAD events outlive their day: moved
+    to the default partition, where they wait for a replay as before."""
+    core = Queries.load("reservo.core")
+    return [
+        PartitionedTable(
+            "outbox",
+            timedelta(hours=s.retention_outbox_hours),
+            core.outbox_partition_blocked,
+            keep_column="status",
+            keep_values=("DEAD",),
+        )
+    ]
+
+
+def build_partition_keeper(s: Settings, db: Database, clock: Clock) -> PartitionKeeper:
+    return PartitionKeeper(
+        db,
+        clock,
+        partitioned(s),
+        days_ahead=s.retention_partition_days_ahead,
+        lock_timeout_ms=s.retention_partition_lock_timeout_ms,
+    )
+
+
 def build_pruner(s: Settings, db: Database, clock: Clock) -> Pruner:
-    return Pruner(db, clock, rules(s), batch=s.retention_batch_size, pause_s=s.retention_pause_s)
+    return Pruner(
+        db,
+        clock,
+        rules(s),
+        batch=s.retention_batch_size,
+        pause_s=s.retention_pause_s,
+        partitions=build_partition_keeper(s, db, clock),
+    )

@@ -238,8 +238,17 @@ class Settings(BaseSettings):
     retention_interval_s: float = Field(default=300.0, gt=0)
     retention_batch_size: int = Field(default=5000, ge=1, le=100_000)
     retention_pause_s: float = Field(default=0.05, ge=0)
-    # DONE outbox events, from their publication.
+    # DONE outbox events, from their publication. The outbox is partitioned by
+    # day (UTC) of creation: a day is dropped whole once it ends more than this
+    # long ago (its DONE rows are kept up to a day longer than this, never less).
     retention_outbox_hours: int = Field(default=72, ge=1)
+    # Day partitions created ahead (the maintenance role, every retention
+    # interval, even with pruning off); a row no day covers lands in the default
+    # partition, so running out of days slows pruning down, never an insert.
+    retention_partition_days_ahead: int = Field(default=7, ge=1, le=366)
+    # A partition drop waits this long at most for its table lock (every writer
+    # of the table queues behind a waiting drop); not granted: tried again later.
+    retention_partition_lock_timeout_ms: int = Field(default=200, ge=10, le=60_000)
     # Inbox rows must outlive every redelivery of their event: an operator replay
     # of an outbox row still kept (retention_outbox_hours) or a consumer group
     # re-reading its topic (Kafka's default retention.ms is 7 days). 72 h + 7 days

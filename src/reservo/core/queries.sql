@@ -56,13 +56,13 @@ VALUES ($1, $2, $3, $4, $5, $5);
 -- taking the same rows, and the lease returns rows of a crashed relay.
 UPDATE outbox o
    SET locked_until = $2::timestamptz + make_interval(secs => $3), attempts = o.attempts + 1
-  FROM (SELECT id FROM outbox
+  FROM (SELECT id, created_at FROM outbox
          WHERE status = 'PENDING' AND available_at <= $2
            AND (locked_until IS NULL OR locked_until < $2)
          ORDER BY id
          LIMIT $1
          FOR UPDATE SKIP LOCKED) c
- WHERE o.id = c.id
+ WHERE o.id = c.id AND o.created_at = c.created_at
 RETURNING o.id, o.event_id, o.topic, o.key, o.payload, o.created_at, o.attempts;
 
 -- name: outbox_done
@@ -96,14 +96,60 @@ SELECT count(*) FROM outbox WHERE status = 'DEAD';
 -- name: outbox_prune
 -- Retention: DONE events published before $1 (index outbox_done_published).
 -- PENDING rows (still to deliver) and DEAD ones (to replay) are never pruned.
+-- Only rows created before $1's day (UTC): the day partitions from then on are
+-- not wholly past the cutoff yet, and are dropped whole once they are
+-- (reservo.core.partitions); what is left to batches is the default partition
+-- and the old days a drop had to leave (a row still pending). The bound on
+-- created_at prunes the newer partitions from both scans. Deleted by id (one
+-- sequence: unique), looked up in each remaining partition's primary key; not
+-- by ctid, which is unique only within one partition, and not by a join, which
+-- the planner answered with a hash of the whole default partition per batch.
 WITH gone AS (
     DELETE FROM outbox
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox
-                              WHERE status = 'DONE' AND published_at < $1
-                              ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+     WHERE id = ANY (ARRAY(SELECT id FROM outbox
+                            WHERE status = 'DONE' AND published_at < $1
+                              AND created_at < date_trunc('day', $1::timestamptz, 'UTC')
+                            ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+       AND created_at < date_trunc('day', $1::timestamptz, 'UTC')
     RETURNING 1
 )
 SELECT count(*) AS outbox FROM gone;
+
+-- name: outbox_partition_blocked
+-- True when the outbox's day partition [$1, $2) holds a row its drop must not
+-- take with it: a PENDING event (still to deliver), a DONE one published at or
+-- after the cutoff $3 (still within retention), or more DEAD events than a
+-- drop re-inserts into the default partition under its lock (1,000; the rest
+-- of the day then goes by batches). Each test walks a small partial index.
+SELECT EXISTS (SELECT 1 FROM outbox
+                WHERE created_at >= $1 AND created_at < $2 AND status = 'PENDING')
+    OR EXISTS (SELECT 1 FROM outbox
+                WHERE created_at >= $1 AND created_at < $2 AND status = 'DONE'
+                  AND published_at >= $3)
+    OR (SELECT count(*) FROM (SELECT 1 FROM outbox
+                               WHERE created_at >= $1 AND created_at < $2
+                                 AND status = 'DEAD' LIMIT 1001) d) > 1000;
+
+-- name: partition_list
+-- The day partitions of table $1 with their bounds, oldest first (migration 0025).
+SELECT name, lower_bound, upper_bound FROM history_partitions($1);
+
+-- name: partition_add
+-- Creates table $1's partition for day $2 (UTC) unless it exists; true when created.
+SELECT history_partition_add($1, $2::date);
+
+-- name: partition_lock_timeout
+-- How long the partition DDL of this transaction waits for a lock before giving up.
+SELECT set_config('lock_timeout', $1::text || 'ms', true);
+
+-- name: partition_lock
+-- ACCESS EXCLUSIVE on table $1 for the rest of the transaction (a retirement's first step).
+SELECT history_partition_lock($1);
+
+-- name: partition_retire
+-- Detaches and drops partition $2 of table $1, re-inserting its rows whose
+-- column $3 is one of $4 (they land in the default partition). NULL: gone already.
+SELECT history_partition_retire($1, $2, $3, $4::text[]);
 
 -- name: inbox_claim
 -- Apply an event once per consumer: no row when it was applied before.

@@ -16,6 +16,11 @@ and skips rows locked right now (``FOR UPDATE SKIP LOCKED``), so:
   waits at most for one batch;
 - what a statement must never delete (pending events, unsent notifications,
   unfinished jobs, dead letters not replayed) is excluded by its own WHERE.
+
+Tables partitioned by day (reservo.core.partitions: the outbox) are first
+handed to the ``PartitionKeeper``, which creates their next days and drops the
+old days whole; their batch statements then only see what a drop leaves (the
+default partition, and days still holding a row that must stay).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.loops import pause
+from reservo.core.partitions import PartitionKeeper, PartitionResult
 
 log = structlog.get_logger(__name__)
 
@@ -70,16 +76,23 @@ class Pruner:
         *,
         batch: int = 5000,
         pause_s: float = 0.05,
+        partitions: PartitionKeeper | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be at least 1")
         self.db, self.clock, self.rules = db, clock, list(rules)
         self.batch, self.pause_s = batch, pause_s
+        self.partitions = partitions
+        # What the last run's partition step did (created, dropped, held, busy).
+        self.last_partitions: list[PartitionResult] = []
 
     async def run(self, stop: asyncio.Event | None = None) -> list[RuleResult]:
         """One pass over every rule, each until it finds less than a full batch
         (or ``stop`` is set). Logs one line with the counts."""
         started = time.perf_counter()
+        if self.partitions is not None:
+            # Before the batches: a day that can go whole must not go row by row.
+            self.last_partitions = await self._partitions(self.partitions, stop)
         results: list[RuleResult] = []
         for rule in self.rules:
             if stop is not None and stop.is_set():
@@ -103,6 +116,19 @@ class Pruner:
             seconds=round(time.perf_counter() - started, 3),
         )
         return results
+
+    async def _partitions(
+        self, keeper: PartitionKeeper, stop: asyncio.Event | None
+    ) -> list[PartitionResult]:
+        try:
+            await keeper.ensure_ahead()
+            return await keeper.retire_old(stop)
+        except DomainError:
+            raise
+        except Exception:
+            # The batch rules still run: they prune the old days by rows instead.
+            log.exception("retention_partitions_failed")
+            return []
 
     async def _prune(self, rule: PruneRule, stop: asyncio.Event | None) -> RuleResult:
         # One cutoff per run: rows that age past it during the run wait for the next.
