@@ -14,12 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import orjson
-import redis.asyncio
 import redis.exceptions
 import structlog
 
 from reservo.core.ratelimit import Decision, RateLimiter, decide, fail_open, rate_key
-from reservo.core.redis import RedisGate
+from reservo.core.redis import Client, RedisGate, pipeline
 
 log = structlog.get_logger(__name__)
 V = TypeVar("V")
@@ -37,7 +36,11 @@ def _ttl_ms(ttl_s: float) -> int:
 
 
 class Cache:
-    """Keys are ``{namespace}:cache:{key}`` for values, ``{namespace}:mark:{key}`` for marks."""
+    """Keys are ``{namespace}:cache:{key}`` for values, ``{namespace}:mark:{key}`` for marks.
+
+    On a Redis Cluster a key's slot is decided by the first ``{...}`` in it: the
+    namespace must hold no braces, and callers put the tag in ``key`` when keys
+    must share a slot (e.g. ``slots:{doctor:7}:2026-01-05``)."""
 
     def __init__(self, gate: RedisGate, namespace: str = "reservo") -> None:
         self.gate = gate
@@ -64,7 +67,7 @@ class Cache:
         """The cached value, or None on a miss, an unreadable entry, or Redis down."""
         rkey = self.value_key(key)
 
-        async def _get(client: redis.asyncio.Redis) -> bytes | str | None:
+        async def _get(client: Client) -> bytes | str | None:
             raw: bytes | str | None = await client.get(rkey)
             return raw
 
@@ -83,7 +86,7 @@ class Cache:
         trip; ``(None, 0)`` on a miss or with Redis down."""
         rkey, script = self.value_key(key), self._get_with_ttl
 
-        async def _get(client: redis.asyncio.Redis) -> tuple[bytes | None, float]:
+        async def _get(client: Client) -> tuple[bytes | None, float]:
             try:
                 raw, pttl = await client.evalsha(script.sha, 1, rkey)
             except redis.exceptions.NoScriptError:
@@ -99,7 +102,7 @@ class Cache:
         """Store already-serialised JSON for ``ttl_s``; False if Redis did not take it."""
         rkey, px = self.value_key(key), _ttl_ms(ttl_s)
 
-        async def _set(client: redis.asyncio.Redis) -> bool:
+        async def _set(client: Client) -> bool:
             return bool(await client.set(rkey, data, px=px))
 
         return await self.gate.call(_set, False)
@@ -111,7 +114,7 @@ class Cache:
         """
         rkey, data, px = self.value_key(key), orjson.dumps(value), _ttl_ms(ttl_s)
 
-        async def _set(client: redis.asyncio.Redis) -> bool:
+        async def _set(client: Client) -> bool:
             return bool(await client.set(rkey, data, px=px))
 
         return await self.gate.call(_set, False)
@@ -133,7 +136,7 @@ class Cache:
         """Note that ``key`` is full for ``ttl_s``; False if Redis did not take it."""
         rkey, px = self.mark_key(key), _ttl_ms(ttl_s)
 
-        async def _mark(client: redis.asyncio.Redis) -> bool:
+        async def _mark(client: Client) -> bool:
             return bool(await client.set(rkey, b"1", px=px))
 
         return await self.gate.call(_mark, False)
@@ -142,7 +145,7 @@ class Cache:
         """True only if Redis says the mark is set; False when unknown (fail open)."""
         rkey = self.mark_key(key)
 
-        async def _exists(client: redis.asyncio.Redis) -> bool:
+        async def _exists(client: Client) -> bool:
             return bool(await client.exists(rkey))
 
         return await self.gate.call(_exists, False)
@@ -178,7 +181,7 @@ class Cache:
         keys = [rkey, *(self.mark_key(m) for m in marks)]
         script, window_ms = limiter.check_script, window_s * 1000
 
-        async def _both(client: redis.asyncio.Redis) -> tuple[Decision, tuple[bool, ...]]:
+        async def _both(client: Client) -> tuple[Decision, tuple[bool, ...]]:
             try:
                 raw = await client.evalsha(script.sha, len(keys), *keys, window_ms)
             except redis.exceptions.NoScriptError:
@@ -192,11 +195,8 @@ class Cache:
         if not rkeys:
             return 0
 
-        async def _run(client: redis.asyncio.Redis) -> int:
-            async with client.pipeline(transaction=False) as pipe:
-                for rkey in rkeys:
-                    pipe.unlink(rkey)
-                return sum(int(n) for n in await pipe.execute())
+        async def _run(client: Client) -> int:
+            return sum(int(n) for n in await pipeline(client, [("UNLINK", k) for k in rkeys]))
 
         return await self.gate.call(_run, 0)
 

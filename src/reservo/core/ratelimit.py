@@ -16,10 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio
 from redis.commands.core import AsyncScript
 
-from reservo.core.redis import RedisGate
+from reservo.core.redis import Client, RedisGate
 
 # KEYS[1] counter; ARGV[1] window in ms. Returns {count, pttl_ms}.
 # A key found without a TTL (should not happen; e.g. a manual SET) gets one, so a
@@ -93,7 +92,7 @@ class RateLimiter:
             raise ValueError("limit must be >= 0 and window_s > 0")
         key = rate_key(scope, subject, self.namespace)
 
-        async def _hit(client: redis.asyncio.Redis) -> Decision:
+        async def _hit(client: Client) -> Decision:
             raw = await self.script(keys=[key], args=[window_s * 1000], client=client)
             return decide(raw, limit)
 

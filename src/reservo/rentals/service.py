@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 import asyncpg
 import orjson
-import redis.asyncio
 import structlog
 
 from reservo.core import metrics
@@ -22,6 +21,7 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
+from reservo.core.redis import Client
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
 from reservo.rentals.gateway import PaymentGateway
@@ -149,7 +149,7 @@ class RentalService:
         # The stored JSON is returned as is: no decode/encode on the hot path.
         rkey = self.cache.value_key(key)
 
-        async def _get(client: redis.asyncio.Redis) -> bytes | None:
+        async def _get(client: Client) -> bytes | None:
             raw = await client.get(rkey)
             return raw.encode() if isinstance(raw, str) else raw
 
