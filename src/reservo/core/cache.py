@@ -18,7 +18,7 @@ import redis.exceptions
 import structlog
 
 from reservo.core.ratelimit import Decision, RateLimiter, decide, fail_open, rate_key
-from reservo.core.redis import Client, RedisGate, pipeline
+from reservo.core.redis import Client, Command, RedisGate, ScriptCall, is_cluster, pipeline
 
 log = structlog.get_logger(__name__)
 V = TypeVar("V")
@@ -45,6 +45,7 @@ class Cache:
     def __init__(self, gate: RedisGate, namespace: str = "reservo") -> None:
         self.gate = gate
         self.namespace = namespace
+        self.cluster = is_cluster(gate.client)
         self._get_with_ttl = gate.client.register_script(_GET_WITH_TTL_LUA)
         self._locals: list[LocalCache[Any]] = []
 
@@ -170,14 +171,18 @@ class Cache:
         One script (INCR + PTTL + EXISTS of each mark) run by EVALSHA directly: a
         pipeline of EVALSHA plus one EXISTS per mark cost ~200 us of redis-py CPU
         per call against ~90-130 us for the single command. The keys then have to
-        live on one server, which they do: reservo talks to one Redis, not a
-        cluster (a cluster would need the marks under the rate key's hash tag).
-        On NOSCRIPT (Redis restarted or flushed its script cache) nothing ran, so
-        load and retry once. Fails open to ``(allowed, nothing marked)``.
+        live on one server, which they do on a single Redis. On a Redis Cluster
+        they live in different slots (the rate key is the subject's, a mark the
+        marked thing's), so there the same work is a pipeline instead
+        (``_hit_and_check_spread``). On NOSCRIPT (Redis restarted or flushed its
+        script cache) nothing ran, so load and retry once. Fails open to
+        ``(allowed, nothing marked)``.
         """
         if limit < 0 or window_s <= 0:
             raise ValueError("limit must be >= 0 and window_s > 0")
         rkey = rate_key(scope, subject, limiter.namespace)
+        if self.cluster:
+            return await self._hit_and_check_spread(limiter, rkey, limit, window_s, marks)
         keys = [rkey, *(self.mark_key(m) for m in marks)]
         script, window_ms = limiter.check_script, window_s * 1000
 
@@ -190,6 +195,21 @@ class Cache:
             return decide(raw, limit), tuple(bool(e) for e in raw[2:])
 
         return await self.gate.call(_both, (fail_open(limit), tuple(False for _ in marks)))
+
+    async def _hit_and_check_spread(
+        self, limiter: RateLimiter, rkey: str, limit: int, window_s: int, marks: tuple[str, ...]
+    ) -> tuple[Decision, tuple[bool, ...]]:
+        """``hit_and_check`` on a Redis Cluster: the rate limiter's own script on
+        the rate key and one EXISTS per mark, pipelined (the nodes concerned are
+        asked concurrently)."""
+        hit = ScriptCall(limiter.script, [rkey], [window_s * 1000])
+        commands: list[Command] = [hit, *(("EXISTS", self.mark_key(m)) for m in marks)]
+
+        async def _spread(client: Client) -> tuple[Decision, tuple[bool, ...]]:
+            raw, *exists = await pipeline(client, commands)
+            return decide(raw, limit), tuple(bool(e) for e in exists)
+
+        return await self.gate.call(_spread, (fail_open(limit), tuple(False for _ in marks)))
 
     async def _unlink(self, rkeys: list[str]) -> int:
         if not rkeys:

@@ -33,7 +33,9 @@ end
 return {count, ttl}
 """
 # The same hit, then EXISTS of every further key (KEYS[2..n]): the booking gate's
-# rate limit and its marks in one command. Returns {count, pttl_ms, e2, ..., en}.
+# rate limit and its marks in one command on a single Redis (on a cluster the
+# keys live in different slots: see Cache.hit_and_check). Returns
+# {count, pttl_ms, e2, ..., en}.
 _HIT_CHECK_LUA = """
 local count = redis.call('INCR', KEYS[1])
 local ttl = redis.call('PTTL', KEYS[1])
