@@ -2,7 +2,12 @@
 
 Uses RESERVO_TEST_DATABASE_URL / RESERVO_TEST_REDIS_URL when set, otherwise
 starts the embedded ones. Each session gets its own fresh database and its own
-Redis key namespace, so runs on one machine never see each other's data."""
+Redis key namespace, so runs on one machine never see each other's data.
+
+Tests marked ``redis_cluster`` run twice: on that Redis and on a Redis Cluster
+(three masters, three replicas) the session starts on first use; or on the
+cluster a node of which RESERVO_TEST_REDIS_CLUSTER names (``redis://...``);
+RESERVO_TEST_REDIS_CLUSTER=0 skips the cluster runs."""
 
 from __future__ import annotations
 
@@ -23,8 +28,23 @@ from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.migrate import migrate
 from reservo.settings import Settings
+from tests.redis_cluster import LocalCluster, RedisTarget
 
 JWT_SECRET = "test-secret-for-reservo-tests-0123456789"
+CLUSTER_ENV = "RESERVO_TEST_REDIS_CLUSTER"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``redis_cluster`` that reaches Redis through ``redis_target``
+    (``redis_url``, ``base_settings``, ``container``...) runs on both kinds."""
+    if "redis_target" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("redis_cluster") is None:
+        return
+    cluster: Any = "cluster"
+    if os.environ.get(CLUSTER_ENV) == "0":
+        cluster = pytest.param("cluster", marks=pytest.mark.skip(reason=f"{CLUSTER_ENV}=0"))
+    metafunc.parametrize("redis_target", ["standalone", cluster], indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")
@@ -89,15 +109,38 @@ async def fresh_database_url(services: tuple[str, str]) -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url(services: tuple[str, str]) -> str:
-    return services[1]
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisTarget]:
+    """A Redis Cluster for the whole session, started on first use."""
+    given = os.environ.get(CLUSTER_ENV, "")
+    if given == "0":
+        pytest.skip(f"{CLUSTER_ENV}=0")
+    if given.startswith(("redis://", "rediss://")):
+        yield RedisTarget(given, cluster=True)
+        return
+    with LocalCluster(Path(tmp_path_factory.mktemp("redis-cluster"))) as cluster:
+        yield cluster.target
 
 
 @pytest.fixture(scope="session")
-def base_settings(database_url: str, redis_url: str) -> Settings:
+def redis_target(request: pytest.FixtureRequest, services: tuple[str, str]) -> RedisTarget:
+    """The single Redis, or (the ``cluster`` run of a ``redis_cluster`` test) the cluster."""
+    if getattr(request, "param", "standalone") == "cluster":
+        cluster: RedisTarget = request.getfixturevalue("redis_cluster")
+        return cluster
+    return RedisTarget(services[1])
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_target: RedisTarget) -> str:
+    return redis_target.url
+
+
+@pytest.fixture(scope="session")
+def base_settings(database_url: str, redis_target: RedisTarget) -> Settings:
     return Settings(
         database_url=database_url,
-        redis_url=redis_url,
+        redis_url=redis_target.url,
+        redis_cluster=redis_target.cluster,
         jwt_secret=JWT_SECRET,
         payments_webhook_secret="pay-secret",
         results_webhook_secret="results-secret",

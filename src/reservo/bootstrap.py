@@ -209,7 +209,9 @@ def build_shared(settings: Settings, clock: Clock, *, announce: bool = True) -> 
             else None
         ),
     )
-    client = make_client(settings.redis_url, settings.redis_timeout_s)
+    client = make_client(
+        settings.redis_url, settings.redis_timeout_s, cluster=settings.redis_cluster
+    )
     gate = RedisGate(client, backoff_s=settings.redis_backoff_s)
     return Shared(
         settings=settings,

@@ -173,7 +173,8 @@ def up(
         if not settings.redis_url:
             console.print(f"starting embedded Redis in {data_dir / 'redis'} ...")
             rd = stack.enter_context(EmbeddedRedis(data_dir))
-            settings = settings.model_copy(update={"redis_url": rd.url})
+            # The embedded Redis is a single server, whatever RESERVO_REDIS_CLUSTER says.
+            settings = settings.model_copy(update={"redis_url": rd.url, "redis_cluster": False})
         if kafka and not settings.kafka_bootstrap:
             from reservo.core.embedded import EmbeddedKafka
 
@@ -227,10 +228,12 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     stop = asyncio.Event()
     workers = asyncio.create_task(run_workers(container, UP_ROLES, stop))
     base = f"http://{settings.http_host}:{settings.http_port}"
+    redis_kind = " (cluster)" if settings.redis_cluster else ""
     console.print(
         f"[bold green]reservo is up[/bold green]: API {base}  docs {base}/docs  "
         f"metrics {base}/metrics\n  PostgreSQL {settings.database_url}\n"
-        f"  Redis {settings.redis_url}\n  Kafka {settings.kafka_bootstrap or '(local transport)'}"
+        f"  Redis {settings.redis_url}{redis_kind}\n"
+        f"  Kafka {settings.kafka_bootstrap or '(local transport)'}"
         f"\n  payment gateway: {settings.rentals_payment_gateway or 'none (refunds wait)'}"
         f"\n  admin token: reservo token --role admin "
         f"--sub 1\n  Ctrl-C stops everything."

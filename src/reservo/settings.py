@@ -18,6 +18,9 @@ class Settings(BaseSettings):
     # Connections. None means "start the embedded one" (``reservo up`` only).
     database_url: str | None = None
     redis_url: str | None = None
+    # True: RESERVO_REDIS_URL names any node of a Redis Cluster (the client finds
+    # the others). False: one Redis (or a proxy in front of many).
+    redis_cluster: bool = False
     data_dir: Path = Path(".reservo")
     http_host: str = "127.0.0.1"
     http_port: int = 8000

@@ -10,15 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import redis.asyncio
-
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.notify import Channel, build_channel
 from reservo.core.ratelimit import RateLimiter
-from reservo.core.redis import RedisGate
+from reservo.core.redis import Client, RedisGate
 from reservo.core.transport.base import Subscription, Subscriptions
 from reservo.core.transport.kafka import KafkaConsumerRunner, KafkaTransport
 from reservo.scheduler import Scheduler
@@ -30,7 +28,7 @@ class Shared:
     settings: Settings
     clock: Clock
     db: Database
-    redis: redis.asyncio.Redis
+    redis: Client
     gate: RedisGate
     cache: Cache
     limiter: RateLimiter

@@ -19,16 +19,23 @@ from typing import Any
 
 import asyncpg
 import httpx
-import redis.asyncio
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.clock import Clock, OffsetClock, SystemClock
 from reservo.core.db import Database
-from reservo.core.redis import make_client
 from reservo.scheduler import Config, Job, Scheduler
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
+from tests.redis_cluster import RedisTarget
+
+# A plain URL is a single Redis.
+Redis = str | RedisTarget
+
+
+def target(redis: Redis) -> RedisTarget:
+    return redis if isinstance(redis, RedisTarget) else RedisTarget(redis)
+
 
 FAST = Config(
     window_s=300,
@@ -70,9 +77,7 @@ class Stack:
 
 
 @asynccontextmanager
-async def api_stack(
-    base: Settings, database_url: str, redis_url: str, **settings: Any
-) -> AsyncIterator[Stack]:
+async def api_stack(base: Settings, database_url: str, **settings: Any) -> AsyncIterator[Stack]:
     ns = f"stack-{uuid.uuid4().hex[:8]}"
     c = build(
         base.model_copy(
@@ -95,7 +100,8 @@ async def api_stack(
     finally:
         await db.close()
         await c.close()
-        await drop_namespace(redis_url, ns)
+        assert base.redis_url is not None
+        await drop_namespace(RedisTarget(base.redis_url, base.redis_cluster), ns)
 
 
 def category() -> str:
@@ -122,14 +128,14 @@ class Recorder:
 
 def make(
     database_url: str,
-    redis_url: str,
+    redis: Redis,
     ns: str,
     clock: Clock | None = None,
     **overrides: Any,
 ) -> Scheduler:
     db = Database(database_url, min_size=1, max_size=10)
     cfg = replace(FAST, **overrides)
-    s = Scheduler(db, clock or SystemClock(), make_client(redis_url, 5.0), ns, cfg)
+    s = Scheduler(db, clock or SystemClock(), target(redis).client(5.0), ns, cfg)
 
     async def _close_db() -> None:
         await db.close()
@@ -178,12 +184,12 @@ async def done_log_duplicates(db: asyncpg.Connection, cat: str) -> int:
     )
 
 
-async def drop_namespace(redis_url: str, ns: str) -> None:
-    client = redis.asyncio.Redis.from_url(redis_url)
+async def drop_namespace(redis: Redis, ns: str) -> None:
+    client = target(redis).client(5.0)
     try:
         keys = [k async for k in client.scan_iter(match=f"{ns}:*", count=1000)]
         for i in range(0, len(keys), 500):
-            await client.delete(*keys[i : i + 500])
+            await client.delete(*keys[i : i + 500])  # split per slot on a cluster
     finally:
         await client.aclose()
 

@@ -2,7 +2,10 @@
 
 Each request runs through the real app and takes its own pooled PostgreSQL
 connection; afterwards the invariant is checked in SQL: a slot's booked_count
-equals its BOOKED appointments and never exceeds its capacity."""
+equals its BOOKED appointments and never exceeds its capacity.
+
+Each test runs on a single Redis and on a Redis Cluster (the booking gate,
+its rate limit and full marks, the slot list cache)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN, book, make_slots
+
+pytestmark = pytest.mark.redis_cluster
 
 
 async def together(

@@ -1,4 +1,7 @@
-"""Idempotency-Key semantics of API.md on POST /api/appointments, plus retention."""
+"""Idempotency-Key semantics of API.md on POST /api/appointments, plus retention.
+
+Each test runs on a single Redis and on a Redis Cluster (the Redis filter
+in front of the database: its rate limit, full and seen marks)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from datetime import timedelta
 
 import asyncpg
 import httpx
+import pytest
 
 from reservo.bootstrap import Container
 from reservo.core.auth import mint_token
@@ -14,6 +18,8 @@ from reservo.core.clock import OffsetClock
 from reservo.core.idempotency import Claim, Replay
 from tests.conftest import JWT_SECRET, auth, new_id
 from tests.helpers import ADMIN, book, make_slots
+
+pytestmark = pytest.mark.redis_cluster
 
 ENDPOINT = "POST /api/appointments"
 

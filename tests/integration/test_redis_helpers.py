@@ -1,10 +1,10 @@
-"""Redis helpers against a real Redis (127.0.0.1:6379, shared: unique keys, no flush),
-plus private redis-server processes for the outage tests."""
+"""Redis helpers against a real Redis (shared: unique keys, no flush) and, each
+test that takes ``client`` or ``gate``, again against a Redis Cluster; plus
+private redis-server processes for the outage tests."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import subprocess
@@ -14,17 +14,23 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import TypeVar
 
 import pytest
-import redis.asyncio
+import redis.exceptions
 from prometheus_client import REGISTRY
+from redis.crc import key_slot
 from structlog.testing import capture_logs
 
 from reservo.core.cache import Cache
 from reservo.core.ratelimit import Decision, RateLimiter, rate_key
-from reservo.core.redis import RedisGate, make_client
+from reservo.core.redis import Client, RedisGate, ScriptCall, make_client, pipeline
+from tests.redis_cluster import RedisTarget
 
-REDIS_URL = os.environ.get("RESERVO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TIMEOUT_S = 0.25
+# The behaviour tests' client: what they check is atomicity and answers, not
+# timeouts (the outage tests below use TIMEOUT_S), so a loaded machine must not
+# make their first connections time out and fail open.
+CLIENT_TIMEOUT_S = 5.0
 T = TypeVar("T")
+pytestmark = pytest.mark.redis_cluster
 
 
 @pytest.fixture
@@ -33,14 +39,14 @@ def ns() -> str:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[redis.asyncio.Redis]:
-    c = make_client(REDIS_URL, TIMEOUT_S)
+async def client(redis_target: RedisTarget) -> AsyncIterator[Client]:
+    c = redis_target.client(CLIENT_TIMEOUT_S)
     yield c
     await c.aclose()
 
 
 @pytest.fixture
-async def gate(client: redis.asyncio.Redis) -> RedisGate:
+async def gate(client: Client) -> RedisGate:
     return RedisGate(client, backoff_s=1.0)
 
 
@@ -222,8 +228,12 @@ async def test_marks_set_clear_expire(gate: RedisGate, ns: str) -> None:
     assert not await cache.is_marked("slot:2")
 
 
-async def test_hit_and_check_one_pipeline(gate: RedisGate, ns: str) -> None:
+async def test_hit_and_check_one_pipeline(
+    gate: RedisGate, ns: str, redis_target: RedisTarget
+) -> None:
     cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
+    # One script on a single Redis; on a cluster the keys live in different slots.
+    assert cache.cluster == redis_target.cluster
     d, (marked,) = await cache.hit_and_check(limiter, ns, 1, 2, 60, "slot:9")
     assert d == Decision(True, 1, 0) and not marked
     await cache.mark("slot:9", 60)
@@ -234,6 +244,58 @@ async def test_hit_and_check_one_pipeline(gate: RedisGate, ns: str) -> None:
     # Shares the counter with hit().
     assert not (await limiter.hit(ns, 1, 2, 60)).allowed
     await gate.client.delete(rate_key(ns, 1), cache.mark_key("slot:9"))
+
+
+async def test_pipeline_sends_again_only_what_answered_noscript(client: Client, ns: str) -> None:
+    """A script the server does not know yet (restarted, flushed, a replica just
+    promoted) is loaded, and only its entries are sent again: the commands
+    around them ran once. The keys spread over slots (and a cluster's nodes)."""
+    script = client.register_script(f"-- {ns}\nreturn redis.call('INCR', KEYS[1])")
+    keys = [f"{ns}:{{k{i}}}" for i in range(6)]
+    assert len({key_slot(k.encode()) for k in keys}) == len(keys)
+    commands = [ScriptCall(script, [k]) if i % 2 else ("INCR", k) for i, k in enumerate(keys)]
+    try:
+        assert await pipeline(client, commands) == [1] * 6  # the script was unknown
+        assert await pipeline(client, commands) == [2] * 6  # and now is
+        assert [int(await client.get(k) or 0) for k in keys] == [2] * 6
+    finally:
+        for k in keys:
+            await client.delete(k)
+
+
+async def test_pipeline_raises_the_first_error_after_running_the_rest(
+    client: Client, ns: str
+) -> None:
+    keys = [f"{ns}:{{a}}", f"{ns}:{{b}}", f"{ns}:{{c}}"]
+    await client.set(keys[1], b"not a number")
+    try:
+        with pytest.raises(redis.exceptions.ResponseError):
+            await pipeline(client, [("INCR", k) for k in keys])
+        assert await client.get(keys[0]) == b"1" and await client.get(keys[2]) == b"1"
+    finally:
+        for k in keys:
+            await client.delete(k)
+
+
+async def test_cluster_scripts_reload_after_script_flush(
+    redis_cluster: RedisTarget, ns: str
+) -> None:
+    """SCRIPT FLUSH on every primary (what a promoted replica looks like): the
+    booking gate's pipeline and the limiter load again instead of failing open."""
+    client = redis_cluster.client(TIMEOUT_S)
+    try:
+        gate = RedisGate(client, backoff_s=1.0)
+        cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
+        await client.script_flush()
+        await cache.mark("m", 60)
+        d, (marked, other) = await cache.hit_and_check(limiter, ns, 1, 5, 60, "m", "n")
+        assert d == Decision(True, 4, 0) and marked and not other
+        await client.script_flush()
+        assert await limiter.hit(ns, 1, 5, 60) == Decision(True, 3, 0)
+        assert gate.available
+        await client.delete(rate_key(ns, 1), cache.mark_key("m"))
+    finally:
+        await client.aclose()
 
 
 async def test_scripts_reload_after_script_flush(private_redis: PrivateRedis, ns: str) -> None:
@@ -347,19 +409,15 @@ async def test_fail_open_when_redis_hangs(private_redis: PrivateRedis, ns: str) 
         await client.aclose()
 
 
-async def test_gate_timeout_bounds_whole_call(ns: str) -> None:
+async def test_gate_timeout_bounds_whole_call(client: Client) -> None:
     """``timeout_s`` caps a call even when each socket read is within its own timeout."""
-    client = make_client(REDIS_URL, TIMEOUT_S)
-    try:
-        gate = RedisGate(client, backoff_s=0.2, timeout_s=0.1)
+    gate = RedisGate(client, backoff_s=0.2, timeout_s=0.1)
 
-        async def slow(c: redis.asyncio.Redis) -> str:
-            await c.ping()
-            await asyncio.sleep(0.5)
-            return "late"
+    async def slow(c: Client) -> str:
+        await c.ping()
+        await asyncio.sleep(0.5)
+        return "late"
 
-        result, t = await _timed(gate.call(slow, "default"))
-        assert result == "default" and t < 0.3
-        assert not gate.available
-    finally:
-        await client.aclose()
+    result, t = await _timed(gate.call(slow, "default"))
+    assert result == "default" and t < 0.3
+    assert not gate.available

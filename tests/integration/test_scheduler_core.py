@@ -1,5 +1,6 @@
 """The scheduler against real PostgreSQL and Redis: timing, exactly-once
-completion, parallel movers/loaders, cancellation, retries, the window."""
+completion, parallel movers/loaders, cancellation, retries, the window. Each
+test runs on a single Redis and on a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
+import redis.exceptions
 
 from reservo.scheduler import Scheduler
 from reservo.scheduler.workers import Loader
@@ -25,6 +27,9 @@ from tests.integration.scheduler_support import (
     statuses,
     wait_until,
 )
+from tests.redis_cluster import RedisTarget
+
+pytestmark = pytest.mark.redis_cluster
 
 
 @pytest.fixture
@@ -33,11 +38,11 @@ def ns() -> str:
 
 
 @pytest.fixture
-async def sched(database_url: str, redis_url: str, ns: str) -> AsyncIterator[Scheduler]:
-    s = make(database_url, redis_url, ns)
+async def sched(database_url: str, redis_target: RedisTarget, ns: str) -> AsyncIterator[Scheduler]:
+    s = make(database_url, redis_target, ns)
     yield s
     await s.close()
-    await drop_namespace(redis_url, ns)
+    await drop_namespace(redis_target, ns)
 
 
 def now() -> datetime:
@@ -98,13 +103,13 @@ async def test_ten_thousand_jobs_over_a_few_seconds_all_complete(
 
 
 async def test_two_movers_and_two_loaders_in_parallel_run_each_job_once(
-    database_url: str, redis_url: str, ns: str, db: asyncpg.Connection
+    database_url: str, redis_target: RedisTarget, ns: str, db: asyncpg.Connection
 ) -> None:
     # Same namespace, two independent schedulers, each with 2 loaders and a mover,
     # and the mover lock off: correctness must not depend on it.
     cat, rec = category(), Recorder()
-    a = make(database_url, redis_url, ns, mover_lock=False, loaders=2, loader_period_s=0.05)
-    b = make(database_url, redis_url, ns, mover_lock=False, loaders=2, loader_period_s=0.05)
+    a = make(database_url, redis_target, ns, mover_lock=False, loaders=2, loader_period_s=0.05)
+    b = make(database_url, redis_target, ns, mover_lock=False, loaders=2, loader_period_s=0.05)
     for s in (a, b):
         s.register(cat, rec)
     try:
@@ -126,7 +131,7 @@ async def test_two_movers_and_two_loaders_in_parallel_run_each_job_once(
     finally:
         await a.close()
         await b.close()
-        await drop_namespace(redis_url, ns)
+        await drop_namespace(redis_target, ns)
 
 
 async def test_cancelled_before_run_never_runs(sched: Scheduler, db: asyncpg.Connection) -> None:
@@ -147,9 +152,9 @@ async def test_cancelled_before_run_never_runs(sched: Scheduler, db: asyncpg.Con
 
 
 async def test_failing_handler_retries_with_growing_delays_then_dead(
-    database_url: str, redis_url: str, ns: str, db: asyncpg.Connection
+    database_url: str, redis_target: RedisTarget, ns: str, db: asyncpg.Connection
 ) -> None:
-    s = make(database_url, redis_url, ns, max_attempts=4, backoff_base_s=0.3, backoff_max_s=10)
+    s = make(database_url, redis_target, ns, max_attempts=4, backoff_base_s=0.3, backoff_max_s=10)
     cat, rec = category(), Recorder(fail=True)
     s.register(cat, rec)
     try:
@@ -173,13 +178,13 @@ async def test_failing_handler_retries_with_growing_delays_then_dead(
         assert [e["attempt"] for e in log] == [1, 2, 3, 4]
     finally:
         await s.close()
-        await drop_namespace(redis_url, ns)
+        await drop_namespace(redis_target, ns)
 
 
 async def test_far_future_jobs_stay_out_of_redis_until_their_window(
-    database_url: str, redis_url: str, ns: str, db: asyncpg.Connection
+    database_url: str, redis_target: RedisTarget, ns: str, db: asyncpg.Connection
 ) -> None:
-    s = make(database_url, redis_url, ns, window_s=2.0, loader_period_s=0.1)
+    s = make(database_url, redis_target, ns, window_s=2.0, loader_period_s=0.1)
     cat, rec = category(), Recorder()
     s.register(cat, rec)
     try:
@@ -203,7 +208,7 @@ async def test_far_future_jobs_stay_out_of_redis_until_their_window(
         assert await s.cancel(far.id)
     finally:
         await s.close()
-        await drop_namespace(redis_url, ns)
+        await drop_namespace(redis_target, ns)
 
 
 async def _in(s: Scheduler, key: str, job_id: int) -> bool:
@@ -265,6 +270,40 @@ async def test_job_of_a_dead_worker_is_reaped_and_completes_once(
     assert rec.calls[job.id] == 1
     log = await sched.executions(job.id)
     assert [e["outcome"] for e in log] == ["LOST", "DONE"]
+
+
+async def test_ids_whose_take_reply_was_lost_are_given_back_and_run_once(
+    sched: Scheduler, db: asyncpg.Connection
+) -> None:
+    """A take that ran in Redis but whose reply never arrived (the connection died
+    with a cluster master) leaves ids in the live executor's processing list,
+    where nothing else looks while it lives, and the loader skips ids Redis still
+    knows: the executor's next step hands them back, so they run, once."""
+    cat, rec = category(), Recorder()
+    sched.register(cat, rec)
+    real_take, lost = sched.dispatcher.take, []
+
+    async def take_then_lose_the_reply(
+        pairs: Sequence[tuple[str, int]], worker: str, n: int
+    ) -> list[tuple[tuple[str, int], list[int]]]:
+        got = await real_take(pairs, worker, n)
+        if got and not lost:
+            lost.extend(i for _, ids in got for i in ids)
+            raise redis.exceptions.ConnectionError("the reply was lost")
+        return got
+
+    sched.dispatcher.take = take_then_lose_the_reply  # type: ignore[method-assign]
+    jobs = [await sched.enqueue(cat, {}) for _ in range(20)]
+
+    async def all_done() -> bool:
+        return (await statuses(db, cat))["DONE"] == len(jobs)
+
+    async with running(sched):
+        await wait_until(all_done, 10)
+    assert lost, "the first take should have lost its reply"
+    assert sorted(rec.calls) == sorted(j.id for j in jobs)
+    assert max(rec.calls.values()) == 1
+    assert await done_log_duplicates(db, cat) == 0
 
 
 async def test_loader_reload_is_a_no_op(sched: Scheduler) -> None:

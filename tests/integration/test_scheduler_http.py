@@ -93,11 +93,11 @@ async def test_inside_destinations_and_credentials_are_422_at_post(
 
 
 async def test_a_name_resolving_to_loopback_is_refused_when_the_job_runs(
-    fresh_database_url: str, base_settings: Settings, redis_url: str
+    fresh_database_url: str, base_settings: Settings
 ) -> None:
     async with (
         HookServer() as target,
-        api_stack(base_settings, fresh_database_url, redis_url) as stack,
+        api_stack(base_settings, fresh_database_url) as stack,
     ):
         # A name is not resolved at POST: accepted there ...
         job = await _create(stack.client, f"http://localhost:{target.port}/hook")
@@ -111,13 +111,11 @@ async def test_a_name_resolving_to_loopback_is_refused_when_the_job_runs(
 
 
 async def test_an_allowed_destination_is_called(
-    fresh_database_url: str, base_settings: Settings, redis_url: str
+    fresh_database_url: str, base_settings: Settings
 ) -> None:
     async with (
         HookServer() as target,
-        api_stack(
-            base_settings, fresh_database_url, redis_url, jobs_http_allow="127.0.0.1"
-        ) as stack,
+        api_stack(base_settings, fresh_database_url, jobs_http_allow="127.0.0.1") as stack,
     ):
         job = await _create(stack.client, target.url)
         async with _workers(stack):
@@ -130,14 +128,13 @@ async def test_an_allowed_destination_is_called(
 
 
 async def test_closed_port_and_401_look_the_same_through_the_api(
-    fresh_database_url: str, base_settings: Settings, redis_url: str
+    fresh_database_url: str, base_settings: Settings
 ) -> None:
     async with (
         HookServer(lambda n: 401) as target,
         api_stack(
             base_settings,
             fresh_database_url,
-            redis_url,
             jobs_http_allow="127.0.0.1",
             scheduler_max_attempts=2,
         ) as stack,

@@ -64,11 +64,9 @@ async def _pages(client: httpx.AsyncClient, params: dict[str, Any]) -> list[dict
 
 
 @pytest.fixture
-async def stack(
-    base_settings: Settings, fresh_database_url: str, redis_url: str
-) -> AsyncIterator[Stack]:
+async def stack(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Stack]:
     # A window wide enough that jobs a minute away are already in Redis.
-    async with api_stack(base_settings, fresh_database_url, redis_url, scheduler_window_s=300) as s:
+    async with api_stack(base_settings, fresh_database_url, scheduler_window_s=300) as s:
         yield s
 
 

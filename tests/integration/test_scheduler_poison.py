@@ -36,10 +36,8 @@ UNDECODABLE = "0001-01-01T00:00:00+05:00"
 
 
 @pytest.fixture
-async def s(
-    fresh_database_url: str, base_settings: Settings, redis_url: str
-) -> AsyncIterator[Stack]:
-    async with api_stack(base_settings, fresh_database_url, redis_url) as stack:
+async def s(fresh_database_url: str, base_settings: Settings) -> AsyncIterator[Stack]:
+    async with api_stack(base_settings, fresh_database_url) as stack:
         # What an older version could write: the rule did not exist yet.
         await stack.db.execute("ALTER TABLE scheduled_job DROP CONSTRAINT ck_job_run_at_range")
         yield stack

@@ -2,7 +2,9 @@
 Python shaping wrote), a per-process copy sits in front of Redis (never older
 than the Redis TTL after its database read, dropped on a local change, one fill
 per key at a time), and a full slot leaves every process's list within the
-documented staleness."""
+documented staleness.
+
+Each test that reaches Redis runs on a single Redis and on a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN, key, make_doctor, make_slots
+
+pytestmark = pytest.mark.redis_cluster
 
 
 def _wire(s: OpenSlot) -> dict[str, Any]:

@@ -14,12 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import orjson
-import redis.asyncio
 import redis.exceptions
 import structlog
 
 from reservo.core.ratelimit import Decision, RateLimiter, decide, fail_open, rate_key
-from reservo.core.redis import RedisGate
+from reservo.core.redis import Client, Command, RedisGate, ScriptCall, is_cluster, pipeline
 
 log = structlog.get_logger(__name__)
 V = TypeVar("V")
@@ -37,11 +36,16 @@ def _ttl_ms(ttl_s: float) -> int:
 
 
 class Cache:
-    """Keys are ``{namespace}:cache:{key}`` for values, ``{namespace}:mark:{key}`` for marks."""
+    """Keys are ``{namespace}:cache:{key}`` for values, ``{namespace}:mark:{key}`` for marks.
+
+    On a Redis Cluster a key's slot is decided by the first ``{...}`` in it: the
+    namespace must hold no braces, and callers put the tag in ``key`` when keys
+    must share a slot (e.g. ``slots:{doctor:7}:2026-01-05``)."""
 
     def __init__(self, gate: RedisGate, namespace: str = "reservo") -> None:
         self.gate = gate
         self.namespace = namespace
+        self.cluster = is_cluster(gate.client)
         self._get_with_ttl = gate.client.register_script(_GET_WITH_TTL_LUA)
         self._locals: list[LocalCache[Any]] = []
 
@@ -64,7 +68,7 @@ class Cache:
         """The cached value, or None on a miss, an unreadable entry, or Redis down."""
         rkey = self.value_key(key)
 
-        async def _get(client: redis.asyncio.Redis) -> bytes | str | None:
+        async def _get(client: Client) -> bytes | str | None:
             raw: bytes | str | None = await client.get(rkey)
             return raw
 
@@ -83,7 +87,7 @@ class Cache:
         trip; ``(None, 0)`` on a miss or with Redis down."""
         rkey, script = self.value_key(key), self._get_with_ttl
 
-        async def _get(client: redis.asyncio.Redis) -> tuple[bytes | None, float]:
+        async def _get(client: Client) -> tuple[bytes | None, float]:
             try:
                 raw, pttl = await client.evalsha(script.sha, 1, rkey)
             except redis.exceptions.NoScriptError:
@@ -99,7 +103,7 @@ class Cache:
         """Store already-serialised JSON for ``ttl_s``; False if Redis did not take it."""
         rkey, px = self.value_key(key), _ttl_ms(ttl_s)
 
-        async def _set(client: redis.asyncio.Redis) -> bool:
+        async def _set(client: Client) -> bool:
             return bool(await client.set(rkey, data, px=px))
 
         return await self.gate.call(_set, False)
@@ -128,7 +132,7 @@ class Cache:
         """Note that ``key`` is full for ``ttl_s``; False if Redis did not take it."""
         rkey, px = self.mark_key(key), _ttl_ms(ttl_s)
 
-        async def _mark(client: redis.asyncio.Redis) -> bool:
+        async def _mark(client: Client) -> bool:
             return bool(await client.set(rkey, b"1", px=px))
 
         return await self.gate.call(_mark, False)
@@ -137,7 +141,7 @@ class Cache:
         """True only if Redis says the mark is set; False when unknown (fail open)."""
         rkey = self.mark_key(key)
 
-        async def _exists(client: redis.asyncio.Redis) -> bool:
+        async def _exists(client: Client) -> bool:
             return bool(await client.exists(rkey))
 
         return await self.gate.call(_exists, False)
@@ -162,18 +166,22 @@ class Cache:
         One script (INCR + PTTL + EXISTS of each mark) run by EVALSHA directly: a
         pipeline of EVALSHA plus one EXISTS per mark cost ~200 us of redis-py CPU
         per call against ~90-130 us for the single command. The keys then have to
-        live on one server, which they do: reservo talks to one Redis, not a
-        cluster (a cluster would need the marks under the rate key's hash tag).
-        On NOSCRIPT (Redis restarted or flushed its script cache) nothing ran, so
-        load and retry once. Fails open to ``(allowed, nothing marked)``.
+        live on one server, which they do on a single Redis. On a Redis Cluster
+        they live in different slots (the rate key is the subject's, a mark the
+        marked thing's), so there the same work is a pipeline instead
+        (``_hit_and_check_spread``). On NOSCRIPT (Redis restarted or flushed its
+        script cache) nothing ran, so load and retry once. Fails open to
+        ``(allowed, nothing marked)``.
         """
         if limit < 0 or window_s <= 0:
             raise ValueError("limit must be >= 0 and window_s > 0")
         rkey = rate_key(scope, subject, limiter.namespace)
+        if self.cluster:
+            return await self._hit_and_check_spread(limiter, rkey, limit, window_s, marks)
         keys = [rkey, *(self.mark_key(m) for m in marks)]
         script, window_ms = limiter.check_script, window_s * 1000
 
-        async def _both(client: redis.asyncio.Redis) -> tuple[Decision, tuple[bool, ...]]:
+        async def _both(client: Client) -> tuple[Decision, tuple[bool, ...]]:
             try:
                 raw = await client.evalsha(script.sha, len(keys), *keys, window_ms)
             except redis.exceptions.NoScriptError:
@@ -183,15 +191,27 @@ class Cache:
 
         return await self.gate.call(_both, (fail_open(limit), tuple(False for _ in marks)))
 
+    async def _hit_and_check_spread(
+        self, limiter: RateLimiter, rkey: str, limit: int, window_s: int, marks: tuple[str, ...]
+    ) -> tuple[Decision, tuple[bool, ...]]:
+        """``hit_and_check`` on a Redis Cluster: the rate limiter's own script on
+        the rate key and one EXISTS per mark, pipelined (the nodes concerned are
+        asked concurrently)."""
+        hit = ScriptCall(limiter.script, [rkey], [window_s * 1000])
+        commands: list[Command] = [hit, *(("EXISTS", self.mark_key(m)) for m in marks)]
+
+        async def _spread(client: Client) -> tuple[Decision, tuple[bool, ...]]:
+            raw, *exists = await pipeline(client, commands)
+            return decide(raw, limit), tuple(bool(e) for e in exists)
+
+        return await self.gate.call(_spread, (fail_open(limit), tuple(False for _ in marks)))
+
     async def _unlink(self, rkeys: list[str]) -> int:
         if not rkeys:
             return 0
 
-        async def _run(client: redis.asyncio.Redis) -> int:
-            async with client.pipeline(transaction=False) as pipe:
-                for rkey in rkeys:
-                    pipe.unlink(rkey)
-                return sum(int(n) for n in await pipe.execute())
+        async def _run(client: Client) -> int:
+            return sum(int(n) for n in await pipeline(client, [("UNLINK", k) for k in rkeys]))
 
         return await self.gate.call(_run, 0)
 

@@ -20,7 +20,6 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-import redis.asyncio
 import structlog
 from prometheus_client import Counter
 from prometheus_client.samples import Sample
@@ -28,7 +27,7 @@ from prometheus_client.samples import Sample
 from reservo.core import metrics
 from reservo.core.clock import Clock
 from reservo.core.loops import run_every
-from reservo.core.redis import RedisGate
+from reservo.core.redis import Client, RedisGate
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +103,7 @@ class Pulse:
         second = int(self.clock.now().timestamp())
         key = self._key(second // 60)
 
-        async def write(client: redis.asyncio.Redis) -> bool:
+        async def write(client: Client) -> bool:
             pipe = client.pipeline(transaction=False)
             for name, delta in deltas.items():
                 pipe.hincrby(key, f"{name}:{second % 60}", delta)
@@ -141,7 +140,7 @@ class Pulse:
         start = end - seconds
         minutes = range(start // 60, (end - 1) // 60 + 1)
 
-        async def read(client: redis.asyncio.Redis) -> list[dict[bytes, bytes]]:
+        async def read(client: Client) -> list[dict[bytes, bytes]]:
             pipe = client.pipeline(transaction=False)
             for minute in minutes:
                 pipe.hgetall(self._key(minute))

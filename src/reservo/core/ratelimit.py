@@ -16,10 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio
 from redis.commands.core import AsyncScript
 
-from reservo.core.redis import RedisGate
+from reservo.core.redis import Client, RedisGate
 
 # KEYS[1] counter; ARGV[1] window in ms. Returns {count, pttl_ms}.
 # A key found without a TTL (should not happen; e.g. a manual SET) gets one, so a
@@ -33,9 +32,10 @@ if count == 1 or ttl < 0 then
 end
 """
 _HIT_LUA = _HIT + "return {count, ttl}\n"
-# The same hit, then EXISTS of every further key (KEYS[2..n]): the booking
-# filter's rate limit and its marks in one command (appointments' admit).
-# Returns {count, pttl_ms, e2, ..., en}.
+# The same hit, then EXISTS of every further key (KEYS[2..n]): the booking gate's
+# rate limit and its marks in one command on a single Redis (on a cluster the
+# keys live in different slots: see Cache.hit_and_check). Returns
+# {count, pttl_ms, e2, ..., en}.
 _HIT_CHECK_LUA = (
     _HIT
     + """local out = {count, ttl}
@@ -90,7 +90,7 @@ class RateLimiter:
             raise ValueError("limit must be >= 0 and window_s > 0")
         key = rate_key(scope, subject, self.namespace)
 
-        async def _hit(client: redis.asyncio.Redis) -> Decision:
+        async def _hit(client: Client) -> Decision:
             raw = await self.script(keys=[key], args=[window_s * 1000], client=client)
             return decide(raw, limit)
 

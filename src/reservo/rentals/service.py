@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import asyncpg
-import redis.asyncio
 import structlog
 
 from reservo.core import metrics
@@ -21,6 +20,7 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
+from reservo.core.redis import Client
 from reservo.core.schemas import MAX_ID
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
@@ -148,7 +148,7 @@ class RentalService:
         # The stored JSON is returned as is: no decode/encode on the hot path.
         rkey = self.cache.value_key(key)
 
-        async def _get(client: redis.asyncio.Redis) -> bytes | None:
+        async def _get(client: Client) -> bytes | None:
             raw = await client.get(rkey)
             return raw.encode() if isinstance(raw, str) else raw
 

@@ -1,5 +1,9 @@
 """Redis side of the scheduler: the window of due-soon job ids. Never the truth:
-everything here can be rebuilt from PostgreSQL by the loader."""
+everything here can be rebuilt from PostgreSQL by the loader.
+
+Works on one Redis and on a Redis Cluster alike: each script keeps to the keys of
+one (category, urgency), one hash tag (``Keys``); a batch over several of them
+is a non-transactional pipeline, which a cluster splits per node."""
 
 from __future__ import annotations
 
@@ -7,8 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import redis.asyncio
-
+from reservo.core.redis import Client, Command, ScriptCall, pipeline
 from reservo.scheduler import lua
 from reservo.scheduler.domain import Keys, pair, unpair
 
@@ -29,7 +32,7 @@ def _chunks(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
 
 
 class Dispatch:
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys) -> None:
+    def __init__(self, client: Client, keys: Keys) -> None:
         self.r, self.keys = client, keys
         self._load = client.register_script(lua.LOAD)
         self._move = client.register_script(lua.MOVE)
@@ -49,17 +52,15 @@ class Dispatch:
         if not groups:
             return 0
         k = self.keys
-        async with self.r.pipeline(transaction=False) as pipe:
-            pipe.sadd(k.registry, *(pair(c, u) for c, u in groups))
-            for (c, u), items in groups.items():
-                for chunk in _chunks(items, CHUNK):
-                    args: list[int] = []
-                    for e in chunk:
-                        args += [e[0], e[3]]
-                    await self._load(
-                        keys=[k.future(c, u), k.queue(c, u), k.known(c, u)], args=args, client=pipe
-                    )
-            results = await pipe.execute()
+        commands: list[Command] = [("SADD", k.registry, *(pair(c, u) for c, u in groups))]
+        for (c, u), items in groups.items():
+            for chunk in _chunks(items, CHUNK):
+                args: list[int] = []
+                for e in chunk:
+                    args += [e[0], e[3]]
+                keys = [k.future(c, u), k.queue(c, u), k.known(c, u)]
+                commands.append(ScriptCall(self._load, keys, args))
+        results = await pipeline(self.r, commands)
         return sum(int(x) for x in results[1:])
 
     async def epoch(self, fresh: str) -> str:
@@ -77,11 +78,10 @@ class Dispatch:
         pairs = await self.pairs()
         if not pairs:
             return []
-        async with self.r.pipeline(transaction=False) as pipe:
-            for c, u in pairs:
-                pipe.zcard(self.keys.future(c, u))
-                pipe.llen(self.keys.queue(c, u))
-            got = await pipe.execute()
+        commands: list[Command] = []
+        for c, u in pairs:
+            commands += [("ZCARD", self.keys.future(c, u)), ("LLEN", self.keys.queue(c, u))]
+        got = await pipeline(self.r, commands)
         return [(c, u, int(got[2 * i]), int(got[2 * i + 1])) for i, (c, u) in enumerate(pairs)]
 
     # -- moving ------------------------------------------------------------------
@@ -91,10 +91,10 @@ class Dispatch:
     ) -> list[tuple[int, int, int]]:
         """One atomic MOVE per key, pipelined. Returns (moved, next_score, now) per key."""
         k = self.keys
-        async with self.r.pipeline(transaction=False) as pipe:
-            for c, u in pairs:
-                await self._move(keys=[k.future(c, u), k.queue(c, u)], args=[batch], client=pipe)
-            results = await pipe.execute()
+        results = await pipeline(
+            self.r,
+            [ScriptCall(self._move, [k.future(c, u), k.queue(c, u)], [batch]) for c, u in pairs],
+        )
         return [(int(a), int(b), int(n)) for a, b, n in results]
 
     async def acquire(self, token: str, ttl_ms: int, key: str | None = None) -> bool:
@@ -141,15 +141,14 @@ class Dispatch:
     async def ack(self, worker: str, groups: dict[tuple[str, int], list[int]]) -> None:
         """One linear-time script per (category, urgency) of the batch."""
         k = self.keys
-        async with self.r.pipeline(transaction=False) as pipe:
-            for (c, u), ids in groups.items():
-                for chunk in _chunks(ids, ACK_CHUNK):
-                    await self._ack(
-                        keys=[k.processing(c, u, worker), k.known(c, u)],
-                        args=list(chunk),
-                        client=pipe,
-                    )
-            await pipe.execute()
+        await pipeline(
+            self.r,
+            [
+                ScriptCall(self._ack, [k.processing(c, u, worker), k.known(c, u)], list(chunk))
+                for (c, u), ids in groups.items()
+                for chunk in _chunks(ids, ACK_CHUNK)
+            ],
+        )
 
     # -- workers' liveness -------------------------------------------------------
 

@@ -14,13 +14,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
-import redis.asyncio
 import structlog
 
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
+from reservo.core.redis import Client
 from reservo.scheduler import domain, repo
 from reservo.scheduler.dispatch import Dispatch
 from reservo.scheduler.domain import Job, Keys, Recurring
@@ -68,9 +68,7 @@ class Config:
 class Scheduler:
     """Public facade. Handlers must be idempotent: a job whose worker died is run again."""
 
-    def __init__(
-        self, db: Database, clock: Clock, client: redis.asyncio.Redis, ns: str, config: Config
-    ) -> None:
+    def __init__(self, db: Database, clock: Clock, client: Client, ns: str, config: Config) -> None:
         self.db, self.clock, self.config = db, clock, config
         self.redis = client
         self.keys = Keys(ns)

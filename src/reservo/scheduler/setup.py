@@ -50,7 +50,9 @@ def build_scheduler(settings: Settings, db: Database, clock: Clock) -> Scheduler
     assert settings.redis_url
     # Its own client: blocking pops and large pipelines need a longer timeout
     # than the fail-fast request-path client.
-    client = make_client(settings.redis_url, settings.scheduler_redis_timeout_s)
+    client = make_client(
+        settings.redis_url, settings.scheduler_redis_timeout_s, cluster=settings.redis_cluster
+    )
     return Scheduler(db, clock, client, settings.redis_namespace, config_from(settings))
 
 

@@ -261,6 +261,8 @@ class Executor:
         self.running: set[int] = set()
         self._pairs: list[tuple[str, int]] = []
         self._pairs_at = 0.0
+        # False while a step is under way, and after one that failed part-way.
+        self._clean = True
 
     @property
     def ttl_ms(self) -> int:
@@ -274,12 +276,15 @@ class Executor:
         return self._pairs
 
     async def heartbeat(self) -> float:
-        await self.scheduler.dispatcher.alive(self.worker, self.ttl_ms)
+        # PostgreSQL first: the reaper judges RUNNING rows by this heartbeat, so a
+        # Redis outage (a cluster failing over) must not make the jobs this worker
+        # is running look abandoned, and run them a second time.
         if self.running:
             async with self.scheduler.db.connection() as conn:
                 await repo.heartbeat(
                     conn, list(self.running), self.scheduler.clock.now(), self.worker
                 )
+        await self.scheduler.dispatcher.alive(self.worker, self.ttl_ms)
         return self.scheduler.config.heartbeat_s
 
     async def step(self) -> float:
@@ -287,6 +292,14 @@ class Executor:
         pairs = await self.pairs()
         if not pairs:
             return cfg.executor_idle_s
+        if not self._clean:
+            # The last step failed part-way (Redis or PostgreSQL away): ids it
+            # took may still sit in our processing lists, for instance a take
+            # that ran in Redis but whose reply was lost with the connection (a
+            # cluster master killed). Nothing else hands back a live worker's
+            # list, and the loader skips ids Redis still knows: give them back.
+            await self.scheduler.dispatcher.give_back(self.worker, pairs)
+        self._clean = False
         got = await self.scheduler.dispatcher.take(pairs, self.worker, cfg.executor_batch)
         if not got:
             category, urgency = pairs[0]  # sleep in Redis on the most urgent queue
@@ -294,6 +307,7 @@ class Executor:
                 category, urgency, self.worker, cfg.executor_idle_s
             )
             if not got:
+                self._clean = True
                 return 0.0
             # The mover pushes what fell due together: take the rest in the same
             # batch rather than paying a claim and a settle for one job.
@@ -308,6 +322,7 @@ class Executor:
             with contextlib.suppress(Exception):
                 await self.scheduler.dispatcher.give_back(self.worker, [pair for pair, _ in got])
             raise
+        self._clean = True
         return 0.0
 
     async def process(self, got: list[tuple[tuple[str, int], list[int]]]) -> None:
