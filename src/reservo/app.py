@@ -32,6 +32,10 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Never double-book, never double-spend, never lose an event.",
+        # reservo exports Prometheus metrics (core/metrics.py) and configures no
+        # OpenTelemetry; with FastAPI's native hooks on, every request looked the
+        # global tracer, meter and logger providers up only to find them unset.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.container = container
     app.state.clock = container.clock

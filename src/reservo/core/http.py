@@ -110,6 +110,10 @@ class _ObserveRequests:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # The labelled children, looked up once each: ``labels()`` validates and
+        # locks on every call. Same label sets as before, so the same cardinality.
+        self._latency: dict[tuple[str, str], Any] = {}
+        self._count: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -131,8 +135,16 @@ class _ObserveRequests:
             # routes here instead missed every route of an included router.
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope["method"]
-            metrics.HTTP_LATENCY.labels(method, route).observe(time.perf_counter() - started)
-            metrics.HTTP_REQUESTS.labels(method, route, str(status)).inc()
+            latency = self._latency.get((method, route))
+            if latency is None:
+                latency = self._latency[method, route] = metrics.HTTP_LATENCY.labels(method, route)
+            latency.observe(time.perf_counter() - started)
+            count = self._count.get((method, route, status))
+            if count is None:
+                count = self._count[method, route, status] = metrics.HTTP_REQUESTS.labels(
+                    method, route, str(status)
+                )
+            count.inc()
 
 
 def install_body_limit(app: FastAPI, max_bytes: int) -> None:
