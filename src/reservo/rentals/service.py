@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 import asyncpg
 import orjson
-import redis.asyncio
 import structlog
 
 from reservo.core import metrics
@@ -64,6 +63,9 @@ class Config:
     hold_rate_limit: int = 3
     hold_rate_window_s: int = 900
     search_cache_ttl_s: int = 30
+    # Per-process copy of a search answer (0: none); never past its Redis entry,
+    # so an answer is never older than search_cache_ttl_s after its database read.
+    search_local_ttl_s: float = 1.0
 
 
 class RentalService:
@@ -78,6 +80,7 @@ class RentalService:
     ) -> None:
         self.db, self.clock, self.cache = db, clock, cache
         self.config, self.scheduler, self.gateway = config, scheduler, gateway
+        self._searches = cache.local(config.search_local_ttl_s)
 
     async def expire_job(self, job: Any) -> None:
         """Handler of the per-hold expiry job (a reservo.scheduler.Job); without a
@@ -120,40 +123,42 @@ class RentalService:
 
     async def search(self, city: str, start: datetime, end: datetime, limit: int) -> bytes:
         """The cars of ``city`` free for [start, end) (plus the turnaround), as JSON
-        bytes, served from a short-lived cache: a stale answer only costs a 409
-        later, the constraint decides."""
+        bytes, served from a short-lived cache (Redis, and a copy per process that
+        never outlives its Redis entry): a stale answer only costs a 409 later, the
+        constraint decides."""
         self.check_period(start, end)
         start, end = start.astimezone(UTC), end.astimezone(UTC)
         key = f"rentals:avail:{{city:{city}}}:{start.isoformat()}:{end.isoformat()}:{limit}"
-        cached = await self._get_raw(key)
-        if cached is not None:
-            return cached
-        period = domain.stored_period(start, end, self.config.turnaround)
-        async with self.db.connection() as conn:
-            rows = await repo.search_available(conn, city, period, self.clock.now(), limit)
-        cars = [
-            {
-                "id": r["id"],
-                "plate": r["plate"],
-                "model": r["model"],
-                "city": r["city"],
-                "dailyPrice": r["daily_price"],
-                "hostId": r["host_id"],
-            }
-            for r in rows
-        ]
-        await self.cache.set_json(key, cars, self.config.search_cache_ttl_s)
-        return orjson.dumps(cars)
 
-    async def _get_raw(self, key: str) -> bytes | None:
-        # The stored JSON is returned as is: no decode/encode on the hot path.
-        rkey = self.cache.value_key(key)
+        async def fill() -> tuple[bytes, float]:
+            # The stored JSON is returned as is: no decode/encode on the hot path.
+            cached, life_s = await self.cache.get_bytes(key)
+            if cached is not None:
+                return cached, life_s
+            period = domain.stored_period(start, end, self.config.turnaround)
+            async with self.db.connection() as conn:
+                rows = await repo.search_available(conn, city, period, self.clock.now(), limit)
+            body = orjson.dumps(
+                [
+                    {
+                        "id": r["id"],
+                        "plate": r["plate"],
+                        "model": r["model"],
+                        "city": r["city"],
+                        "dailyPrice": r["daily_price"],
+                        "hostId": r["host_id"],
+                    }
+                    for r in rows
+                ]
+            )
+            ttl = self.config.search_cache_ttl_s
+            await self.cache.set_bytes(key, body, ttl)
+            return body, float(ttl)
 
-        async def _get(client: redis.asyncio.Redis) -> bytes | None:
-            raw = await client.get(rkey)
-            return raw.encode() if isinstance(raw, str) else raw
-
-        return await self.cache.gate.call(_get, None)
+        found: bytes | None = self._searches.peek(key)  # the hot path: no await
+        if found is None:
+            found = await self._searches.get(key, fill)
+        return found
 
     # -- holds -----------------------------------------------------------------
 
