@@ -292,3 +292,29 @@ async def test_a_lean_route_must_stand_for_a_fastapi_route() -> None:
 
     with pytest.raises(ValueError, match="has no FastAPI route"):
         LeanLayer(FastAPI(), [LeanRoute("GET", "/nowhere/{id}", handler)], FastAPI(), 1000)
+
+
+async def test_an_unexpected_error_on_the_lean_path_is_the_apps_500_and_is_counted() -> None:
+    from reservo.core import metrics
+    from reservo.core.clock import SystemClock
+    from reservo.core.lean import LeanRoute
+
+    app = FastAPI()
+
+    @app.get("/boom/{id}")
+    async def boom(id: int) -> None:  # the route the lean one stands for
+        raise AssertionError("the lean path should have answered")
+
+    async def handler(_: Any) -> None:
+        raise RuntimeError("a bug")
+
+    app.state.clock, app.state.tokens = SystemClock(), None
+    layer = LeanLayer(app, [LeanRoute("GET", "/boom/{id}", handler)], app, 1000)
+    counted = metrics.HTTP_REQUESTS.labels("GET", "unmatched", "500")._value.get()
+    transport = httpx.ASGITransport(app=layer, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        r = await c.get("/boom/1")
+    assert r.status_code == 500
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["code"] == "internal_error"
+    assert metrics.HTTP_REQUESTS.labels("GET", "unmatched", "500")._value.get() == counted + 1
