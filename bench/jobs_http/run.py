@@ -4,13 +4,12 @@ real `reservo api --workers N` (wrk, one Idempotency-Key per request by default)
 Each request enqueues an `http` job due in a day, so no executor runs during the
 measurement (the `reservo worker` beside it runs the default relay and
 maintenance roles only). Afterwards PostgreSQL is asked whether every 201 left
-exactly one job.
+its job.
 
     python bench/jobs_http/run.py --duration 10
     python bench/jobs_http/run.py --duration 10 --no-key --profile /tmp/jobs.raw
 
-Exits 1 on any answer but 201, a socket error, or a job count that differs
-from the 201s.
+Exits 1 on any answer but 201, a socket error, or fewer jobs than 201s.
 """
 
 from __future__ import annotations
@@ -114,9 +113,11 @@ def main() -> int:
         failures.append(f"socket errors {res.socket_errors}")
     if res.count("201") != res.requests:
         failures.append(f"only {res.count('201')} of {res.requests} requests were 201")
-    if stored != res.count("201"):
-        failures.append(f"{res.count('201')} answered 201 but {stored} jobs were stored")
-    return benchlib.finish(failures, False, "every request 201, one stored job per 201")
+    # Requests still in flight when wrk stops are finished by the server but not
+    # counted by wrk: more jobs than 201s is expected, fewer is a lost job.
+    if stored < res.count("201"):
+        failures.append(f"{res.count('201')} answered 201 but only {stored} jobs were stored")
+    return benchlib.finish(failures, False, "every request 201, a stored job for each")
 
 
 if __name__ == "__main__":
