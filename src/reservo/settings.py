@@ -193,6 +193,9 @@ class Settings(BaseSettings):
     rentals_hold_rate_limit: int = Field(default=3, ge=1)
     rentals_hold_rate_window_s: int = Field(default=900, ge=1)
     rentals_search_cache_ttl_s: int = Field(default=30, ge=1)
+    # Per-process copy of a search answer in front of Redis (0: none), never kept
+    # past the Redis entry it was read from.
+    rentals_search_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
     rentals_sweep_interval_s: float = 30.0
     # Public base URL of this API for the sandbox page's links; None = http_host:http_port.
     rentals_payment_url_base: str | None = None

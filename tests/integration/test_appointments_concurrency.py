@@ -217,3 +217,50 @@ async def test_booking_and_cancelling_race_on_a_full_slot_keeps_the_count_right(
     if tally[(201, None)] == 0:
         assert (await book(client, slot_id, new_id())).status_code == 201
     await assert_slot_invariant(db, [slot_id])
+
+
+async def test_attempts_in_line_behind_the_one_that_filled_a_slot_never_reach_the_database(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """Attempts at one slot go on to the database one at a time per process; the
+    ones that waited while the first filled the slot are refused from its full
+    mark, as the gate would refuse them: none of them claims its key."""
+    _, slots = await make_slots(client, capacity=1)
+    slot_id = slots[0]["id"]
+    ids = [new_id() for _ in range(30)]
+
+    responses = await together(30, lambda i: book(client, slot_id, ids[i]))
+
+    assert codes(responses) == {(201, None): 1, (409, "slot_full"): 29}
+    callers = [f"patient:{i}" for i in ids]
+    claimed = await db.fetchval(
+        "SELECT count(*) FROM idempotency_key WHERE caller = ANY($1::text[])", callers
+    )
+    assert claimed == 1
+    (row,) = await assert_slot_invariant(db, [slot_id])
+    assert row["booked_count"] == 1
+
+
+async def test_a_retry_in_line_behind_the_attempt_that_filled_the_slot_gets_its_answer(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """A retry whose key already reached the database is never refused from the
+    full mark, even when the attempt it waited for filled the slot."""
+    _, slots = await make_slots(client, capacity=2)
+    slot_id, patient = slots[0]["id"], new_id()
+    first = await book(client, slot_id, patient, f"mine-{patient}")
+    assert first.status_code == 201
+    others = [new_id() for _ in range(10)]
+
+    def act(i: int) -> Awaitable[httpx.Response]:
+        if i == len(others):  # started last: in line behind the others
+            return book(client, slot_id, patient, f"mine-{patient}")
+        return book(client, slot_id, others[i])
+
+    responses = await together(len(others) + 1, act)
+
+    retry = responses[-1]
+    assert retry.status_code == 200 and retry.json() == first.json()
+    assert codes(responses[:-1]) == {(201, None): 1, (409, "slot_full"): 9}
+    (row,) = await assert_slot_invariant(db, [slot_id])
+    assert row["booked_count"] == 2

@@ -31,14 +31,18 @@ from tests.helpers import ADMIN, make_slots
 
 Scenario = Callable[[httpx.AsyncClient], Awaitable[list[httpx.Response]]]
 ID_FIELDS = ("id", "slotId", "doctorId", "patientId", "startAt", "endAt", "createdAt")
+# A search scenario's own cars: their plates, city and host differ between runs.
+ID_FIELDS += ("plate", "city", "hostId")
 
 
 async def _not_for_lean_routes(
     request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> Principal:
     """FastAPI's authentication, except on the routes the lean path serves."""
-    lean = (request.method, request.url.path) == ("POST", "/api/appointments") or (
-        request.method == "GET" and request.url.path.endswith("/slots")
+    lean = (
+        (request.method, request.url.path) == ("POST", "/api/appointments")
+        or (request.method == "GET" and request.url.path.endswith("/slots"))
+        or (request.method, request.url.path) == ("GET", "/api/cars")
     )
     if lean:
         raise AssertionError("the lean path should have answered this request")
@@ -158,11 +162,42 @@ async def s_rate_limited(c: httpx.AsyncClient) -> list[httpx.Response]:
     return out
 
 
+async def _search_city(c: httpx.AsyncClient) -> tuple[str, str, str]:
+    """A city of 3 new cars, and a lean-shaped period (UTC, "Z") 10 days ahead."""
+    city = f"lean-{uuid.uuid4().hex[:10]}"
+    for i in range(3):
+        car = {
+            "plate": f"L-{uuid.uuid4().hex[:10]}",
+            "model": "Fiat Uno",
+            "city": city,
+            "dailyPrice": 10_000 + i,
+            "hostId": new_id(),
+        }
+        r = await c.post("/api/cars", json=car, headers={**ADMIN, "Idempotency-Key": city + str(i)})
+        assert r.status_code == 201, r.text
+    start = date.today() + timedelta(days=10)
+    return city, f"{start}T08:00:00Z", f"{start + timedelta(days=2)}T18:30:00Z"
+
+
+async def s_search(c: httpx.AsyncClient) -> list[httpx.Response]:
+    city, start, end = await _search_city(c)
+    who = auth("customer", new_id())
+    url = f"/api/cars?city={city}&from={start}&to={end}"
+    return [
+        await c.get(url, headers=who),
+        await c.get(url, headers=ADMIN),  # cached now
+        await c.get(url + "&limit=2", headers=who),
+        await c.get(f"/api/cars?city={city}&from={end}&to={start}", headers=who),  # 422
+        await c.get(f"/api/cars?city=nowhere-{city}&from={start}&to={end}", headers=who),
+    ]
+
+
 STRICT: dict[str, Scenario] = {
     "list": s_list,
     "book": s_book_and_refusals,
     "forbidden-and-key": s_forbidden_and_key,
     "rate-limited": s_rate_limited,
+    "search": s_search,
 }
 
 
@@ -199,6 +234,25 @@ async def s_delegated(c: httpx.AsyncClient) -> list[httpx.Response]:
         await c.get("/api/doctors/1/slots", params={"date": "2026-02-30"}, headers=ADMIN),
         await c.get("/api/doctors/1/slots", headers=ADMIN),
         await c.get("/api/doctors/1/slots", params={"date": day}),  # 401
+        *await _search_delegated(c),
+    ]
+
+
+async def _search_delegated(c: httpx.AsyncClient) -> list[httpx.Response]:
+    city, start, end = await _search_city(c)
+    who = auth("customer", new_id())
+    return [
+        await c.get(f"/api/cars?city={city}&from={start}&to={end}"),  # 401
+        await c.get(f"/api/cars?city={city}&from={start}&to={end}&limit=501", headers=who),
+        await c.get(f"/api/cars?city={city}&from={start}&to=2100-01-01T00:00:00Z", headers=who),
+        await c.get(f"/api/cars?city={city}&from={start}&to=2026-02-30T00:00:00Z", headers=who),
+        await c.get(f"/api/cars?city={city}&from={start}", headers=who),  # 422
+        await c.get(f"/api/cars?to={end}&from={start}&city={city}", headers=who),  # 200
+        await c.get(
+            "/api/cars",
+            params={"city": city, "from": start.replace("Z", "+02:00"), "to": end},
+            headers=who,
+        ),
     ]
 
 
@@ -238,3 +292,29 @@ async def test_a_lean_route_must_stand_for_a_fastapi_route() -> None:
 
     with pytest.raises(ValueError, match="has no FastAPI route"):
         LeanLayer(FastAPI(), [LeanRoute("GET", "/nowhere/{id}", handler)], FastAPI(), 1000)
+
+
+async def test_an_unexpected_error_on_the_lean_path_is_the_apps_500_and_is_counted() -> None:
+    from reservo.core import metrics
+    from reservo.core.clock import SystemClock
+    from reservo.core.lean import LeanRoute
+
+    app = FastAPI()
+
+    @app.get("/boom/{id}")
+    async def boom(id: int) -> None:  # the route the lean one stands for
+        raise AssertionError("the lean path should have answered")
+
+    async def handler(_: Any) -> None:
+        raise RuntimeError("a bug")
+
+    app.state.clock, app.state.tokens = SystemClock(), None
+    layer = LeanLayer(app, [LeanRoute("GET", "/boom/{id}", handler)], app, 1000)
+    counted = metrics.HTTP_REQUESTS.labels("GET", "unmatched", "500")._value.get()
+    transport = httpx.ASGITransport(app=layer, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        r = await c.get("/boom/1")
+    assert r.status_code == 500
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["code"] == "internal_error"
+    assert metrics.HTTP_REQUESTS.labels("GET", "unmatched", "500")._value.get() == counted + 1

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import pytest
@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 from redis.crc import key_slot
 from structlog.testing import capture_logs
 
-from reservo.core.cache import Cache
+from reservo.core.cache import Cache, GateBatch
 from reservo.core.ratelimit import Decision, RateLimiter, rate_key
 from reservo.core.redis import Client, RedisGate, ScriptCall, make_client, pipeline
 from tests.redis_cluster import RedisTarget
@@ -296,6 +296,86 @@ async def test_cluster_scripts_reload_after_script_flush(
         await client.delete(rate_key(ns, 1), cache.mark_key("m"))
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+async def single(services: tuple[str, str]) -> AsyncIterator[Client]:
+    """A single Redis: the gate's batching is the single-server path (a cluster
+    client spreads the same work over a pipeline instead)."""
+    c = make_client(services[1], CLIENT_TIMEOUT_S)
+    yield c
+    await c.aclose()
+
+
+class CountingGate(RedisGate):
+    """A real gate that counts the Redis commands it runs."""
+
+    calls = 0
+
+    async def call(self, fn: Callable[[Client], Awaitable[T]], default: T) -> T:
+        self.calls += 1
+        return await super().call(fn, default)
+
+
+async def _released_together(n: int, check: Callable[[int], Awaitable[T]]) -> list[T]:
+    """``check(i)`` for i < n, all started in the same turn of the event loop."""
+    go = asyncio.Event()
+
+    async def one(i: int) -> T:
+        await go.wait()
+        return await check(i)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    await asyncio.sleep(0)
+    go.set()
+    return await asyncio.gather(*tasks)
+
+
+async def test_gate_checks_of_one_loop_turn_go_as_one_command_with_their_own_answers(
+    single: Client, ns: str
+) -> None:
+    gate = CountingGate(single, backoff_s=1.0)
+    cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate, namespace=ns)
+    await cache.mark("slot:odd", 60)
+    await cache.mark("seen:7", 60)
+    gate.calls = 0
+
+    def check(i: int) -> Awaitable[tuple[Decision, tuple[bool, ...]]]:
+        slot = "slot:odd" if i % 2 else "slot:even"
+        return cache.hit_and_check(limiter, "book", i % 3, 10, 60, slot, f"seen:{i}")
+
+    results = await _released_together(90, check)
+    assert gate.calls == 1
+    for subject in range(3):  # 30 hits on each counter, limit 10: as if one by one
+        mine = [d for i, (d, _) in enumerate(results) if i % 3 == subject]
+        assert sorted(d.remaining for d in mine if d.allowed) == list(range(10))
+        assert all(d.retry_after_s >= 1 for d in mine if not d.allowed)
+        assert sum(not d.allowed for d in mine) == 20
+    assert [marks for _, marks in results] == [(i % 2 == 1, i == 7) for i in range(90)]
+    await cache.hit_and_check(limiter, "book", 0, 10, 60, "slot:odd")  # a later turn
+    assert gate.calls == 2
+    await single.delete(*(rate_key("book", s, ns) for s in range(3)))
+    await single.delete(cache.mark_key("slot:odd"), cache.mark_key("seen:7"))
+
+
+async def test_a_large_gate_batch_is_split_and_a_failure_answers_every_call(
+    single: Client, ns: str
+) -> None:
+    gate = CountingGate(single, backoff_s=1.0)
+    limiter = RateLimiter(gate, namespace=ns)
+    batch = GateBatch(gate, limiter, 60_000, 1, max_calls=7)
+    answers = await _released_together(20, lambda i: batch.check([rate_key("b", i, ns)]))
+    assert gate.calls == 3  # 7 + 7 + 6
+    assert all(a is not None and a[0] == 1 and 59_000 < a[1] <= 60_000 for a in answers)
+    await single.delete(*(rate_key("b", i, ns) for i in range(20)))
+
+    dead = RedisGate(make_client("redis://127.0.0.1:1/0", TIMEOUT_S), backoff_s=1.0)
+    cache, dead_limiter = Cache(dead, namespace=ns), RateLimiter(dead, ns)
+    failed = await _released_together(
+        5, lambda i: cache.hit_and_check(dead_limiter, "book", i, 1, 60, "m")
+    )
+    assert failed == [(Decision(True, 1, 0), (False,))] * 5
+    await dead.client.aclose()
 
 
 async def test_scripts_reload_after_script_flush(private_redis: PrivateRedis, ns: str) -> None:

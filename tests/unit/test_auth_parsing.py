@@ -15,9 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reservo.core.auth import (
+    _MINTED_HEADER,
     MAX_SUB,
     ROLES,
     Principal,
+    TokenVerifier,
+    _minted_claims,
     decode_token,
     mint_token,
     sign_webhook,
@@ -336,3 +339,47 @@ def test_any_signature_header_is_bad_signature(header: str, body: bytes) -> None
 )
 def test_structured_but_bad_signatures_are_bad_signature(t: str, v1: str, junk: str) -> None:
     refused(verify, f"{junk},t={t},v1={v1}", code="bad_signature")
+
+
+# -- the fast check of minted tokens ----------------------------------------------------
+
+
+def answer(call: Any, *args: Any) -> Any:
+    """What a call answers: its result, or the refusal it raises."""
+    try:
+        return call(*args)
+    except DomainError as err:
+        return (err.status, err.code, err.detail)
+
+
+def test_minted_tokens_take_the_fast_check() -> None:
+    token = mint_token(JWT_SECRET, "patient", 7, timedelta(hours=1), NOW)
+    assert token.startswith(_MINTED_HEADER.decode() + ".")
+    assert _minted_claims(JWT_SECRET.encode(), token) == {
+        "sub": "7",
+        "role": "patient",
+        "exp": LATER,
+    }
+    assert _minted_claims(b"another secret", token) is None
+
+
+@FUZZ
+@given(
+    payload=payloads(),
+    header=headers() | st.just('{"alg":"HS256","typ":"JWT"}'),
+    change=st.sampled_from(["", "signature", "secret", "dots"]),
+)
+def test_the_verifier_answers_as_pyjwt_whatever_the_token(
+    payload: str, header: str, change: str
+) -> None:
+    """TokenVerifier checks tokens of the minted shape itself: its answer (cache
+    off) must be PyJWT's, principal or refusal with the same detail."""
+    token = forge_token(
+        payload, header=header, secret="x" * 40 if change == "secret" else JWT_SECRET
+    )
+    if change == "signature":
+        token = token[:-3] + ("AAA" if not token.endswith("AAA") else "BBB")
+    elif change == "dots":
+        token = token.replace(".", "..", 1)
+    verifier = TokenVerifier(JWT_SECRET, max_entries=0)
+    assert answer(verifier.principal, f"Bearer {token}", NOW) == answer(decode, token)

@@ -45,7 +45,7 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import IdempotencyStore, Within, validate_key
-from reservo.core.lean import LeanRequest, LeanRoute, json_bytes
+from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson, json_bytes
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
     After,
@@ -167,7 +167,8 @@ async def book_flow(
         await svc.remember_key(scoped_key)
         return await svc.book(slot_id, patient_id, within)
 
-    return await run_idempotent(store, caller, endpoint, key, raw, book_once, render)
+    async with svc.turn(slot_id, scoped_key):
+        return await run_idempotent(store, caller, endpoint, key, raw, book_once, render)
 
 
 # --- the lean path (reservo.core.lean): the two hottest routes without FastAPI's
@@ -184,7 +185,7 @@ def _id(value: Any) -> int | None:
     return None
 
 
-async def lean_list_slots(req: LeanRequest) -> Response | None:
+async def lean_list_slots(req: LeanRequest) -> LeanResponse | None:
     m = _DAY_QUERY.fullmatch(req.scope["query_string"])
     doctor_id = req.id_param("doctorId")
     if m is None or doctor_id is None:
@@ -196,10 +197,10 @@ async def lean_list_slots(req: LeanRequest) -> Response | None:
     if not EARLIEST_DAY <= day <= LATEST_DAY or req.principal() is None:
         return None
     svc: AppointmentService = req.app_state.appointments
-    return json_bytes(200, await svc.list_slots(doctor_id, day))
+    return RawJson(200, await svc.list_slots(doctor_id, day))
 
 
-async def lean_book(req: LeanRequest) -> Response | None:
+async def lean_book(req: LeanRequest) -> LeanResponse | None:
     caller = req.principal()
     body = req.json_body()
     if caller is None or type(body) is not dict or body.keys() != _BOOK_KEYS:

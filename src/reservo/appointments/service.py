@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -23,6 +25,7 @@ from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
+from reservo.core.turns import Turns
 from reservo.scheduler import Job, Scheduler
 
 log = structlog.get_logger(__name__)
@@ -35,6 +38,9 @@ SCHEDULE_BATCH = 50
 # The start of every keyset walk of a patient's appointments.
 _BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), 0)
 _DEADLOCK_RETRIES = 3
+# The gate's two counters, looked up once (``labels()`` locks on every call).
+_RATE_LIMITED = metrics.CONFLICTS.labels("appointments", "rate_limited", "redis")
+_FULL_BY_REDIS = metrics.CONFLICTS.labels("appointments", "slot_full", "redis")
 
 
 @dataclass(frozen=True)
@@ -63,14 +69,30 @@ class SlotList:
 
     @classmethod
     def parse(cls, raw: bytes) -> SlotList:
-        wire = orjson.loads(raw)
-        return cls(raw, min((s["startAt"] for s in wire), default=""))
+        """A list as ``available_slots_json`` wrote it: its slots are in start
+        order, so the first ``startAt`` is the earliest and is found without
+        parsing the list. Anything not in that shape raises ValueError."""
+        if not (raw.startswith(b"[") and raw.endswith(b"]")):
+            raise ValueError("not a slot list")
+        at = raw.find(_START_AT)
+        if at < 0:
+            if raw != b"[]":
+                raise ValueError("not a slot list")
+            return cls(raw, "")
+        begin = at + len(_START_AT)
+        end = raw.find(b'"', begin)
+        if end < 0:
+            raise ValueError("not a slot list")
+        return cls(raw, raw[begin:end].decode("ascii"))
 
     def body_after(self, now_iso: str) -> bytes:
         """The list without the slots that started by ``now_iso``."""
         if not self.first_start or self.first_start > now_iso:
             return self.body
         return orjson.dumps([s for s in orjson.loads(self.body) if s["startAt"] > now_iso])
+
+
+_START_AT = b'"startAt":"'
 
 
 def _slots_key(doctor_id: int, day: date) -> str:
@@ -103,6 +125,7 @@ class AppointmentService:
         self.window = window
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
         self._slot_lists = cache.local(limits.slots_local_ttl_s, limits.slots_local_max_entries)
+        self._turns = Turns()
 
     # -- doctors and schedules -------------------------------------------------
 
@@ -159,7 +182,7 @@ class AppointmentService:
             if raw is not None:
                 try:
                     return SlotList.parse(raw), life_s
-                except orjson.JSONDecodeError:
+                except ValueError:  # UnicodeDecodeError too
                     log.warning("cache.corrupt_entry", key=key)  # a miss, not an outage
 
             async def read(conn: asyncpg.Connection) -> tuple[bytes, datetime | None]:
@@ -177,7 +200,9 @@ class AppointmentService:
             await self.cache.set_bytes(key, fresh.body, ttl)
             return fresh, float(ttl)
 
-        listed: SlotList = await self._slot_lists.get(key, fill)
+        listed: SlotList | None = self._slot_lists.peek(key)  # the hot path: no await
+        if listed is None:
+            listed = await self._slot_lists.get(key, fill)
         # The cache may hold slots that started since it was filled.
         return listed.body_after(self.clock.now().isoformat())
 
@@ -201,7 +226,7 @@ class AppointmentService:
             _seen_key(request_key),
         )
         if not decision.allowed:
-            metrics.CONFLICTS.labels("appointments", "rate_limited", "redis").inc()
+            _RATE_LIMITED.inc()
             raise DomainError(
                 "rate_limited",
                 f"at most {self.limits.booking_rate_limit} booking attempts per "
@@ -209,8 +234,24 @@ class AppointmentService:
                 headers={"Retry-After": str(max(1, decision.retry_after_s))},
             )
         if full and not seen:
-            metrics.CONFLICTS.labels("appointments", "slot_full", "redis").inc()
+            _FULL_BY_REDIS.inc()
             raise DomainError("slot_full", "this slot has no capacity left")
+
+    @asynccontextmanager
+    async def turn(self, slot_id: int, request_key: str) -> AsyncIterator[None]:
+        """One booking attempt per slot at a time goes on to the database from this
+        process; the others wait in line here instead of on the slot row's lock
+        with a pool connection each. An attempt that waited checks the full mark
+        again, as the gate did, since the attempt before it may have filled the
+        slot: a full slot then refuses it (raises slot_full) without the database,
+        unless its Idempotency-Key already reached the database."""
+        async with self._turns.turn(slot_id) as waited:
+            if waited:
+                full, seen = await self.cache.marks(_full_key(slot_id), _seen_key(request_key))
+                if full and not seen:
+                    _FULL_BY_REDIS.inc()
+                    raise DomainError("slot_full", "this slot has no capacity left")
+            yield
 
     async def remember_key(self, request_key: str) -> None:
         """Tell the Redis filter that this key reached the database. Both marks live

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import re
 import time
@@ -12,6 +13,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import jwt
+from jwt.algorithms import HMACAlgorithm
+from jwt.utils import base64url_decode
 
 from reservo.core.errors import DomainError
 from reservo.core.schemas import MAX_ID
@@ -79,6 +82,56 @@ def bearer(authorization: str | None) -> str:
     return token.strip()
 
 
+# The header every token minted here carries ({"alg":"HS256","typ":"JWT"}, as
+# PyJWT encodes it), base64url: a token that starts with it needs no header parse.
+_MINTED_HEADER = b"eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"
+_MINTED_CLAIMS = frozenset(("sub", "role", "exp"))
+
+
+def _minted_claims(key: bytes, token: str) -> dict[str, Any] | None:
+    """The claims of a valid token of exactly the shape ``mint_token`` writes (that
+    header; claims sub, role and exp, none null, sub a string), checked as PyJWT
+    checks it: the same segment split, base64url decoding, HMAC-SHA256 compare
+    and JSON parser, and for these claims PyJWT's claim checks all pass. None for
+    anything else (another shape, a bad signature, a parse error): PyJWT then
+    decides, so every refusal and every other shape is exactly PyJWT's answer.
+    About 5x cheaper than ``jwt.decode``, whose option handling dominates."""
+    try:
+        raw = token.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    signing_input, dot, crypto = raw.rpartition(b".")
+    header, dot2, payload = signing_input.partition(b".")
+    if not dot or not dot2 or header != _MINTED_HEADER:
+        return None
+    try:
+        signature = base64url_decode(crypto)
+        claims = json.loads(base64url_decode(payload))
+    except (ValueError, RecursionError):  # binascii.Error and JSONDecodeError too
+        return None
+    expected = hmac.digest(key, signing_input, "sha256")  # PyJWT's HMAC, one C call
+    if not hmac.compare_digest(signature, expected):
+        return None
+    if (
+        type(claims) is not dict
+        or claims.keys() != _MINTED_CLAIMS
+        or any(v is None for v in claims.values())
+        or not isinstance(claims["sub"], str)
+    ):
+        return None
+    return claims
+
+
+def _hmac_key(secret: str) -> bytes | None:
+    """The key PyJWT signs HS256 with, or None when PyJWT refuses the secret as
+    an HMAC key (then every token goes through PyJWT, which refuses it)."""
+    try:
+        key: bytes = HMACAlgorithm(HMACAlgorithm.SHA256).prepare_key(secret)
+    except jwt.PyJWTError:
+        return None
+    return key
+
+
 def decode_token(secret: str, authorization: str | None, now: datetime) -> Principal:
     return _verify(secret, bearer(authorization), now)[0]
 
@@ -131,6 +184,7 @@ class TokenVerifier:
         self.secret = secret
         self.max_entries = max_entries
         self._verified: dict[str, tuple[Principal, int | float]] = {}
+        self._key = _hmac_key(secret)
 
     def __len__(self) -> int:
         return len(self._verified)
@@ -145,7 +199,11 @@ class TokenVerifier:
                 return hit[0]
             del self._verified[token]
             raise unauthenticated("token expired")
-        principal, exp = _verify(self.secret, token, now)
+        claims = None if self._key is None else _minted_claims(self._key, token)
+        if claims is not None:
+            principal, exp = _principal(claims, now), claims["exp"]
+        else:
+            principal, exp = _verify(self.secret, token, now)
         if self.max_entries:
             if len(self._verified) >= self.max_entries:
                 # The oldest insertion goes: O(1), and a flood of distinct valid

@@ -102,16 +102,47 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled_error", error=repr(exc))
-        return JSONResponse(
-            problem_body(500, "internal_error", "unexpected error"),
-            status_code=500,
-            media_type=PROBLEM_JSON,
-        )
+        return unexpected_error(exc)
+
+
+def unexpected_error(exc: Exception) -> JSONResponse:
+    """The 500 of an exception nobody expected, logged (the lean path's too)."""
+    log.exception("unhandled_error", error=repr(exc))
+    return JSONResponse(
+        problem_body(500, "internal_error", "unexpected error"),
+        status_code=500,
+        media_type=PROBLEM_JSON,
+    )
 
 
 def install_metrics(app: FastAPI) -> None:
     app.add_middleware(_ObserveRequests)
+
+
+class RequestMetrics:
+    """Request count and latency per method, route template and status. The
+    labelled children are looked up once each: ``labels()`` validates and locks
+    on every call. Same label sets as ``labels()`` would create."""
+
+    def __init__(self) -> None:
+        self._latency: dict[tuple[str, str], Any] = {}
+        self._count: dict[tuple[str, str, int], Any] = {}
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        latency = self._latency.get((method, route))
+        if latency is None:
+            latency = self._latency[method, route] = metrics.HTTP_LATENCY.labels(method, route)
+        latency.observe(seconds)
+        count = self._count.get((method, route, status))
+        if count is None:
+            count = self._count[method, route, status] = metrics.HTTP_REQUESTS.labels(
+                method, route, str(status)
+            )
+        count.inc()
+
+
+# One per process: the metrics middleware and the lean path (core/lean.py) share it.
+REQUEST_METRICS = RequestMetrics()
 
 
 class _ObserveRequests:
@@ -141,9 +172,7 @@ class _ObserveRequests:
             # The router writes the route it matched into the scope. Matching the
             # routes here instead missed every route of an included router.
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope["method"]
-            metrics.HTTP_LATENCY.labels(method, route).observe(time.perf_counter() - started)
-            metrics.HTTP_REQUESTS.labels(method, route, str(status)).inc()
+            REQUEST_METRICS.observe(scope["method"], route, status, time.perf_counter() - started)
 
 
 def install_body_limit(app: FastAPI, max_bytes: int) -> None:

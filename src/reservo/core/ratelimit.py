@@ -32,19 +32,31 @@ if count == 1 or ttl < 0 then
 end
 """
 _HIT_LUA = _HIT + "return {count, ttl}\n"
-# The same hit, then EXISTS of every further key (KEYS[2..n]): the booking gate's
-# rate limit and its marks in one command on a single Redis (on a cluster the
-# keys live in different slots: see Cache.hit_and_check). Returns
-# {count, pttl_ms, e2, ..., en}.
-_HIT_CHECK_LUA = (
-    _HIT
-    + """local out = {count, ttl}
-for i = 2, #KEYS do
-  out[i + 1] = redis.call('EXISTS', KEYS[i])
+# The same hit, then EXISTS of further keys, for a batch of gate checks in one
+# command: KEYS come in groups of ARGV[2] (a counter, then its marks), ARGV[1] is
+# the window in ms. Returns {count, pttl_ms, e2, ..., en} per group, concatenated.
+# Groups run in order, so two hits of one counter in a batch count as two calls.
+# Every key must live on one server: a single Redis (on a cluster the keys are in
+# different slots, see Cache.hit_and_check).
+_HIT_CHECK_LUA = """
+local window = tonumber(ARGV[1])
+local per = tonumber(ARGV[2])
+local out = {}
+for i = 1, #KEYS, per do
+  local count = redis.call('INCR', KEYS[i])
+  local ttl = redis.call('PTTL', KEYS[i])
+  if count == 1 or ttl < 0 then
+    redis.call('PEXPIRE', KEYS[i], window)
+    ttl = window
+  end
+  out[#out + 1] = count
+  out[#out + 1] = ttl
+  for j = i + 1, i + per - 1 do
+    out[#out + 1] = redis.call('EXISTS', KEYS[j])
+  end
 end
 return out
 """
-)
 
 
 @dataclass(frozen=True, slots=True)

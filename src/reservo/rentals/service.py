@@ -20,7 +20,6 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
-from reservo.core.redis import Client
 from reservo.core.schemas import MAX_ID
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
@@ -63,6 +62,9 @@ class Config:
     hold_rate_limit: int = 3
     hold_rate_window_s: int = 900
     search_cache_ttl_s: int = 30
+    # Per-process copy of a search answer (0: none); never past its Redis entry,
+    # so an answer is never older than search_cache_ttl_s after its database read.
+    search_local_ttl_s: float = 1.0
 
 
 class RentalService:
@@ -77,6 +79,7 @@ class RentalService:
     ) -> None:
         self.db, self.clock, self.cache = db, clock, cache
         self.config, self.scheduler, self.gateway = config, scheduler, gateway
+        self._searches = cache.local(config.search_local_ttl_s)
 
     async def expire_job(self, job: Any) -> None:
         """Handler of the per-hold expiry job (a reservo.scheduler.Job); without a
@@ -127,32 +130,32 @@ class RentalService:
     ) -> bytes:
         """The cars of ``city`` free for [start, end) (plus the turnaround), as
         ``render`` writes them (the API's JSON), served from a short-lived cache of
-        those bytes: a stale answer only costs a 409 later, the constraint decides."""
+        those bytes (Redis, and a copy per process that never outlives its Redis
+        entry): a stale answer only costs a 409 later, the constraint decides."""
         self.check_period(start, end)
         start, end = start.astimezone(UTC), end.astimezone(UTC)
         key = f"rentals:avail:{{city:{city}}}:{start.isoformat()}:{end.isoformat()}:{limit}"
-        cached = await self._get_raw(key)
-        if cached is not None:
-            return cached
-        period = domain.stored_period(start, end, self.config.turnaround)
-        now = self.clock.now()
-        # A replica may answer (seconds stale, like the cache): the hold decides.
-        rows = await self.db.stale_read(
-            lambda conn: repo.search_available(conn, city, period, now, limit)
-        )
-        body = render([Car.from_row(r) for r in rows])
-        await self.cache.set_bytes(key, body, self.config.search_cache_ttl_s)
-        return body
 
-    async def _get_raw(self, key: str) -> bytes | None:
-        # The stored JSON is returned as is: no decode/encode on the hot path.
-        rkey = self.cache.value_key(key)
+        async def fill() -> tuple[bytes, float]:
+            # The stored JSON is returned as is: no decode/encode on the hot path.
+            cached, life_s = await self.cache.get_bytes(key)
+            if cached is not None:
+                return cached, life_s
+            period = domain.stored_period(start, end, self.config.turnaround)
+            now = self.clock.now()
+            # A replica may answer (seconds stale, like the cache): the hold decides.
+            rows = await self.db.stale_read(
+                lambda conn: repo.search_available(conn, city, period, now, limit)
+            )
+            body = render([Car.from_row(r) for r in rows])
+            ttl = self.config.search_cache_ttl_s
+            await self.cache.set_bytes(key, body, ttl)
+            return body, float(ttl)
 
-        async def _get(client: Client) -> bytes | None:
-            raw = await client.get(rkey)
-            return raw.encode() if isinstance(raw, str) else raw
-
-        return await self.cache.gate.call(_get, None)
+        found: bytes | None = self._searches.peek(key)  # the hot path: no await
+        if found is None:
+            found = await self._searches.get(key, fill)
+        return found
 
     # -- holds -----------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from reservo.core.loops import run_every
 from reservo.core.module import Consumes, JobKind, Module
 from reservo.rentals import events, sandbox
-from reservo.rentals.api import router
+from reservo.rentals.api import LEAN_ROUTES, router
 from reservo.rentals.errors import CONSTRAINTS, ERRORS
 from reservo.rentals.gateway import PaymentGateway, SandboxGateway, build_gateway
 from reservo.rentals.service import EXPIRE_HOLD, Config, RefundConsumer, RentalService
@@ -50,6 +50,7 @@ def setup(shared: Shared) -> Rentals:
             hold_rate_limit=s.rentals_hold_rate_limit,
             hold_rate_window_s=s.rentals_hold_rate_window_s,
             search_cache_ttl_s=s.rentals_search_cache_ttl_s,
+            search_local_ttl_s=s.rentals_search_local_ttl_s,
         ),
         scheduler=shared.scheduler,  # one expiry job per hold
         gateway=gateway,
@@ -64,6 +65,7 @@ def setup(shared: Shared) -> Rentals:
         refunds=refunds,
         gateway=gateway,
         routers=routers,
+        lean=LEAN_ROUTES,
         consumes=[Consumes(events.REFUND_CONSUMER, [events.REFUND_REQUESTED], refunds.handle)],
         jobs=[JobKind(EXPIRE_HOLD, service.expire_job)],
         # The safety net behind the per-hold expiry jobs.
