@@ -292,11 +292,12 @@ class Reservo:
         parent = psutil.Process(self.api.pid)
         if self.workers == 1:
             return [parent]
-        kids = [
-            p
-            for p in parent.children(recursive=True)
-            if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
-        ]
+        kids = []
+        for p in parent.children(recursive=True):
+            # A helper that exited a moment ago (a zombie) is no worker either.
+            with contextlib.suppress(psutil.Error):
+                if "multiprocessing.resource_tracker" not in " ".join(p.cmdline()):
+                    kids.append(p)
         return kids
 
     def own_processes(self) -> list[psutil.Process]:

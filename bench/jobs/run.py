@@ -144,10 +144,12 @@ def one_run(
         d = benchlib.drive(
             rv, script, threads, connections, opts.duration, args, prof, sample_waits=True
         )
-        facts = benchlib.run_async(check())
-        errors = rv.error_lines()
-        for line in errors[:5]:
-            print(f"  logged: {line[:200]}", file=sys.stderr)
+    # Checked once the processes stopped: requests still in flight when wrk
+    # stopped have finished (or rolled back) by then.
+    facts = benchlib.run_async(check())
+    errors = rv.error_lines()
+    for line in errors[:5]:
+        print(f"  logged: {line[:200]}", file=sys.stderr)
     res = d.wrk
     return RunResult(
         workers=workers,
