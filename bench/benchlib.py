@@ -292,11 +292,12 @@ class Reservo:
         parent = psutil.Process(self.api.pid)
         if self.workers == 1:
             return [parent]
-        kids = [
-            p
-            for p in parent.children(recursive=True)
-            if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
-        ]
+        kids = []
+        for p in parent.children(recursive=True):
+            # A helper that exited a moment ago (a zombie) is no worker either.
+            with contextlib.suppress(psutil.Error):
+                if "multiprocessing.resource_tracker" not in " ".join(p.cmdline()):
+                    kids.append(p)
         return kids
 
     def own_processes(self) -> list[psutil.Process]:
@@ -561,6 +562,87 @@ def run_wrk(
         socket_errors={k: int(v) for k, v in raw["errors"].items() if v},
         wrk_cpu_s=(after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
     )
+
+
+@dataclass
+class Drive:
+    """What one measured wrk run gives: wrk's figures, memory, CPU, and (when
+    asked) the wait events of the benchmark database's busy backends."""
+
+    wrk: WrkResult
+    mem: RssSampler
+    cpu: CpuMeter
+    waits: Counter[str]
+
+
+def drive(
+    rv: Reservo,
+    script: Path,
+    threads: int,
+    connections: int,
+    duration_s: float,
+    args: Sequence[str],
+    profile_out: Path | None = None,
+    sample_waits: bool = False,
+) -> Drive:
+    """Run wrk against ``rv`` while sampling RSS and CPU (and py-spy of the first
+    API worker into ``profile_out``, pg_stat_activity wait events when asked)."""
+    waits: Counter[str] = Counter()
+    with RssSampler(rv) as mem, CpuMeter(rv) as cpu, WaitSampler(waits, sample_waits):
+        if profile_out is not None:
+            pid = rv.api_workers()[0].pid
+            with profiled(pid, max(1.0, duration_s - 2), profile_out):
+                res = run_wrk(script, rv.base, threads, connections, duration_s, args)
+        else:
+            res = run_wrk(script, rv.base, threads, connections, duration_s, args)
+    return Drive(res, mem, cpu, waits)
+
+
+class WaitSampler:
+    """Every 20 ms, what each active backend of the benchmark database is doing:
+    ``CPU`` (no wait event: running), or its wait event (``Lock:transactionid``,
+    ``LWLock:WALWrite``, ``IO:WALSync``, ``Client:ClientRead``...). The shares
+    tell row-lock waits apart from CPU and commit flushes."""
+
+    _SQL = """
+    SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') AS w, count(*) AS n
+      FROM pg_stat_activity
+     WHERE datname = $1 AND state = 'active' AND pid <> pg_backend_pid()
+     GROUP BY 1"""
+
+    def __init__(self, into: Counter[str], enabled: bool = True) -> None:
+        self.into, self.enabled = into, enabled
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    async def _loop(self) -> None:
+        conn = await connect(PG_ADMIN_URL)
+        try:
+            while not self._stop.is_set():
+                for row in await conn.fetch(self._SQL, DB_NAME):
+                    self.into[row["w"]] += row["n"]
+                await asyncio.sleep(0.02)
+        finally:
+            await conn.close()
+
+    def __enter__(self) -> WaitSampler:
+        if self.enabled:
+            self._thread = threading.Thread(target=asyncio.run, args=(self._loop(),), daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def describe_waits(waits: Counter[str]) -> str:
+    """Shares of the sampled backend states, largest first."""
+    total = sum(waits.values())
+    if not total:
+        return "no active backend sampled"
+    return ", ".join(f"{k} {100 * n / total:.0f}%" for k, n in waits.most_common(8))
 
 
 # --- the framework ceiling ----------------------------------------------------

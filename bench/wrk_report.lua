@@ -26,6 +26,18 @@ function count(key)
   statuses[key] = (statuses[key] or 0) + 1
 end
 
+-- Lines of a "<id> <jwt>" file as { id = "...", auth = "Bearer ..." }.
+function read_tokens(path)
+  local out = {}
+  for line in io.lines(path) do
+    local id, token = line:match("^(%d+) (%S+)$")
+    if id then
+      out[#out + 1] = { id = id, auth = "Bearer " .. token }
+    end
+  end
+  return out
+end
+
 function done(summary, latency, requests)
   local total = {}
   for _, t in ipairs(threads) do

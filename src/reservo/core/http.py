@@ -7,11 +7,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar, cast
 
+import asyncpg
 import orjson
 import structlog
 from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,6 +21,7 @@ from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.clock import Clock
 from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Within, validate_key
+from reservo.core.lean import json_bytes
 from reservo.core.schemas import MAX_ID
 
 T = TypeVar("T")
@@ -309,6 +311,26 @@ async def run_idempotent(
         await _release_quietly(store, outcome)
         raise
     return json_response(status, payload)
+
+
+async def run_idempotent_once(
+    store: IdempotencyStore,
+    principal: Principal,
+    endpoint: str,
+    key: str,
+    body: bytes,
+    effect: Callable[[asyncpg.Connection], Awaitable[T]],
+    render: Callable[[T], Any],
+    status: int = 201,
+) -> tuple[Response, T | None]:
+    """``run_idempotent`` in one transaction (``IdempotencyStore.run_once``) for a
+    use case that runs inside it. Returns the response (orjson bytes) and what was
+    created (None for a replay), for steps that must wait for the commit."""
+    caller = f"{principal.role}:{principal.sub}"
+    outcome = await store.run_once(caller, endpoint, key, body, effect, render, status)
+    if isinstance(outcome, Replay):
+        return json_bytes(outcome.status, orjson.dumps(outcome.body)), None
+    return json_bytes(status, orjson.dumps(outcome.body)), outcome.created
 
 
 async def _release_quietly(store: IdempotencyStore, claim: Claim) -> None:

@@ -5,6 +5,11 @@ business transaction then *completes* the claim with the response, so the
 created thing and its stored response commit together. A retry finds either the
 stored response (replayed; 201 becomes 200), a claim still in flight (409
 request_in_progress), or a different body under the same key (422).
+
+``run_once`` does the same in ONE transaction for a use case that can run inside
+the caller's transaction: the claim, the effect and the stored response commit
+together (one commit, no claim left behind by a crash), and a duplicate running
+at the same time is told apart by the key's advisory lock.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 import orjson
@@ -56,6 +61,31 @@ def request_hash(body: bytes) -> bytes:
     except orjson.JSONDecodeError:
         canonical = body
     return hashlib.sha256(canonical).digest()
+
+
+def in_progress() -> DomainError:
+    return DomainError(
+        "request_in_progress",
+        "a request with this Idempotency-Key is still being processed",
+        headers={"Retry-After": "1"},
+    )
+
+
+# Refusals run_once does not store: who may not act (401/403) and passing
+# conditions (429/503) get evaluated again on a retry.
+_NOT_STORED = frozenset((401, 403, 429, 503))
+
+
+class _Retry(Exception):
+    """The key was pruned between the claim and the read: claim again."""
+
+
+@dataclass(frozen=True)
+class Done(Generic[T]):
+    """What ``run_once`` created, and the response it stored for it."""
+
+    created: T
+    body: Any
 
 
 @dataclass(frozen=True)
@@ -103,37 +133,102 @@ class IdempotencyStore:
                 Q.idem_insert, caller, endpoint, key, digest, now + self.lease, now
             ):
                 return Claim(caller, endpoint, key)
-            row = await conn.fetchrow(Q.idem_get, caller, endpoint, key)
-            if row is None:  # pruned between the two statements: the key is free again
-                return await self.begin(caller, endpoint, key, body)
-            if bytes(row["request_hash"]) != digest:
-                raise DomainError(
-                    "idempotency_key_reused",
-                    "this Idempotency-Key was used with a different request body",
+            known = await self._known(conn, Claim(caller, endpoint, key), digest, now)
+            # None: pruned between the two statements, the key is free again.
+            return known or await self.begin(caller, endpoint, key, body)
+
+    async def _known(
+        self, conn: asyncpg.Connection, claim: Claim, digest: bytes, now: datetime
+    ) -> Claim | Replay | None:
+        """What a key already stored answers: its response, a take-over of a claim
+        whose request died, or 409/422 (raised). None when the key is gone."""
+        row = await conn.fetchrow(Q.idem_get, claim.caller, claim.endpoint, claim.key)
+        if row is None:
+            return None
+        if bytes(row["request_hash"]) != digest:
+            raise DomainError(
+                "idempotency_key_reused",
+                "this Idempotency-Key was used with a different request body",
+            )
+        if row["status"] == "DONE":
+            status = row["response_status"]
+            return Replay(200 if status == 201 else status, row["response_body"])
+        if (
+            row["locked_until"] is not None
+            and row["locked_until"] < now
+            and (
+                await conn.fetchval(
+                    Q.idem_take_over,
+                    claim.caller,
+                    claim.endpoint,
+                    claim.key,
+                    row["locked_until"],
+                    now + self.lease,
                 )
-            if row["status"] == "DONE":
-                status = row["response_status"]
-                return Replay(200 if status == 201 else status, row["response_body"])
-            if (
-                row["locked_until"] is not None
-                and row["locked_until"] < now
-                and (
-                    await conn.fetchval(
-                        Q.idem_take_over,
+            )
+        ):
+            return claim
+        raise in_progress()
+
+    async def run_once(
+        self,
+        caller: str,
+        endpoint: str,
+        key: str,
+        body: bytes,
+        effect: Callable[[asyncpg.Connection], Awaitable[T]],
+        render: Callable[[T], Any],
+        status: int = 201,
+    ) -> Replay | Done[T]:
+        """Claim, effect and stored response in ONE transaction (one commit):
+        the claim is inserted in the effect's transaction, so it commits with the
+        effect or vanishes with it (a crash leaves no claim behind), and a
+        duplicate arriving meanwhile finds the key's advisory lock taken: 409
+        request_in_progress. A known key replays (or is 422/409) as with
+        ``begin``. A deterministic refusal (a DomainError other than 401, 403,
+        429 and 503) is stored after the rollback, so the same key gets the same
+        answer; who may not act learns nothing new from a retry anyway."""
+        digest = request_hash(body)
+        now = self.clock.now()
+        claim = Claim(caller, endpoint, key)
+        in_effect = False
+        try:
+            async with self.db.transaction() as conn:
+                got, claimed = await conn.fetchrow(
+                    Q.idem_claim_in_tx, caller, endpoint, key, digest, now + self.lease, now
+                )
+                if not got:
+                    raise in_progress()
+                if not claimed:
+                    known = await self._known(conn, claim, digest, now)
+                    if known is None:  # pruned meanwhile: the key is free again
+                        raise _Retry
+                    if isinstance(known, Replay):
+                        return known
+                in_effect = True
+                created = await effect(conn)
+                in_effect = False
+                payload = render(created)
+                await claim.complete(conn, status, payload)
+            return Done(created, payload)
+        except _Retry:
+            return await self.run_once(caller, endpoint, key, body, effect, render, status)
+        except DomainError as err:
+            # Raised by the effect (or a constraint it broke, translated on the
+            # way out of the transaction): rolled back by now.
+            if in_effect and err.status not in _NOT_STORED:
+                async with self.db.connection() as conn:
+                    await conn.execute(
+                        Q.idem_insert_done,
                         caller,
                         endpoint,
                         key,
-                        row["locked_until"],
-                        now + self.lease,
+                        digest,
+                        err.status,
+                        err.problem(),
+                        now,
                     )
-                )
-            ):
-                return Claim(caller, endpoint, key)
-        raise DomainError(
-            "request_in_progress",
-            "a request with this Idempotency-Key is still being processed",
-            headers={"Retry-After": "1"},
-        )
+            raise
 
     async def finish(self, claim: Claim, status: int, body: Any) -> None:
         """Store a refusal (a deterministic 4xx) outside any business transaction."""

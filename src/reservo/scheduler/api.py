@@ -6,11 +6,13 @@ from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
+import asyncpg
 import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from reservo.core.auth import Principal
 from reservo.core.errors import validation_error
 from reservo.core.http import (
     Caller,
@@ -21,8 +23,10 @@ from reservo.core.http import (
     json_response,
     problem_responses,
     run_idempotent,
+    run_idempotent_once,
 )
 from reservo.core.idempotency import Within, validate_key
+from reservo.core.lean import LeanRequest, LeanRoute, json_bytes
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.scheduler.domain import Job, Recurring
 from reservo.scheduler.schemas import (
@@ -80,28 +84,62 @@ def check_payload(category: str, payload: dict[str, Any]) -> None:
 @router.post("/jobs", status_code=201, response_model=JobCreated, responses=PROBLEMS)
 async def create_job(
     body: JobIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
-) -> JSONResponse:
+) -> Response:
+    return await create_job_flow(
+        request.app.state, caller, body, idempotency_key, await request.body()
+    )
+
+
+async def create_job_flow(
+    state: Any, caller: Principal, body: JobIn, idempotency_key: str | None, raw: bytes
+) -> Response:
+    """What POST /api/jobs does once the request is parsed (the FastAPI route and
+    the lean path both run this). With a key, the key's claim, the job row and the
+    stored response share one transaction; the job goes to Redis after it commits."""
     caller.require("service")
     if body.run_at is not None and body.delay_ms is not None:
         raise validation_error("give runAt or delayMs, not both")
     check_payload(body.category, body.payload)
-    svc = _svc(request)
-    store = idempotency_store(request)
+    svc: Scheduler = state.scheduler
     key = validate_key(idempotency_key, required=False)
     delay = timedelta(milliseconds=body.delay_ms) if body.delay_ms is not None else None
+    if key is None:
+        made = await svc.create(
+            body.category, body.payload, urgency=body.urgency, run_at=body.run_at, delay=delay
+        )
+        return json_bytes(201, orjson.dumps(created(made)))
 
-    def create(within: Within[Job] | None) -> Awaitable[Job]:
-        return svc.create(
-            body.category,
-            body.payload,
-            urgency=body.urgency,
-            run_at=body.run_at,
-            delay=delay,
-            within=within,
+    async def create(conn: asyncpg.Connection) -> Job:
+        return await svc.create_within(
+            conn, body.category, body.payload, body.urgency, body.run_at, delay
         )
 
-    raw = await request.body()
-    return await run_idempotent(store, caller, "POST /api/jobs", key, raw, create, created)
+    outcome = await run_idempotent_once(
+        state.idempotency, caller, "POST /api/jobs", key, raw, create, created
+    )
+    response, new = outcome
+    if new is not None:  # created now, not replayed
+        await svc.dispatch_together([new])
+    return response
+
+
+async def lean_create_job(req: LeanRequest) -> Response | None:
+    """POST /api/jobs without FastAPI's per-request work; anything but a verified
+    caller and a body JobIn accepts goes to the route above."""
+    caller = req.principal()
+    data = req.json_body()
+    if caller is None or type(data) is not dict:
+        return None
+    try:
+        body = JobIn.model_validate(data)
+    except ValidationError:
+        return None
+    return await create_job_flow(
+        req.app_state, caller, body, req.header(b"idempotency-key"), req.body
+    )
+
+
+LEAN_ROUTES = (LeanRoute("POST", "/api/jobs", lean_create_job),)
 
 
 def created(job: Job) -> dict[str, Any]:

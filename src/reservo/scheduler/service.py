@@ -7,6 +7,7 @@ PostgreSQL with a conditional update before running the handler."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,8 @@ class Scheduler:
         self.handlers: dict[str, Handler] = {}
         self.checks: dict[str, Check] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._soon: list[tuple[Sequence[Job], asyncio.Future[None]]] = []
+        self._pushing: asyncio.Task[None] | None = None
 
     # -- facade ------------------------------------------------------------------
 
@@ -170,6 +173,28 @@ class Scheduler:
         except Exception as exc:
             log.warning("scheduler_dispatch_deferred", error=repr(exc), jobs=len(due))
 
+    async def dispatch_together(self, jobs: Sequence[Job]) -> None:
+        """``dispatch`` shared with the requests that committed meanwhile: their
+        jobs go to Redis together, in one pipelined call and one ``mark_pushed``
+        statement, instead of a round trip to each per request. Returns once
+        these jobs were pushed (or deferred to the loader, as ``dispatch``)."""
+        done = asyncio.get_running_loop().create_future()
+        self._soon.append((jobs, done))
+        if self._pushing is None or self._pushing.done():
+            self._pushing = asyncio.get_running_loop().create_task(self._push_together())
+        await asyncio.shield(done)
+
+    async def _push_together(self) -> None:
+        await asyncio.sleep(0)  # let the requests finishing in this loop turn join
+        while self._soon:
+            batch, self._soon = self._soon, []
+            try:
+                await self.dispatch([job for jobs, _ in batch for job in jobs])
+            finally:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+
     async def cancel(self, job_id: int, *, conn: asyncpg.Connection | None = None) -> bool:
         """SCHEDULED/QUEUED/FAILED -> CANCELLED. True when this call cancelled it."""
         now = self.clock.now()
@@ -193,8 +218,23 @@ class Scheduler:
         urgency: int,
         run_at: datetime | None,
         delay: timedelta | None,
-        within: Within[Job] | None = None,
     ) -> Job:
+        async with self.db.transaction() as conn:
+            job = await self.create_within(conn, category, payload, urgency, run_at, delay)
+        await self.dispatch_together([job])
+        return job
+
+    async def create_within(
+        self,
+        conn: asyncpg.Connection,
+        category: str,
+        payload: dict[str, Any],
+        urgency: int,
+        run_at: datetime | None,
+        delay: timedelta | None,
+    ) -> Job:
+        """``create`` in the caller's transaction; the caller dispatches the job
+        after its commit."""
         if category not in self.handlers:
             raise DomainError("unknown_category", f"no handler for category {category!r}")
         check = self.checks.get(category)
@@ -205,12 +245,7 @@ class Scheduler:
             when = domain.resolve_run_at(now, run_at, delay)
         except ValueError as exc:
             raise DomainError("validation_error", str(exc)) from exc
-        async with self.db.transaction() as conn:
-            job = await self._insert(conn, category, urgency, when, payload, None, now)
-            if within is not None:
-                await within(conn, job)
-        await self.dispatch([job])
-        return job
+        return await self._insert(conn, category, urgency, when, payload, None, now)
 
     async def get(self, job_id: int) -> Job:
         async with self.db.connection() as conn:
@@ -386,6 +421,8 @@ class Scheduler:
         return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
     async def close(self) -> None:
+        if self._pushing is not None:
+            await self._pushing
         for closer in self._closers:
             await closer()
         await self.redis.aclose()

@@ -11,7 +11,7 @@ from reservo.core.db import Database
 from reservo.core.egress import parse_allow
 from reservo.core.module import JobKind, Module
 from reservo.core.redis import make_client
-from reservo.scheduler.api import router
+from reservo.scheduler.api import LEAN_ROUTES, router
 from reservo.scheduler.errors import CONSTRAINTS, ERRORS
 from reservo.scheduler.handlers import HttpHandler
 from reservo.scheduler.service import Config, Scheduler
@@ -68,6 +68,7 @@ def setup(shared: Shared) -> SchedulerModule:
         name="scheduler",
         service=scheduler,
         routers=[router],
+        lean=LEAN_ROUTES,
         jobs=[JobKind("http", http, http.check)],
         roles={"scheduler": lambda stop: run(scheduler, stop)},
         errors=ERRORS,

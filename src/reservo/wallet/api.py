@@ -6,8 +6,10 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
+from reservo.core.auth import Principal
 from reservo.core.http import (
     Caller,
     IdempotencyKey,
@@ -20,6 +22,7 @@ from reservo.core.http import (
     run_idempotent,
 )
 from reservo.core.idempotency import Within
+from reservo.core.lean import LeanRequest, LeanRoute
 from reservo.core.schemas import MAX_ID
 from reservo.wallet.domain import Account, Transfer
 from reservo.wallet.schemas import (
@@ -57,15 +60,18 @@ def render_transfer(t: Transfer) -> dict[str, Any]:
 async def _owned(request: Request, caller: Caller, account_id: int) -> Account:
     caller.require("bettor")
     account = await _svc(request).get_account(account_id)
-    owner = account.owner_id
-    # A system account (WORLD, HOUSE) has no owner: no sub, whatever its value,
-    # acts for it; only an admin may read it (and nobody may move it, see
-    # domain.ROUTES).
+    _may_act_for(caller, account.owner_id)
+    return account
+
+
+def _may_act_for(caller: Principal, owner: int | None) -> None:
+    """A bettor acts for its own accounts, an admin for any. A system account
+    (WORLD, HOUSE) has no owner: no sub, whatever its value, acts for it; only an
+    admin may read it (and nobody may move it, see domain.ROUTES)."""
     if owner is None:
         caller.require("admin")
     else:
         caller.require_owner("bettor", owner)
-    return account
 
 
 @router.post("/accounts", status_code=201, response_model=AccountOut, responses=PROBLEMS)
@@ -122,16 +128,53 @@ async def deposit(
 async def transfer(
     body: TransferIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
-    required_key(idempotency_key)
-    await _owned(request, caller, body.from_account_id)
-    svc = _svc(request)
-    return await _idempotent(
-        request,
+    return await transfer_flow(
+        request.app.state,
+        caller,
+        body,
+        idempotency_key,
+        await request.body(),
+    )
+
+
+async def transfer_flow(
+    state: Any, caller: Principal, body: TransferIn, idempotency_key: str | None, raw: bytes
+) -> JSONResponse:
+    """What POST /api/transfers does once the request is parsed (the FastAPI
+    route and the lean path both run this). The stored response commits in the
+    same transaction as the transfer, so a retry can never move money again."""
+    key = required_key(idempotency_key)
+    svc: WalletService = state.wallet
+    caller.require("bettor")
+    _may_act_for(caller, (await svc.get_account(body.from_account_id)).owner_id)
+    return await run_idempotent(
+        state.idempotency,
         caller,
         "POST /api/transfers",
-        idempotency_key,
+        key,
+        raw,
         lambda within: svc.transfer(body.from_account_id, body.to_account_id, body.amount, within),
+        render_transfer,
     )
+
+
+async def lean_transfer(req: LeanRequest) -> Response | None:
+    """POST /api/transfers without FastAPI's per-request work; anything but a
+    verified caller and a body TransferIn accepts goes to the route above."""
+    caller = req.principal()
+    data = req.json_body()
+    if caller is None or type(data) is not dict:
+        return None
+    try:
+        body = TransferIn.model_validate(data)
+    except ValidationError:
+        return None
+    return await transfer_flow(
+        req.app_state, caller, body, req.header(b"idempotency-key"), req.body
+    )
+
+
+LEAN_ROUTES = (LeanRoute("POST", "/api/transfers", lean_transfer),)
 
 
 @router.get("/accounts/{id}/statement", response_model=StatementOut, responses=PROBLEMS)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from reservo.core.module import Consumes, Module
 from reservo.shared import Shared
 from reservo.wallet import events
-from reservo.wallet.api import router
+from reservo.wallet.api import LEAN_ROUTES, router
 from reservo.wallet.errors import CONSTRAINTS, ERRORS
 from reservo.wallet.events import PayoutConsumer
 from reservo.wallet.service import WalletService
@@ -28,6 +28,7 @@ def setup(shared: Shared) -> Wallet:
         service=service,
         payouts=payouts,
         routers=[router],
+        lean=LEAN_ROUTES,
         consumes=[Consumes(events.CONSUMER, [events.PAYOUT_REQUESTED], payouts.handle)],
         errors=ERRORS,
         constraints=CONSTRAINTS,

@@ -1,0 +1,214 @@
+"""Idempotent writes under concurrent duplicates (POST /api/transfers on the
+two-commit path, POST /api/jobs on the one-transaction path), and the
+one-transaction path itself (IdempotencyStore.run_once): the claim, the effect
+and the stored response commit together, a duplicate meets 409, a refusal is
+replayed, a crash leaves no claim behind."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from reservo.bootstrap import Container
+from reservo.core.errors import DomainError
+from reservo.core.idempotency import Done, Replay
+from tests.betting_helpers import make_account
+from tests.conftest import auth, new_id
+
+SERVICE = auth("service", 1)
+DUPLICATES = 24
+
+
+def _n(n: int) -> dict[str, int]:
+    return {"n": n}
+
+
+async def _barrier_posts(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> list[httpx.Response]:
+    """DUPLICATES identical requests released together."""
+    gate = asyncio.Event()
+
+    async def one() -> httpx.Response:
+        await gate.wait()
+        return await client.post(url, json=body, headers=headers)
+
+    tasks = [asyncio.create_task(one()) for _ in range(DUPLICATES)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    return list(await asyncio.gather(*tasks))
+
+
+def _one_created(responses: list[httpx.Response]) -> dict[str, Any]:
+    """Exactly one 201; every other answer is the documented 409
+    request_in_progress or the replay (200) of that same body."""
+    created = [r for r in responses if r.status_code == 201]
+    assert len(created) == 1, [r.status_code for r in responses]
+    first: dict[str, Any] = created[0].json()
+    for r in responses:
+        if r.status_code == 409:
+            assert r.json()["code"] == "request_in_progress"
+            assert r.headers["retry-after"] == "1"
+        elif r.status_code == 200:
+            assert r.json() == first
+        else:
+            assert r.status_code == 201
+    return first
+
+
+async def test_concurrent_duplicate_transfers_move_money_once(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    source, owner = await make_account(client, 1_000)
+    target, _ = await make_account(client, 0)
+    key = f"t-{uuid.uuid4()}"
+    headers = {**auth("bettor", owner), "Idempotency-Key": key}
+    body = {"fromAccountId": source, "toAccountId": target, "amount": 70}
+    responses = await _barrier_posts(client, "/api/transfers", body, headers)
+    first = _one_created(responses)
+    again = await client.post("/api/transfers", json=body, headers=headers)
+    assert (again.status_code, again.json()) == (200, first)
+    balances = dict(
+        await db.fetch(
+            "SELECT id, balance FROM wallet_account WHERE id = ANY($1::bigint[])", [source, target]
+        )
+    )
+    assert balances == {source: 930, target: 70}
+    transfers = await db.fetchval(
+        "SELECT count(*) FROM wallet_transfer WHERE from_account_id = $1 AND kind = 'TRANSFER'",
+        source,
+    )
+    assert transfers == 1
+    row = await db.fetchrow(
+        "SELECT status, response_status FROM idempotency_key WHERE key = $1", key
+    )
+    assert tuple(row) == ("DONE", 201)
+
+
+async def test_concurrent_duplicate_jobs_create_one_job(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    key = f"j-{uuid.uuid4()}"
+    marker = str(uuid.uuid4())
+    body = {
+        "category": "http",
+        "delayMs": 3_600_000,
+        "payload": {"url": "https://callbacks.example.com/hook", "body": {"m": marker}},
+    }
+    responses = await _barrier_posts(client, "/api/jobs", body, {**SERVICE, "Idempotency-Key": key})
+    first = _one_created(responses)
+    jobs = await db.fetch("SELECT id FROM scheduled_job WHERE payload->'body'->>'m' = $1", marker)
+    assert [r["id"] for r in jobs] == [first["jobId"]]
+
+
+async def test_a_refused_transfer_is_replayed_even_once_it_could_pass(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    source, owner = await make_account(client, 10)
+    target, _ = await make_account(client, 0)
+    headers = {**auth("bettor", owner), "Idempotency-Key": f"r-{uuid.uuid4()}"}
+    body = {"fromAccountId": source, "toAccountId": target, "amount": 50}
+    refused = await client.post("/api/transfers", json=body, headers=headers)
+    assert (refused.status_code, refused.json()["code"]) == (409, "insufficient_funds")
+    deposit = await client.post(
+        f"/api/accounts/{source}/deposits",
+        json={"amount": 100, "reference": f"top-up-{uuid.uuid4()}"},
+        headers={**SERVICE, "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert deposit.status_code == 201
+    again = await client.post("/api/transfers", json=body, headers=headers)
+    assert (again.status_code, again.json()) == (409, refused.json())
+    assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", source) == 110
+
+
+async def test_a_forbidden_transfer_is_not_stored_and_moves_nothing(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    source, _ = await make_account(client, 100)
+    target, intruder = await make_account(client, 0)
+    key = f"f-{uuid.uuid4()}"
+    r = await client.post(
+        "/api/transfers",
+        json={"fromAccountId": source, "toAccountId": target, "amount": 1},
+        headers={**auth("bettor", intruder), "Idempotency-Key": key},
+    )
+    assert (r.status_code, r.json()["code"]) == (403, "forbidden")
+    assert await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = $1", key) == 0
+    assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", source) == 100
+
+
+async def test_a_crash_in_the_effect_leaves_no_claim_behind(container: Container) -> None:
+    store, caller, key, body = container.idempotency, f"service:{new_id()}", "crash", b"{}"
+    endpoint = f"POST /api/test-{uuid.uuid4()}"
+
+    async def crash(conn: asyncpg.Connection) -> int:
+        await conn.execute("SELECT 1")
+        raise RuntimeError("the process died here")
+
+    async def works(conn: asyncpg.Connection) -> int:
+        return int(await conn.fetchval("SELECT 42"))
+
+    with pytest.raises(RuntimeError):
+        await store.run_once(caller, endpoint, key, body, crash, _n)
+    # Nothing was committed, so the retry runs (no 409 until a lease runs out).
+    done = await store.run_once(caller, endpoint, key, body, works, _n)
+    assert done == Done(42, {"n": 42})
+    replay = await store.run_once(caller, endpoint, key, body, works, _n)
+    assert replay == Replay(200, {"n": 42})
+    with pytest.raises(DomainError) as reused:
+        await store.run_once(caller, endpoint, key, b'{"other": 1}', works, _n)
+    assert reused.value.code == "idempotency_key_reused"
+
+
+async def test_a_claim_of_the_two_commit_path_is_respected(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """A key claimed by ``begin`` (a process of the previous release, or another
+    endpoint's flow) answers 409 while its lease runs, and is taken over after."""
+    store, caller, key, body = container.idempotency, f"service:{new_id()}", "mixed", b"{}"
+    endpoint = f"POST /api/test-{uuid.uuid4()}"
+    await store.begin(caller, endpoint, key, body)
+
+    async def effect(conn: asyncpg.Connection) -> int:
+        return 7
+
+    with pytest.raises(DomainError) as busy:
+        await store.run_once(caller, endpoint, key, body, effect, _n)
+    assert busy.value.code == "request_in_progress"
+    await db.execute(
+        "UPDATE idempotency_key SET locked_until = locked_until - $2::interval WHERE key = $1 "
+        "AND endpoint = $3",
+        key,
+        timedelta(hours=1),
+        endpoint,
+    )
+    done = await store.run_once(caller, endpoint, key, body, effect, _n)
+    assert done == Done(7, {"n": 7})
+    assert await store.begin(caller, endpoint, key, body) == Replay(200, {"n": 7})
+
+
+async def test_a_duplicate_meets_the_held_claim_with_409(container: Container) -> None:
+    """While one request holds the key inside its transaction, another with the
+    same key is answered at once (no wait for the first to finish)."""
+    store, caller, key, body = container.idempotency, f"service:{new_id()}", "held", b"{}"
+    endpoint = f"POST /api/test-{uuid.uuid4()}"
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(conn: asyncpg.Connection) -> int:
+        inside.set()
+        await release.wait()
+        return 1
+
+    first = asyncio.create_task(store.run_once(caller, endpoint, key, body, slow, _n))
+    await inside.wait()
+    with pytest.raises(DomainError) as busy:
+        await asyncio.wait_for(store.run_once(caller, endpoint, key, body, slow, _n), 5)
+    assert busy.value.code == "request_in_progress"
+    release.set()
+    assert isinstance(await first, Done)
