@@ -39,13 +39,14 @@ from reservo.core.http import (
     PathId,
     from_state,
     idempotency_store,
+    json_bytes,
     json_response,
     problem_responses,
     required_key,
     run_idempotent,
 )
 from reservo.core.idempotency import IdempotencyStore, Within, validate_key
-from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson, json_bytes
+from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
     After,

@@ -21,7 +21,6 @@ from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.clock import Clock
 from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Within, validate_key
-from reservo.core.lean import json_bytes
 from reservo.core.schemas import MAX_ID
 
 T = TypeVar("T")
@@ -29,6 +28,12 @@ T = TypeVar("T")
 PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 log = structlog.get_logger(__name__)
+
+
+def json_bytes(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    """A response with already-serialised JSON, typed like ``json_response``."""
+    media = PROBLEM_JSON if status >= 400 else "application/json"
+    return Response(body, status_code=status, media_type=media, headers=headers)
 
 
 _PHRASES = {

@@ -132,12 +132,6 @@ class LeanRoute:
         return re.compile(f"^{regex}$", re.ASCII)
 
 
-def json_bytes(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
-    """A response with already-serialised JSON, typed like ``json_response``."""
-    media = PROBLEM_JSON if status >= 400 else "application/json"
-    return Response(body, status_code=status, media_type=media, headers=headers)
-
-
 @dataclass(frozen=True, slots=True)
 class _Matched:
     """What the router writes into ``scope["route"]`` as far as the metrics

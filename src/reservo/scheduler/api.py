@@ -20,13 +20,14 @@ from reservo.core.http import (
     PathId,
     from_state,
     idempotency_store,
+    json_bytes,
     json_response,
     problem_responses,
     run_idempotent,
     run_idempotent_once,
 )
 from reservo.core.idempotency import Within, validate_key
-from reservo.core.lean import LeanRequest, LeanRoute, json_bytes
+from reservo.core.lean import LeanRequest, LeanRoute
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.scheduler.domain import Job, Recurring
 from reservo.scheduler.schemas import (
