@@ -148,7 +148,7 @@ async def main() -> None:
     ap.add_argument("--bets", type=int, default=500_000)
     ap.add_argument("--unrelated", type=int, default=0)
     ap.add_argument("--accounts", type=int, default=20_000)
-    ap.add_argument("--chunk", type=int, default=10_000)
+    ap.add_argument("--chunk", type=int, default=5_000)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument(
