@@ -35,6 +35,29 @@ from reservo.settings import Settings
 SECRET = "bench-results-secret"
 
 
+def backends(db: str) -> list[psutil.Process]:
+    """The PostgreSQL backends serving the bench's database (their command line
+    names it), for their CPU time."""
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or ())
+        if cmd.startswith("postgres:") and f" {db} " in cmd:
+            found.append(p)
+    return found
+
+
+def cpu_s(procs: dict[int, psutil.Process], seen: dict[int, float]) -> float:
+    """User + system CPU seconds of ``procs``, remembering each one's last reading
+    (a backend that exits keeps its last figure)."""
+    for pid, p in procs.items():
+        try:
+            t = p.cpu_times()
+            seen[pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return sum(seen.values())
+
+
 async def seed(url: str, bets: int, unrelated: int, accounts: int) -> dict[str, int]:
     conn = await asyncpg.connect(url)
     await conn.execute(
@@ -125,7 +148,7 @@ async def main() -> None:
     ap.add_argument("--bets", type=int, default=500_000)
     ap.add_argument("--unrelated", type=int, default=0)
     ap.add_argument("--accounts", type=int, default=20_000)
-    ap.add_argument("--chunk", type=int, default=10_000)
+    ap.add_argument("--chunk", type=int, default=5_000)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument(
@@ -202,9 +225,22 @@ async def main() -> None:
         )
         t0 = time.perf_counter()
         assert r.status_code == 202, r.text
+        load0 = os.getloadavg()
+        pg_procs: dict[int, psutil.Process] = {}
+        pg_base: dict[int, float] = {}
+        pg_seen: dict[int, float] = {}
+        worker_cpu0 = sum(proc.cpu_times()[:2])
         settled_at = paid_at = notified_at = None
         while True:
             peak = max(peak, proc.memory_info().rss)
+            for p in backends(name):
+                if p.pid not in pg_procs:
+                    pg_procs[p.pid] = p
+                    try:  # CPU spent before the result (pool warm-up) is not counted
+                        pg_base[p.pid] = sum(p.cpu_times()[:2]) if now_s(t0) < 0.5 else 0.0
+                    except psutil.Error:
+                        pg_base[p.pid] = 0.0
+            cpu_s(pg_procs, pg_seen)
             row = await conn.fetchrow(
                 "SELECT settlement_status, settled_bets FROM betting_match WHERE id = $1", target
             )
@@ -226,6 +262,9 @@ async def main() -> None:
             if now > 600:
                 raise SystemExit(f"timeout; progress {dict(row)}")
             await asyncio.sleep(0.1)
+    worker_cpu = sum(proc.cpu_times()[:2]) - worker_cpu0
+    pg_cpu = cpu_s(pg_procs, pg_seen) - sum(pg_base.values())
+    load1 = os.getloadavg()
     worker.terminate()
     worker.wait(30)
     credited = await conn.fetchval(
@@ -251,7 +290,10 @@ async def main() -> None:
         f" bets, upper bound {expected_credits})\n"
         f"  all notifications     {notified_at:.2f} s  ({notes} settled-bet notifications)\n"
         f"  total                 {total:.2f} s  = {args.bets / total * 60:,.0f} bets/min\n"
-        f"  worker peak RSS       {peak / 2**20:.0f} MB",
+        f"  worker peak RSS       {peak / 2**20:.0f} MB\n"
+        f"  CPU                   worker {worker_cpu:.1f} s, postgres backends {pg_cpu:.1f} s"
+        f" ({len(pg_procs)} backends)\n"
+        f"  load average          {load0[0]:.2f} at the start, {load1[0]:.2f} at the end",
         flush=True,
     )
     await conn.close()
@@ -260,6 +302,10 @@ async def main() -> None:
         admin = await asyncpg.connect(args.pg)
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+def now_s(t0: float) -> float:
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -210,8 +210,10 @@ class Settings(BaseSettings):
     # Wallet: stakes spread over this many house sub-accounts per currency.
     wallet_house_shards: int = Field(default=8, ge=1, le=256)
 
-    # Betting: settlement chunk size (bets per transaction), result webhook to Kafka.
-    betting_settle_chunk: int = Field(default=10_000, ge=1, le=100_000)
+    # Betting: settlement chunk size (bets per transaction; 5,000 cost less CPU and
+    # time than 10,000 in bench/settlement: smaller payout events spread over the
+    # house shards), result webhook to Kafka.
+    betting_settle_chunk: int = Field(default=5_000, ge=1, le=100_000)
     # Chunk loops per process sharing one match (SKIP LOCKED keeps them apart).
     betting_settle_parallel: int = Field(default=2, ge=1, le=16)
     betting_publish_attempts: int = Field(default=3, ge=1, le=10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Any
 
@@ -43,6 +44,9 @@ def notifications(event: Event) -> list[Notification]:
     """One message per settled bet; each gets its own id derived from the chunk's
     event, so a redelivered chunk sends nothing twice."""
     out = []
+    # uuid5(event.id, name) without rehashing the event id for each of the
+    # chunk's thousands of bets: the same ids, in about half the time.
+    base = hashlib.sha1(event.id.bytes, usedforsecurity=False)
     for bet in event.payload["bets"]:
         status, payout = bet["status"], bet["payout"]
         if status == "WON":
@@ -52,6 +56,8 @@ def notifications(event: Event) -> list[Notification]:
             body = f"Your bet was voided and {payout} refunded."
         else:
             subject, body = f"Bet #{bet['betId']} lost", "Better luck next time."
-        message_id = uuid.uuid5(event.id, f"bet:{bet['betId']}")
+        digest = base.copy()
+        digest.update(f"bet:{bet['betId']}".encode())
+        message_id = uuid.UUID(bytes=digest.digest()[:16], version=5)
         out.append(Notification(int(bet["ownerId"]), subject, body, str(message_id)))
     return out

@@ -41,7 +41,7 @@ class Settlement:
         db: Database,
         clock: Clock,
         *,
-        chunk: int = 10_000,
+        chunk: int = 5_000,
         parallel: int = 2,
         house_shards: int = 8,
     ) -> None:

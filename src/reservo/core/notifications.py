@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
@@ -74,7 +73,8 @@ class NotificationConsumer:
             ]
             rows = await conn.fetch(
                 Q.notification_upsert,
-                [uuid.UUID(n.event_id) for _, n in messages],
+                # the ids as text: asyncpg parses them (a UUID object each cost more)
+                [n.event_id for _, n in messages],
                 [event.topic for event, _ in messages],
                 [n.recipient_user_id for _, n in messages],
                 [self.channel.name] * len(messages),
