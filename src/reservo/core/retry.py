@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
 from prometheus_client import Counter
 from tenacity import (
@@ -78,27 +78,23 @@ def retrying(
     )
 
 
+class RetryOptions(TypedDict, total=False):
+    """``retrying``'s keyword options, so that ``retry_async`` passes them on
+    without restating them (the defaults live in ``retrying`` alone)."""
+
+    attempts: int
+    base_s: float
+    max_s: float
+    retry_on: tuple[type[BaseException], ...]
+    retry_if: Callable[[BaseException], bool] | None
+    sleep: Callable[[float], Awaitable[None]]
+
+
 async def retry_async(
-    call: Callable[[], Awaitable[T]],
-    *,
-    name: str,
-    attempts: int = 5,
-    base_s: float = 0.1,
-    max_s: float = 10.0,
-    retry_on: tuple[type[BaseException], ...] = (Exception,),
-    retry_if: Callable[[BaseException], bool] | None = None,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    call: Callable[[], Awaitable[T]], *, name: str, **options: Unpack[RetryOptions]
 ) -> T:
     """Await ``call()`` until it succeeds or ``attempts`` ran out (then re-raise)."""
-    controller = retrying(
-        name,
-        attempts=attempts,
-        base_s=base_s,
-        max_s=max_s,
-        retry_on=retry_on,
-        retry_if=retry_if,
-        sleep=sleep,
-    )
+    controller = retrying(name, **options)
 
     # tenacity awaits only what it recognises as a coroutine function; a lambda
     # returning a coroutine would be "called" and never awaited.
