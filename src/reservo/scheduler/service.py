@@ -278,14 +278,9 @@ class Scheduler:
         now = self.clock.now()
         async with self.db.transaction() as conn:
             job = await repo.retry(conn, job_id, now, self.config.max_attempts)
-        if job is None:
-            current = await self.get(job_id)
-            raise DomainError(
-                "not_retryable",
-                f"job {job_id} is {current.status}: only DEAD or FAILED jobs can be retried",
-            )
-        await self.dispatch([job])
-        return job
+        return await self._dispatch_changed(
+            job_id, job, "not_retryable", "only DEAD or FAILED jobs can be retried"
+        )
 
     async def reschedule(self, job_id: int, run_at: datetime) -> Job:
         """A new run_at for a job no worker has claimed (SCHEDULED, QUEUED, or
@@ -297,13 +292,17 @@ class Scheduler:
             raise DomainError("validation_error", str(exc)) from exc
         async with self.db.transaction() as conn:
             job = await repo.reschedule(conn, job_id, when)
+        # Re-scores the id if Redis holds it at its old time (LOAD's ZADD XX).
+        return await self._dispatch_changed(
+            job_id, job, "not_cancellable", "it is running or finished"
+        )
+
+    async def _dispatch_changed(self, job_id: int, job: Job | None, code: str, why: str) -> Job:
+        """Dispatch the job a manager's change returned, or refuse with ``code``
+        (409) naming the status that kept the change from applying."""
         if job is None:
             current = await self.get(job_id)
-            raise DomainError(
-                "not_cancellable",
-                f"job {job_id} is {current.status}: it is running or finished",
-            )
-        # Re-scores the id if Redis holds it at its old time (LOAD's ZADD XX).
+            raise DomainError(code, f"job {job_id} is {current.status}: {why}")
         await self.dispatch([job])
         return job
 
