@@ -12,6 +12,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from reservo.appointments.service import AppointmentService
+from reservo.console.session import Session
 from reservo.console.web import SignedIn, Verified, render
 from reservo.core.errors import DomainError
 
@@ -55,6 +56,19 @@ async def agenda(
     return render(request, "clinic.html", session, doctor=doctor, day=day, slots=slots, error=None)
 
 
+def _cancel_refused(request: Request, session: Session, err: DomainError) -> HTMLResponse:
+    """The cancel page without an appointment: why it cannot be (or was not) cancelled."""
+    return render(
+        request,
+        "clinic_cancel.html",
+        session,
+        appt=None,
+        back="/console/clinic",
+        error=err.detail,
+        status=err.status,
+    )
+
+
 @router.get("/clinic/appointments/{id}/cancel", response_class=HTMLResponse)
 async def confirm_cancel(
     request: Request,
@@ -67,15 +81,7 @@ async def confirm_cancel(
     try:
         appt = await _appointments(request).get(appointment_id)
     except DomainError as err:
-        return render(
-            request,
-            "clinic_cancel.html",
-            session,
-            appt=None,
-            back="/console/clinic",
-            error=err.detail,
-            status=err.status,
-        )
+        return _cancel_refused(request, session, err)
     day = day or appt.start_at.date()
     back = _agenda_url(appt.doctor_id, day)
     return render(request, "clinic_cancel.html", session, appt=appt, day=day, back=back, error=None)
@@ -93,15 +99,7 @@ async def cancel(
     try:
         appt = await svc.cancel(appointment_id)
     except DomainError as err:
-        return render(
-            request,
-            "clinic_cancel.html",
-            session,
-            appt=None,
-            back="/console/clinic",
-            error=err.detail,
-            status=err.status,
-        )
+        return _cancel_refused(request, session, err)
     form = await request.form()
     raw_day = form.get("day")
     try:
