@@ -29,10 +29,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import FastAPI
+from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,6 +41,8 @@ from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.errors import PROBLEM_JSON, DomainError
 from reservo.core.http import REQUEST_METRICS, unexpected_error
 from reservo.core.schemas import MAX_ID
+
+M = TypeVar("M", bound=BaseModel)
 
 # A path parameter the lean path accepts: the canonical spelling of an id.
 _ID = "[1-9][0-9]{0,18}"
@@ -84,6 +87,17 @@ class LeanRequest:
         try:
             return orjson.loads(self.body)
         except orjson.JSONDecodeError:
+            return None
+
+    def model_body(self, model: type[M]) -> M | None:
+        """The body as ``model``, or None when it is not a JSON object ``model``
+        accepts (FastAPI then answers, errors included)."""
+        data = self.json_body()
+        if type(data) is not dict:
+            return None
+        try:
+            return model.model_validate(data)
+        except ValidationError:
             return None
 
 

@@ -127,13 +127,8 @@ async def create_job_flow(
 async def lean_create_job(req: LeanRequest) -> Response | None:
     """POST /api/jobs without FastAPI's per-request work; anything but a verified
     caller and a body JobIn accepts goes to the route above."""
-    caller = req.principal()
-    data = req.json_body()
-    if caller is None or type(data) is not dict:
-        return None
-    try:
-        body = JobIn.model_validate(data)
-    except ValidationError:
+    caller, body = req.principal(), req.model_body(JobIn)
+    if caller is None or body is None:
         return None
     return await create_job_flow(
         req.app_state, caller, body, req.header(b"idempotency-key"), req.body

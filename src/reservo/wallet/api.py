@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from reservo.core.auth import Principal
 from reservo.core.http import (
@@ -161,13 +160,8 @@ async def transfer_flow(
 async def lean_transfer(req: LeanRequest) -> Response | None:
     """POST /api/transfers without FastAPI's per-request work; anything but a
     verified caller and a body TransferIn accepts goes to the route above."""
-    caller = req.principal()
-    data = req.json_body()
-    if caller is None or type(data) is not dict:
-        return None
-    try:
-        body = TransferIn.model_validate(data)
-    except ValidationError:
+    caller, body = req.principal(), req.model_body(TransferIn)
+    if caller is None or body is None:
         return None
     return await transfer_flow(
         req.app_state, caller, body, req.header(b"idempotency-key"), req.body
