@@ -87,16 +87,8 @@ def make_client(url: str, timeout_s: float, *, cluster: bool = False) -> Client:
     cluster pipeline retries by closing every connection of the client, calls
     in flight included, which under concurrency turns one timeout into a storm.
     """
-    if cluster:
-        return _Cluster.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            decode_responses=False,
-            health_check_interval=HEALTH_CHECK_INTERVAL_S,
-            retry=Retry(NoBackoff(), 0),
-        )
-    return redis.asyncio.Redis.from_url(
+    from_url = _Cluster.from_url if cluster else redis.asyncio.Redis.from_url
+    return from_url(
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
