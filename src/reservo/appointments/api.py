@@ -44,6 +44,7 @@ from reservo.core.http import (
     problem_responses,
     required_key,
     run_idempotent,
+    run_idempotent_route,
 )
 from reservo.core.idempotency import IdempotencyStore, Within, validate_key
 from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson
@@ -343,14 +344,14 @@ async def reschedule(
     goes to that slot's waitlist. Idempotency-Key required."""
     key = required_key(idempotency_key)
     old = await _owned(request, caller, appointment_id)
-    svc, store, raw = _svc(request), idempotency_store(request), await request.body()
+    svc = _svc(request)
     endpoint = f"POST /api/appointments/{appointment_id}/reschedule"
 
     async def move_once(within: Within[Appointment] | None) -> Appointment:
         return await svc.reschedule(old, body.slot_id, within)
 
-    return await run_idempotent(
-        store, caller, endpoint, key, raw, move_once, render_rescheduled, status=200
+    return await run_idempotent_route(
+        request, caller, endpoint, key, move_once, render_rescheduled, status=200
     )
 
 
@@ -372,7 +373,7 @@ async def join_waitlist(
     is 409 `already_waiting`."""
     caller.require_owner("patient", body.patient_id)
     key = validate_key(idempotency_key, required=False)
-    svc, store, raw = _svc(request), idempotency_store(request), await request.body()
+    svc = _svc(request)
 
     async def join_once(within: Within[domain.Waiting] | None) -> domain.Waiting:
         return await svc.join_waitlist(slot_id, body.patient_id, within)
@@ -381,7 +382,7 @@ async def join_waitlist(
         return WaitlistOut(slot_id=w.slot_id, patient_id=w.patient_id, position=w.position).wire()
 
     endpoint = f"POST /api/slots/{slot_id}/waitlist"
-    return await run_idempotent(store, caller, endpoint, key, raw, join_once, render_waiting)
+    return await run_idempotent_route(request, caller, endpoint, key, join_once, render_waiting)
 
 
 @router.delete(

@@ -34,11 +34,10 @@ from reservo.core.http import (
     IdempotencyKey,
     PathId,
     from_state,
-    idempotency_store,
     json_response,
     problem_responses,
     required_key,
-    run_idempotent,
+    run_idempotent_route,
 )
 from reservo.core.idempotency import Within
 from reservo.core.pagination import (
@@ -235,9 +234,7 @@ async def place_bet(
     def place(within: Within[Bet] | None) -> Awaitable[Bet]:
         return svc.place_bet(body.account_id, body.stake, legs, within)
 
-    raw = await request.body()
-    store = idempotency_store(request)
-    return await run_idempotent(store, caller, "POST /api/bets", key, raw, place, render_bet)
+    return await run_idempotent_route(request, caller, "POST /api/bets", key, place, render_bet)
 
 
 @router.get("/bets/{id}", response_model=BetOut, responses=PROBLEMS)

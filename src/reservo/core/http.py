@@ -318,6 +318,21 @@ async def run_idempotent(
     return json_response(status, payload)
 
 
+async def run_idempotent_route(
+    request: Request,
+    principal: Principal,
+    endpoint: str,
+    key: str | None,
+    use_case: Callable[[Within[T] | None], Awaitable[T]],
+    render: Callable[[T], Any],
+    status: int = 201,
+) -> JSONResponse:
+    """``run_idempotent`` for a FastAPI route: the app's store, the request's raw
+    body (the key is checked by the route, where its 400 belongs in order)."""
+    store, body = idempotency_store(request), await request.body()
+    return await run_idempotent(store, principal, endpoint, key, body, use_case, render, status)
+
+
 async def run_idempotent_once(
     store: IdempotencyStore,
     principal: Principal,

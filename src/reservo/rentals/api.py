@@ -20,11 +20,10 @@ from reservo.core.http import (
     IdempotencyKey,
     PathId,
     from_state,
-    idempotency_store,
     json_response,
     problem_responses,
     required_key,
-    run_idempotent,
+    run_idempotent_route,
 )
 from reservo.core.idempotency import Within, validate_key
 from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson
@@ -105,15 +104,14 @@ async def create_car(
 ) -> JSONResponse:
     caller.require("admin")
     key = validate_key(idempotency_key, required=False)
-    svc, raw = svc_of(request), await request.body()
+    svc = svc_of(request)
 
     def create(within: Within[Car] | None) -> Awaitable[Car]:
         return svc.create_car(
             body.plate, body.model, body.city, body.daily_price, body.host_id, within
         )
 
-    store = idempotency_store(request)
-    return await run_idempotent(store, caller, "POST /api/cars", key, raw, create, render_car)
+    return await run_idempotent_route(request, caller, "POST /api/cars", key, create, render_car)
 
 
 @router.get("/cars", response_model=list[CarOut], responses=PROBLEMS)
@@ -173,15 +171,14 @@ async def hold(
 ) -> JSONResponse:
     caller.require_owner("customer", body.customer_id)
     key = required_key(idempotency_key)
-    svc, raw = svc_of(request), await request.body()
+    svc = svc_of(request)
 
     async def hold_once(within: Within[Booking] | None) -> Booking:
         # The hold counts itself against the rate limit, in its own transaction.
         return await svc.hold(body.car_id, body.customer_id, body.from_, body.to, within)
 
-    store = idempotency_store(request)
-    return await run_idempotent(
-        store, caller, "POST /api/bookings", key, raw, hold_once, partial(render, svc)
+    return await run_idempotent_route(
+        request, caller, "POST /api/bookings", key, hold_once, partial(render, svc)
     )
 
 

@@ -19,12 +19,11 @@ from reservo.core.http import (
     IdempotencyKey,
     PathId,
     from_state,
-    idempotency_store,
     json_bytes,
     json_response,
     problem_responses,
-    run_idempotent,
     run_idempotent_once,
+    run_idempotent_route,
 )
 from reservo.core.idempotency import Within, validate_key
 from reservo.core.lean import LeanRequest, LeanRoute
@@ -224,7 +223,6 @@ async def create_recurring_job(
     caller.require("service")
     check_payload(body.category, body.payload)
     svc = _svc(request)
-    store = idempotency_store(request)
     key = validate_key(idempotency_key, required=False)
 
     def create(within: Within[Recurring] | None) -> Awaitable[Recurring]:
@@ -232,9 +230,8 @@ async def create_recurring_job(
             body.category, body.cron, body.timezone, body.payload, body.urgency, within
         )
 
-    raw = await request.body()
-    return await run_idempotent(
-        store, caller, "POST /api/recurring-jobs", key, raw, create, render_recurring
+    return await run_idempotent_route(
+        request, caller, "POST /api/recurring-jobs", key, create, render_recurring
     )
 
 

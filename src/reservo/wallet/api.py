@@ -14,11 +14,11 @@ from reservo.core.http import (
     IdempotencyKey,
     PathId,
     from_state,
-    idempotency_store,
     json_response,
     problem_responses,
     required_key,
     run_idempotent,
+    run_idempotent_route,
 )
 from reservo.core.idempotency import Within
 from reservo.core.lean import LeanRequest, LeanRoute
@@ -97,9 +97,7 @@ async def _idempotent(
     """Run a money movement at most once per key: the stored response commits in
     the same transaction as the transfer, so a retry can never move money again."""
     checked = required_key(key)
-    raw = await request.body()
-    store = idempotency_store(request)
-    return await run_idempotent(store, caller, endpoint, checked, raw, run, render_transfer)
+    return await run_idempotent_route(request, caller, endpoint, checked, run, render_transfer)
 
 
 @router.post(
