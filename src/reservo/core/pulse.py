@@ -45,20 +45,15 @@ class Figure:
     keep: Callable[[Mapping[str, str]], bool] = lambda _labels: True
 
 
+def of_module(module: str) -> Callable[[Mapping[str, str]], bool]:
+    """``keep`` for a counter shared by modules: only ``module``'s samples."""
+    return lambda labels: labels.get("module") == module
+
+
 FIGURES: tuple[Figure, ...] = (
-    Figure(
-        "booked",
-        "Appointments booked",
-        metrics.BOOKINGS,
-        lambda labels: labels.get("module") == "appointments",
-    ),
+    Figure("booked", "Appointments booked", metrics.BOOKINGS, of_module("appointments")),
     Figure("refused", "Booking attempts refused (full, rate limited, taken)", metrics.CONFLICTS),
-    Figure(
-        "holds",
-        "Car holds placed",
-        metrics.BOOKINGS,
-        lambda labels: labels.get("module") == "rentals",
-    ),
+    Figure("holds", "Car holds placed", metrics.BOOKINGS, of_module("rentals")),
     Figure("bets", "Bets placed", metrics.BETS_PLACED),
     Figure("results", "Match results received", metrics.RESULTS_RECEIVED),
     Figure("settled", "Bets settled", metrics.BETS_SETTLED),
