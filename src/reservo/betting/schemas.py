@@ -90,27 +90,9 @@ class ResultOut(ApiModel):
     provider_event_id: str
 
 
-class MatchOut(ApiModel):
-    id: int
-    external_id: str
-    home: str
-    away: str
-    starts_at: datetime
-    odds: dict[str, dict[str, str]]
-    suspended: bool = Field(description="bets on it are refused (409 market_suspended)")
-    result: ResultOut | None
-    settlement: SettlementOut
-
-
-class SettlementSummaryOut(ApiModel):
-    status: str
-    settled_bets: int
-
-
-class MatchSummaryOut(ApiModel):
-    """A match as lists show it: the match without ``settlement.pendingBets``,
-    which counts the match's open bets (GET /api/matches/{id} has it); counting
-    them for every match of a page would cost a page what its matches' bets cost."""
+class _MatchFields(ApiModel):
+    """What a match and a list's summary of it both show (never named in the
+    OpenAPI document: only its two subclasses are)."""
 
     id: int
     external_id: str
@@ -120,6 +102,23 @@ class MatchSummaryOut(ApiModel):
     odds: dict[str, dict[str, str]]
     suspended: bool
     result: ResultOut | None
+
+
+class MatchOut(_MatchFields):
+    suspended: bool = Field(description="bets on it are refused (409 market_suspended)")
+    settlement: SettlementOut
+
+
+class SettlementSummaryOut(ApiModel):
+    status: str
+    settled_bets: int
+
+
+class MatchSummaryOut(_MatchFields):
+    """A match as lists show it: the match without ``settlement.pendingBets``,
+    which counts the match's open bets (GET /api/matches/{id} has it); counting
+    them for every match of a page would cost a page what its matches' bets cost."""
+
     settlement: SettlementSummaryOut
 
 
