@@ -66,15 +66,8 @@ _svc = from_state(AppointmentService, "appointments")
 
 
 def render(appt: Appointment) -> dict[str, Any]:
-    return AppointmentOut(
-        id=appt.id,
-        slot_id=appt.slot_id,
-        patient_id=appt.patient_id,
-        status=appt.status,  # type: ignore[arg-type]
-        start_at=appt.start_at,
-        end_at=appt.end_at,
-        created_at=appt.created_at,
-    ).wire()
+    # The wire fields are the appointment's own, by name (doctor_id stays inside).
+    return AppointmentOut.model_validate(appt, from_attributes=True).wire()
 
 
 @router.post("/doctors", status_code=201, response_model=DoctorOut, responses=PROBLEMS)

@@ -47,13 +47,8 @@ def render_account(a: Account) -> dict[str, Any]:
 
 
 def render_transfer(t: Transfer) -> dict[str, Any]:
-    return TransferOut(
-        id=t.id,
-        from_account_id=t.from_account_id,
-        to_account_id=t.to_account_id,
-        amount=t.amount,
-        created_at=t.created_at,
-    ).wire()
+    # The wire fields are the transfer's own, by name (kind and reference stay inside).
+    return TransferOut.model_validate(t, from_attributes=True).wire()
 
 
 async def _owned(request: Request, caller: Caller, account_id: int) -> Account:
