@@ -61,13 +61,8 @@ _intake = from_state(ResultIntake, "results")
 def _match_fields(m: Match) -> dict[str, Any]:
     """What a match and a list's summary of it both show."""
     result = None
-    if m.result is not None:
-        result = ResultOut(
-            status=m.result.status,
-            home_score=m.result.home_score,
-            away_score=m.result.away_score,
-            provider_event_id=m.result.provider_event_id,
-        )
+    if m.result is not None:  # the wire fields are the result's own, by name
+        result = ResultOut.model_validate(m.result, from_attributes=True)
     return {
         "id": m.id,
         "external_id": m.external_id,
