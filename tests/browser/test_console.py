@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,47 @@ async def sign_in(page: Any, live: Live, role: str = "admin", sub: int = 1) -> N
 async def session_cookie(page: Any) -> dict[str, Any] | None:
     cookies = await page.context.cookies()
     return next((c for c in cookies if c["name"] == SESSION_COOKIE), None)
+
+
+async def booked_slot(
+    live: Live, doctor_name: str = "Dr. W", end_time: str = "09:30"
+) -> tuple[int, date, int, int]:
+    """(doctor, day, slot, appointment): a doctor whose one-seat slots run from
+    09:00 to ``end_time`` two days ahead, the first of them booked through the API."""
+    http = live.http
+    doctor = await http.post(
+        "/api/doctors", json={"name": doctor_name, "timezone": "UTC"}, headers=ADMIN
+    )
+    assert doctor.status_code == 201, doctor.text
+    doctor_id = doctor.json()["id"]
+    day = live.container.clock.now().date() + timedelta(days=2)
+    schedule = await http.post(
+        f"/api/doctors/{doctor_id}/schedules",
+        headers=ADMIN,
+        json={
+            "from": day.isoformat(),
+            "to": day.isoformat(),
+            "weekdays": list(range(1, 8)),
+            "startTime": "09:00",
+            "endTime": end_time,
+            "slotMinutes": 30,
+            "capacity": 1,
+        },
+    )
+    assert schedule.status_code == 201, schedule.text
+    slots = await http.get(
+        f"/api/doctors/{doctor_id}/slots", params={"date": day.isoformat()}, headers=ADMIN
+    )
+    assert slots.status_code == 200, slots.text
+    slot_id = slots.json()[0]["id"]
+    patient = new_id()
+    r = await http.post(
+        "/api/appointments",
+        json={"slotId": slot_id, "patientId": patient},
+        headers={**auth("patient", patient), "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert r.status_code == 201, r.text
+    return doctor_id, day, slot_id, r.json()["id"]
 
 
 async def test_a_page_without_a_session_redirects_to_sign_in(page: Any, live: Live) -> None:
@@ -98,39 +139,7 @@ async def test_the_overview_shows_a_booking_made_through_the_api(page: Any, live
     before = int(await booked.inner_text())
 
     http = live.http
-    doctor = await http.post(
-        "/api/doctors", json={"name": "Dr. Console", "timezone": "UTC"}, headers=ADMIN
-    )
-    assert doctor.status_code == 201, doctor.text
-    doctor_id = doctor.json()["id"]
-    day = live.container.clock.now().date() + timedelta(days=2)
-    schedule = await http.post(
-        f"/api/doctors/{doctor_id}/schedules",
-        headers=ADMIN,
-        json={
-            "from": day.isoformat(),
-            "to": day.isoformat(),
-            "weekdays": list(range(1, 8)),
-            "startTime": "09:00",
-            "endTime": "10:00",
-            "slotMinutes": 30,
-            "capacity": 1,
-        },
-    )
-    assert schedule.status_code == 201, schedule.text
-    slots = await http.get(
-        f"/api/doctors/{doctor_id}/slots", params={"date": day.isoformat()}, headers=ADMIN
-    )
-    assert slots.status_code == 200, slots.text
-    slot_id = slots.json()[0]["id"]
-    patient = new_id()
-    r = await http.post(
-        "/api/appointments",
-        json={"slotId": slot_id, "patientId": patient},
-        headers={**auth("patient", patient), "Idempotency-Key": str(uuid.uuid4())},
-    )
-    assert r.status_code == 201, r.text
-    appointment_id = r.json()["id"]
+    doctor_id, day, slot_id, appointment_id = await booked_slot(live, "Dr. Console", "10:00")
 
     # No reload: the panels refresh themselves (htmx) and show it.
     row = page.locator("#latest-appointments tr", has_text=str(appointment_id))

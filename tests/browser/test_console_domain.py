@@ -14,49 +14,13 @@ from structlog.testing import capture_logs
 from reservo.core.auth import sign_webhook
 from tests.betting_helpers import kick_off, make_account, make_match, place
 from tests.browser.conftest import Live
-from tests.browser.test_console import sign_in
+from tests.browser.test_console import booked_slot, sign_in
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN
 
 
-async def full_slot(live: Live) -> tuple[int, Any, int, int]:
-    """(doctor, day, slot, appointment): a one-seat slot two days ahead, booked."""
-    http = live.http
-    doctor = await http.post(
-        "/api/doctors", json={"name": "Dr. W", "timezone": "UTC"}, headers=ADMIN
-    )
-    doctor_id = doctor.json()["id"]
-    day = live.container.clock.now().date() + timedelta(days=2)
-    r = await http.post(
-        f"/api/doctors/{doctor_id}/schedules",
-        headers=ADMIN,
-        json={
-            "from": day.isoformat(),
-            "to": day.isoformat(),
-            "weekdays": list(range(1, 8)),
-            "startTime": "09:00",
-            "endTime": "09:30",
-            "slotMinutes": 30,
-            "capacity": 1,
-        },
-    )
-    assert r.status_code == 201, r.text
-    slots = await http.get(
-        f"/api/doctors/{doctor_id}/slots", params={"date": day.isoformat()}, headers=ADMIN
-    )
-    slot_id = slots.json()[0]["id"]
-    patient = new_id()
-    r = await http.post(
-        "/api/appointments",
-        json={"slotId": slot_id, "patientId": patient},
-        headers={**auth("patient", patient), "Idempotency-Key": str(uuid.uuid4())},
-    )
-    assert r.status_code == 201, r.text
-    return doctor_id, day, slot_id, r.json()["id"]
-
-
 async def test_the_agenda_shows_a_full_slot_and_its_waitlist(page: Any, live: Live) -> None:
-    doctor_id, day, slot_id, _ = await full_slot(live)
+    doctor_id, day, slot_id, _ = await booked_slot(live)
     waiting = [new_id(), new_id()]
     for patient in waiting:
         r = await live.http.post(
@@ -247,7 +211,7 @@ async def test_a_result_posted_twice_by_hand_settles_once(page: Any, live: Live)
 async def test_forged_posts_on_the_domain_actions_are_refused_and_change_nothing(
     page: Any, live: Live
 ) -> None:
-    _, _, _, appointment_id = await full_slot(live)
+    _, _, _, appointment_id = await booked_slot(live)
     match = await make_match(live.http, timedelta(minutes=1))
     kick_off(live.container.clock, match)
     await sign_in(page, live)
