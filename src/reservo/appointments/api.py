@@ -41,6 +41,7 @@ from reservo.core.http import (
     idempotency_store,
     json_bytes,
     json_response,
+    model_from,
     problem_responses,
     required_key,
     run_idempotent,
@@ -284,19 +285,11 @@ async def list_patient_appointments(
 
 
 def _agenda_slot(s: domain.AgendaSlot) -> AgendaSlot:
-    return AgendaSlot(
-        id=s.id,
-        doctor_id=s.doctor_id,
-        start_at=s.start_at,
-        end_at=s.end_at,
-        opens_at=s.opens_at,
-        capacity=s.capacity,
-        booked_count=s.booked_count,
-        available=s.capacity - s.booked_count,
-        appointments=[
-            AgendaAppointment(id=a.id, patient_id=a.patient_id, status=a.status)  # type: ignore[arg-type]
-            for a in s.appointments
-        ],
+    appointments = [
+        AgendaAppointment.model_validate(a, from_attributes=True) for a in s.appointments
+    ]
+    return model_from(
+        AgendaSlot, s, available=s.capacity - s.booked_count, appointments=appointments
     )
 
 

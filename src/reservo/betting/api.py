@@ -35,6 +35,7 @@ from reservo.core.http import (
     PathId,
     from_state,
     json_response,
+    model_from,
     problem_responses,
     required_key,
     run_idempotent_route,
@@ -98,25 +99,8 @@ def render_bet(b: Bet) -> dict[str, Any]:
 
 
 def bet_out(b: Bet) -> BetOut:
-    return BetOut(
-        id=b.id,
-        account_id=b.account_id,
-        stake=b.stake,
-        status=b.status,
-        potential_payout=b.potential_payout,
-        payout=b.payout,
-        selections=[
-            SelectionOut(
-                match_id=s.match_id,
-                market=s.market,
-                pick=s.pick,
-                odds=odds_text(s.odds),
-                status=s.status,
-            )
-            for s in b.selections
-        ],
-        created_at=b.created_at,
-    )
+    selections = [model_from(SelectionOut, s, odds=odds_text(s.odds)) for s in b.selections]
+    return model_from(BetOut, b, selections=selections)
 
 
 @router.post("/matches", status_code=201, response_model=MatchOut, responses=PROBLEMS)

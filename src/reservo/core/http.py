@@ -13,6 +13,7 @@ import structlog
 from fastapi import Depends, FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -370,3 +371,15 @@ def required_key(key: str | None) -> str:
     checked = validate_key(key, required=True)
     assert checked is not None
     return checked
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def model_from(model: type[M], source: object, **given: Any) -> M:
+    """A response ``model`` whose fields are ``source``'s attributes of the same
+    names, but for the ``given`` ones (renamed or computed): what a domain object
+    shows on the wire, without restating every field. Validated as the
+    constructor validates, so the wire JSON is the constructor's."""
+    taken = {name: getattr(source, name) for name in model.model_fields if name not in given}
+    return model.model_validate({**taken, **given})

@@ -8,7 +8,14 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from reservo.core.deadletters import DeadLetter, DeadLetterBox
-from reservo.core.http import Caller, PathId, from_state, json_response, problem_responses
+from reservo.core.http import (
+    Caller,
+    PathId,
+    from_state,
+    json_response,
+    model_from,
+    problem_responses,
+)
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.ops.schemas import DeadLetterOut, DeadLetterPage, Replayed
 
@@ -20,16 +27,7 @@ _box = from_state(DeadLetterBox, "dead_letters")
 
 
 def render(d: DeadLetter) -> DeadLetterOut:
-    return DeadLetterOut(
-        id=d.id,
-        consumer=d.consumer,
-        topic=d.topic,
-        event_id=d.event_id,
-        error=d.error,
-        attempts=d.attempts,
-        created_at=d.parked_at,
-        replayed_at=d.replayed_at,
-    )
+    return model_from(DeadLetterOut, d, created_at=d.parked_at)
 
 
 @router.get("/dead-letters", response_model=DeadLetterPage, responses=PROBLEMS)

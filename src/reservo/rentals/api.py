@@ -21,6 +21,7 @@ from reservo.core.http import (
     PathId,
     from_state,
     json_response,
+    model_from,
     problem_responses,
     required_key,
     run_idempotent_route,
@@ -65,17 +66,15 @@ def render(svc: RentalService, b: Booking) -> dict[str, Any]:
     # A HOLD past its expiry is shown as EXPIRED even before a job flipped it.
     status = domain.effective_status(b.status, b.hold_expires_at, svc.clock.now())
     live_hold = status == "HOLD"
-    return BookingOut(
+    return model_from(
+        BookingOut,
+        b,
         booking_id=b.id,
-        car_id=b.car_id,
-        customer_id=b.customer_id,
         from_=b.from_at,
         to=b.return_at,
-        status=status,  # type: ignore[arg-type]
-        deposit_amount=b.deposit_amount,
+        status=status,
         hold_expires_at=b.hold_expires_at if live_hold else None,
         payment_url=svc.payment_url(b.id) if live_hold else None,
-        refund_amount=b.refund_amount,
     ).wire()
 
 
@@ -349,16 +348,7 @@ async def car_calendar(
     caller.require("host")
     car, rows = await svc_of(request).calendar(car_id, from_, to)
     caller.require_owner("host", car.host_id)
-    periods = [
-        CalendarPeriod(
-            booking_id=p.booking_id,
-            from_=p.from_at,
-            to=p.return_at,
-            buffer_until=p.buffer_until,
-            status=p.status,  # type: ignore[arg-type]
-        )
-        for p in rows
-    ]
+    periods = [model_from(CalendarPeriod, p, from_=p.from_at, to=p.return_at) for p in rows]
     return json_response(200, Calendar(car_id=car_id, periods=periods).wire())
 
 
