@@ -288,3 +288,22 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+# A write's use-case flow once its request is parsed, which the FastAPI route and
+# the lean path both run: (the app's state, the caller, the body, the
+# Idempotency-Key header, the raw body).
+BodyFlow = Callable[[Any, Principal, M, str | None, bytes], Awaitable[Response]]
+
+
+def body_route(method: str, template: str, model: type[M], flow: BodyFlow[M]) -> LeanRoute:
+    """The lean route of a write that needs only a verified caller and a body
+    ``model`` accepts; anything else goes to the FastAPI route."""
+
+    async def handle(req: LeanRequest) -> Response | None:
+        caller, body = req.principal(), req.model_body(model)
+        if caller is None or body is None:
+            return None
+        return await flow(req.app_state, caller, body, req.header(b"idempotency-key"), req.body)
+
+    return LeanRoute(method, template, handle)

@@ -21,12 +21,13 @@ from reservo.core.http import (
     from_state,
     json_bytes,
     json_response,
+    model_from,
     problem_responses,
     run_idempotent_once,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, validate_key
-from reservo.core.lean import LeanRequest, LeanRoute
+from reservo.core.lean import body_route
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.scheduler.domain import Job, Recurring
 from reservo.scheduler.schemas import (
@@ -55,17 +56,7 @@ def render(job: Job) -> dict[str, Any]:
 
 
 def out(job: Job) -> JobOut:
-    return JobOut(
-        job_id=job.id,
-        category=job.category,
-        urgency=job.urgency,
-        status=job.status,
-        run_at=job.run_at,
-        attempts=job.attempts,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        last_error=job.last_error,
-    )
+    return model_from(JobOut, job, job_id=job.id)
 
 
 def check_payload(category: str, payload: dict[str, Any]) -> None:
@@ -123,18 +114,8 @@ async def create_job_flow(
     return response
 
 
-async def lean_create_job(req: LeanRequest) -> Response | None:
-    """POST /api/jobs without FastAPI's per-request work; anything but a verified
-    caller and a body JobIn accepts goes to the route above."""
-    caller, body = req.principal(), req.model_body(JobIn)
-    if caller is None or body is None:
-        return None
-    return await create_job_flow(
-        req.app_state, caller, body, req.header(b"idempotency-key"), req.body
-    )
-
-
-LEAN_ROUTES = (LeanRoute("POST", "/api/jobs", lean_create_job),)
+# POST /api/jobs without FastAPI's per-request work.
+LEAN_ROUTES = (body_route("POST", "/api/jobs", JobIn, create_job_flow),)
 
 
 def created(job: Job) -> dict[str, Any]:
@@ -207,9 +188,7 @@ async def reschedule_job(
 
 
 def render_recurring(r: Recurring) -> dict[str, Any]:
-    return RecurringOut(
-        id=r.id, category=r.category, cron=r.cron, timezone=r.timezone, next_run_at=r.next_at
-    ).wire()
+    return model_from(RecurringOut, r, next_run_at=r.next_at).wire()
 
 
 @router.post("/recurring-jobs", status_code=201, response_model=RecurringOut, responses=PROBLEMS)

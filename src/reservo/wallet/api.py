@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
 from reservo.core.auth import Principal
 from reservo.core.http import (
@@ -21,7 +21,7 @@ from reservo.core.http import (
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within
-from reservo.core.lean import LeanRequest, LeanRoute
+from reservo.core.lean import body_route
 from reservo.core.schemas import MAX_ID
 from reservo.wallet.domain import Account, Transfer
 from reservo.wallet.schemas import (
@@ -43,7 +43,7 @@ _svc = from_state(WalletService, "wallet")
 
 
 def render_account(a: Account) -> dict[str, Any]:
-    return AccountOut(id=a.id, owner_id=a.owner_id, currency=a.currency, balance=a.balance).wire()
+    return AccountOut.model_validate(a, from_attributes=True).wire()
 
 
 def render_transfer(t: Transfer) -> dict[str, Any]:
@@ -150,18 +150,8 @@ async def transfer_flow(
     )
 
 
-async def lean_transfer(req: LeanRequest) -> Response | None:
-    """POST /api/transfers without FastAPI's per-request work; anything but a
-    verified caller and a body TransferIn accepts goes to the route above."""
-    caller, body = req.principal(), req.model_body(TransferIn)
-    if caller is None or body is None:
-        return None
-    return await transfer_flow(
-        req.app_state, caller, body, req.header(b"idempotency-key"), req.body
-    )
-
-
-LEAN_ROUTES = (LeanRoute("POST", "/api/transfers", lean_transfer),)
+# POST /api/transfers without FastAPI's per-request work.
+LEAN_ROUTES = (body_route("POST", "/api/transfers", TransferIn, transfer_flow),)
 
 
 @router.get("/accounts/{id}/statement", response_model=StatementOut, responses=PROBLEMS)
@@ -174,23 +164,9 @@ async def statement(
 ) -> JSONResponse:
     await _owned(request, caller, account_id)
     account, entries, next_before = await _svc(request).statement(account_id, before, limit)
-    return json_response(
-        200,
-        StatementOut(
-            account_id=account.id,
-            balance=account.balance,
-            entries=[
-                EntryOut(
-                    id=e.id,
-                    transfer_id=e.transfer_id,
-                    amount=e.amount,
-                    balance_after=e.balance_after,
-                    kind=e.kind,
-                    reference=e.reference,
-                    created_at=e.created_at,
-                )
-                for e in entries
-            ],
-            next_before=next_before,
-        ).wire(),
+    # An entry's wire fields are its own, by name.
+    rows = [EntryOut.model_validate(e, from_attributes=True) for e in entries]
+    out = StatementOut(
+        account_id=account.id, balance=account.balance, entries=rows, next_before=next_before
     )
+    return json_response(200, out.wire())
