@@ -21,14 +21,10 @@ TOPICS = (BOOKED, CANCELLED, REMINDER, RESCHEDULED, WAITLIST_BOOKED, WAITLIST_SK
 
 
 def payload(appt: Appointment) -> dict[str, Any]:
-    return {
-        "appointmentId": appt.id,
-        "slotId": appt.slot_id,
-        "patientId": appt.patient_id,
-        "doctorId": appt.doctor_id,
-        "startAt": appt.start_at.isoformat(),
-        "endAt": appt.end_at.isoformat(),
-    }
+    seat = skipped_payload(
+        appt.slot_id, appt.patient_id, appt.doctor_id, appt.start_at, appt.end_at
+    )
+    return {"appointmentId": appt.id, **seat}
 
 
 def rescheduled_payload(appt: Appointment, old: Appointment) -> dict[str, Any]:
@@ -38,6 +34,8 @@ def rescheduled_payload(appt: Appointment, old: Appointment) -> dict[str, Any]:
 def skipped_payload(
     slot_id: int, patient_id: int, doctor_id: int, start_at: datetime, end_at: datetime
 ) -> dict[str, Any]:
+    """The seat and the patient, as every event of the module names them (a
+    skipped patient's event has no appointment; the others add its id first)."""
     return {
         "slotId": slot_id,
         "patientId": patient_id,
@@ -51,42 +49,47 @@ def _when(iso: str) -> str:
     return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M UTC")
 
 
+# (subject, body) of each topic's message, formatted with the event's payload plus
+# `start` (startAt as a reader sees it) and, when moved, `previous` (previousStartAt).
+_MESSAGES = {
+    RESCHEDULED: (
+        "Appointment moved to {start}",
+        "Your appointment #{rescheduledFrom} at {previous} was moved: appointment "
+        "#{appointmentId} with doctor #{doctorId} at {start} is booked.",
+    ),
+    WAITLIST_BOOKED: (
+        "A place freed up: appointment booked for {start}",
+        "A place freed up in the slot you were waiting for: appointment "
+        "#{appointmentId} with doctor #{doctorId} at {start} is booked for you.",
+    ),
+    WAITLIST_SKIPPED: (
+        "A place freed up at {start}, but you are busy then",
+        "A place freed up in slot #{slotId} with doctor #{doctorId} at {start}, but you "
+        "hold another appointment at that time, so it went to the next patient and you "
+        "left that waitlist.",
+    ),
+    BOOKED: (
+        "Appointment confirmed for {start}",
+        "Your appointment #{appointmentId} with doctor #{doctorId} at {start} is booked.",
+    ),
+    REMINDER: (
+        "Reminder: appointment at {start}",
+        "Your appointment #{appointmentId} with doctor #{doctorId} is tomorrow at {start}.",
+    ),
+    CANCELLED: (
+        "Appointment for {start} cancelled",
+        "Your appointment #{appointmentId} at {start} was cancelled.",
+    ),
+}
+
+
 def notifications(event: Event) -> list[Notification]:
     p = event.payload
-    start = _when(p["startAt"])
-    if event.topic == RESCHEDULED:
-        subject = f"Appointment moved to {start}"
-        body = (
-            f"Your appointment #{p['rescheduledFrom']} at {_when(p['previousStartAt'])} "
-            f"was moved: appointment #{p['appointmentId']} with doctor #{p['doctorId']} "
-            f"at {start} is booked."
-        )
-    elif event.topic == WAITLIST_BOOKED:
-        subject = f"A place freed up: appointment booked for {start}"
-        body = (
-            f"A place freed up in the slot you were waiting for: appointment "
-            f"#{p['appointmentId']} with doctor #{p['doctorId']} at {start} is booked for you."
-        )
-    elif event.topic == WAITLIST_SKIPPED:
-        subject = f"A place freed up at {start}, but you are busy then"
-        body = (
-            f"A place freed up in slot #{p['slotId']} with doctor #{p['doctorId']} at "
-            f"{start}, but you hold another appointment at that time, so it went to the "
-            f"next patient and you left that waitlist."
-        )
-    elif event.topic == BOOKED:
-        subject = f"Appointment confirmed for {start}"
-        body = (
-            f"Your appointment #{p['appointmentId']} with doctor #{p['doctorId']} "
-            f"at {start} is booked."
-        )
-    elif event.topic == REMINDER:
-        subject = f"Reminder: appointment at {start}"
-        body = (
-            f"Your appointment #{p['appointmentId']} with doctor #{p['doctorId']} "
-            f"is tomorrow at {start}."
-        )
-    else:
-        subject = f"Appointment for {start} cancelled"
-        body = f"Your appointment #{p['appointmentId']} at {start} was cancelled."
-    return [Notification(int(p["patientId"]), subject, body, str(event.id))]
+    fields = {**p, "start": _when(p["startAt"])}
+    if "previousStartAt" in p:
+        fields["previous"] = _when(p["previousStartAt"])
+    subject, body = _MESSAGES[event.topic]
+    message = Notification(
+        int(p["patientId"]), subject.format(**fields), body.format(**fields), str(event.id)
+    )
+    return [message]

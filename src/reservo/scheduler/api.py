@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -49,6 +49,7 @@ PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
 _svc = from_state(Scheduler, "scheduler")
+JobId = Annotated[PathId, Path(alias="jobId")]
 
 
 def render(job: Job) -> dict[str, Any]:
@@ -122,20 +123,20 @@ def created(job: Job) -> dict[str, Any]:
     return JobCreated(job_id=job.id, status=job.status, run_at=job.run_at).wire()
 
 
-@router.get("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
-async def get_job(
-    job_id: Annotated[PathId, Path(alias="jobId")], caller: Caller, request: Request
-) -> JSONResponse:
+async def _one_job(caller: Principal, act: Callable[[], Awaitable[Job]]) -> JSONResponse:
+    """What the routes of one job answer: the job as ``act`` leaves it (services only)."""
     caller.require("service")
-    return json_response(200, render(await _svc(request).get(job_id)))
+    return json_response(200, render(await act()))
+
+
+@router.get("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
+async def get_job(job_id: JobId, caller: Caller, request: Request) -> JSONResponse:
+    return await _one_job(caller, lambda: _svc(request).get(job_id))
 
 
 @router.delete("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
-async def cancel_job(
-    job_id: Annotated[PathId, Path(alias="jobId")], caller: Caller, request: Request
-) -> JSONResponse:
-    caller.require("service")
-    return json_response(200, render(await _svc(request).cancel_job(job_id)))
+async def cancel_job(job_id: JobId, caller: Caller, request: Request) -> JSONResponse:
+    return await _one_job(caller, lambda: _svc(request).cancel_job(job_id))
 
 
 Status = Literal["SCHEDULED", "QUEUED", "RUNNING", "DONE", "FAILED", "DEAD", "CANCELLED"]
@@ -163,19 +164,16 @@ async def list_jobs(
 
 
 @router.post("/jobs/{jobId}/retry", response_model=JobOut, responses=PROBLEMS)
-async def retry_job(
-    job_id: Annotated[PathId, Path(alias="jobId")], caller: Caller, request: Request
-) -> JSONResponse:
+async def retry_job(job_id: JobId, caller: Caller, request: Request) -> JSONResponse:
     """A DEAD or FAILED job runs again now (`SCHEDULED`), with a fresh budget of
     RESERVO_SCHEDULER_MAX_ATTEMPTS attempts; earlier attempts stay counted.
     Any other status is 409 `not_retryable`."""
-    caller.require("service")
-    return json_response(200, render(await _svc(request).retry(job_id)))
+    return await _one_job(caller, lambda: _svc(request).retry(job_id))
 
 
 @router.patch("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
 async def reschedule_job(
-    job_id: Annotated[PathId, Path(alias="jobId")],
+    job_id: JobId,
     body: RescheduleIn,
     caller: Caller,
     request: Request,
@@ -183,8 +181,7 @@ async def reschedule_job(
     """Moves a job no worker has claimed (SCHEDULED, QUEUED, or FAILED waiting
     for its retry) to `runAt`; it runs then and not at its old time. A RUNNING
     or finished job is 409 `not_cancellable`."""
-    caller.require("service")
-    return json_response(200, render(await _svc(request).reschedule(job_id, body.run_at)))
+    return await _one_job(caller, lambda: _svc(request).reschedule(job_id, body.run_at))
 
 
 def render_recurring(r: Recurring) -> dict[str, Any]:
