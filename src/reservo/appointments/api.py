@@ -64,6 +64,8 @@ PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 _svc = from_state(AppointmentService, "appointments")
+DoctorId = Annotated[PathId, Path(alias="doctorId")]
+PatientId = Annotated[PathId, Path(alias="patientId")]
 
 
 def render(appt: Appointment) -> dict[str, Any]:
@@ -88,7 +90,7 @@ async def create_doctor(body: DoctorIn, caller: Caller, request: Request) -> JSO
     responses=PROBLEMS,
 )
 async def create_schedule(
-    doctor_id: Annotated[PathId, Path(alias="doctorId")],
+    doctor_id: DoctorId,
     body: ScheduleIn,
     caller: Caller,
     request: Request,
@@ -119,7 +121,7 @@ async def create_schedule(
 
 @router.get("/doctors/{doctorId}/slots", response_model=list[SlotOut], responses=PROBLEMS)
 async def list_slots(
-    doctor_id: Annotated[PathId, Path(alias="doctorId")],
+    doctor_id: DoctorId,
     day: Annotated[date, Query(alias="date", ge=EARLIEST_DAY, le=LATEST_DAY)],
     caller: Caller,
     request: Request,
@@ -267,7 +269,7 @@ def _position(cursor: str | None) -> tuple[datetime, int] | None:
     "/patients/{patientId}/appointments", response_model=AppointmentPage, responses=PROBLEMS
 )
 async def list_patient_appointments(
-    patient_id: Annotated[PathId, Path(alias="patientId")],
+    patient_id: PatientId,
     caller: Caller,
     request: Request,
     status: Annotated[Literal["BOOKED", "CANCELLED"] | None, Query()] = None,
@@ -376,7 +378,7 @@ async def join_waitlist(
 )
 async def leave_waitlist(
     slot_id: Annotated[PathId, Path(alias="id")],
-    patient_id: Annotated[PathId, Path(alias="patientId")],
+    patient_id: PatientId,
     caller: Caller,
     request: Request,
 ) -> Response:
@@ -388,7 +390,7 @@ async def leave_waitlist(
 
 @router.put("/patients/{patientId}/contact", response_model=ContactOut, responses=PROBLEMS)
 async def put_contact(
-    patient_id: Annotated[PathId, Path(alias="patientId")],
+    patient_id: PatientId,
     body: ContactIn,
     caller: Caller,
     request: Request,
