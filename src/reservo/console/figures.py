@@ -31,6 +31,11 @@ SETTLING_SHOWN = 5
 LATEST_SHOWN = 5
 
 
+def capped(n: int) -> str:
+    """A count read up to CAP, as the page shows it: "10,000+" at the cap."""
+    return f"{CAP:,}+" if n >= CAP else f"{n:,}"
+
+
 @dataclass(frozen=True)
 class Health:
     name: str
@@ -48,7 +53,7 @@ class Settling:
 
     @property
     def pending_text(self) -> str:
-        return f"{CAP:,}+" if self.pending >= CAP else f"{self.pending:,}"
+        return capped(self.pending)
 
     @property
     def percent(self) -> int:
@@ -63,7 +68,7 @@ class Jobs:
 
     @property
     def due_text(self) -> str:
-        return f"{CAP:,}+" if self.due >= CAP else f"{self.due:,}"
+        return capped(self.due)
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ class Count:
 
     @property
     def text(self) -> str:
-        return f"{CAP:,}+" if self.n >= CAP else f"{self.n:,}"
+        return capped(self.n)
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class Consumer:
 
     @property
     def dead_letters_text(self) -> str:
-        return f"{CAP:,}+" if self.dead_letters >= CAP else f"{self.dead_letters:,}"
+        return capped(self.dead_letters)
 
 
 class KafkaLag:
