@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from reservo.console.figures import capped
 from reservo.console.session import COOKIE, Session, Sessions, csrf_matches
 from reservo.core.clock import Clock
 from reservo.core.errors import DomainError
@@ -62,6 +63,7 @@ templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+templates.filters["capped"] = capped
 
 
 @dataclass(frozen=True)
