@@ -31,21 +31,26 @@ def rules(s: Settings) -> list[PruneRule]:
         return timedelta(days=n)
 
     return [
-        PruneRule(
-            "idem_prune", "idempotency_key", core.idem_prune, hours(s.idempotency_retention_hours)
+        PruneRule.by_ctid(
+            "idem_prune",
+            "idempotency_key",
+            core.idem_prunable,
+            hours(s.idempotency_retention_hours),
         ),
         PruneRule("outbox_prune", "outbox", core.outbox_prune, hours(s.retention_outbox_hours)),
-        PruneRule("inbox_prune", "inbox", core.inbox_prune, hours(s.retention_inbox_hours)),
-        PruneRule(
+        PruneRule.by_ctid(
+            "inbox_prune", "inbox", core.inbox_prunable, hours(s.retention_inbox_hours)
+        ),
+        PruneRule.by_ctid(
             "notification_prune",
             "notification",
-            core.notification_prune,
+            core.notification_prunable,
             days(s.retention_notification_days),
         ),
-        PruneRule(
+        PruneRule.by_ctid(
             "dead_letter_prune",
             "dead_letter",
-            core.dead_letter_prune,
+            core.dead_letter_prunable,
             days(s.retention_dead_letter_days),
         ),
         PruneRule(
@@ -57,16 +62,16 @@ def rules(s: Settings) -> list[PruneRule]:
         PruneRule(
             "job_prune_dead", "scheduled_job", jobs.job_prune_dead, days(s.retention_dead_job_days)
         ),
-        PruneRule(
+        PruneRule.by_ctid(
             "fallback_prune",
             "webhook_events_fallback",
-            betting.fallback_prune,
+            betting.fallback_prunable,
             hours(s.retention_webhook_fallback_hours),
         ),
-        PruneRule(
+        PruneRule.by_ctid(
             "rejected_prune",
             "webhook_events_rejected",
-            betting.rejected_prune,
+            betting.rejected_prunable,
             days(s.retention_webhook_rejected_days),
         ),
     ]

@@ -268,26 +268,15 @@ UPDATE webhook_events_fallback SET leased_until = NULL
 -- Keep a webhook body that did not validate, for investigation.
 INSERT INTO webhook_events_rejected (source, body, error, received_at) VALUES ($1, $2, $3, $4);
 
--- name: fallback_prune
--- Retention (core/retention.py): fallback rows RESENT before $1. PENDING rows
+-- name: fallback_prunable
+-- Retention (core's prune_by_ctid): fallback rows RESENT before $1. PENDING rows
 -- (still to resend) and FAILED ones (for an operator) are never pruned; the
 -- result itself stays in betting_result_inbox and betting_match.
-WITH gone AS (
-    DELETE FROM webhook_events_fallback
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM webhook_events_fallback
-                              WHERE status = 'RESENT' AND resent_at < $1
-                              ORDER BY resent_at LIMIT $2 FOR UPDATE SKIP LOCKED))
-    RETURNING 1
-)
-SELECT count(*) AS webhook_events_fallback FROM gone;
+SELECT ctid FROM webhook_events_fallback
+ WHERE status = 'RESENT' AND resent_at < $1
+ ORDER BY resent_at;
 
--- name: rejected_prune
--- Retention: rejected (malformed) webhook bodies received before $1.
-WITH gone AS (
-    DELETE FROM webhook_events_rejected
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM webhook_events_rejected
-                              WHERE received_at < $1
-                              ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED))
-    RETURNING 1
-)
-SELECT count(*) AS webhook_events_rejected FROM gone;
+-- name: rejected_prunable
+-- Retention (core's prune_by_ctid): rejected (malformed) webhook bodies received
+-- before $1.
+SELECT ctid FROM webhook_events_rejected WHERE received_at < $1 ORDER BY received_at;

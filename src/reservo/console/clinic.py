@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from reservo.appointments.service import AppointmentService
 from reservo.console.session import Session
-from reservo.console.web import SignedIn, Verified, render
+from reservo.console.web import SignedIn, Verified, render, render_refused
 from reservo.core.errors import DomainError
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -43,29 +43,16 @@ async def agenda(
     try:
         slots = await _appointments(request).agenda(doctor, day)
     except DomainError as err:
-        return render(
-            request,
-            "clinic.html",
-            session,
-            status=err.status,
-            doctor=doctor,
-            day=day,
-            slots=[],
-            error=err.detail,
+        return render_refused(
+            request, "clinic.html", session, err, doctor=doctor, day=day, slots=[]
         )
     return render(request, "clinic.html", session, doctor=doctor, day=day, slots=slots, error=None)
 
 
 def _cancel_refused(request: Request, session: Session, err: DomainError) -> HTMLResponse:
     """The cancel page without an appointment: why it cannot be (or was not) cancelled."""
-    return render(
-        request,
-        "clinic_cancel.html",
-        session,
-        appt=None,
-        back="/console/clinic",
-        error=err.detail,
-        status=err.status,
+    return render_refused(
+        request, "clinic_cancel.html", session, err, appt=None, back="/console/clinic"
     )
 
 
@@ -118,15 +105,14 @@ async def waitlist(
     try:
         entries = await _appointments(request).waitlist(slot_id, WAITLIST_SHOWN)
     except DomainError as err:
-        return render(
+        return render_refused(
             request,
             "clinic_waitlist.html",
             session,
+            err,
             slot_id=slot_id,
             entries=[],
             shown=WAITLIST_SHOWN,
-            error=err.detail,
-            status=err.status,
         )
     return render(
         request,

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from reservo.console.figures import Figures
-from reservo.console.web import SignedIn, Verified, render
+from reservo.console.web import SignedIn, Verified, render, render_refused
 from reservo.core.deadletters import DeadLetterBox
 from reservo.core.errors import DomainError
 
@@ -53,9 +53,7 @@ async def _letter_page(
     try:
         found = await _box(request).inspect(letter_id)
     except DomainError as err:
-        return render(
-            request, "dead_letter.html", session, status=err.status, error=err.detail, found=None
-        )
+        return render_refused(request, "dead_letter.html", session, err, found=None)
     return render(request, "dead_letter.html", session, status=status, error=error, found=found)
 
 

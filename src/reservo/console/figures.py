@@ -31,6 +31,12 @@ SETTLING_SHOWN = 5
 LATEST_SHOWN = 5
 
 
+def capped(n: int) -> str:
+    """A count read up to CAP, as the pages show it (the ``capped`` filter):
+    "10,000+" at the cap."""
+    return f"{CAP:,}+" if n >= CAP else f"{n:,}"
+
+
 @dataclass(frozen=True)
 class Health:
     name: str
@@ -47,10 +53,6 @@ class Settling:
     result_at: datetime | None
 
     @property
-    def pending_text(self) -> str:
-        return f"{CAP:,}+" if self.pending >= CAP else f"{self.pending:,}"
-
-    @property
     def percent(self) -> int:
         return percent(self.settled, self.settled + self.pending)
 
@@ -61,10 +63,6 @@ class Jobs:
     late_s: float  # how long the oldest due job has waited (0 when none is due)
     running: int
 
-    @property
-    def due_text(self) -> str:
-        return f"{CAP:,}+" if self.due >= CAP else f"{self.due:,}"
-
 
 @dataclass(frozen=True)
 class Count:
@@ -73,20 +71,12 @@ class Count:
     name: str
     n: int
 
-    @property
-    def text(self) -> str:
-        return f"{CAP:,}+" if self.n >= CAP else f"{self.n:,}"
-
 
 @dataclass(frozen=True)
 class Consumer:
     name: str
     lag: str  # what is waiting for it, in words (depends on the transport)
     dead_letters: int  # capped at CAP
-
-    @property
-    def dead_letters_text(self) -> str:
-        return f"{CAP:,}+" if self.dead_letters >= CAP else f"{self.dead_letters:,}"
 
 
 class KafkaLag:
@@ -183,7 +173,7 @@ class Figures:
         return [Health(name, ok) for name, ok in zip(names, answers, strict=False)]
 
     async def pending_legs(self, match_ids: list[int]) -> dict[int, int]:
-        """Each match's pending legs, counted up to CAP (Settling.pending_text)."""
+        """Each match's pending legs, counted up to CAP (shown through the capped filter)."""
         if not match_ids:
             return {}
         async with self.db.connection() as conn:

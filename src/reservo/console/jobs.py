@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from reservo.console.figures import Figures
-from reservo.console.web import SignedIn, Verified, render
+from reservo.console.web import SignedIn, Verified, render, render_refused
 from reservo.core.errors import DomainError
 from reservo.scheduler.domain import CANCELLABLE, RETRYABLE, STATUSES, Job, valid_category
 from reservo.scheduler.service import Scheduler
@@ -103,7 +103,7 @@ async def _job_page(
     try:
         job = await svc.get(job_id)
     except DomainError as err:
-        return render(request, "job.html", session, status=err.status, error=err.detail, job=None)
+        return render_refused(request, "job.html", session, err, job=None)
     return render(
         request,
         "job.html",

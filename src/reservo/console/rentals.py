@@ -13,7 +13,7 @@ from typing import Annotated, Any, get_args
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from reservo.console.web import SignedIn, render
+from reservo.console.web import SignedIn, render, render_refused
 from reservo.core.errors import DomainError
 from reservo.core.pagination import decode_cursor, page
 from reservo.rentals.domain import BlockedPeriod, Booking
@@ -103,26 +103,19 @@ async def car_calendar(
         "height": TOP + ROW_H,
         "row_h": ROW_H,
         "car_row": None,
-        "error": None,
     }
     if car is not None:
         try:
             car_row, periods = await _rentals(request).calendar(car, start, end)
         except DomainError as err:
-            return render(
-                request,
-                "rentals.html",
-                session,
-                status=err.status,
-                **{**context, "error": err.detail},
-            )
+            return render_refused(request, "rentals.html", session, err, **context)
         context.update(
             car_row=car_row,
             periods=periods,
             bars=timeline(periods, start, end),
             height=TOP + max(1, len(periods)) * ROW_H,
         )
-    return render(request, "rentals.html", session, **context)
+    return render(request, "rentals.html", session, error=None, **context)
 
 
 def _key(b: Booking) -> tuple[int, int]:

@@ -17,8 +17,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from reservo.console.figures import capped
 from reservo.console.session import COOKIE, Session, Sessions, csrf_matches
 from reservo.core.clock import Clock
+from reservo.core.errors import DomainError
 
 SIGN_IN = "/console/sign-in"
 CSRF_HEADER = "X-CSRF-Token"
@@ -61,6 +63,7 @@ templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+templates.filters["capped"] = capped
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,14 @@ def render(
         **context,
     )
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+
+def render_refused(
+    request: Request, template: str, session: Session | None, err: DomainError, **context: Any
+) -> HTMLResponse:
+    """The page saying why the use case refused (``err``'s detail as ``error``),
+    with the status the API would have answered."""
+    return render(request, template, session, status=err.status, error=err.detail, **context)
 
 
 def _sign_in_first(request: Request) -> HTTPException:

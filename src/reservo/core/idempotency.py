@@ -27,9 +27,11 @@ import orjson
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
+from reservo.core.retention import prune_by_ctid
 
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 Q = Queries.load("reservo.core")
+_PRUNE = prune_by_ctid("idempotency_key", Q.idem_prunable)
 T = TypeVar("T")
 # A hook a use case runs inside its own transaction with what it created. The
 # API stores its idempotent response there, so the response and the effect
@@ -245,7 +247,7 @@ class IdempotencyStore:
         total = 0
         async with self.db.connection() as conn:
             while True:
-                n = int(await conn.fetchval(Q.idem_prune, cutoff, batch))
+                n = int(await conn.fetchval(_PRUNE, cutoff, batch))
                 total += n
                 if n < batch:
                     return total

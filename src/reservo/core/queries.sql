@@ -56,19 +56,26 @@ UPDATE idempotency_key
 DELETE FROM idempotency_key
  WHERE caller = $1 AND endpoint = $2 AND key = $3 AND status = 'IN_PROGRESS';
 
--- name: idem_prune
--- Retention (core/retention.py): keys created before $1, at most $2, oldest first.
+-- name: prune_by_ctid
+-- Retention (core/retention.py): one batch, at most $2, of a table's rows that a
+-- module's `*_prunable` query finds (their ctids, oldest first, older than the
+-- cutoff $1); the table and the query are filled in by prune_by_ctid there.
 -- Every *_prune statement has this shape: ($1 cutoff, $2 batch size) -> one row
 -- counting the deleted rows per table. FOR UPDATE SKIP LOCKED: a row a request
--- holds right now is left for the next run, so pruning never waits on the hot path.
+-- holds right now is left for the next run, so pruning never waits on the hot
+-- path. The LIMIT on a line of its own: a comment ending the query must not
+-- take it.
 WITH gone AS (
-    DELETE FROM idempotency_key
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_key
-                              WHERE created_at < $1
-                              ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+    DELETE FROM {table}
+     WHERE ctid = ANY (ARRAY({prunable}
+                              LIMIT $2 FOR UPDATE SKIP LOCKED))
     RETURNING 1
 )
-SELECT count(*) AS idempotency_key FROM gone;
+SELECT count(*) AS {table} FROM gone;
+
+-- name: idem_prunable
+-- Retention: keys created before $1 (pruned by prune_by_ctid).
+SELECT ctid FROM idempotency_key WHERE created_at < $1 ORDER BY created_at;
 
 -- name: outbox_insert
 -- An event to publish, written in the caller's transaction.
@@ -268,40 +275,23 @@ SELECT EXISTS (SELECT 1 FROM dead_letter WHERE id = $1);
 -- The replay failed: the letter stays parked, with the new error and one more attempt.
 UPDATE dead_letter SET replayed_at = NULL, error = $2, attempts = attempts + 1 WHERE id = $1;
 
--- name: inbox_prune
--- Retention: inbox rows processed before $1. Settings make that cutoff older
--- than any redelivery of the event can be (see retention_inbox_hours).
-WITH gone AS (
-    DELETE FROM inbox
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM inbox
-                              WHERE processed_at < $1
-                              ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))
-    RETURNING 1
-)
-SELECT count(*) AS inbox FROM gone;
+-- name: inbox_prunable
+-- Retention (prune_by_ctid): inbox rows processed before $1. Settings make that
+-- cutoff older than any redelivery of the event can be (see retention_inbox_hours).
+SELECT ctid FROM inbox WHERE processed_at < $1 ORDER BY processed_at;
 
--- name: notification_prune
--- Retention: SENT notifications sent before $1, walked in creation order (index
--- notification_created_at; sent_at >= created_at). PENDING ones are never pruned.
-WITH gone AS (
-    DELETE FROM notification
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM notification
-                              WHERE created_at < $1 AND status = 'SENT' AND sent_at < $1
-                              ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED))
-    RETURNING 1
-)
-SELECT count(*) AS notification FROM gone;
+-- name: notification_prunable
+-- Retention (prune_by_ctid): SENT notifications sent before $1, walked in creation
+-- order (index notification_created_at; sent_at >= created_at). PENDING ones are
+-- never pruned.
+SELECT ctid FROM notification
+ WHERE created_at < $1 AND status = 'SENT' AND sent_at < $1
+ ORDER BY created_at;
 
--- name: dead_letter_prune
--- Retention: dead letters replayed before $1. One not replayed yet is never pruned.
-WITH gone AS (
-    DELETE FROM dead_letter
-     WHERE ctid = ANY (ARRAY(SELECT ctid FROM dead_letter
-                              WHERE replayed_at < $1
-                              ORDER BY replayed_at LIMIT $2 FOR UPDATE SKIP LOCKED))
-    RETURNING 1
-)
-SELECT count(*) AS dead_letter FROM gone;
+-- name: dead_letter_prunable
+-- Retention (prune_by_ctid): dead letters replayed before $1. One not replayed yet
+-- is never pruned.
+SELECT ctid FROM dead_letter WHERE replayed_at < $1 ORDER BY replayed_at;
 
 -- name: contact_put
 -- A user's notification addresses (both replaced; NULL: the channel's default).

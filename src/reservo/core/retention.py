@@ -3,7 +3,10 @@ notifications, finished jobs, dead letters, webhook logs, idempotency keys).
 
 Each module declares its prune statements in its own ``queries.sql`` (named
 ``*_prune``), and the composition root (``reservo.retention``) pairs each with
-how long its rows are kept. Every statement has one shape: ``$1`` is the cutoff
+how long its rows are kept. Most tables need no statement of their own: their
+module declares which rows may go (``*_prunable``: their ctids older than ``$1``,
+oldest first) and core's ``prune_by_ctid`` deletes a batch of them
+(``PruneRule.by_ctid``). Every statement has one shape: ``$1`` is the cutoff
 (rows older than it may go), ``$2`` the batch size, and it returns one row whose
 columns name the tables it deleted from and count the rows (a job's prune also
 deletes its executions). A statement deletes at most one batch, oldest first,
@@ -35,12 +38,13 @@ import structlog
 from prometheus_client import Counter
 
 from reservo.core.clock import Clock
-from reservo.core.db import Database
+from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
 from reservo.core.loops import pause
 from reservo.core.partitions import PartitionKeeper, PartitionResult
 
 log = structlog.get_logger(__name__)
+Q = Queries.load("reservo.core")
 
 PRUNED = Counter("reservo_pruned_rows_total", "Rows deleted by the retention pruner", ["table"])
 
@@ -54,6 +58,17 @@ class PruneRule:
     table: str
     sql: str
     keep: timedelta
+
+    @classmethod
+    def by_ctid(cls, name: str, table: str, prunable: str, keep: timedelta) -> PruneRule:
+        """The rule deleting the rows of ``table`` that ``prunable`` finds."""
+        return cls(name, table, prune_by_ctid(table, prunable), keep)
+
+
+def prune_by_ctid(table: str, prunable: str) -> str:
+    """The batch statement deleting the rows of ``table`` that ``prunable`` (a
+    module's ``*_prunable`` query) finds: core's ``prune_by_ctid`` filled in."""
+    return Q.prune_by_ctid.format(table=table, prunable=prunable.removesuffix(";"))
 
 
 @dataclass

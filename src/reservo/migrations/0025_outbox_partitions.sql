@@ -118,21 +118,15 @@ ALTER TABLE outbox_before_0025
 ALTER INDEX outbox_pending RENAME TO outbox_before_0025_pending;
 ALTER INDEX outbox_dead RENAME TO outbox_before_0025_dead;
 ALTER INDEX IF EXISTS outbox_done_published RENAME TO outbox_before_0025_done_published;
+-- LIKE below copies the status check with its name. Databases that ran this
+-- file when it spelled the columns out got outbox_status_check1 (the old
+-- table still held outbox_status_check then): every database gets that name.
+ALTER TABLE outbox_before_0025 RENAME CONSTRAINT outbox_status_check TO outbox_status_check1;
 
 CREATE TABLE outbox (
-    id           bigint      NOT NULL DEFAULT nextval('outbox_id_seq'),
-    event_id     uuid        NOT NULL,
-    topic        text        NOT NULL,
-    key          text,
-    payload      jsonb       NOT NULL,
-    created_at   timestamptz NOT NULL,
-    status       text        NOT NULL DEFAULT 'PENDING'
-                             CHECK (status IN ('PENDING', 'DONE', 'DEAD')),
-    attempts     integer     NOT NULL DEFAULT 0,
-    available_at timestamptz NOT NULL,
-    locked_until timestamptz,
-    last_error   text,
-    published_at timestamptz,
+    -- The columns, their defaults (id's from the same sequence) and the status
+    -- check, as 0001 defined them.
+    LIKE outbox_before_0025 INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
     CONSTRAINT outbox_pkey PRIMARY KEY (id, created_at),
     CONSTRAINT outbox_event_id_key UNIQUE (event_id, created_at)
 ) PARTITION BY RANGE (created_at);
@@ -152,11 +146,8 @@ CREATE INDEX outbox_done_published ON outbox (published_at) WHERE status = 'DONE
 SELECT history_partition_add('outbox', (now() AT TIME ZONE 'UTC')::date + d)
   FROM generate_series(0, 7) AS d;
 
-INSERT INTO outbox (id, event_id, topic, key, payload, created_at, status, attempts,
-                    available_at, locked_until, last_error, published_at)
-SELECT id, event_id, topic, key, payload, created_at, status, attempts,
-       available_at, locked_until, last_error, published_at
-  FROM outbox_before_0025;
+-- Same columns in the same order (LIKE above).
+INSERT INTO outbox SELECT * FROM outbox_before_0025;
 
 DROP TABLE outbox_before_0025;
 ANALYZE outbox;
