@@ -129,10 +129,17 @@ class Settings(BaseSettings):
     # Appointments.
     appointments_booking_rate_limit: int = 5
     appointments_booking_rate_window_s: int = 10
+    # How long a slot list read from the primary stays in Redis while nothing
+    # changes it: every booking, cancellation and schedule change drops it (after
+    # its commit, and durably through the outbox), so this bounds staleness only
+    # when both drops are lost. It also expires when the day's next slot opens.
+    appointments_slots_cache_life_s: int = Field(default=60, ge=1, le=3600)
+    # The Redis life of a slot list read from a replica (which may lag behind a
+    # change whose drop already ran).
     appointments_slots_cache_ttl_s: int = 3
     # Per-API-process copy of a slot list in front of Redis (0 turns it off): how
     # long another process may keep showing a list after a booking changed it.
-    # Never longer than the Redis TTL above after the list's database read.
+    # Never longer than the Redis entry it was read from.
     appointments_slots_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
     appointments_full_mark_ttl_s: int = 30
     appointments_max_schedule_days: int = 92

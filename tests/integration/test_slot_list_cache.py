@@ -25,9 +25,10 @@ from reservo.appointments.service import _slots_key
 from reservo.bootstrap import Container, build
 from reservo.core.cache import LocalCache
 from reservo.core.clock import OffsetClock
+from reservo.core.transport.base import Event
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, key, make_doctor, make_slots
+from tests.helpers import ADMIN, book, key, make_doctor, make_slots
 
 pytestmark = pytest.mark.redis_cluster
 
@@ -224,3 +225,80 @@ async def test_a_zero_ttl_keeps_nothing(ttl: float) -> None:
         return calls, 10.0
 
     assert [await cache.get("k", fill) for _ in range(3)] == [1, 2, 3]
+
+
+# -- lists kept until a change drops them -------------------------------------------
+
+
+async def test_a_fill_that_raced_a_change_is_not_stored(container: Container) -> None:
+    cache, k = container.cache, f"slots:{{doctor:{new_id()}}}:2030-01-01"
+    raw, _, generation = await cache.get_versioned(k)
+    assert raw is None and generation is not None  # a miss; the read begins
+    assert await cache.bump(k)  # a booking commits meanwhile
+    assert not await cache.set_if_unchanged(k, b"[]", 60, generation)
+    assert (await cache.get_versioned(k))[0] is None  # the old answer was not kept
+    # A fill that began after the change stores normally.
+    _, _, generation = await cache.get_versioned(k)
+    assert generation is not None and await cache.set_if_unchanged(k, b"[]", 60, generation)
+    assert (await cache.get_versioned(k))[0] == b"[]"
+
+
+async def test_a_list_lives_long_in_redis_and_a_booking_drops_it(
+    client: httpx.AsyncClient, container: Container
+) -> None:
+    doctor, slots = await make_slots(client, capacity=1)
+    day = datetime.fromisoformat(slots[0]["startAt"]).date()
+    k = _slots_key(doctor, day)
+    url, params = f"/api/doctors/{doctor}/slots", {"date": day.isoformat()}
+    assert (await client.get(url, params=params, headers=ADMIN)).status_code == 200
+    raw, life_s, _ = await container.cache.get_versioned(k)
+    life = container.settings.appointments_slots_cache_life_s
+    assert raw is not None and life - 5 < life_s <= life  # kept for the long life
+    assert (await book(client, slots[0]["id"], new_id())).status_code == 201
+    assert (await container.cache.get_versioned(k))[0] is None  # dropped after the commit
+    listed = await client.get(url, params=params, headers=ADMIN)
+    assert slots[0]["id"] not in [s["id"] for s in listed.json()]
+
+
+async def test_a_list_expires_when_the_next_slot_of_its_day_opens(
+    client: httpx.AsyncClient, container: Container, db: asyncpg.Connection
+) -> None:
+    doctor = await make_doctor(client, "UTC")
+    day = datetime.now(UTC).date() + timedelta(days=5)
+    base = datetime(day.year, day.month, day.day, 9, 0, tzinfo=UTC)
+    for n, opens in enumerate(("now() - interval '1 day'", "now() + interval '4 seconds'")):
+        await db.execute(
+            "INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at)"
+            f" VALUES ($1, $2, $3, 1, {opens})",
+            doctor,
+            base + timedelta(hours=n),
+            base + timedelta(hours=n, minutes=30),
+        )
+    url, params = f"/api/doctors/{doctor}/slots", {"date": day.isoformat()}
+    assert len((await client.get(url, params=params, headers=ADMIN)).json()) == 1
+    raw, life_s, _ = await container.cache.get_versioned(_slots_key(doctor, day))
+    assert raw is not None and 0 < life_s <= 4  # gone when the second slot opens
+    await asyncio.sleep(life_s + 1.1)  # Redis and the 1 s per-process copy both expired
+    assert len((await client.get(url, params=params, headers=ADMIN)).json()) == 2
+
+
+async def test_the_outbox_consumer_drops_what_a_dead_request_left_cached(
+    client: httpx.AsyncClient, container: Container, db: asyncpg.Connection
+) -> None:
+    doctor, slots = await make_slots(client, capacity=2)
+    day = datetime.fromisoformat(slots[0]["startAt"]).date()
+    k = _slots_key(doctor, day)
+    r = await book(client, slots[0]["id"], new_id())
+    assert r.status_code == 201
+    # The process died between its commit and its drop: a stale list stays behind.
+    await container.cache.set_bytes(k, b"[]", 60)
+    row = await db.fetchrow(
+        "SELECT event_id, topic, key, payload, created_at FROM outbox WHERE key = $1",
+        f"appointment:{r.json()['id']}",
+    )
+    assert row is not None
+    event = Event(
+        row["event_id"], row["topic"], row["key"], orjson.loads(row["payload"]), row["created_at"]
+    )
+    await container.appointments.slot_lists_changed(event)
+    assert (await container.cache.get_versioned(k))[0] is None

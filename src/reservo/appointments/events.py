@@ -17,6 +17,10 @@ RESCHEDULED = "appointments.rescheduled.v1"
 WAITLIST_BOOKED = "appointments.waitlist_booked.v1"
 # A seat freed, but that waiting patient holds another appointment at that time.
 WAITLIST_SKIPPED = "appointments.waitlist_skipped.v1"
+# Drops the cached slot lists a booking, cancellation or move changed (durably:
+# what the request could not drop after its commit).
+SLOT_LISTS_CONSUMER = "appointments-slot-lists"
+SLOT_LIST_CHANGES = (BOOKED, CANCELLED, RESCHEDULED)
 TOPICS = (BOOKED, CANCELLED, REMINDER, RESCHEDULED, WAITLIST_BOOKED, WAITLIST_SKIPPED)
 
 

@@ -30,6 +30,8 @@ SELECT id, doctor_id, start_at, end_at, capacity, booked_count
 -- orjson writes of SlotOut (camelCase, instants in UTC as Python's isoformat()
 -- writes them), built by PostgreSQL: one text value instead of 40 decoded rows.
 -- Every value is an integer or a fixed-format instant, so no escaping is needed.
+-- next_open: when the next of the day's slots opens for booking (the list changes
+-- then without any write), NULL if none is still to open.
 SELECT '[' || coalesce(string_agg(format(
            '{"id":%s,"doctorId":%s,"startAt":"%s","endAt":"%s","capacity":%s,"bookedCount":%s,"available":%s}',
            id, doctor_id,
@@ -37,11 +39,12 @@ SELECT '[' || coalesce(string_agg(format(
                THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END),
            to_char(end_at AT TIME ZONE 'UTC', CASE WHEN date_trunc('second', end_at) = end_at
                THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END),
-           capacity, booked_count, capacity - booked_count), ',' ORDER BY start_at), '') || ']' AS body,
-       min(start_at) AS first_start
+           capacity, booked_count, capacity - booked_count), ',' ORDER BY start_at)
+           FILTER (WHERE booked_count < capacity AND opens_at <= $4), '') || ']' AS body,
+       min(start_at) FILTER (WHERE booked_count < capacity AND opens_at <= $4) AS first_start,
+       min(opens_at) FILTER (WHERE opens_at > $4) AS next_open
   FROM time_slot
- WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4
-   AND booked_count < capacity AND opens_at <= $4;
+ WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4;
 
 -- name: book
 -- Check and write in one statement: the row lock makes a concurrent booking wait

@@ -42,10 +42,11 @@ async def available_slots(
 
 async def available_slots_json(
     conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime, now: datetime
-) -> tuple[bytes, datetime | None]:
+) -> tuple[bytes, datetime | None, datetime | None]:
+    """The list's JSON, its earliest start and when its next slot opens."""
     row = await conn.fetchrow(Q.available_slots_json, doctor_id, start, end, now)
     assert row is not None  # an aggregate always answers one row
-    return row["body"].encode(), row["first_start"]
+    return row["body"].encode(), row["first_start"], row["next_open"]
 
 
 async def book(

@@ -25,6 +25,7 @@ from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
+from reservo.core.transport.base import Event
 from reservo.core.turns import Turns
 from reservo.scheduler import Job, Scheduler
 
@@ -47,10 +48,18 @@ _FULL_BY_REDIS = metrics.CONFLICTS.labels("appointments", "slot_full", "redis")
 class Limits:
     booking_rate_limit: int = 5
     booking_rate_window_s: int = 10
+    # How long a slot list read from the primary stays in Redis while nothing
+    # changes it. Every booking, cancellation and schedule change drops it (at once
+    # after its commit, and again through the outbox if the process died first),
+    # and a read that raced a change is never stored, so this is only the bound
+    # when both drops were lost, and the lists that open later are caught by
+    # expiring at the next opening time.
+    slots_cache_life_s: int = 60
+    # A list read from a replica (which may lag behind a change already
+    # invalidated) lives only this long in Redis.
     slots_cache_ttl_s: int = 3
-    # Per-process copy of a slot list in front of Redis (0: none). A list is never
-    # older than slots_cache_ttl_s after its database read either way; this bounds
-    # how long another API process keeps showing it after a booking changed it.
+    # Per-process copy of a slot list in front of Redis (0: none): how long
+    # another API process keeps showing it after a booking changed it.
     slots_local_ttl_s: float = 1.0
     slots_local_max_entries: int = 4096
     full_mark_ttl_s: int = 30
@@ -168,7 +177,7 @@ class AppointmentService:
     async def _forget_days(self, doctor_id: int, tz: ZoneInfo, slots: list[domain.Slot]) -> None:
         days = {domain.local_date(s.start_at, tz) for s in slots}
         if days:
-            await self.cache.delete(*(_slots_key(doctor_id, d) for d in days))
+            await self.cache.bump(*(_slots_key(doctor_id, d) for d in days))
 
     async def list_slots(self, doctor_id: int, day: date) -> bytes:
         """The JSON list of a local date's future slots with room left, in the
@@ -178,33 +187,49 @@ class AppointmentService:
         key = _slots_key(doctor_id, day)
 
         async def fill() -> tuple[SlotList, float]:
-            raw, life_s = await self.cache.get_bytes(key)
+            raw, life_s, generation = await self.cache.get_versioned(key)
             if raw is not None:
                 try:
                     return SlotList.parse(raw), life_s
                 except ValueError:  # UnicodeDecodeError too
                     log.warning("cache.corrupt_entry", key=key)  # a miss, not an outage
 
-            async def read(conn: asyncpg.Connection) -> tuple[bytes, datetime | None]:
+            now = self.clock.now()
+
+            async def read(
+                conn: asyncpg.Connection,
+            ) -> tuple[bytes, datetime | None, datetime | None]:
                 tz = await self._zone(conn, doctor_id)
                 start, end = domain.day_bounds(day, tz)
-                return await repo.available_slots_json(
-                    conn, doctor_id, start, end, self.clock.now()
-                )
+                return await repo.available_slots_json(conn, doctor_id, start, end, now)
 
             # A replica may serve it (seconds stale, like the cache); one that has not
             # seen a new doctor yet is not trusted with its 404.
-            body, first = await self.db.stale_read(read, recheck=("doctor_not_found",))
+            body, first, next_open = await self.db.stale_read(read, recheck=("doctor_not_found",))
             fresh = SlotList(body, first.isoformat() if first is not None else "")
-            ttl = self.limits.slots_cache_ttl_s
-            await self.cache.set_bytes(key, fresh.body, ttl)
-            return fresh, float(ttl)
+            life = self._slot_list_life(now, next_open)
+            if generation is None or life <= 0:
+                return fresh, 0.0  # Redis away, or the list changes now: keep nothing
+            stored = await self.cache.set_if_unchanged(key, fresh.body, life, generation)
+            # Not stored: a change bumped the key since the read began, so this
+            # answer may predate it; serve it (as a read would) but keep nothing.
+            return fresh, life if stored else 0.0
 
         listed: SlotList | None = self._slot_lists.peek(key)  # the hot path: no await
         if listed is None:
             listed = await self._slot_lists.get(key, fill)
         # The cache may hold slots that started since it was filled.
         return listed.body_after(self.clock.now().isoformat())
+
+    def _slot_list_life(self, now: datetime, next_open: datetime | None) -> float:
+        """How long a freshly read list may be kept: long from the primary (every
+        change drops it), short from a replica (it may predate a dropped change),
+        and never past the moment the day's next slot opens (the list grows then)."""
+        replicas = self.db.replicas is not None
+        life = float(self.limits.slots_cache_ttl_s if replicas else self.limits.slots_cache_life_s)
+        if next_open is not None:
+            life = min(life, (next_open - now).total_seconds())
+        return life
 
     # -- booking ---------------------------------------------------------------
 
@@ -304,15 +329,36 @@ class AppointmentService:
 
     async def _invalidate(self, appt: Appointment) -> None:
         """Best effort, after the commit: a durable booking must never be answered
-        with an error (the list may be a few seconds stale anyway)."""
-        tz = self._zones.get(appt.doctor_id)  # no pool checkout when known
+        with an error. What this misses, the outbox's consumer of the booking's
+        event drops again (``slot_lists_changed``)."""
+        try:
+            await self._drop_list(appt.doctor_id, appt.start_at)
+        except DomainError:
+            return  # database unreachable for the doctor's zone: the consumer will
+
+    async def _drop_list(self, doctor_id: int, start_at: datetime) -> bool:
+        """Drop the cached list of the doctor's local date of ``start_at``; False
+        if Redis did not take it. Raises 503 if the doctor's zone is unknown here
+        and the database unreachable."""
+        tz = self._zones.get(doctor_id)  # no pool checkout when known
         if tz is None:
-            try:
-                async with self.db.connection() as conn:
-                    tz = await self._zone(conn, appt.doctor_id)
-            except DomainError:
-                return  # database unreachable: the cached list expires on its own
-        await self.cache.delete(_slots_key(appt.doctor_id, domain.local_date(appt.start_at, tz)))
+            async with self.db.connection() as conn:
+                tz = await self._zone(conn, doctor_id)
+        return await self.cache.bump(_slots_key(doctor_id, domain.local_date(start_at, tz)))
+
+    async def slot_lists_changed(self, event: Event) -> None:
+        """Consumer of the module's own booking events: drops the lists they
+        changed once more, durably. The request drops them right after its commit;
+        a process that died in between did not, and this runs until Redis took it
+        (a failure is transient: the event is retried)."""
+        p = event.payload
+        changed = [(int(p["doctorId"]), datetime.fromisoformat(p["startAt"]))]
+        if event.topic == events.RESCHEDULED:
+            old = await self.get(int(p["rescheduledFrom"]))
+            changed.append((old.doctor_id, old.start_at))
+        for doctor_id, start_at in changed:
+            if not await self._drop_list(doctor_id, start_at):
+                raise DomainError("unavailable", "Redis did not take a slot list's invalidation")
 
     # -- reading and cancelling ------------------------------------------------
 

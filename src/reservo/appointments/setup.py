@@ -16,7 +16,7 @@ from reservo.appointments.service import (
 )
 from reservo.core.clock import HOUR_S
 from reservo.core.loops import run_every
-from reservo.core.module import JobKind, Module
+from reservo.core.module import Consumes, JobKind, Module
 from reservo.shared import Shared
 
 
@@ -35,6 +35,7 @@ def setup(shared: Shared) -> Appointments:
         Limits(
             booking_rate_limit=s.appointments_booking_rate_limit,
             booking_rate_window_s=s.appointments_booking_rate_window_s,
+            slots_cache_life_s=s.appointments_slots_cache_life_s,
             slots_cache_ttl_s=s.appointments_slots_cache_ttl_s,
             slots_local_ttl_s=s.appointments_slots_local_ttl_s,
             full_mark_ttl_s=s.appointments_full_mark_ttl_s,
@@ -48,6 +49,11 @@ def setup(shared: Shared) -> Appointments:
         service=service,
         routers=[router],
         lean=LEAN_ROUTES,
+        consumes=[
+            Consumes(
+                events.SLOT_LISTS_CONSUMER, events.SLOT_LIST_CHANGES, service.slot_lists_changed
+            )
+        ],
         jobs=[JobKind(REMINDER_JOB, service.remind)],
         # Keeps repeating schedules generated up to the horizon, every day, without
         # anyone calling again (idempotent; any number of workers may run it).

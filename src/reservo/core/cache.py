@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import orjson
 import redis.exceptions
 import structlog
+from redis.commands.core import AsyncScript
+from redis.typing import EncodableT
 
 from reservo.core.ratelimit import Decision, RateLimiter, decide, fail_open, rate_key
 from reservo.core.redis import Client, Command, RedisGate, ScriptCall, is_cluster, pipeline
@@ -26,6 +28,29 @@ V = TypeVar("V")
 # GET and PTTL in one command: the value and how long Redis will still keep it, so
 # a copy kept in process never outlives the Redis entry it was read from.
 _GET_WITH_TTL_LUA = "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}"
+# The same, plus the key's generation (KEYS[2], "0" when never bumped), read in the
+# same command so a fill knows which generation its database read belongs to.
+_GET_VERSIONED_LUA = (
+    "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]),"
+    " redis.call('GET', KEYS[2]) or '0'}"
+)
+# Store a fill only if no change bumped the generation since the fill began: a
+# read that raced a booking can then never outlive it in the cache.
+_SET_IF_GENERATION_LUA = """
+if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+# A change: a new generation (so fills begun before it are not stored) and the
+# value gone. The generation outlives every value it guards.
+_BUMP_LUA = """
+redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('UNLINK', KEYS[1])
+return 1
+"""
+# Generations are kept a day: far longer than any value's life.
+_GENERATION_LIFE_MS = 24 * 3600 * 1000
 
 
 def _ttl_ms(ttl_s: float) -> int:
@@ -33,6 +58,18 @@ def _ttl_ms(ttl_s: float) -> int:
     if ttl_ms <= 0:
         raise ValueError("ttl_s must be positive: cache entries never live forever")
     return ttl_ms
+
+
+async def _evalsha(
+    client: Client, script: AsyncScript, keys: list[str], args: Sequence[EncodableT] = ()
+) -> Any:
+    """One script run by its SHA; loads it once if the server forgot it (restart,
+    flush, a replica just promoted), which ran nothing."""
+    try:
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        script.sha = await client.script_load(script.script)
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 class Cache:
@@ -47,6 +84,9 @@ class Cache:
         self.namespace = namespace
         self.cluster = is_cluster(gate.client)
         self._get_with_ttl = gate.client.register_script(_GET_WITH_TTL_LUA)
+        self._get_versioned = gate.client.register_script(_GET_VERSIONED_LUA)
+        self._set_if_generation = gate.client.register_script(_SET_IF_GENERATION_LUA)
+        self._bump = gate.client.register_script(_BUMP_LUA)
         self._locals: list[LocalCache[Any]] = []
         self._gate_batches: dict[tuple[RateLimiter, int, int], GateBatch] = {}
 
@@ -62,6 +102,9 @@ class Cache:
 
     def mark_key(self, key: str) -> str:
         return f"{self.namespace}:mark:{key}"
+
+    def generation_key(self, key: str) -> str:
+        return f"{self.namespace}:gen:{key}"
 
     # --- values -------------------------------------------------------------
 
@@ -89,11 +132,7 @@ class Cache:
         rkey, script = self.value_key(key), self._get_with_ttl
 
         async def _get(client: Client) -> tuple[bytes | None, float]:
-            try:
-                raw, pttl = await client.evalsha(script.sha, 1, rkey)
-            except redis.exceptions.NoScriptError:
-                script.sha = await client.script_load(script.script)
-                raw, pttl = await client.evalsha(script.sha, 1, rkey)
+            raw, pttl = await _evalsha(client, script, [rkey])
             if raw is None or int(pttl) <= 0:
                 return None, 0.0
             return bytes(raw), int(pttl) / 1000
@@ -126,6 +165,63 @@ class Cache:
             for k in keys:
                 local.invalidate(k)
         return await self._unlink([self.value_key(k) for k in keys])
+
+    # --- values kept until changed ---------------------------------------------
+    #
+    # For values that every change invalidates explicitly (``bump``): they may
+    # live long in Redis because a fill that read the database before a change
+    # cannot store its (old) answer after it. Same slot on a cluster: the value
+    # and generation keys share the caller's hash tag.
+
+    async def get_versioned(self, key: str) -> tuple[bytes | None, float, bytes | None]:
+        """The cached value, the seconds Redis keeps it still, and the key's
+        generation to hand back to ``set_if_unchanged`` after a database read:
+        ``(None, 0, None)`` with Redis down (then nothing may be stored)."""
+        keys = [self.value_key(key), self.generation_key(key)]
+
+        async def _get(client: Client) -> tuple[bytes | None, float, bytes | None]:
+            raw, pttl, generation = await _evalsha(client, self._get_versioned, keys)
+            if raw is None or int(pttl) <= 0:
+                return None, 0.0, bytes(generation)
+            return bytes(raw), int(pttl) / 1000, bytes(generation)
+
+        return await self.gate.call(_get, (None, 0.0, None))
+
+    async def set_if_unchanged(
+        self, key: str, data: bytes, ttl_s: float, generation: bytes
+    ) -> bool:
+        """Store ``data`` for ``ttl_s`` unless ``bump`` ran since ``generation`` was
+        read; False if not stored (changed meanwhile, or Redis down)."""
+        keys = [self.value_key(key), self.generation_key(key)]
+        script = self._set_if_generation
+        args: list[EncodableT] = [generation, data, _ttl_ms(ttl_s)]
+
+        async def _set(client: Client) -> bool:
+            return bool(await _evalsha(client, script, keys, args))
+
+        return await self.gate.call(_set, False)
+
+    async def bump(self, *keys: str) -> bool:
+        """A change to these values: drop them here, in this process's local
+        caches, and make any fill begun before now unstorable. False when Redis
+        did not take it (the caller decides whether to retry)."""
+        for local in self._locals:
+            for k in keys:
+                local.invalidate(k)
+        if not keys:
+            return True
+        calls: list[Command] = [
+            ScriptCall(
+                self._bump, [self.value_key(k), self.generation_key(k)], [_GENERATION_LIFE_MS]
+            )
+            for k in keys
+        ]
+
+        async def _run(client: Client) -> bool:
+            await pipeline(client, calls)
+            return True
+
+        return await self.gate.call(_run, False)
 
     # --- full marks -----------------------------------------------------------
 
@@ -282,13 +378,7 @@ class GateBatch:
         script, args = self.script, (self.window_ms, self.per)
 
         async def _run(client: Client) -> list[int]:
-            raw: Any
-            try:
-                raw = await client.evalsha(script.sha, len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                script.sha = await client.script_load(script.script)
-                raw = await client.evalsha(script.sha, len(keys), *keys, *args)
-            return list(raw)
+            return list(await _evalsha(client, script, keys, args))
 
         try:
             raw = await self.gate.call(_run, None)
