@@ -18,6 +18,7 @@ from reservo.wallet.service import WalletService
 class Wallet(Module):
     service: WalletService
     payouts: PayoutConsumer
+    transfers: TransferBatch
 
 
 def setup(shared: Shared) -> Wallet:
@@ -29,6 +30,7 @@ def setup(shared: Shared) -> Wallet:
         name="wallet",
         service=service,
         payouts=payouts,
+        transfers=transfers,
         routers=[router],
         lean=LEAN_ROUTES,
         consumes=[Consumes(events.CONSUMER, [events.PAYOUT_REQUESTED], payouts.handle)],
