@@ -16,12 +16,13 @@ import pytest
 
 from reservo.bootstrap import Container
 from reservo.core.auth import Principal
+from reservo.core.batching import Outcome
 from reservo.core.clock import SystemClock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore, request_hash
 from reservo.wallet.api import render_transfer
-from reservo.wallet.batch import TransferBatch, TransferRequest
+from reservo.wallet.batch import Answer, TransferBatch, TransferRequest
 from reservo.wallet.setup import Wallet
 from tests.betting_helpers import make_account
 from tests.conftest import auth, new_id
@@ -279,3 +280,32 @@ async def test_the_database_down_is_503_for_each_request_and_moves_nothing(
     assert not await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = ANY($1)", keys)
     assert await _ledger_holds(db, [source, target]) == {source: 100, target: 0}
     await down.close()
+
+
+class _DeadlockOnce(TransferBatch):
+    """A batch whose first transaction dies of a deadlock after writing."""
+
+    failed = False
+
+    async def _once(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
+        if not self.failed:
+            self.failed = True
+            async with self.db.transaction() as conn:
+                await conn.execute("UPDATE wallet_account SET balance = balance + 1000")
+                raise asyncpg.exceptions.DeadlockDetectedError("deadlock detected")
+        return await super()._once(items)
+
+
+async def test_a_batch_rolled_back_as_a_whole_is_run_again(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    source, owner = await make_account(client, 100)
+    target, _ = await make_account(client, 0)
+    batch = _DeadlockOnce(container.db, container.clock, container.idempotency, render_transfer)
+    keys = [f"retry-{uuid.uuid4()}" for _ in range(3)]
+    answers = await asyncio.gather(
+        *(batch.submit(_request(source, target, owner, 10, k)) for k in keys)
+    )
+    assert batch.failed and batch.transactions == 2
+    assert [a.status for a in answers] == [201] * 3
+    assert await _ledger_holds(db, [source, target]) == {source: 70, target: 30}

@@ -85,6 +85,12 @@ class Batcher(Generic[I, R]):
             except Exception as exc:  # a bug, not a refusal: every submitter raises it
                 log.exception("batch_failed", items=len(items), error=repr(exc))
                 outcomes = [exc] * len(items)
+            except BaseException:
+                # The loop is stopping: nobody may be left waiting for an answer.
+                for _, future in [*batch, *self._pending]:
+                    future.cancel()
+                self._pending = []
+                raise
             again: list[tuple[I, asyncio.Future[R]]] = []
             for (item, future), outcome in zip(batch, outcomes, strict=True):
                 if isinstance(outcome, Again):
