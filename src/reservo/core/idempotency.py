@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -76,6 +76,33 @@ def in_progress() -> DomainError:
 # Refusals run_once does not store: who may not act (401/403) and passing
 # conditions (429/503) get evaluated again on a retry.
 _NOT_STORED = frozenset((401, 403, 429, 503))
+
+
+def _stored_answer(row: Mapping[str, Any], digest: bytes, now: datetime) -> Replay | None:
+    """What a stored key answers a request with ``digest``: the replay of its
+    response, or 422 (another body) or 409 (a claim in flight) raised. None: a
+    claim whose lease ran out, which the request may take over."""
+    if bytes(row["request_hash"]) != digest:
+        raise DomainError(
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request body",
+        )
+    if row["status"] == "DONE":
+        status = row["response_status"]
+        return Replay(200 if status == 201 else status, row["response_body"])
+    if row["locked_until"] is not None and row["locked_until"] < now:
+        return None
+    raise in_progress()
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """A key to claim (``IdempotencyStore.claim_many``): whose, which, and the
+    hash of its request's body (``request_hash``)."""
+
+    caller: str
+    key: str
+    digest: bytes
 
 
 class _Retry(Exception):
@@ -147,30 +174,87 @@ class IdempotencyStore:
         row = await conn.fetchrow(Q.idem_get, claim.caller, claim.endpoint, claim.key)
         if row is None:
             return None
-        if bytes(row["request_hash"]) != digest:
-            raise DomainError(
-                "idempotency_key_reused",
-                "this Idempotency-Key was used with a different request body",
-            )
-        if row["status"] == "DONE":
-            status = row["response_status"]
-            return Replay(200 if status == 201 else status, row["response_body"])
-        if (
-            row["locked_until"] is not None
-            and row["locked_until"] < now
-            and (
-                await conn.fetchval(
-                    Q.idem_take_over,
-                    claim.caller,
-                    claim.endpoint,
-                    claim.key,
-                    row["locked_until"],
-                    now + self.lease,
-                )
-            )
-        ):
+        known = _stored_answer(row, digest, now)
+        if known is not None:
+            return known
+        if await self._take_over(conn, claim, row["locked_until"], now):
             return claim
         raise in_progress()
+
+    async def _take_over(
+        self, conn: asyncpg.Connection, claim: Claim, locked_until: datetime, now: datetime
+    ) -> bool:
+        return bool(
+            await conn.fetchval(
+                Q.idem_take_over,
+                claim.caller,
+                claim.endpoint,
+                claim.key,
+                locked_until,
+                now + self.lease,
+            )
+        )
+
+    async def claim_many(
+        self, conn: asyncpg.Connection, endpoint: str, wanted: Sequence[Wanted], now: datetime
+    ) -> list[Claim | Replay | DomainError | None]:
+        """``begin`` for many keys of one endpoint at once, inside the caller's
+        transaction (a group commit): the claims commit with the effect or not at
+        all, like ``run_once``'s. One answer per key, in order: a Claim to
+        complete in this transaction, the Replay of a stored response, the
+        DomainError to answer (422 another body, 409 a claim in flight
+        elsewhere), or None: the key was claimed or pruned by a transaction that
+        ended while this one waited for it, so ask again in a later transaction.
+        The keys must be distinct (a repeated key is the later request's to ask
+        again once this one is known)."""
+        rows = await conn.fetch(
+            Q.idem_claim_many,
+            [w.caller for w in wanted],
+            [w.key for w in wanted],
+            [w.digest for w in wanted],
+            endpoint,
+            now + self.lease,
+            now,
+        )
+        answers: list[Claim | Replay | DomainError | None] = []
+        for w, row in zip(wanted, rows, strict=True):
+            claim = Claim(w.caller, endpoint, w.key)
+            if row["claimed"]:
+                answers.append(claim)
+            elif row["status"] is None:
+                answers.append(None)
+            else:
+                try:
+                    known = _stored_answer(row, w.digest, now)
+                    if known is None and not await self._take_over(
+                        conn, claim, row["locked_until"], now
+                    ):
+                        raise in_progress()
+                    answers.append(claim if known is None else known)
+                except DomainError as err:
+                    answers.append(err)
+        return answers
+
+    async def complete_many(
+        self,
+        conn: asyncpg.Connection,
+        endpoint: str,
+        claims: Sequence[Claim],
+        statuses: Sequence[int],
+        bodies: Sequence[bytes],
+    ) -> None:
+        """``Claim.complete`` of many claims of one endpoint in one statement
+        (bodies already serialised JSON), inside the business transaction."""
+        if not claims:
+            return
+        await conn.execute(
+            Q.idem_complete_many,
+            endpoint,
+            [c.caller for c in claims],
+            [c.key for c in claims],
+            list(statuses),
+            [b.decode() for b in bodies],
+        )
 
     async def run_once(
         self,

@@ -23,6 +23,38 @@ WITH lock AS MATERIALIZED (
 )
 SELECT (SELECT got FROM lock) AS got, EXISTS (SELECT 1 FROM ins) AS claimed;
 
+-- name: idem_claim_many
+-- Claim many keys of one endpoint ($4) in the caller's transaction (the group
+-- commit of transfers): the claims commit with the effect or not at all. The
+-- keys are inserted in (caller, key) order, so two such transactions waiting on
+-- each other's keys wait in one order and never deadlock. One row per key, in
+-- the order given: claimed, or (from this statement's snapshot) what the key
+-- already holds; neither means it was written by a transaction that ended while
+-- this one waited for it.
+WITH items AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY
+                  AS t(caller, key, request_hash, ord)
+), ins AS (
+    INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, locked_until, created_at)
+    SELECT caller, $4, key, request_hash, 'IN_PROGRESS', $5, $6 FROM items ORDER BY caller, key
+    ON CONFLICT (caller, endpoint, key) DO NOTHING
+    RETURNING caller, key
+)
+SELECT (ins.caller IS NOT NULL) AS claimed, k.request_hash, k.status, k.locked_until,
+       k.response_status, k.response_body
+  FROM items i
+  LEFT JOIN ins ON ins.caller = i.caller AND ins.key = i.key
+  LEFT JOIN idempotency_key k ON k.caller = i.caller AND k.endpoint = $4 AND k.key = i.key
+ ORDER BY i.ord;
+
+-- name: idem_complete_many
+-- Store the answers of many claimed keys of one endpoint ($1) at once.
+UPDATE idempotency_key k
+   SET status = 'DONE', locked_until = NULL, response_status = v.status,
+       response_body = v.body::json
+  FROM unnest($2::text[], $3::text[], $4::int[], $5::text[]) AS v(caller, key, status, body)
+ WHERE k.caller = v.caller AND k.endpoint = $1 AND k.key = v.key;
+
 -- name: idem_insert_done
 -- A refusal of the one-transaction path, stored after its transaction rolled
 -- back; a duplicate that stored its answer first keeps it.

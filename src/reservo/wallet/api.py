@@ -17,13 +17,13 @@ from reservo.core.http import (
     json_response,
     problem_responses,
     required_key,
-    run_idempotent,
     run_idempotent_route,
 )
-from reservo.core.idempotency import Within
+from reservo.core.idempotency import Within, request_hash
 from reservo.core.lean import body_route
 from reservo.core.schemas import MAX_ID
-from reservo.wallet.domain import Account, Transfer
+from reservo.wallet.batch import TransferBatch, TransferRequest
+from reservo.wallet.domain import Account, Transfer, may_act_for
 from reservo.wallet.schemas import (
     AccountIn,
     AccountOut,
@@ -54,18 +54,8 @@ def render_transfer(t: Transfer) -> dict[str, Any]:
 async def _owned(request: Request, caller: Caller, account_id: int) -> Account:
     caller.require("bettor")
     account = await _svc(request).get_account(account_id)
-    _may_act_for(caller, account.owner_id)
+    may_act_for(caller, account.owner_id)
     return account
-
-
-def _may_act_for(caller: Principal, owner: int | None) -> None:
-    """A bettor acts for its own accounts, an admin for any. A system account
-    (WORLD, HOUSE) has no owner: no sub, whatever its value, acts for it; only an
-    admin may read it (and nobody may move it, see domain.ROUTES)."""
-    if owner is None:
-        caller.require("admin")
-    else:
-        caller.require_owner("bettor", owner)
 
 
 @router.post("/accounts", status_code=201, response_model=AccountOut, responses=PROBLEMS)
@@ -133,21 +123,24 @@ async def transfer_flow(
     state: Any, caller: Principal, body: TransferIn, idempotency_key: str | None, raw: bytes
 ) -> JSONResponse:
     """What POST /api/transfers does once the request is parsed (the FastAPI
-    route and the lean path both run this). The stored response commits in the
-    same transaction as the transfer, so a retry can never move money again."""
+    route and the lean path both run this): the request joins the process's
+    next batch of transfers (wallet/batch.py), where its owner check, its key,
+    the transfer and the stored response commit in one transaction with the
+    batch's other transfers, so a retry can never move money again."""
     key = required_key(idempotency_key)
-    svc: WalletService = state.wallet
     caller.require("bettor")
-    _may_act_for(caller, (await svc.get_account(body.from_account_id)).owner_id)
-    return await run_idempotent(
-        state.idempotency,
-        caller,
-        "POST /api/transfers",
-        key,
-        raw,
-        lambda within: svc.transfer(body.from_account_id, body.to_account_id, body.amount, within),
-        render_transfer,
+    batch: TransferBatch = state.wallet_transfers
+    answer = await batch.submit(
+        TransferRequest(
+            caller,
+            key,
+            request_hash(raw),
+            body.from_account_id,
+            body.to_account_id,
+            body.amount,
+        )
     )
+    return json_response(answer.status, answer.body)
 
 
 # POST /api/transfers without FastAPI's per-request work.

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from reservo.core.auth import Principal
+
 KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
 
 
@@ -77,6 +79,16 @@ class Entry:
             row["reference"],
             row["created_at"],
         )
+
+
+def may_act_for(caller: Principal, owner: int | None) -> None:
+    """A bettor acts for its own accounts, an admin for any. A system account
+    (WORLD, HOUSE) has no owner: no sub, whatever its value, acts for it; only an
+    admin may read it (and nobody may move it, see ROUTES). Raises 403."""
+    if owner is None:
+        caller.require("admin")
+    else:
+        caller.require_owner("bettor", owner)
 
 
 class TransferRefused(Exception):

@@ -64,6 +64,35 @@ WITH allowed AS (
 )
 SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at FROM t;
 
+-- name: apply_transfers
+-- A batch of customer transfers (wallet/batch.py), checked in Python on the
+-- rows the batch locked (lock_accounts): each account's new balance written
+-- once, and each transfer with its two entries, in the batch's order (entry ids
+-- follow it, so an account's newest entry holds its balance). Returns the
+-- transfer ids, in that order.
+WITH items AS MATERIALIZED (
+    SELECT nextval('wallet_transfer_id_seq') AS id, i.*
+      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])
+           WITH ORDINALITY AS i(source, target, amount, source_after, target_after, ord)
+     ORDER BY i.ord
+), balances AS (
+    UPDATE wallet_account a SET balance = b.balance
+      FROM unnest($6::bigint[], $7::bigint[]) AS b(id, balance)
+     WHERE a.id = b.id
+), t AS (
+    INSERT INTO wallet_transfer (id, kind, reference, from_account_id, to_account_id, amount, created_at)
+    SELECT id, 'TRANSFER', NULL, source, target, amount, $8 FROM items ORDER BY ord
+), e AS (
+    INSERT INTO wallet_entry (account_id, transfer_id, amount, balance_after, kind, reference, created_at)
+    SELECT account_id, transfer_id, amount, balance_after, 'TRANSFER', NULL, $8
+      FROM (SELECT source AS account_id, id AS transfer_id, -amount AS amount,
+                   source_after AS balance_after, ord, 0 AS side FROM items
+            UNION ALL
+            SELECT target, id, amount, target_after, ord, 1 FROM items) AS sides
+     ORDER BY ord, side
+)
+SELECT id FROM items ORDER BY ord;
+
 -- name: pay_many
 -- A chunk of payouts/refunds from one house sub-account, applied in one
 -- statement: the house row is updated once for the whole chunk. A reference

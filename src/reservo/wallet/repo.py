@@ -53,6 +53,33 @@ async def apply_transfer(
     return await conn.fetchrow(Q.apply_transfer, source, target, amount, kind, reference, now)
 
 
+async def apply_transfers(
+    conn: asyncpg.Connection,
+    sources: list[int],
+    targets: list[int],
+    amounts: list[int],
+    sources_after: list[int],
+    targets_after: list[int],
+    balances: dict[int, int],
+    now: datetime,
+) -> list[int]:
+    """The transfer ids, in the order given (none written for no transfer)."""
+    if not sources:
+        return []
+    rows = await conn.fetch(
+        Q.apply_transfers,
+        sources,
+        targets,
+        amounts,
+        sources_after,
+        targets_after,
+        list(balances),
+        list(balances.values()),
+        now,
+    )
+    return [r["id"] for r in rows]
+
+
 async def pay_many(
     conn: asyncpg.Connection,
     house_id: int,

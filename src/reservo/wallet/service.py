@@ -162,18 +162,6 @@ class WalletService:
                 await within(conn, transfer)
         return transfer
 
-    async def transfer(
-        self, source_id: int, target_id: int, amount: int, within: Within[Transfer] | None = None
-    ) -> Transfer:
-        now = self.clock.now()
-        async with self.db.transaction() as conn:
-            transfer = await transfer_in_tx(
-                conn, source_id, target_id, amount, "TRANSFER", None, now
-            )
-            if within is not None:
-                await within(conn, transfer)
-        return transfer
-
     async def pay_many(self, items: Sequence[Payout], shard: int = 0) -> int:
         async with self.db.transaction() as conn:
             return await pay_many_in_tx(conn, items, shard, self.house_shards, self.clock.now())

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from reservo.core.module import Consumes, Module
 from reservo.shared import Shared
 from reservo.wallet import events
-from reservo.wallet.api import LEAN_ROUTES, router
+from reservo.wallet.api import LEAN_ROUTES, render_transfer, router
+from reservo.wallet.batch import TransferBatch
 from reservo.wallet.errors import CONSTRAINTS, ERRORS
 from reservo.wallet.events import PayoutConsumer
 from reservo.wallet.service import WalletService
@@ -17,20 +18,24 @@ from reservo.wallet.service import WalletService
 class Wallet(Module):
     service: WalletService
     payouts: PayoutConsumer
+    transfers: TransferBatch
 
 
 def setup(shared: Shared) -> Wallet:
     shards = shared.settings.wallet_house_shards
     service = WalletService(shared.db, shared.clock, shards)
     payouts = PayoutConsumer(shared.db, shared.clock, shards)
+    transfers = TransferBatch(shared.db, shared.clock, shared.idempotency, render_transfer)
     return Wallet(
         name="wallet",
         service=service,
         payouts=payouts,
+        transfers=transfers,
         routers=[router],
         lean=LEAN_ROUTES,
         consumes=[Consumes(events.CONSUMER, [events.PAYOUT_REQUESTED], payouts.handle)],
         errors=ERRORS,
         constraints=CONSTRAINTS,
-        state={"wallet": service},
+        state={"wallet": service, "wallet_transfers": transfers},
+        closers=[transfers.close],
     )

@@ -1,0 +1,105 @@
+"""Natural batching: the items submitted while one batch runs form the next.
+
+A group commit (many requests, one transaction) without an artificial delay:
+under no load a batch is one item and runs at once; under load each batch is
+what arrived during the previous one, so the cost of a batch (round trips, a
+commit flush) is shared by more items the busier the process is.
+
+The batch runs in a task of its own, detached from the submitters: a submitter
+cancelled meanwhile (a client cut off mid-flight) stops waiting, but the batch
+it joined still runs to its end and commits or rolls back as a whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeAlias, TypeVar
+
+import structlog
+
+I = TypeVar("I")  # noqa: E741 - the item, as R is the result
+R = TypeVar("R")
+
+log = structlog.get_logger(__name__)
+
+
+class Again:
+    """A batch's answer for an item it did not decide: the item goes into the
+    next batch (e.g. a second request with the same key as one in this batch,
+    which must see that one's outcome)."""
+
+
+AGAIN = Again()
+# What a batch answers for each of its items, in order: a result, an error the
+# item's submitter raises, or AGAIN.
+Outcome: TypeAlias = R | BaseException | Again
+
+
+class Batcher(Generic[I, R]):
+    """Runs ``run(items)`` on at most ``max_items`` items at a time, one batch at
+    a time per process; ``submit`` returns its item's result or raises its error.
+
+    ``run`` gets the items in arrival order and returns one ``Outcome`` per item.
+    If ``run`` itself raises, every item of that batch raises it."""
+
+    def __init__(
+        self,
+        run: Callable[[list[I]], Awaitable[Sequence[Outcome[R]]]],
+        max_items: int = 128,
+    ) -> None:
+        if max_items < 1:
+            raise ValueError("max_items must be >= 1")
+        self._run, self.max_items = run, max_items
+        self._pending: list[tuple[I, asyncio.Future[R]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def submit(self, item: I) -> R:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # items left behind by a loop that stopped
+            self._loop, self._pending, self._task = loop, [], None
+        future: asyncio.Future[R] = loop.create_future()
+        self._pending.append((item, future))
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._drain())
+        # Cancelling the submitter cancels this future only; the batch goes on.
+        return await future
+
+    async def close(self) -> None:
+        """Let the batches already submitted finish (their effects commit or not
+        as a whole; their submitters get their answers)."""
+        task = self._task
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            await asyncio.shield(task)
+
+    async def _drain(self) -> None:
+        # One loop turn: the requests parsed in the same turn join the first batch.
+        await asyncio.sleep(0)
+        while self._pending:
+            batch = self._pending[: self.max_items]
+            del self._pending[: self.max_items]
+            items = [item for item, _ in batch]
+            try:
+                outcomes = await self._run(items)
+            except Exception as exc:  # a bug, not a refusal: every submitter raises it
+                log.exception("batch_failed", items=len(items), error=repr(exc))
+                outcomes = [exc] * len(items)
+            except BaseException:
+                # The loop is stopping: nobody may be left waiting for an answer.
+                for _, future in [*batch, *self._pending]:
+                    future.cancel()
+                self._pending = []
+                raise
+            again: list[tuple[I, asyncio.Future[R]]] = []
+            for (item, future), outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, Again):
+                    if not future.done():
+                        again.append((item, future))
+                elif future.done():  # its submitter was cancelled: nobody to tell
+                    continue
+                elif isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+            self._pending[:0] = again

@@ -1,0 +1,243 @@
+"""POST /api/transfers as a group commit: many transfers, one transaction.
+
+The requests a process receives while its previous batch runs form the next
+batch (``core.batching``); a batch runs in ONE transaction, set-based:
+
+1. lock every account of the batch in one ``lock_accounts`` (ascending ids, the
+   order ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with
+   stakes, deposits or payouts);
+2. per request, in arrival order, the checks run before the key is claimed
+   today: the source exists and the caller may act for it (404 / 403, not stored);
+3. claim every remaining key in one statement (``claim_many``): a known key
+   replays its stored response or is 422, a claim in flight elsewhere is 409;
+4. apply the transfers in arrival order in Python with the domain's rules on
+   the locked balances; a refusal (404 target, 422 same account, 403 system
+   account, 409 currency or funds) is that request's alone, stored for its key;
+5. write balances, transfers and entries in one statement, and every stored
+   response in one more; COMMIT.
+
+The answers, their statuses and bodies are those of the one-request flow. The
+batch runs detached from the requests: a client cut off mid-flight no longer
+waits, but holds nothing either (the batch's transaction is not its to abort).
+A batch that fails as a whole (the database down) answers each request 503 and
+committed nothing; a deadlock or serialization failure is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import orjson
+import structlog
+
+from reservo.core.auth import Principal
+from reservo.core.batching import AGAIN, Batcher, Outcome
+from reservo.core.clock import Clock
+from reservo.core.db import Database, unavailable
+from reservo.core.errors import DomainError
+from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted
+from reservo.wallet import domain, repo
+from reservo.wallet.domain import Transfer
+from reservo.wallet.service import _not_found, _ref
+
+log = structlog.get_logger(__name__)
+
+ENDPOINT = "POST /api/transfers"
+# A deadlock or serialization failure rolls the whole batch back; it is run again
+# this many times before its requests get 503 (nothing of it committed).
+ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRequest:
+    """A transfer request already authenticated and parsed."""
+
+    principal: Principal
+    key: str
+    digest: bytes  # idempotency.request_hash of the raw body
+    source: int
+    target: int
+    amount: int
+
+    @property
+    def caller(self) -> str:
+        return f"{self.principal.role}:{self.principal.sub}"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The response of a request: 201 with the transfer, or a replay."""
+
+    status: int
+    body: Any
+
+
+class TransferBatch:
+    """The per-process batcher of transfers."""
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        idempotency: IdempotencyStore,
+        render: Callable[[Transfer], Any],
+        max_items: int = 128,
+    ) -> None:
+        self.db, self.clock, self.idempotency, self.render = db, clock, idempotency, render
+        self._batcher: Batcher[TransferRequest, Answer] = Batcher(self._run, max_items)
+        # How many transactions the batches ran (tests read it).
+        self.transactions = 0
+
+    async def submit(self, request: TransferRequest) -> Answer:
+        """The answer to ``request``; a refusal is raised (DomainError)."""
+        return await self._batcher.submit(request)
+
+    async def close(self) -> None:
+        await self._batcher.close()
+
+    async def _run(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
+        outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
+        # A key repeated within the batch waits for the next one, where it meets
+        # the first request's stored answer (as a duplicate arriving just after it).
+        seen: set[tuple[str, str]] = set()
+        first: list[int] = []
+        for n, item in enumerate(items):
+            if (item.caller, item.key) not in seen:
+                seen.add((item.caller, item.key))
+                first.append(n)
+        decided = await self._decide([items[n] for n in first])
+        for n, outcome in zip(first, decided, strict=True):
+            outcomes[n] = outcome
+        return outcomes
+
+    async def _decide(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                self.transactions += 1
+                return await self._once(items)
+            except asyncpg.exceptions.TransactionRollbackError as exc:
+                # Nothing of the batch committed: run it again from the start.
+                log.warning("transfer_batch_rolled_back", attempt=attempt, error=repr(exc))
+                await asyncio.sleep(0.001 * attempt)
+            except DomainError as err:
+                if err.status == 503 or len(items) == 1:
+                    return [err] * len(items)
+                return await self._one_by_one(items, err)
+            except Exception as exc:
+                if len(items) == 1:
+                    return [exc]
+                return await self._one_by_one(items, exc)
+        return [unavailable() for _ in items]
+
+    async def _one_by_one(
+        self, items: list[TransferRequest], exc: BaseException
+    ) -> list[Outcome[Answer]]:
+        """A batch failed as a whole for a reason no request was told about (a
+        bug, a constraint): each request runs alone, so one bad request cannot
+        refuse the others."""
+        log.warning("transfer_batch_split", items=len(items), error=repr(exc))
+        return [(await self._decide([item]))[0] for item in items]
+
+    async def _once(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
+        now = self.clock.now()
+        outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
+        async with self.db.transaction() as conn:
+            locked = await repo.lock_accounts(
+                conn, [i for item in items for i in (item.source, item.target)]
+            )
+            rows = {r["id"]: r for r in locked}
+            # Before the key, as the one-request flow: the source exists and the
+            # caller may act for it (refusals not stored: who may not act learns
+            # nothing from a retry).
+            allowed: list[int] = []
+            for n, item in enumerate(items):
+                source = rows.get(item.source)
+                try:
+                    if source is None:
+                        raise _not_found(item.source)
+                    domain.may_act_for(item.principal, source["owner_id"])
+                except DomainError as err:
+                    outcomes[n] = err
+                    continue
+                allowed.append(n)
+            answers = await self.idempotency.claim_many(
+                conn,
+                ENDPOINT,
+                [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed],
+                now,
+            )
+            claimed: list[tuple[int, Claim]] = []
+            for n, answer in zip(allowed, answers, strict=True):
+                if isinstance(answer, Claim):
+                    claimed.append((n, answer))
+                elif isinstance(answer, Replay):
+                    outcomes[n] = Answer(answer.status, answer.body)
+                elif answer is not None:
+                    outcomes[n] = answer
+                # None: left AGAIN, asked again in the next batch.
+            balances = {i: r["balance"] for i, r in rows.items()}
+            moves: list[tuple[int, TransferRequest, int, int]] = []
+            stored: list[tuple[int, Claim, int, Any]] = []
+            for n, claim in claimed:
+                item = items[n]
+                try:
+                    source_after, target_after = _apply(item, rows, balances)
+                except DomainError as err:
+                    outcomes[n] = err
+                    stored.append((n, claim, err.status, err.problem()))
+                    continue
+                moves.append((n, item, source_after, target_after))
+            ids = await repo.apply_transfers(
+                conn,
+                [m[1].source for m in moves],
+                [m[1].target for m in moves],
+                [m[1].amount for m in moves],
+                [m[2] for m in moves],
+                [m[3] for m in moves],
+                {i: b for i, b in balances.items() if b != rows[i]["balance"]},
+                now,
+            )
+            claims = dict(claimed)
+            for (n, item, _, _), transfer_id in zip(moves, ids, strict=True):
+                transfer = Transfer(
+                    transfer_id, "TRANSFER", None, item.source, item.target, item.amount, now
+                )
+                body = self.render(transfer)
+                outcomes[n] = Answer(201, body)
+                stored.append((n, claims[n], 201, body))
+            await self.idempotency.complete_many(
+                conn,
+                ENDPOINT,
+                [s[1] for s in stored],
+                [s[2] for s in stored],
+                [orjson.dumps(s[3]) for s in stored],
+            )
+        return outcomes
+
+
+def _apply(
+    item: TransferRequest, rows: dict[int, repo.Row], balances: dict[int, int]
+) -> tuple[int, int]:
+    """``transfer_in_tx``'s checks and movement on the batch's locked balances:
+    the balances of source and target after it (raises the refusal)."""
+    target = rows.get(item.target)
+    if target is None:
+        raise _not_found(item.target)
+    source = rows[item.source]
+    try:
+        domain.check_transfer("TRANSFER", _ref(source), _ref(target), item.amount)
+    except domain.TransferRefused as exc:
+        raise DomainError(exc.code, exc.detail) from None
+    if balances[item.source] < item.amount:
+        # Names only the source, the caller's own account (the target may be anybody's).
+        raise DomainError(
+            "insufficient_funds",
+            f"account {item.source} does not hold {item.amount} {source['currency']}",
+        )
+    balances[item.source] -= item.amount
+    balances[item.target] += item.amount
+    return balances[item.source], balances[item.target]

@@ -1,0 +1,311 @@
+"""POST /api/transfers as a group commit (wallet/batch.py): the transfers a
+process receives together commit in one transaction, each answered exactly as
+alone; a refusal in a batch is its own request's; a client cut off mid-flight
+does not cancel the batch it joined; the database down is 503 and nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from reservo.bootstrap import Container
+from reservo.core.auth import Principal
+from reservo.core.batching import Outcome
+from reservo.core.clock import SystemClock
+from reservo.core.db import Database
+from reservo.core.errors import DomainError
+from reservo.core.idempotency import IdempotencyStore, request_hash
+from reservo.wallet.api import render_transfer
+from reservo.wallet.batch import Answer, TransferBatch, TransferRequest
+from reservo.wallet.setup import Wallet
+from tests.betting_helpers import make_account
+from tests.conftest import auth, new_id
+
+PAIRS = 40
+
+
+async def _together(
+    client: httpx.AsyncClient, calls: list[tuple[dict[str, Any], dict[str, str]]]
+) -> list[httpx.Response]:
+    """POST /api/transfers for each (body, headers), all released at once."""
+    gate = asyncio.Event()
+
+    async def one(body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+        await gate.wait()
+        return await client.post("/api/transfers", json=body, headers=headers)
+
+    tasks = [asyncio.create_task(one(b, h)) for b, h in calls]
+    await asyncio.sleep(0.05)
+    gate.set()
+    return list(await asyncio.gather(*tasks))
+
+
+async def _ledger_holds(db: asyncpg.Connection, accounts: list[int]) -> dict[int, int]:
+    """Every account's balance is the sum of its entries, and each entry's
+    balance_after is the running sum in id order; each transfer is two entries
+    summing to zero. Returns the balances."""
+    balances = dict(
+        await db.fetch("SELECT id, balance FROM wallet_account WHERE id = ANY($1)", accounts)
+    )
+    for account in accounts:
+        entries = await db.fetch(
+            "SELECT amount, balance_after FROM wallet_entry WHERE account_id = $1 ORDER BY id",
+            account,
+        )
+        running = 0
+        for e in entries:
+            running += e["amount"]
+            assert e["balance_after"] == running, (account, list(map(tuple, entries)))
+        assert running == balances[account]
+    assert not await db.fetchval(
+        """SELECT count(*) FROM (
+               SELECT t.id FROM wallet_transfer t JOIN wallet_entry e ON e.transfer_id = t.id
+                WHERE t.from_account_id = ANY($1)
+                GROUP BY t.id HAVING count(*) <> 2 OR sum(e.amount) <> 0) x""",
+        accounts,
+    )
+    return balances
+
+
+async def test_transfers_released_together_commit_in_fewer_transactions(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    sources = [await make_account(client, 100) for _ in range(PAIRS)]
+    targets = [await make_account(client, 0) for _ in range(PAIRS)]
+    calls = []
+    for (source, owner), (target, _) in zip(sources, targets, strict=True):
+        body = {"fromAccountId": source, "toAccountId": target, "amount": 30}
+        calls.append((body, {**auth("bettor", owner), "Idempotency-Key": str(uuid.uuid4())}))
+    responses = await _together(client, calls)
+    assert [r.status_code for r in responses] == [201] * PAIRS, [r.text for r in responses]
+    ids = [r.json()["id"] for r in responses]
+    assert len(set(ids)) == PAIRS
+    # One transaction per batch: without batching every transfer has its own xmin.
+    transactions = await db.fetchval(
+        "SELECT count(DISTINCT xmin::text) FROM wallet_transfer WHERE id = ANY($1)", ids
+    )
+    assert transactions < PAIRS / 2, transactions
+    # Each 201 is the transfer it names, and the key stored exactly that answer.
+    for (body, headers), r in zip(calls, responses, strict=True):
+        row = await db.fetchrow(
+            "SELECT from_account_id, to_account_id, amount FROM wallet_transfer WHERE id = $1",
+            r.json()["id"],
+        )
+        assert (row["from_account_id"], row["to_account_id"], row["amount"]) == (
+            body["fromAccountId"],
+            body["toAccountId"],
+            30,
+        )
+        assert {k: r.json()[k] for k in body} == body
+        stored = await db.fetchrow(
+            "SELECT status, response_status, response_body FROM idempotency_key"
+            " WHERE endpoint = 'POST /api/transfers' AND key = $1",
+            headers["Idempotency-Key"],
+        )
+        assert (stored["status"], stored["response_status"]) == ("DONE", 201)
+        assert orjson.loads(stored["response_body"]) == r.json()
+        again = await client.post("/api/transfers", json=body, headers=headers)
+        assert (again.status_code, again.json()) == (200, r.json())
+    accounts = [a for a, _ in sources] + [a for a, _ in targets]
+    balances = await _ledger_holds(db, accounts)
+    assert all(balances[a] == 70 for a, _ in sources)
+    assert all(balances[a] == 30 for a, _ in targets)
+
+
+async def test_refusals_in_a_batch_are_each_requests_own(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """One batch: good transfers, each kind of refusal, two debits of one account
+    of which only one fits, and the same key twice. Each answer is the one the
+    request gets alone; the refusals move nothing and the others are unaffected."""
+    rich, rich_owner = await make_account(client, 1_000)
+    poor, poor_owner = await make_account(client, 10)
+    shared, shared_owner = await make_account(client, 100)
+    sink, _ = await make_account(client, 0)
+    usd = await client.post(
+        "/api/accounts", json={"ownerId": new_id(), "currency": "USD"}, headers=auth("admin", 1)
+    )
+    foreign = int(usd.json()["id"])
+    me = {
+        rich: auth("bettor", rich_owner),
+        poor: auth("bettor", poor_owner),
+        shared: auth("bettor", shared_owner),
+    }
+
+    def call(source: int, target: int, amount: int, key: str | None = None) -> Any:
+        body = {"fromAccountId": source, "toAccountId": target, "amount": amount}
+        return body, {**me[source], "Idempotency-Key": key or str(uuid.uuid4())}
+
+    dup = f"dup-{uuid.uuid4()}"
+    calls = [
+        call(rich, sink, 100),  # 201
+        call(poor, sink, 11),  # 409 insufficient_funds
+        call(rich, 2**62, 1),  # 404 account_not_found (target)
+        call(rich, rich, 1),  # 422 same_account
+        call(rich, foreign, 1),  # 409 currency_mismatch
+        call(shared, sink, 60),  # one of these two fits, the other is refused
+        call(shared, sink, 70),
+        call(rich, sink, 5, dup),  # the same key twice: moves money once
+        call(rich, sink, 5, dup),
+        (call(rich, sink, 1)[0], {**me[poor], "Idempotency-Key": str(uuid.uuid4())}),  # 403
+        call(poor, sink, 10),  # 201: poor's refused 11 did not take its money
+    ]
+    r = await _together(client, calls)
+    got = [(x.status_code, x.json().get("code")) for x in r]
+    assert got[0] == (201, None)
+    assert got[1] == (409, "insufficient_funds")
+    assert r[1].json()["detail"] == f"account {poor} does not hold 11 EUR"
+    assert got[2] == (404, "account_not_found")
+    assert got[3] == (422, "same_account")
+    assert got[4] == (409, "currency_mismatch")
+    assert sorted(got[5:7]) == [(201, None), (409, "insufficient_funds")]
+    assert sorted(s for s, _ in got[7:9]) in ([200, 201], [201, 409])
+    assert got[9] == (403, "forbidden")
+    assert got[10] == (201, None)
+    dup_ids = {x.json()["id"] for x in r[7:9] if x.status_code in (200, 201)}
+    assert len(dup_ids) == 1
+    # Every stored refusal replays as it was answered; the 403 was not stored.
+    for (body, headers), x in zip(calls, r, strict=True):
+        again = await client.post("/api/transfers", json=body, headers=headers)
+        if x.status_code == 201:
+            assert (again.status_code, again.json()) == (200, x.json())
+        elif x.status_code == 409 and x.json()["code"] == "request_in_progress":
+            assert again.status_code == 200
+        else:
+            assert (again.status_code, again.json()) == (x.status_code, x.json())
+    assert not await db.fetchval(
+        "SELECT count(*) FROM idempotency_key WHERE key = $1",
+        calls[9][1]["Idempotency-Key"],
+    )
+    moved_shared = 60 if got[5][0] == 201 else 70
+    balances = await _ledger_holds(db, [rich, poor, shared, sink, foreign])
+    assert balances == {
+        rich: 1_000 - 100 - 5,
+        poor: 0,
+        shared: 100 - moved_shared,
+        sink: 100 + 10 + moved_shared + 5,
+        foreign: 0,
+    }
+    transfers = await db.fetchval(
+        "SELECT count(*) FROM wallet_transfer WHERE to_account_id = $1", sink
+    )
+    assert transfers == 4
+
+
+async def test_money_received_in_a_batch_can_be_spent_later_in_it(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """Chains through one account in one batch: the batch applies in order on the
+    balances it locked, and every entry's balance_after is its running sum."""
+    accounts = [await make_account(client, 50) for _ in range(6)]
+    calls = []
+    for i in range(30):
+        (source, owner), (target, _) = accounts[i % 6], accounts[(i * 5 + 1) % 6]
+        if source == target:
+            continue
+        body = {"fromAccountId": source, "toAccountId": target, "amount": 20 + i}
+        calls.append((body, {**auth("bettor", owner), "Idempotency-Key": str(uuid.uuid4())}))
+    responses = await _together(client, calls)
+    assert {r.status_code for r in responses} <= {201, 409}
+    assert all(r.json()["code"] == "insufficient_funds" for r in responses if r.status_code == 409)
+    ids = [a for a, _ in accounts]
+    balances = await _ledger_holds(db, ids)
+    assert sum(balances.values()) == 50 * 6 and min(balances.values()) >= 0
+    created = [r.json()["id"] for r in responses if r.status_code == 201]
+    assert await db.fetchval(
+        "SELECT count(*) FROM wallet_transfer WHERE from_account_id = ANY($1)", ids
+    ) == len(created)
+
+
+def _request(source: int, target: int, owner: int, amount: int, key: str) -> TransferRequest:
+    body = orjson.dumps({"fromAccountId": source, "toAccountId": target, "amount": amount})
+    return TransferRequest(
+        Principal(sub=owner, role="bettor"), key, request_hash(body), source, target, amount
+    )
+
+
+async def test_a_cut_off_request_does_not_cancel_its_batch(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    batch = container.module(Wallet).transfers
+    source, owner = await make_account(client, 100)
+    target, _ = await make_account(client, 0)
+    key = f"cut-{uuid.uuid4()}"
+    task = asyncio.create_task(batch.submit(_request(source, target, owner, 40, key)))
+    await asyncio.sleep(0)  # submitted: the request waits for its batch
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await batch.close()  # the batch it joined runs to its end
+    stored = await db.fetchrow(
+        "SELECT status, response_status, response_body FROM idempotency_key WHERE key = $1", key
+    )
+    assert (stored["status"], stored["response_status"]) == ("DONE", 201)
+    balances = await _ledger_holds(db, [source, target])
+    assert balances == {source: 60, target: 40}
+    # The retry learns what happened to it.
+    again = await client.post(
+        "/api/transfers",
+        json={"fromAccountId": source, "toAccountId": target, "amount": 40},
+        headers={**auth("bettor", owner), "Idempotency-Key": key},
+    )
+    assert (again.status_code, again.json()) == (200, orjson.loads(stored["response_body"]))
+
+
+async def test_the_database_down_is_503_for_each_request_and_moves_nothing(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    source, owner = await make_account(client, 100)
+    target, _ = await make_account(client, 0)
+    down = Database(
+        "postgresql://postgres@127.0.0.1:1/postgres", connect_timeout=1, acquire_timeout=1
+    )
+    clock = SystemClock()
+    batch = TransferBatch(down, clock, IdempotencyStore(down, clock), render_transfer)
+    keys = [f"down-{uuid.uuid4()}" for _ in range(5)]
+    results = await asyncio.gather(
+        *(batch.submit(_request(source, target, owner, 10, k)) for k in keys),
+        return_exceptions=True,
+    )
+    for result in results:
+        assert isinstance(result, DomainError), result
+        assert (result.status, result.code) == (503, "unavailable")
+        assert result.headers == {"Retry-After": "1"}
+    assert not await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = ANY($1)", keys)
+    assert await _ledger_holds(db, [source, target]) == {source: 100, target: 0}
+    await down.close()
+
+
+class _DeadlockOnce(TransferBatch):
+    """A batch whose first transaction dies of a deadlock after writing."""
+
+    failed = False
+
+    async def _once(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
+        if not self.failed:
+            self.failed = True
+            async with self.db.transaction() as conn:
+                await conn.execute("UPDATE wallet_account SET balance = balance + 1000")
+                raise asyncpg.exceptions.DeadlockDetectedError("deadlock detected")
+        return await super()._once(items)
+
+
+async def test_a_batch_rolled_back_as_a_whole_is_run_again(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    source, owner = await make_account(client, 100)
+    target, _ = await make_account(client, 0)
+    batch = _DeadlockOnce(container.db, container.clock, container.idempotency, render_transfer)
+    keys = [f"retry-{uuid.uuid4()}" for _ in range(3)]
+    answers = await asyncio.gather(
+        *(batch.submit(_request(source, target, owner, 10, k)) for k in keys)
+    )
+    assert batch.failed and batch.transactions == 2
+    assert [a.status for a in answers] == [201] * 3
+    assert await _ledger_holds(db, [source, target]) == {source: 70, target: 30}
