@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+
+from reservo.core.rows import FromRow
 
 KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
 
@@ -19,20 +19,16 @@ class AccountRef:
 
 
 @dataclass(frozen=True, slots=True)
-class Account:
+class Account(FromRow):
     id: int
     owner_id: int | None  # None for the system accounts (WORLD, HOUSE): nobody's
     currency: str
     kind: str  # CUSTOMER | WORLD | HOUSE
     balance: int
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Account:
-        return cls(row["id"], row["owner_id"], row["currency"], row["kind"], row["balance"])
-
 
 @dataclass(frozen=True, slots=True)
-class Transfer:
+class Transfer(FromRow):
     id: int
     kind: str
     reference: str | None
@@ -41,21 +37,9 @@ class Transfer:
     amount: int
     created_at: datetime
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Transfer:
-        return cls(
-            row["id"],
-            row["kind"],
-            row["reference"],
-            row["from_account_id"],
-            row["to_account_id"],
-            row["amount"],
-            row["created_at"],
-        )
-
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(FromRow):
     """One line of an account's ledger: its side of a transfer."""
 
     id: int
@@ -65,18 +49,6 @@ class Entry:
     kind: str
     reference: str | None
     created_at: datetime
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Entry:
-        return cls(
-            row["id"],
-            row["transfer_id"],
-            row["amount"],
-            row["balance_after"],
-            row["kind"],
-            row["reference"],
-            row["created_at"],
-        )
 
 
 class TransferRefused(Exception):
