@@ -25,6 +25,7 @@ from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
+from reservo.core.reads import read_one
 from reservo.core.turns import Turns
 from reservo.scheduler import Job, Scheduler
 
@@ -317,10 +318,13 @@ class AppointmentService:
     # -- reading and cancelling ------------------------------------------------
 
     async def get(self, appointment_id: int) -> Appointment:
-        async with self.db.connection() as conn:
-            row = await repo.get_appointment(conn, appointment_id)
-        if row is None:
-            raise DomainError("appointment_not_found", f"no appointment {appointment_id}")
+        row = await read_one(
+            self.db,
+            repo.get_appointment,
+            appointment_id,
+            "appointment_not_found",
+            f"no appointment {appointment_id}",
+        )
         return Appointment.from_row(row)
 
     async def cancel(self, appointment_id: int) -> Appointment:

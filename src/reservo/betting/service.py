@@ -16,6 +16,7 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
+from reservo.core.reads import read_one
 from reservo.core.schemas import MAX_ID
 
 # Below every match's start (betting_match_starts_at_range): the first page's key.
@@ -59,10 +60,9 @@ class BettingService:
         return Match.from_row(row, pending_bets=0)
 
     async def get_match(self, match_id: int) -> Match:
-        async with self.db.connection() as conn:
-            row = await repo.get_match(conn, match_id)
-        if row is None:
-            raise DomainError("match_not_found", f"no match {match_id}")
+        row = await read_one(
+            self.db, repo.get_match, match_id, "match_not_found", f"no match {match_id}"
+        )
         return Match.from_row(row)
 
     async def update_match(
