@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import asyncpg
-
 from reservo import wallet
 from reservo.betting import domain, repo
 from reservo.betting.domain import Bet, Match, Selection
@@ -93,15 +91,9 @@ class BettingService:
         primary's odds (409 odds_changed)."""
         key = after or (_BEFORE_ANY_MATCH, 0)
         now = self.clock.now()
-
-        async def read(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-            if status == "UPCOMING":
-                return await repo.matches_upcoming(conn, now, key, limit)
-            if status == "STARTED":
-                return await repo.matches_started(conn, now, key, limit)
-            return await repo.matches_settled(conn, key, limit)
-
-        rows = await self.db.stale_read(read)
+        rows = await self.db.stale_read(
+            lambda conn: repo.matches_page(conn, status, now, key, limit)
+        )
         return [Match.from_row(r) for r in rows]
 
     async def customer_owner(self, account_id: int) -> int | None:
