@@ -13,21 +13,19 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
+from reservo.core.rows import FromRow, build
+
 
 @dataclass(frozen=True, slots=True)
-class Doctor:
+class Doctor(FromRow):
     id: int
     name: str
     timezone: str  # IANA zone: the doctor's working hours are local times there
     specialty: str | None
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Doctor:
-        return cls(row["id"], row["name"], row["timezone"], row["specialty"])
-
 
 @dataclass(frozen=True)
-class Appointment:
+class Appointment(FromRow):
     """A booking of one place in a slot (what the use cases hand around)."""
 
     id: int
@@ -40,42 +38,6 @@ class Appointment:
     created_at: datetime
     # Set on the appointment a reschedule created: the one it replaced.
     rescheduled_from: int | None = None
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Appointment:
-        return cls(
-            row["id"],
-            row["slot_id"],
-            row["patient_id"],
-            row["doctor_id"],
-            row["status"],
-            row["start_at"],
-            row["end_at"],
-            row["created_at"],
-        )
-
-
-@dataclass(frozen=True)
-class OpenSlot:
-    """A slot with room left, as the availability list shows it."""
-
-    id: int
-    doctor_id: int
-    start_at: datetime
-    end_at: datetime
-    capacity: int
-    booked_count: int
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> OpenSlot:
-        return cls(
-            row["id"],
-            row["doctor_id"],
-            row["start_at"],
-            row["end_at"],
-            row["capacity"],
-            row["booked_count"],
-        )
 
 
 @dataclass(frozen=True)
@@ -232,7 +194,7 @@ class RepeatingSchedule:
             row["slot_minutes"],
             row["capacity"],
         )
-        return cls(row["id"], row["doctor_id"], row["timezone"], row["generated_until"], rule)
+        return build(cls, row, rule=rule)
 
     def next_range(self, until: date) -> ScheduleRule | None:
         """The rule for the dates not generated yet up to ``until`` (None: nothing)."""

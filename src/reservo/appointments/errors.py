@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-ERRORS = {
-    "doctor_not_found": 404,
-    "slot_not_found": 404,
-    "appointment_not_found": 404,
-    "slot_full": 409,
-    "already_booked": 409,
-    "patient_busy": 409,
-    "slot_in_past": 409,
-    "slot_not_open": 409,
-    "not_reschedulable": 409,
-    "slot_available": 409,
-    "already_waiting": 409,
-    "not_waiting": 404,
-}
+from reservo.core.codes import by_status
+
+ERRORS = by_status(
+    not_found=["doctor_not_found", "slot_not_found", "appointment_not_found", "not_waiting"],
+    conflict=[
+        "slot_full",
+        "already_booked",
+        "patient_busy",
+        "slot_in_past",
+        "slot_not_open",
+        "not_reschedulable",
+        "slot_available",
+        "already_waiting",
+    ],
+)
 
 CONSTRAINTS = {
     "uq_active_patient_slot": ("already_booked", "you already hold a booking in this slot"),

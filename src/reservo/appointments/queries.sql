@@ -63,7 +63,7 @@ RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
           (SELECT capacity - booked_count FROM slot) AS remaining;
 
 -- name: slot_state
--- Only used to explain a refusal after the conditional update said no.
+-- Only used to explain why a conditional booking or a waitlist join wrote nothing.
 SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
        EXISTS (SELECT 1 FROM appointment a
                 WHERE a.slot_id = s.id AND a.patient_id = $2 AND a.status = 'BOOKED') AS mine
@@ -170,13 +170,6 @@ RETURNING id, slot_id, patient_id;
 -- name: waitlist_position
 -- 1 for the next patient to get a freed seat.
 SELECT count(*) FROM waitlist_entry WHERE slot_id = $1 AND id <= $2;
-
--- name: waitlist_refusal
--- Only used to explain why join_waitlist inserted nothing.
-SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
-       EXISTS (SELECT 1 FROM appointment a
-                WHERE a.slot_id = s.id AND a.patient_id = $2 AND a.status = 'BOOKED') AS mine
-  FROM time_slot s WHERE s.id = $1;
 
 -- name: leave_waitlist
 -- A patient leaves a slot's waitlist; no row when they were not on it.

@@ -132,10 +132,6 @@ async def waitlist_position(conn: asyncpg.Connection, slot_id: int, entry_id: in
     return position
 
 
-async def waitlist_refusal(conn: asyncpg.Connection, slot_id: int, patient_id: int) -> Row | None:
-    return await conn.fetchrow(Q.waitlist_refusal, slot_id, patient_id)
-
-
 async def leave_waitlist(conn: asyncpg.Connection, slot_id: int, patient_id: int) -> bool:
     return await conn.fetchval(Q.leave_waitlist, slot_id, patient_id) is not None
 

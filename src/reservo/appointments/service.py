@@ -25,6 +25,7 @@ from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
+from reservo.core.reads import read_one
 from reservo.core.transport.base import Event
 from reservo.core.turns import Turns
 from reservo.scheduler import Job, Scheduler
@@ -311,21 +312,12 @@ class AppointmentService:
     async def _refusal(
         self, conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any
     ) -> DomainError:
-        """Why the conditional booking matched no row, read in the same transaction."""
-        state = await repo.slot_state(conn, slot_id, patient_id)
-        if state is None:
-            code, detail = "slot_not_found", f"no slot {slot_id}"
-        elif state["mine"]:
-            code, detail = "already_booked", "you already hold a booking in this slot"
-        elif state["start_at"] <= now:
-            code, detail = "slot_in_past", "this slot has already started"
-        elif state["opens_at"] > now:
-            code = "slot_not_open"
-            detail = f"this slot opens for booking at {state['opens_at'].isoformat()}"
-        else:
-            code, detail = "slot_full", "this slot has no capacity left"
-        metrics.CONFLICTS.labels("appointments", code, "database").inc()
-        return DomainError(code, detail)
+        """Why the conditional booking matched no row."""
+        refusal = await _slot_refusal(
+            conn, slot_id, patient_id, now, ("slot_full", "this slot has no capacity left")
+        )
+        metrics.CONFLICTS.labels("appointments", refusal.code, "database").inc()
+        return refusal
 
     async def _invalidate(self, appt: Appointment) -> None:
         """Best effort, after the commit: a durable booking must never be answered
@@ -363,10 +355,13 @@ class AppointmentService:
     # -- reading and cancelling ------------------------------------------------
 
     async def get(self, appointment_id: int) -> Appointment:
-        async with self.db.connection() as conn:
-            row = await repo.get_appointment(conn, appointment_id)
-        if row is None:
-            raise DomainError("appointment_not_found", f"no appointment {appointment_id}")
+        row = await read_one(
+            self.db,
+            repo.get_appointment,
+            appointment_id,
+            "appointment_not_found",
+            f"no appointment {appointment_id}",
+        )
         return Appointment.from_row(row)
 
     async def cancel(self, appointment_id: int) -> Appointment:
@@ -544,29 +539,18 @@ class AppointmentService:
         async with self.db.transaction() as conn:
             row = await repo.join_waitlist(conn, slot_id, patient_id, now)
             if row is None:
-                raise await self._waitlist_refusal(conn, slot_id, patient_id, now)
+                raise await _slot_refusal(
+                    conn,
+                    slot_id,
+                    patient_id,
+                    now,
+                    ("slot_available", "this slot has room left: book it instead"),
+                )
             position = await repo.waitlist_position(conn, slot_id, row["id"])
             waiting = domain.Waiting(slot_id, patient_id, position)
             if within is not None:
                 await within(conn, waiting)
         return waiting
-
-    async def _waitlist_refusal(
-        self, conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any
-    ) -> DomainError:
-        state = await repo.waitlist_refusal(conn, slot_id, patient_id)
-        if state is None:
-            return DomainError("slot_not_found", f"no slot {slot_id}")
-        if state["mine"]:
-            return DomainError("already_booked", "you already hold a booking in this slot")
-        if state["start_at"] <= now:
-            return DomainError("slot_in_past", "this slot has already started")
-        if state["opens_at"] > now:
-            return DomainError(
-                "slot_not_open",
-                f"this slot opens for booking at {state['opens_at'].isoformat()}",
-            )
-        return DomainError("slot_available", "this slot has room left: book it instead")
 
     async def leave_waitlist(self, slot_id: int, patient_id: int) -> None:
         async with self.db.transaction() as conn:
@@ -708,3 +692,23 @@ class AppointmentService:
     ) -> contacts.Contact:
         async with self.db.transaction() as conn:
             return await contacts.put(conn, patient_id, email, phone, self.clock.now())
+
+
+async def _slot_refusal(
+    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any, seats: tuple[str, str]
+) -> DomainError:
+    """Why a booking or a waitlist join on the slot wrote nothing, read in the same
+    transaction; ``seats`` (code, detail) when only the seats stand in the way
+    (the slot is full for a booking, has room left for the waitlist)."""
+    state = await repo.slot_state(conn, slot_id, patient_id)
+    if state is None:
+        return DomainError("slot_not_found", f"no slot {slot_id}")
+    if state["mine"]:
+        return DomainError("already_booked", "you already hold a booking in this slot")
+    if state["start_at"] <= now:
+        return DomainError("slot_in_past", "this slot has already started")
+    if state["opens_at"] > now:
+        return DomainError(
+            "slot_not_open", f"this slot opens for booking at {state['opens_at'].isoformat()}"
+        )
+    return DomainError(*seats)

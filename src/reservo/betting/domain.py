@@ -11,6 +11,8 @@ from datetime import datetime
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
+from reservo.core.rows import FromRow, build
+
 MARKETS: dict[str, tuple[str, ...]] = {
     "1X2": ("HOME", "DRAW", "AWAY"),
     "TOTALS_2_5": ("OVER", "UNDER"),
@@ -67,27 +69,16 @@ class Match:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], pending_bets: int | None = None) -> Match:
-        return cls(
-            id=row["id"],
-            external_id=row["external_id"],
-            home=row["home"],
-            away=row["away"],
-            starts_at=row["starts_at"],
-            odds=row["odds"],
-            suspended=row["suspended"],
-            result=None
-            if row["result_status"] is None
-            else MatchResult(
+        result = None
+        if row["result_status"] is not None:
+            result = MatchResult(
                 row["result_status"], row["home_score"], row["away_score"], row["result_event_id"]
-            ),
-            settlement_status=row["settlement_status"],
-            settled_bets=row["settled_bets"],
-            pending_bets=row.get("pending_bets", pending_bets),
-        )
+            )
+        return build(cls, row, result=result, pending_bets=row.get("pending_bets", pending_bets))
 
 
 @dataclass(frozen=True, slots=True)
-class Selection:
+class Selection(FromRow):
     """One leg of a placed bet and its grade."""
 
     match_id: int
@@ -95,10 +86,6 @@ class Selection:
     pick: str
     odds: Decimal
     status: str  # PENDING | WON | LOST | VOID
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Selection:
-        return cls(row["match_id"], row["market"], row["pick"], row["odds"], row["status"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,17 +102,7 @@ class Bet:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], selections: Iterable[Selection] = ()) -> Bet:
-        return cls(
-            id=row["id"],
-            account_id=row["account_id"],
-            owner_id=row["owner_id"],
-            stake=row["stake"],
-            potential_payout=row["potential_payout"],
-            status=row["status"],
-            payout=row["payout"],
-            created_at=row["created_at"],
-            selections=tuple(selections),
-        )
+        return build(cls, row, selections=tuple(selections))
 
 
 def winning_picks(home: int, away: int) -> dict[str, str]:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-ERRORS = {
-    "match_not_found": 404,
-    "bet_not_found": 404,
-    "match_exists": 409,
-    "match_closed": 409,
-    "odds_changed": 409,
-    "market_suspended": 409,
-    "match_not_started": 409,
-}
+from reservo.core.codes import by_status
+
+ERRORS = by_status(
+    not_found=["match_not_found", "bet_not_found"],
+    conflict=[
+        "match_exists",
+        "match_closed",
+        "odds_changed",
+        "market_suspended",
+        "match_not_started",
+    ],
+)
 
 CONSTRAINTS = {
     "betting_match_external_id": ("match_exists", "a match with this externalId exists"),

@@ -50,21 +50,15 @@ async def update_match(
     return await conn.fetchrow(Q.update_match, match_id, odds, suspended, now)
 
 
-async def matches_upcoming(
-    conn: asyncpg.Connection, now: datetime, after: tuple[datetime, int], limit: int
+async def matches_page(
+    conn: asyncpg.Connection, status: str, now: datetime, after: tuple[datetime, int], limit: int
 ) -> list[Row]:
-    return list(await conn.fetch(Q.matches_upcoming, now, after[0], after[1], limit))
-
-
-async def matches_started(
-    conn: asyncpg.Connection, now: datetime, after: tuple[datetime, int], limit: int
-) -> list[Row]:
-    return list(await conn.fetch(Q.matches_started, now, after[0], after[1], limit))
-
-
-async def matches_settled(
-    conn: asyncpg.Connection, after: tuple[datetime, int], limit: int
-) -> list[Row]:
+    """A page of one list of matches: UPCOMING or STARTED (unsettled, split at
+    ``now``), else the settled ones."""
+    if status == "UPCOMING":
+        return list(await conn.fetch(Q.matches_upcoming, now, after[0], after[1], limit))
+    if status == "STARTED":
+        return list(await conn.fetch(Q.matches_started, now, after[0], after[1], limit))
     return list(await conn.fetch(Q.matches_settled, after[0], after[1], limit))
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import asyncpg
-
 from reservo import wallet
 from reservo.betting import domain, repo
 from reservo.betting.domain import Bet, Match, Selection
@@ -16,6 +14,7 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
+from reservo.core.reads import read_one
 from reservo.core.schemas import MAX_ID
 
 # Below every match's start (betting_match_starts_at_range): the first page's key.
@@ -59,10 +58,9 @@ class BettingService:
         return Match.from_row(row, pending_bets=0)
 
     async def get_match(self, match_id: int) -> Match:
-        async with self.db.connection() as conn:
-            row = await repo.get_match(conn, match_id)
-        if row is None:
-            raise DomainError("match_not_found", f"no match {match_id}")
+        row = await read_one(
+            self.db, repo.get_match, match_id, "match_not_found", f"no match {match_id}"
+        )
         return Match.from_row(row)
 
     async def update_match(
@@ -93,15 +91,9 @@ class BettingService:
         primary's odds (409 odds_changed)."""
         key = after or (_BEFORE_ANY_MATCH, 0)
         now = self.clock.now()
-
-        async def read(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-            if status == "UPCOMING":
-                return await repo.matches_upcoming(conn, now, key, limit)
-            if status == "STARTED":
-                return await repo.matches_started(conn, now, key, limit)
-            return await repo.matches_settled(conn, key, limit)
-
-        rows = await self.db.stale_read(read)
+        rows = await self.db.stale_read(
+            lambda conn: repo.matches_page(conn, status, now, key, limit)
+        )
         return [Match.from_row(r) for r in rows]
 
     async def customer_owner(self, account_id: int) -> int | None:

@@ -12,6 +12,8 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
 
+from reservo.core.rows import FromRow
+
 Status = Literal["HOLD", "CONFIRMED", "ON_TRIP", "COMPLETED", "CANCELLED", "EXPIRED"]
 # Statuses that occupy the car (the exclusion constraint's predicate).
 BLOCKING: frozenset[str] = frozenset({"HOLD", "CONFIRMED", "ON_TRIP"})
@@ -28,7 +30,7 @@ class InvalidPeriod(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Car:
+class Car(FromRow):
     id: int
     plate: str
     model: str
@@ -36,15 +38,9 @@ class Car:
     daily_price: int
     host_id: int
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Car:
-        return cls(
-            row["id"], row["plate"], row["model"], row["city"], row["daily_price"], row["host_id"]
-        )
-
 
 @dataclass(frozen=True, slots=True)
-class Booking:
+class Booking(FromRow):
     """A booking as the use cases return it; ``from_at`` is the customer's start
     (the stored period's lower bound), ``return_at`` their end (before the buffer)."""
 
@@ -61,22 +57,6 @@ class Booking:
     # The car's host: read with every row that emits an event; None in a
     # customer's list, which does not need it.
     host_id: int | None = None
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Booking:
-        return cls(
-            id=row["id"],
-            car_id=row["car_id"],
-            customer_id=row["customer_id"],
-            from_at=row["from_at"],
-            return_at=row["return_at"],
-            status=row["status"],
-            deposit_amount=row["deposit_amount"],
-            refund_amount=row["refund_amount"],
-            hold_expires_at=row["hold_expires_at"],
-            created_at=row["created_at"],
-            host_id=row.get("host_id"),
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-ERRORS = {
-    "plate_taken": 409,
-    "car_not_found": 404,
-    "car_unavailable": 409,
-    "booking_not_found": 404,
-    "invalid_state": 409,
-    "payment_gateway_unconfigured": 503,
-}
+from reservo.core.codes import by_status
+
+ERRORS = by_status(
+    not_found=["car_not_found", "booking_not_found"],
+    conflict=["plate_taken", "car_unavailable", "invalid_state"],
+    unavailable=["payment_gateway_unconfigured"],
+)
 
 CONSTRAINTS = {
     "uq_car_plate": ("plate_taken", "a car with this plate already exists"),

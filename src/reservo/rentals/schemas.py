@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, StrictInt, StringConstraints
+from pydantic import AfterValidator, Field, StrictInt, StringConstraints, with_config
 
 from reservo.core.schemas import ApiModel, Id, Instant
+from reservo.rentals import domain
 
 Money = Annotated[StrictInt, Field(ge=0, le=10**15)]
 # Plates and txn ids are visible ASCII without surrounding spaces.
@@ -33,13 +34,11 @@ class CarIn(ApiModel):
     host_id: Id
 
 
-class Car(ApiModel):
-    id: int
-    plate: str
-    model: str
-    city: str
-    daily_price: int
-    host_id: int
+# A car on the wire: the domain's car, its fields in camelCase. Only ever answered
+# (never parsed), so it is the dataclass itself rather than a model restating it.
+@with_config(ApiModel.model_config)
+class Car(domain.Car):
+    pass
 
 
 class BookingIn(ApiModel):

@@ -20,6 +20,7 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
+from reservo.core.reads import read_one
 from reservo.core.schemas import MAX_ID
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
@@ -243,10 +244,9 @@ class RentalService:
     # -- reading ---------------------------------------------------------------
 
     async def get(self, booking_id: int) -> Booking:
-        async with self.db.connection() as conn:
-            row = await repo.get_booking(conn, booking_id)
-        if row is None:
-            raise DomainError("booking_not_found", f"no booking {booking_id}")
+        row = await read_one(
+            self.db, repo.get_booking, booking_id, "booking_not_found", f"no booking {booking_id}"
+        )
         return Booking.from_row(row)
 
     async def customer_bookings(

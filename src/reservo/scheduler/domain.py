@@ -11,6 +11,7 @@ from typing import Any
 
 from cronsim import CronSim, CronSimError
 
+from reservo.core.rows import FromRow
 from reservo.core.schemas import EARLIEST, LATEST
 
 SCHEDULED, QUEUED, RUNNING, DONE = "SCHEDULED", "QUEUED", "RUNNING", "DONE"
@@ -50,7 +51,7 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Recurring:
+class Recurring(FromRow):
     """A recurring job: ``cron`` (5 fields) read in ``timezone``; ``next_at`` is
     the next occurrence no job exists for yet (None: none left)."""
 
@@ -62,19 +63,6 @@ class Recurring:
     urgency: int
     next_at: datetime | None
     created_at: datetime | None = None
-
-    @classmethod
-    def from_row(cls, row: Any) -> Recurring:
-        return cls(
-            id=row["id"],
-            category=row["category"],
-            cron=row["cron"],
-            timezone=row["timezone"],
-            payload=row["payload"],
-            urgency=row["urgency"],
-            next_at=row["next_at"],
-            created_at=row["created_at"],
-        )
 
 
 class JobFailure(Exception):

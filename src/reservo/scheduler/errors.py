@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-ERRORS = {
-    "job_not_found": 404,
-    "recurring_job_not_found": 404,
-    "not_retryable": 409,
-    "unknown_category": 422,
-    "destination_not_allowed": 422,
-}
+from reservo.core.codes import by_status
+
+ERRORS = by_status(
+    not_found=["job_not_found", "recurring_job_not_found"],
+    conflict=["not_retryable"],
+    unprocessable=["unknown_category", "destination_not_allowed"],
+)
 
 CONSTRAINTS = {
     "ck_job_run_at_range": (

@@ -21,6 +21,7 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
+from reservo.core.reads import read_one
 from reservo.core.redis import Client
 from reservo.scheduler import domain, repo
 from reservo.scheduler.dispatch import Dispatch
@@ -248,11 +249,7 @@ class Scheduler:
         return await self._insert(conn, category, urgency, when, payload, None, now)
 
     async def get(self, job_id: int) -> Job:
-        async with self.db.connection() as conn:
-            job = await repo.get_job(conn, job_id)
-        if job is None:
-            raise DomainError("job_not_found", f"no job {job_id}")
-        return job
+        return await read_one(self.db, repo.get_job, job_id, "job_not_found", f"no job {job_id}")
 
     async def cancel_job(self, job_id: int) -> Job:
         """Cancelling twice answers the cancelled job both times."""

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from reservo.core.auth import Principal
+from reservo.core.rows import FromRow
 
 KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
 
@@ -21,20 +20,16 @@ class AccountRef:
 
 
 @dataclass(frozen=True, slots=True)
-class Account:
+class Account(FromRow):
     id: int
     owner_id: int | None  # None for the system accounts (WORLD, HOUSE): nobody's
     currency: str
     kind: str  # CUSTOMER | WORLD | HOUSE
     balance: int
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Account:
-        return cls(row["id"], row["owner_id"], row["currency"], row["kind"], row["balance"])
-
 
 @dataclass(frozen=True, slots=True)
-class Transfer:
+class Transfer(FromRow):
     id: int
     kind: str
     reference: str | None
@@ -43,21 +38,9 @@ class Transfer:
     amount: int
     created_at: datetime
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Transfer:
-        return cls(
-            row["id"],
-            row["kind"],
-            row["reference"],
-            row["from_account_id"],
-            row["to_account_id"],
-            row["amount"],
-            row["created_at"],
-        )
-
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(FromRow):
     """One line of an account's ledger: its side of a transfer."""
 
     id: int
@@ -67,18 +50,6 @@ class Entry:
     kind: str
     reference: str | None
     created_at: datetime
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Entry:
-        return cls(
-            row["id"],
-            row["transfer_id"],
-            row["amount"],
-            row["balance_after"],
-            row["kind"],
-            row["reference"],
-            row["created_at"],
-        )
 
 
 def may_act_for(caller: Principal, owner: int | None) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-ERRORS = {
-    "account_not_found": 404,
-    "insufficient_funds": 409,
-    "currency_mismatch": 409,
-    "same_account": 422,
-    "duplicate_reference": 409,
-}
+from reservo.core.codes import by_status
+
+ERRORS = by_status(
+    not_found=["account_not_found"],
+    conflict=["insufficient_funds", "currency_mismatch", "duplicate_reference"],
+    unprocessable=["same_account"],
+)
 
 CONSTRAINTS = {
     "wallet_balance_non_negative": (
