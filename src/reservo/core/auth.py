@@ -44,6 +44,11 @@ class Principal:
     def is_admin(self) -> bool:
         return self.role == "admin"
 
+    @property
+    def key_owner(self) -> str:
+        """Whose Idempotency-Keys these are: keys are scoped per caller."""
+        return f"{self.role}:{self.sub}"
+
     def require(self, *roles: str) -> None:
         """Admin may do everything; otherwise the role must be listed."""
         if not self.is_admin and self.role not in roles:

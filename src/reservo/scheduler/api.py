@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from functools import partial
 from typing import Annotated, Any, Literal
 
 import asyncpg
@@ -23,10 +24,9 @@ from reservo.core.http import (
     json_response,
     model_from,
     problem_responses,
-    run_idempotent_once,
     run_idempotent_route,
 )
-from reservo.core.idempotency import Within, validate_key
+from reservo.core.idempotency import IdempotencyStore, Replay, Within, validate_key
 from reservo.core.lean import body_route
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.scheduler.domain import Job, Recurring
@@ -95,24 +95,28 @@ async def create_job_flow(
     svc: Scheduler = state.scheduler
     key = validate_key(idempotency_key, required=False)
     delay = timedelta(milliseconds=body.delay_ms) if body.delay_ms is not None else None
-    if key is None:
-        made = await svc.create(
-            body.category, body.payload, urgency=body.urgency, run_at=body.run_at, delay=delay
-        )
-        return json_bytes(201, orjson.dumps(created(made)))
-
-    async def create(conn: asyncpg.Connection) -> Job:
-        return await svc.create_within(
-            conn, body.category, body.payload, body.urgency, body.run_at, delay
-        )
-
-    outcome = await run_idempotent_once(
-        state.idempotency, caller, "POST /api/jobs", key, raw, create, created
+    create = partial(
+        svc.create,
+        body.category,
+        body.payload,
+        urgency=body.urgency,
+        run_at=body.run_at,
+        delay=delay,
     )
-    response, new = outcome
-    if new is not None:  # created now, not replayed
-        await svc.dispatch_together([new])
-    return response
+    if key is None:
+        return json_bytes(201, orjson.dumps(created(await create())))
+
+    async def create_within(conn: asyncpg.Connection) -> Job:
+        return await create(conn=conn)
+
+    store: IdempotencyStore = state.idempotency
+    outcome = await store.run_once(
+        caller.key_owner, "POST /api/jobs", key, raw, create_within, created
+    )
+    if isinstance(outcome, Replay):
+        return json_bytes(outcome.status, orjson.dumps(outcome.body))
+    await svc.dispatch_together([outcome.created])  # created now, not replayed
+    return json_bytes(201, orjson.dumps(outcome.body))
 
 
 # POST /api/jobs without FastAPI's per-request work.

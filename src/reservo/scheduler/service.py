@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -33,6 +34,10 @@ Handler = Callable[[Job], Awaitable[None]]
 # Refuses a payload at enqueue time through the API (raises DomainError), e.g.
 # an http job's destination; the handler checks again when it runs.
 Check = Callable[[dict[str, Any]], None]
+# A job's row written on a connection; where a job created outside any caller's
+# transaction goes after its commit.
+Insert = Callable[[asyncpg.Connection], Awaitable[Job]]
+Push = Callable[[Sequence[Job]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -113,22 +118,28 @@ class Scheduler:
             raise ValueError("urgency must be 0..9")
         now = self.clock.now()
         when = domain.resolve_run_at(now, run_at, delay)
+        insert = partial(self._insert, category, urgency, when, payload, idempotency_key, now)
+        return await self._add(insert, conn, self.dispatch)
+
+    async def _add(self, insert: Insert, conn: asyncpg.Connection | None, push: Push) -> Job:
+        """``insert`` in ``conn`` (its caller dispatches the job after the commit),
+        or, without, in a transaction of its own, then ``push`` the job."""
         if conn is not None:
-            return await self._insert(conn, category, urgency, when, payload, idempotency_key, now)
+            return await insert(conn)
         async with self.db.transaction() as own:
-            job = await self._insert(own, category, urgency, when, payload, idempotency_key, now)
-        await self.dispatch([job])
+            job = await insert(own)
+        await push([job])
         return job
 
     async def _insert(
         self,
-        conn: asyncpg.Connection,
         category: str,
         urgency: int,
         run_at: datetime,
         payload: dict[str, Any],
         key: str | None,
         now: datetime,
+        conn: asyncpg.Connection,
     ) -> Job:
         job = await repo.insert_job(
             conn, category, urgency, run_at, payload, self.config.max_attempts, key, now
@@ -219,23 +230,10 @@ class Scheduler:
         urgency: int,
         run_at: datetime | None,
         delay: timedelta | None,
+        conn: asyncpg.Connection | None = None,
     ) -> Job:
-        async with self.db.transaction() as conn:
-            job = await self.create_within(conn, category, payload, urgency, run_at, delay)
-        await self.dispatch_together([job])
-        return job
-
-    async def create_within(
-        self,
-        conn: asyncpg.Connection,
-        category: str,
-        payload: dict[str, Any],
-        urgency: int,
-        run_at: datetime | None,
-        delay: timedelta | None,
-    ) -> Job:
-        """``create`` in the caller's transaction; the caller dispatches the job
-        after its commit."""
+        """With ``conn`` the job is created in the caller's transaction, and the
+        caller dispatches it after its commit."""
         if category not in self.handlers:
             raise DomainError("unknown_category", f"no handler for category {category!r}")
         check = self.checks.get(category)
@@ -246,7 +244,8 @@ class Scheduler:
             when = domain.resolve_run_at(now, run_at, delay)
         except ValueError as exc:
             raise DomainError("validation_error", str(exc)) from exc
-        return await self._insert(conn, category, urgency, when, payload, None, now)
+        insert = partial(self._insert, category, urgency, when, payload, None, now)
+        return await self._add(insert, conn, self.dispatch_together)
 
     async def get(self, job_id: int) -> Job:
         return await read_one(self.db, repo.get_job, job_id, "job_not_found", f"no job {job_id}")
