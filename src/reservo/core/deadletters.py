@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-import asyncpg
 import orjson
 import structlog
 
@@ -17,6 +16,7 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
 from reservo.core.failures import Rejected, is_transient
+from reservo.core.rows import FromRow
 from reservo.core.transport.base import Event, Subscriptions
 from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
 
@@ -54,7 +54,7 @@ class LocalDeadLetters:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
+class DeadLetter(FromRow):
     id: int
     consumer: str
     topic: str
@@ -63,19 +63,6 @@ class DeadLetter:
     attempts: int
     parked_at: datetime
     replayed_at: datetime | None
-
-    @classmethod
-    def from_row(cls, row: asyncpg.Record) -> DeadLetter:
-        return cls(
-            row["id"],
-            row["consumer"],
-            row["topic"],
-            row["event_id"],
-            row["error"],
-            row["attempts"],
-            row["parked_at"],
-            row["replayed_at"],
-        )
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
@@ -13,7 +14,6 @@ from reservo.core.http import (
     PathId,
     from_state,
     json_response,
-    model_from,
     problem_responses,
 )
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
@@ -27,7 +27,7 @@ _box = from_state(DeadLetterBox, "dead_letters")
 
 
 def render(d: DeadLetter) -> DeadLetterOut:
-    return model_from(DeadLetterOut, d, created_at=d.parked_at)
+    return DeadLetterOut(**asdict(d))
 
 
 @router.get("/dead-letters", response_model=DeadLetterPage, responses=PROBLEMS)

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from uuid import UUID
+from typing import Annotated
 
+from pydantic import Field, with_config
+
+from reservo.core.deadletters import DeadLetter
 from reservo.core.schemas import ApiModel
 
 
-class DeadLetterOut(ApiModel):
-    id: int
-    consumer: str
-    topic: str
-    event_id: UUID | None
-    error: str
-    attempts: int
-    created_at: datetime
-    replayed_at: datetime | None
+# A dead letter on the wire: the letter itself, its fields in camelCase, but for
+# when it was parked, which the API has always called ``createdAt``. Only ever
+# answered (never parsed), so it is the dataclass rather than a model restating it.
+@with_config(ApiModel.model_config)
+@dataclass(frozen=True)
+class DeadLetterOut(DeadLetter):
+    parked_at: Annotated[datetime, Field(alias="createdAt")]
 
 
 class DeadLetterPage(ApiModel):
