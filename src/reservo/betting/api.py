@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
 
 from reservo.betting.domain import Bet, Leg, Match
 from reservo.betting.intake import ResultIntake
@@ -56,6 +57,7 @@ PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
 _svc = from_state(BettingService, "betting")
+_MATCH_OUT = TypeAdapter(MatchOut)
 _intake = from_state(ResultIntake, "results")
 
 
@@ -83,7 +85,9 @@ def render_match(m: Match) -> dict[str, Any]:
         pending_bets=m.pending_bets,
         settled_bets=m.settled_bets,
     )
-    return MatchOut(**_match_fields(m), settlement=settlement).wire()
+    return _MATCH_OUT.dump_python(
+        MatchOut(**_match_fields(m), settlement=settlement), mode="json", by_alias=True
+    )
 
 
 def render_match_summary(m: Match) -> MatchSummaryOut:

@@ -53,7 +53,9 @@ class MatchResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Match:
+class Fixture:
+    """A match as it is offered: who plays when, at which odds, open or suspended."""
+
     id: int
     external_id: str
     home: str
@@ -61,6 +63,10 @@ class Match:
     starts_at: datetime
     odds: dict[str, dict[str, str]]
     suspended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Match(Fixture):
     result: MatchResult | None  # None until the result came
     settlement_status: str
     settled_bets: int

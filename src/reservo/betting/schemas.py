@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+    with_config,
+)
 
-from reservo.betting.domain import MARKETS, MAX_SELECTIONS
+from reservo.betting.domain import MARKETS, MAX_SELECTIONS, Fixture
 from reservo.core.schemas import ApiModel, Id, Instant
 
 Market = Literal["1X2", "TOTALS_2_5", "BTTS"]
@@ -90,22 +98,19 @@ class ResultOut(ApiModel):
     provider_event_id: str
 
 
-class _MatchFields(ApiModel):
-    """What a match and a list's summary of it both show (never named in the
-    OpenAPI document: only its two subclasses are)."""
-
-    id: int
-    external_id: str
-    home: str
-    away: str
-    starts_at: datetime
-    odds: dict[str, dict[str, str]]
-    suspended: bool
+# What a match and a list's summary of it both show: the fixture, its fields in
+# camelCase, and its result. Only ever answered (never parsed), so it is the
+# domain's Fixture rather than a model restating it. Never named in the OpenAPI
+# document: only its two subclasses are.
+@with_config(ApiModel.model_config)
+@dataclass(frozen=True)
+class _MatchFields(Fixture):
     result: ResultOut | None
 
 
+@dataclass(frozen=True)
 class MatchOut(_MatchFields):
-    suspended: bool = Field(description="bets on it are refused (409 market_suspended)")
+    suspended: Annotated[bool, Field(description="bets on it are refused (409 market_suspended)")]
     settlement: SettlementOut
 
 
@@ -114,6 +119,7 @@ class SettlementSummaryOut(ApiModel):
     settled_bets: int
 
 
+@dataclass(frozen=True)
 class MatchSummaryOut(_MatchFields):
     """A match as lists show it: the match without ``settlement.pendingBets``,
     which counts the match's open bets (GET /api/matches/{id} has it); counting
