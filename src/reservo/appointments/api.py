@@ -158,7 +158,7 @@ async def book_flow(
     caller.require_owner("patient", patient_id)
     key = required_key(idempotency_key)
     endpoint = "POST /api/appointments"
-    scoped_key = f"{caller.role}:{caller.sub}:{endpoint}:{key}"
+    scoped_key = f"{caller.key_owner}:{endpoint}:{key}"
     await svc.admit(patient_id, slot_id, scoped_key)
 
     async def book_once(within: Within[Appointment] | None) -> Appointment:
