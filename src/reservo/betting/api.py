@@ -57,8 +57,9 @@ PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
 _svc = from_state(BettingService, "betting")
-_MATCH_OUT = TypeAdapter(MatchOut)
 _intake = from_state(ResultIntake, "results")
+# MatchOut is a dataclass (the domain's Fixture on the wire): dumped through this.
+_MATCH_OUT = TypeAdapter(MatchOut)
 
 
 def _match_fields(m: Match) -> dict[str, Any]:
