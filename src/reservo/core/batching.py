@@ -114,13 +114,11 @@ class Batcher(Generic[I, R]):
 ATTEMPTS = 3
 
 
-def once_per_key(
-    items: Sequence[I], key: Callable[[I], Hashable | None]
-) -> tuple[list[int], list[Outcome[R]]]:
-    """The positions of the items to decide in this batch, and the outcomes with
-    AGAIN everywhere: an item whose key (not None) an earlier item of the batch
-    has waits for the next batch, where it meets that item's stored answer (as a
-    duplicate arriving just after it)."""
+def once_per_key(items: Sequence[I], key: Callable[[I], Hashable | None]) -> list[int]:
+    """The positions of the items to decide in this batch: an item whose key
+    (not None) an earlier item of the batch has is left AGAIN for the next
+    batch, where it meets that item's stored answer (as a duplicate arriving
+    just after it)."""
     seen: set[Hashable] = set()
     first: list[int] = []
     for n, item in enumerate(items):
@@ -129,7 +127,7 @@ def once_per_key(
             if k is not None:
                 seen.add(k)
             first.append(n)
-    return first, [AGAIN] * len(items)
+    return first
 
 
 async def in_one_transaction(

@@ -7,7 +7,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar, cast
 
-import asyncpg
 import orjson
 import structlog
 from fastapi import Depends, FastAPI, Header, Path, Request
@@ -332,26 +331,6 @@ async def run_idempotent_route(
     body (the key is checked by the route, where its 400 belongs in order)."""
     store, body = idempotency_store(request), await request.body()
     return await run_idempotent(store, principal, endpoint, key, body, use_case, render, status)
-
-
-async def run_idempotent_once(
-    store: IdempotencyStore,
-    principal: Principal,
-    endpoint: str,
-    key: str,
-    body: bytes,
-    effect: Callable[[asyncpg.Connection], Awaitable[T]],
-    render: Callable[[T], Any],
-    status: int = 201,
-) -> tuple[Response, T | None]:
-    """``run_idempotent`` in one transaction (``IdempotencyStore.run_once``) for a
-    use case that runs inside it. Returns the response (orjson bytes) and what was
-    created (None for a replay), for steps that must wait for the commit."""
-    caller = f"{principal.role}:{principal.sub}"
-    outcome = await store.run_once(caller, endpoint, key, body, effect, render, status)
-    if isinstance(outcome, Replay):
-        return json_bytes(outcome.status, orjson.dumps(outcome.body)), None
-    return json_bytes(status, orjson.dumps(outcome.body)), outcome.created
 
 
 async def _release_quietly(store: IdempotencyStore, claim: Claim) -> None:

@@ -174,16 +174,18 @@ class Scheduler:
         except Exception as exc:
             log.warning("scheduler_dispatch_deferred", error=repr(exc), jobs=len(due))
 
-    async def dispatch_together(self, jobs: Sequence[Job]) -> None:
-        """``dispatch`` shared with the requests that committed meanwhile: their
-        jobs go to Redis together, in one pipelined call and one ``mark_pushed``
-        statement, instead of a round trip to each per request. Returns once
-        these jobs were pushed (or deferred to the loader, as ``dispatch``)."""
-        done = asyncio.get_running_loop().create_future()
+    def push_soon(self, jobs: Sequence[Job]) -> asyncio.Future[None]:
+        """``dispatch`` shared with the jobs committed meanwhile: they go to
+        Redis together, in one pipelined call and one ``mark_pushed`` statement,
+        instead of a round trip each. The future is done once these jobs were
+        pushed (or deferred to the loader, as ``dispatch``); the push goes on
+        whether or not anybody awaits it (shield it to wait)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
         self._soon.append((jobs, done))
         if self._pushing is None or self._pushing.done():
-            self._pushing = asyncio.get_running_loop().create_task(self._push_together())
-        await asyncio.shield(done)
+            self._pushing = loop.create_task(self._push_together())
+        return done
 
     async def _push_together(self) -> None:
         await asyncio.sleep(0)  # let the requests finishing in this loop turn join
@@ -211,42 +213,39 @@ class Scheduler:
 
     # -- use cases behind the HTTP API -------------------------------------------
 
-    async def create(
+    def run_at_of(
         self,
         category: str,
         payload: dict[str, Any],
-        *,
-        urgency: int,
         run_at: datetime | None,
         delay: timedelta | None,
-    ) -> Job:
-        async with self.db.transaction() as conn:
-            job = await self.create_within(conn, category, payload, urgency, run_at, delay)
-        await self.dispatch_together([job])
-        return job
-
-    async def create_within(
-        self,
-        conn: asyncpg.Connection,
-        category: str,
-        payload: dict[str, Any],
-        urgency: int,
-        run_at: datetime | None,
-        delay: timedelta | None,
-    ) -> Job:
-        """``create`` in the caller's transaction; the caller dispatches the job
-        after its commit."""
+        now: datetime,
+    ) -> datetime:
+        """What the API checks of a job before creating it (a handler for the
+        category, the handler's own check of the payload, the time) and when it
+        runs; a refusal is raised (DomainError)."""
         if category not in self.handlers:
             raise DomainError("unknown_category", f"no handler for category {category!r}")
         check = self.checks.get(category)
         if check is not None:
             check(payload)
-        now = self.clock.now()
         try:
-            when = domain.resolve_run_at(now, run_at, delay)
+            return domain.resolve_run_at(now, run_at, delay)
         except ValueError as exc:
             raise DomainError("validation_error", str(exc)) from exc
-        return await self._insert(conn, category, urgency, when, payload, None, now)
+
+    async def create_many(
+        self,
+        conn: asyncpg.Connection,
+        jobs: Sequence[tuple[str, int, datetime, dict[str, Any]]],
+        now: datetime,
+    ) -> list[Job]:
+        """Jobs (category, urgency, run_at from ``run_at_of``, payload) checked
+        already, in the caller's transaction, in one statement; the caller
+        pushes them after its commit (``push_soon``). In the order given."""
+        if not jobs:
+            return []
+        return await repo.insert_jobs(conn, jobs, self.config.max_attempts, now)
 
     async def get(self, job_id: int) -> Job:
         return await read_one(self.db, repo.get_job, job_id, "job_not_found", f"no job {job_id}")

@@ -93,7 +93,8 @@ class TransferBatch:
         await self._batcher.close()
 
     async def _run(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
-        first, outcomes = once_per_key(items, lambda item: (item.caller, item.key))
+        outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
+        first = once_per_key(items, lambda item: (item.caller, item.key))
         decided = await in_one_transaction([items[n] for n in first], self._attempt, EVENT)
         for n, outcome in zip(first, decided, strict=True):
             outcomes[n] = outcome
