@@ -114,11 +114,16 @@ class Batcher(Generic[I, R]):
 ATTEMPTS = 3
 
 
-def once_per_key(items: Sequence[I], key: Callable[[I], Hashable | None]) -> list[int]:
-    """The positions of the items to decide in this batch: an item whose key
-    (not None) an earlier item of the batch has is left AGAIN for the next
-    batch, where it meets that item's stored answer (as a duplicate arriving
-    just after it)."""
+async def once_per_key(
+    items: list[I],
+    key: Callable[[I], Hashable | None],
+    once: Callable[[list[I]], Awaitable[list[Outcome[R]]]],
+    event: str,
+) -> list[Outcome[R]]:
+    """A batch's outcomes: its items decided together (``in_one_transaction``)
+    but for an item whose key (not None) an earlier item of the batch has, left
+    AGAIN for the next batch, where it meets that item's stored answer (as a
+    duplicate arriving just after it)."""
     seen: set[Hashable] = set()
     first: list[int] = []
     for n, item in enumerate(items):
@@ -127,7 +132,11 @@ def once_per_key(items: Sequence[I], key: Callable[[I], Hashable | None]) -> lis
             if k is not None:
                 seen.add(k)
             first.append(n)
-    return first
+    outcomes: list[Outcome[R]] = [AGAIN] * len(items)
+    decided = await in_one_transaction([items[n] for n in first], once, event)
+    for n, outcome in zip(first, decided, strict=True):
+        outcomes[n] = outcome
+    return outcomes
 
 
 async def in_one_transaction(

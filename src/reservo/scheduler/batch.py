@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, Batcher, Outcome, in_one_transaction, once_per_key
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, stored
 from reservo.scheduler.domain import Job
@@ -98,14 +98,7 @@ class JobBatch:
         await self._batcher.close()
 
     async def _run(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
-        outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
-        first = once_per_key(
-            items, lambda item: None if item.key is None else (item.caller, item.key)
-        )
-        decided = await in_one_transaction([items[n] for n in first], self._attempt, EVENT)
-        for n, outcome in zip(first, decided, strict=True):
-            outcomes[n] = outcome
-        return outcomes
+        return await once_per_key(items, _key, self._attempt, EVENT)
 
     async def _attempt(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
         self.transactions += 1
@@ -172,3 +165,8 @@ class JobBatch:
         for n, body in bodies:
             outcomes[n] = Answer(201, body, pushed)
         return outcomes
+
+
+def _key(item: JobRequest) -> tuple[str, str] | None:
+    """Requests without a key never wait for one another."""
+    return None if item.key is None else (item.caller, item.key)

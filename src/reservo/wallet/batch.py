@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, Batcher, Outcome, in_one_transaction, once_per_key
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
@@ -93,12 +93,7 @@ class TransferBatch:
         await self._batcher.close()
 
     async def _run(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
-        outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
-        first = once_per_key(items, lambda item: (item.caller, item.key))
-        decided = await in_one_transaction([items[n] for n in first], self._attempt, EVENT)
-        for n, outcome in zip(first, decided, strict=True):
-            outcomes[n] = outcome
-        return outcomes
+        return await once_per_key(items, lambda item: (item.caller, item.key), self._attempt, EVENT)
 
     async def _attempt(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
         self.transactions += 1
