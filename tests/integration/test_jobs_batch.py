@@ -293,3 +293,34 @@ async def test_a_batch_rolled_back_as_a_whole_is_run_again(
     rows = await db.fetch("SELECT id FROM scheduled_job WHERE payload->'body'->>'m' = $1", marker)
     assert sorted(row["id"] for row in rows) == sorted(a.body["jobId"] for a in answers)
     await _in_redis(container, [a.body["jobId"] for a in answers])
+
+
+async def test_a_check_refusing_as_forbidden_is_not_stored_for_its_key(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """A refusal that is not stored (401/403/429/503) drops the key's claim in
+    the batch's transaction: a retry is checked again, and the others commit."""
+
+    async def handler(job: Any) -> None:
+        return None
+
+    def check(payload: dict[str, Any]) -> None:
+        if payload.get("deny"):
+            raise DomainError("forbidden", "not this one")
+
+    container.scheduler.register("test.forbid", handler, check)
+    denied = {"category": "test.forbid", "payload": {"deny": True}}
+    allowed = {"category": "test.forbid", "payload": {"deny": False, "m": str(uuid.uuid4())}}
+    keys = [f"forbid-{uuid.uuid4()}" for _ in range(2)]
+    calls = [
+        (denied, {**SERVICE, "Idempotency-Key": keys[0]}),
+        (allowed, {**SERVICE, "Idempotency-Key": keys[1]}),
+    ]
+    r = await _together(client, calls)
+    assert (r[0].status_code, r[0].json()["code"]) == (403, "forbidden")
+    assert r[1].status_code == 201
+    assert not await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = $1", keys[0])
+    again = await client.post("/api/jobs", json=denied, headers=calls[0][1])
+    assert (again.status_code, again.json()) == (403, r[0].json())
+    replay = await client.post("/api/jobs", json=allowed, headers=calls[1][1])
+    assert (replay.status_code, replay.json()) == (200, r[1].json())
