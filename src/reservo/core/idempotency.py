@@ -78,7 +78,7 @@ def in_progress() -> DomainError:
 _NOT_STORED = frozenset((401, 403, 429, 503))
 
 
-def stored(err: DomainError) -> bool:
+def is_stored(err: DomainError) -> bool:
     """Whether a refusal raised once a key was claimed is stored for the key
     (replayed on a retry) rather than forgotten with the claim."""
     return err.status not in _NOT_STORED
@@ -313,7 +313,7 @@ class IdempotencyStore:
         except DomainError as err:
             # Raised by the effect (or a constraint it broke, translated on the
             # way out of the transaction): rolled back by now.
-            if in_effect and stored(err):
+            if in_effect and is_stored(err):
                 async with self.db.connection() as conn:
                     await conn.execute(
                         Q.idem_insert_done,

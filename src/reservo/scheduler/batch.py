@@ -33,7 +33,7 @@ import orjson
 from reservo.core.auth import Principal
 from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
 from reservo.core.errors import DomainError
-from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, stored
+from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
 from reservo.scheduler.domain import Job
 from reservo.scheduler.service import Scheduler
 
@@ -140,7 +140,7 @@ class JobBatch:
                     outcomes[n] = err
                     claim = claims.get(n)
                     if claim is not None:
-                        if stored(err):
+                        if is_stored(err):
                             answered.append((claim, err.status, orjson.dumps(err.problem())))
                         else:
                             await claim.forget(conn)
