@@ -13,10 +13,14 @@ it joined still runs to its end and commits or rolls back as a whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeAlias, TypeVar
 
+import asyncpg
 import structlog
+
+from reservo.core.db import unavailable
+from reservo.core.errors import DomainError
 
 I = TypeVar("I")  # noqa: E741 - the item, as R is the result
 R = TypeVar("R")
@@ -103,3 +107,71 @@ class Batcher(Generic[I, R]):
                 else:
                     future.set_result(outcome)
             self._pending[:0] = again
+
+
+# A deadlock or serialization failure rolls a whole batch back; it is run again
+# this many times before its requests get 503 (nothing of it committed).
+ATTEMPTS = 3
+
+
+async def once_per_key(
+    items: list[I],
+    key: Callable[[I], Hashable | None],
+    once: Callable[[list[I]], Awaitable[list[Outcome[R]]]],
+    event: str,
+) -> list[Outcome[R]]:
+    """A batch's outcomes: its items decided together (``in_one_transaction``)
+    but for an item whose key (not None) an earlier item of the batch has, left
+    AGAIN for the next batch, where it meets that item's stored answer (as a
+    duplicate arriving just after it)."""
+    seen: set[Hashable] = set()
+    first: list[int] = []
+    for n, item in enumerate(items):
+        k = key(item)
+        if k is None or k not in seen:
+            if k is not None:
+                seen.add(k)
+            first.append(n)
+    outcomes: list[Outcome[R]] = [AGAIN] * len(items)
+    decided = await in_one_transaction([items[n] for n in first], once, event)
+    for n, outcome in zip(first, decided, strict=True):
+        outcomes[n] = outcome
+    return outcomes
+
+
+async def in_one_transaction(
+    items: list[I],
+    once: Callable[[list[I]], Awaitable[list[Outcome[R]]]],
+    event: str,
+) -> list[Outcome[R]]:
+    """``once(items)``: the items' outcomes from one transaction, run again when
+    the database rolled it back (deadlock, serialization). The database down is
+    503 for every item (nothing committed); any other failure of the whole (a
+    bug, a constraint) runs each item alone, so one bad item cannot refuse the
+    others. ``event`` names the log lines."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return await once(items)
+        except asyncpg.exceptions.TransactionRollbackError as exc:
+            # Nothing of the batch committed: run it again from the start.
+            log.warning(f"{event}_rolled_back", attempt=attempt, error=repr(exc))
+            await asyncio.sleep(0.001 * attempt)
+        except DomainError as err:
+            if err.status == 503 or len(items) == 1:
+                return [err] * len(items)
+            return await _one_by_one(items, once, event, err)
+        except Exception as exc:
+            if len(items) == 1:
+                return [exc]
+            return await _one_by_one(items, once, event, exc)
+    return [unavailable() for _ in items]
+
+
+async def _one_by_one(
+    items: list[I],
+    once: Callable[[list[I]], Awaitable[list[Outcome[R]]]],
+    event: str,
+    exc: BaseException,
+) -> list[Outcome[R]]:
+    log.warning(f"{event}_split", items=len(items), error=repr(exc))
+    return [(await in_one_transaction([item], once, event))[0] for item in items]

@@ -78,6 +78,12 @@ def in_progress() -> DomainError:
 _NOT_STORED = frozenset((401, 403, 429, 503))
 
 
+def is_stored(err: DomainError) -> bool:
+    """Whether a refusal raised once a key was claimed is stored for the key
+    (replayed on a retry) rather than forgotten with the claim."""
+    return err.status not in _NOT_STORED
+
+
 def _stored_answer(row: Mapping[str, Any], digest: bytes, now: datetime) -> Replay | None:
     """What a stored key answers a request with ``digest``: the replay of its
     response, or 422 (another body) or 409 (a claim in flight) raised. None: a
@@ -132,6 +138,11 @@ class Claim:
     async def complete(self, conn: asyncpg.Connection, status: int, body: Any) -> None:
         """Store the response; call inside the business transaction."""
         await conn.execute(Q.idem_complete, self.caller, self.endpoint, self.key, status, body)
+
+    async def forget(self, conn: asyncpg.Connection) -> None:
+        """Drop the claim inside the business transaction (a refusal that is not
+        stored): a retry runs again."""
+        await conn.execute(Q.idem_release, self.caller, self.endpoint, self.key)
 
     def storing(self, status: int, render: Callable[[T], Any]) -> Within[T]:
         """The hook that completes this claim with ``render(created)``."""
@@ -302,7 +313,7 @@ class IdempotencyStore:
         except DomainError as err:
             # Raised by the effect (or a constraint it broke, translated on the
             # way out of the transaction): rolled back by now.
-            if in_effect and err.status not in _NOT_STORED:
+            if in_effect and is_stored(err):
                 async with self.db.connection() as conn:
                     await conn.execute(
                         Q.idem_insert_done,

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from functools import partial
 from typing import Annotated, Any, Literal
 
-import asyncpg
 import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -26,9 +24,10 @@ from reservo.core.http import (
     problem_responses,
     run_idempotent_route,
 )
-from reservo.core.idempotency import IdempotencyStore, Replay, Within, validate_key
+from reservo.core.idempotency import Within, request_hash, validate_key
 from reservo.core.lean import body_route
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.scheduler.batch import JobBatch, JobRequest
 from reservo.scheduler.domain import Job, Recurring
 from reservo.scheduler.schemas import (
     HttpPayload,
@@ -86,37 +85,30 @@ async def create_job_flow(
     state: Any, caller: Principal, body: JobIn, idempotency_key: str | None, raw: bytes
 ) -> Response:
     """What POST /api/jobs does once the request is parsed (the FastAPI route and
-    the lean path both run this). With a key, the key's claim, the job row and the
-    stored response share one transaction; the job goes to Redis after it commits."""
+    the lean path both run this): the request joins the process's next batch of
+    enqueues (scheduler/batch.py), where its key's claim, its job and the stored
+    response commit in one transaction with the batch's other enqueues; the
+    request returns once its job went to Redis after that commit."""
     caller.require("service")
     if body.run_at is not None and body.delay_ms is not None:
         raise validation_error("give runAt or delayMs, not both")
     check_payload(body.category, body.payload)
-    svc: Scheduler = state.scheduler
     key = validate_key(idempotency_key, required=False)
     delay = timedelta(milliseconds=body.delay_ms) if body.delay_ms is not None else None
-    create = partial(
-        svc.create,
-        body.category,
-        body.payload,
-        urgency=body.urgency,
-        run_at=body.run_at,
-        delay=delay,
+    batch: JobBatch = state.scheduler_jobs
+    answer = await batch.submit(
+        JobRequest(
+            caller,
+            key,
+            request_hash(raw) if key is not None else b"",
+            body.category,
+            body.payload,
+            body.urgency,
+            body.run_at,
+            delay,
+        )
     )
-    if key is None:
-        return json_bytes(201, orjson.dumps(created(await create())))
-
-    async def create_within(conn: asyncpg.Connection) -> Job:
-        return await create(conn=conn)
-
-    store: IdempotencyStore = state.idempotency
-    outcome = await store.run_once(
-        caller.key_owner, "POST /api/jobs", key, raw, create_within, created
-    )
-    if isinstance(outcome, Replay):
-        return json_bytes(outcome.status, orjson.dumps(outcome.body))
-    await svc.dispatch_together([outcome.created])  # created now, not replayed
-    return json_bytes(201, orjson.dumps(outcome.body))
+    return json_bytes(answer.status, orjson.dumps(answer.body))
 
 
 # POST /api/jobs without FastAPI's per-request work.

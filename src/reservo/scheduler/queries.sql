@@ -8,6 +8,22 @@ VALUES ($1, $2, $3, $4, 'SCHEDULED', $5, $6, $7)
 ON CONFLICT (category, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
+-- name: insert_jobs
+-- A batch of POST /api/jobs (scheduler/batch.py) in one statement: ids follow
+-- the order given, and the rows come back in it.
+WITH items AS MATERIALIZED (
+    SELECT nextval('scheduled_job_id_seq') AS id, t.*
+      FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::jsonb[])
+           WITH ORDINALITY AS t(category, urgency, run_at, payload, ord)
+     ORDER BY t.ord
+), ins AS (
+    INSERT INTO scheduled_job (id, category, urgency, run_at, payload, status, max_attempts,
+                               created_at)
+    SELECT id, category, urgency, run_at, payload, 'SCHEDULED', $5, $6 FROM items ORDER BY ord
+    RETURNING *
+)
+SELECT ins.* FROM ins JOIN items ON items.id = ins.id ORDER BY items.ord;
+
 -- name: insert_jobs_bulk
 -- Bulk load path (benchmarks, imports): no idempotency keys.
 INSERT INTO scheduled_job (category, urgency, run_at, payload, status, max_attempts, created_at)

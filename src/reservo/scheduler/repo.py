@@ -55,6 +55,26 @@ async def insert_job(
     return None if row is None else to_job(row)
 
 
+async def insert_jobs(
+    conn: asyncpg.Connection,
+    jobs: Sequence[tuple[str, int, datetime, dict[str, Any]]],
+    max_attempts: int,
+    now: datetime,
+) -> list[Job]:
+    """Jobs (category, urgency, run_at, payload) without idempotency keys, in
+    the order given."""
+    rows = await conn.fetch(
+        Q.insert_jobs,
+        [j[0] for j in jobs],
+        [j[1] for j in jobs],
+        [j[2] for j in jobs],
+        [j[3] for j in jobs],
+        max_attempts,
+        now,
+    )
+    return [to_job(r) for r in rows]
+
+
 async def insert_bulk(
     conn: asyncpg.Connection,
     category: str,

@@ -34,10 +34,6 @@ Handler = Callable[[Job], Awaitable[None]]
 # Refuses a payload at enqueue time through the API (raises DomainError), e.g.
 # an http job's destination; the handler checks again when it runs.
 Check = Callable[[dict[str, Any]], None]
-# A job's row written on a connection; where a job created outside any caller's
-# transaction goes after its commit.
-Insert = Callable[[asyncpg.Connection], Awaitable[Job]]
-Push = Callable[[Sequence[Job]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -119,16 +115,11 @@ class Scheduler:
         now = self.clock.now()
         when = domain.resolve_run_at(now, run_at, delay)
         insert = partial(self._insert, category, urgency, when, payload, idempotency_key, now)
-        return await self._add(insert, conn, self.dispatch)
-
-    async def _add(self, insert: Insert, conn: asyncpg.Connection | None, push: Push) -> Job:
-        """``insert`` in ``conn`` (its caller dispatches the job after the commit),
-        or, without, in a transaction of its own, then ``push`` the job."""
         if conn is not None:
             return await insert(conn)
         async with self.db.transaction() as own:
             job = await insert(own)
-        await push([job])
+        await self.dispatch([job])
         return job
 
     async def _insert(
@@ -185,16 +176,18 @@ class Scheduler:
         except Exception as exc:
             log.warning("scheduler_dispatch_deferred", error=repr(exc), jobs=len(due))
 
-    async def dispatch_together(self, jobs: Sequence[Job]) -> None:
-        """``dispatch`` shared with the requests that committed meanwhile: their
-        jobs go to Redis together, in one pipelined call and one ``mark_pushed``
-        statement, instead of a round trip to each per request. Returns once
-        these jobs were pushed (or deferred to the loader, as ``dispatch``)."""
-        done = asyncio.get_running_loop().create_future()
+    def push_soon(self, jobs: Sequence[Job]) -> asyncio.Future[None]:
+        """``dispatch`` shared with the jobs committed meanwhile: they go to
+        Redis together, in one pipelined call and one ``mark_pushed`` statement,
+        instead of a round trip each. The future is done once these jobs were
+        pushed (or deferred to the loader, as ``dispatch``); the push goes on
+        whether or not anybody awaits it (shield it to wait)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
         self._soon.append((jobs, done))
         if self._pushing is None or self._pushing.done():
-            self._pushing = asyncio.get_running_loop().create_task(self._push_together())
-        await asyncio.shield(done)
+            self._pushing = loop.create_task(self._push_together())
+        return done
 
     async def _push_together(self) -> None:
         await asyncio.sleep(0)  # let the requests finishing in this loop turn join
@@ -222,30 +215,39 @@ class Scheduler:
 
     # -- use cases behind the HTTP API -------------------------------------------
 
-    async def create(
+    def run_at_of(
         self,
         category: str,
         payload: dict[str, Any],
-        *,
-        urgency: int,
         run_at: datetime | None,
         delay: timedelta | None,
-        conn: asyncpg.Connection | None = None,
-    ) -> Job:
-        """With ``conn`` the job is created in the caller's transaction, and the
-        caller dispatches it after its commit."""
+        now: datetime,
+    ) -> datetime:
+        """What the API checks of a job before creating it (a handler for the
+        category, the handler's own check of the payload, the time) and when it
+        runs; a refusal is raised (DomainError)."""
         if category not in self.handlers:
             raise DomainError("unknown_category", f"no handler for category {category!r}")
         check = self.checks.get(category)
         if check is not None:
             check(payload)
-        now = self.clock.now()
         try:
-            when = domain.resolve_run_at(now, run_at, delay)
+            return domain.resolve_run_at(now, run_at, delay)
         except ValueError as exc:
             raise DomainError("validation_error", str(exc)) from exc
-        insert = partial(self._insert, category, urgency, when, payload, None, now)
-        return await self._add(insert, conn, self.dispatch_together)
+
+    async def create_many(
+        self,
+        conn: asyncpg.Connection,
+        jobs: Sequence[tuple[str, int, datetime, dict[str, Any]]],
+        now: datetime,
+    ) -> list[Job]:
+        """Jobs (category, urgency, run_at from ``run_at_of``, payload) checked
+        already, in the caller's transaction, in one statement; the caller
+        pushes them after its commit (``push_soon``). In the order given."""
+        if not jobs:
+            return []
+        return await repo.insert_jobs(conn, jobs, self.config.max_attempts, now)
 
     async def get(self, job_id: int) -> Job:
         return await read_one(self.db, repo.get_job, job_id, "job_not_found", f"no job {job_id}")

@@ -11,7 +11,8 @@ from reservo.core.db import Database
 from reservo.core.egress import parse_allow
 from reservo.core.module import JobKind, Module
 from reservo.core.redis import make_client
-from reservo.scheduler.api import LEAN_ROUTES, router
+from reservo.scheduler.api import LEAN_ROUTES, created, router
+from reservo.scheduler.batch import JobBatch
 from reservo.scheduler.errors import CONSTRAINTS, ERRORS
 from reservo.scheduler.handlers import HttpHandler
 from reservo.scheduler.service import Config, Scheduler
@@ -59,20 +60,23 @@ def build_scheduler(settings: Settings, db: Database, clock: Clock) -> Scheduler
 @dataclass(frozen=True, kw_only=True)
 class SchedulerModule(Module):
     service: Scheduler
+    jobs_batch: JobBatch
 
 
 def setup(shared: Shared) -> SchedulerModule:
     s, scheduler = shared.settings, shared.scheduler
     http = HttpHandler(s.scheduler_http_timeout_s, parse_allow(s.jobs_http_allow))
+    batch = JobBatch(scheduler, shared.idempotency, created)
     return SchedulerModule(
         name="scheduler",
         service=scheduler,
+        jobs_batch=batch,
         routers=[router],
         lean=LEAN_ROUTES,
         jobs=[JobKind("http", http, http.check)],
         roles={"scheduler": lambda stop: run(scheduler, stop)},
         errors=ERRORS,
         constraints=CONSTRAINTS,
-        state={"scheduler": scheduler},
-        closers=[http.aclose],
+        state={"scheduler": scheduler, "scheduler_jobs": batch},
+        closers=[batch.close, http.aclose],
     )

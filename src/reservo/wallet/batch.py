@@ -25,31 +25,24 @@ committed nothing; a deadlock or serialization failure is retried.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import orjson
-import structlog
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, Batcher, Outcome
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
 from reservo.core.clock import Clock
-from reservo.core.db import Database, unavailable
+from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted
 from reservo.wallet import domain, repo
 from reservo.wallet.domain import Transfer
 from reservo.wallet.service import _not_found, _ref
 
-log = structlog.get_logger(__name__)
-
 ENDPOINT = "POST /api/transfers"
-# A deadlock or serialization failure rolls the whole batch back; it is run again
-# this many times before its requests get 503 (nothing of it committed).
-ATTEMPTS = 3
+EVENT = "transfer_batch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,47 +93,11 @@ class TransferBatch:
         await self._batcher.close()
 
     async def _run(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
-        outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
-        # A key repeated within the batch waits for the next one, where it meets
-        # the first request's stored answer (as a duplicate arriving just after it).
-        seen: set[tuple[str, str]] = set()
-        first: list[int] = []
-        for n, item in enumerate(items):
-            if (item.caller, item.key) not in seen:
-                seen.add((item.caller, item.key))
-                first.append(n)
-        decided = await self._decide([items[n] for n in first])
-        for n, outcome in zip(first, decided, strict=True):
-            outcomes[n] = outcome
-        return outcomes
+        return await once_per_key(items, lambda item: (item.caller, item.key), self._attempt, EVENT)
 
-    async def _decide(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                self.transactions += 1
-                return await self._once(items)
-            except asyncpg.exceptions.TransactionRollbackError as exc:
-                # Nothing of the batch committed: run it again from the start.
-                log.warning("transfer_batch_rolled_back", attempt=attempt, error=repr(exc))
-                await asyncio.sleep(0.001 * attempt)
-            except DomainError as err:
-                if err.status == 503 or len(items) == 1:
-                    return [err] * len(items)
-                return await self._one_by_one(items, err)
-            except Exception as exc:
-                if len(items) == 1:
-                    return [exc]
-                return await self._one_by_one(items, exc)
-        return [unavailable() for _ in items]
-
-    async def _one_by_one(
-        self, items: list[TransferRequest], exc: BaseException
-    ) -> list[Outcome[Answer]]:
-        """A batch failed as a whole for a reason no request was told about (a
-        bug, a constraint): each request runs alone, so one bad request cannot
-        refuse the others."""
-        log.warning("transfer_batch_split", items=len(items), error=repr(exc))
-        return [(await self._decide([item]))[0] for item in items]
+    async def _attempt(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
+        self.transactions += 1
+        return await self._once(items)
 
     async def _once(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
         now = self.clock.now()

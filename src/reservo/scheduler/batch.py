@@ -1,0 +1,172 @@
+"""POST /api/jobs as a group commit: many enqueues, one transaction.
+
+The requests a process receives while its previous batch runs form the next
+batch (``core.batching``); a batch runs in ONE transaction, set-based:
+
+1. claim every key of the batch in one statement (``claim_many``): a known key
+   replays its stored response or is 422, a claim in flight elsewhere is 409;
+2. per request, in arrival order, the checks of the one-request flow after its
+   key (a handler for the category, the handler's check of the payload, the
+   time): a refusal is that request's alone, stored for its key;
+3. insert every new job in one statement, and every stored response in one
+   more; COMMIT;
+4. push the batch's jobs to Redis together (``Scheduler.push_soon``): a request
+   returns once its job was pushed or deferred to the loader.
+
+The answers, their statuses and bodies are those of the one-request flow. The
+batch runs detached from the requests: a client cut off mid-flight no longer
+waits, but its job still commits and is pushed, and a retry replays it. A batch
+that fails as a whole (the database down) answers each request 503 and
+committed nothing; a deadlock or serialization failure is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+
+from reservo.core.auth import Principal
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
+from reservo.core.errors import DomainError
+from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
+from reservo.scheduler.domain import Job
+from reservo.scheduler.service import Scheduler
+
+ENDPOINT = "POST /api/jobs"
+EVENT = "job_batch"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """An enqueue already authenticated, parsed and checked as the API checks
+    before any key (payload size and shape, run_at or delay)."""
+
+    principal: Principal
+    key: str | None
+    digest: bytes  # idempotency.request_hash of the raw body (unused without a key)
+    category: str
+    payload: dict[str, Any]
+    urgency: int
+    run_at: datetime | None
+    delay: timedelta | None
+
+    @property
+    def caller(self) -> str:
+        return f"{self.principal.role}:{self.principal.sub}"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The response of a request: 201 with the job created, or a replay; and
+    for a job created, its push to Redis (done once pushed or deferred)."""
+
+    status: int
+    body: Any
+    pushed: asyncio.Future[None] | None = None
+
+
+class JobBatch:
+    """The per-process batcher of enqueues through the API."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        idempotency: IdempotencyStore,
+        render: Callable[[Job], Any],
+        max_items: int = 128,
+    ) -> None:
+        self.scheduler, self.idempotency, self.render = scheduler, idempotency, render
+        self._batcher: Batcher[JobRequest, Answer] = Batcher(self._run, max_items)
+        # How many transactions the batches ran (tests read it).
+        self.transactions = 0
+
+    async def submit(self, request: JobRequest) -> Answer:
+        """The answer to ``request`` once its job is pushed (or deferred to the
+        loader); a refusal is raised (DomainError)."""
+        answer = await self._batcher.submit(request)
+        if answer.pushed is not None:
+            # Shielded: a request cut off here leaves the push to finish.
+            await asyncio.shield(answer.pushed)
+        return answer
+
+    async def close(self) -> None:
+        await self._batcher.close()
+
+    async def _run(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
+        return await once_per_key(items, _key, self._attempt, EVENT)
+
+    async def _attempt(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
+        self.transactions += 1
+        return await self._once(items)
+
+    async def _once(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
+        svc = self.scheduler
+        now = svc.clock.now()
+        outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
+        keyed = [
+            (n, Wanted(item.caller, item.key, item.digest))
+            for n, item in enumerate(items)
+            if item.key is not None
+        ]
+        claims: dict[int, Claim] = {}
+        async with svc.db.transaction() as conn:
+            answers = (
+                await self.idempotency.claim_many(conn, ENDPOINT, [w for _, w in keyed], now)
+                if keyed
+                else []
+            )
+            for (n, _), answer in zip(keyed, answers, strict=True):
+                if isinstance(answer, Claim):
+                    claims[n] = answer
+                elif isinstance(answer, Replay):
+                    outcomes[n] = Answer(answer.status, answer.body)
+                elif answer is not None:
+                    outcomes[n] = answer
+                # None: left AGAIN, asked again in the next batch.
+            # After the key, as the one-request flow: the checks of the job itself.
+            new: list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]] = []
+            answered: list[tuple[Claim, int, bytes]] = []
+            for n, item in enumerate(items):
+                if item.key is not None and n not in claims:
+                    continue  # replayed, refused by its key, or asked again
+                try:
+                    when = svc.run_at_of(item.category, item.payload, item.run_at, item.delay, now)
+                except DomainError as err:
+                    outcomes[n] = err
+                    claim = claims.get(n)
+                    if claim is not None:
+                        if is_stored(err):
+                            answered.append((claim, err.status, orjson.dumps(err.problem())))
+                        else:
+                            await claim.forget(conn)
+                    continue
+                new.append((n, (item.category, item.urgency, when, item.payload)))
+            jobs = await svc.create_many(conn, [row for _, row in new], now)
+            bodies: list[tuple[int, Any]] = []
+            for (n, _), job in zip(new, jobs, strict=True):
+                body = self.render(job)
+                bodies.append((n, body))
+                if n in claims:
+                    answered.append((claims[n], 201, orjson.dumps(body)))
+            await self.idempotency.complete_many(
+                conn,
+                ENDPOINT,
+                [a[0] for a in answered],
+                [a[1] for a in answered],
+                [a[2] for a in answered],
+            )
+        # Committed: the jobs go to Redis together.
+        pushed = svc.push_soon(jobs) if jobs else None
+        for n, body in bodies:
+            outcomes[n] = Answer(201, body, pushed)
+        return outcomes
+
+
+def _key(item: JobRequest) -> tuple[str, str] | None:
+    """Requests without a key never wait for one another."""
+    return None if item.key is None else (item.caller, item.key)

@@ -1,0 +1,326 @@
+"""POST /api/jobs as a group commit (scheduler/batch.py): the enqueues a process
+receives together commit in one transaction and go to Redis together, each
+answered exactly as alone; a refusal in a batch is its own request's; a client
+cut off mid-flight does not cancel the batch it joined; the database down is
+503 and nothing; a batch rolled back as a whole runs again."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from reservo.bootstrap import Container
+from reservo.core.auth import Principal
+from reservo.core.batching import Outcome
+from reservo.core.clock import SystemClock
+from reservo.core.db import Database
+from reservo.core.errors import DomainError
+from reservo.core.idempotency import IdempotencyStore, request_hash
+from reservo.scheduler.api import created
+from reservo.scheduler.batch import Answer, JobBatch, JobRequest
+from reservo.scheduler.service import Config, Scheduler
+from reservo.scheduler.setup import SchedulerModule
+from tests.conftest import auth
+
+SERVICE = auth("service", 1)
+REQUESTS = 40
+
+
+def _job(marker: str, **extra: Any) -> dict[str, Any]:
+    """An http job due in 4 minutes (inside the window: pushed to Redis at once)."""
+    return {
+        "category": "http",
+        "delayMs": 240_000,
+        "payload": {"url": "https://callbacks.example.com/hook", "body": {"m": marker}},
+        **extra,
+    }
+
+
+async def _together(
+    client: httpx.AsyncClient, calls: list[tuple[dict[str, Any], dict[str, str]]]
+) -> list[httpx.Response]:
+    """POST /api/jobs for each (body, headers), all released at once."""
+    gate = asyncio.Event()
+
+    async def one(body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+        await gate.wait()
+        return await client.post("/api/jobs", json=body, headers=headers)
+
+    tasks = [asyncio.create_task(one(b, h)) for b, h in calls]
+    await asyncio.sleep(0.05)
+    gate.set()
+    return list(await asyncio.gather(*tasks))
+
+
+async def _in_redis(container: Container, job_ids: list[int]) -> None:
+    """Every job is QUEUED (pushed) and its id is in its future set."""
+    s = container.scheduler
+    rows = await _rows(container, job_ids)
+    for row in rows:
+        assert row["status"] == "QUEUED", dict(row)
+        future = s.keys.future(row["category"], row["urgency"])
+        assert await s.redis.zscore(future, str(row["id"])) is not None, row["id"]
+
+
+async def _rows(container: Container, job_ids: list[int]) -> list[asyncpg.Record]:
+    async with container.db.connection() as conn:
+        return list(
+            await conn.fetch(
+                "SELECT id, status, category, urgency, payload FROM scheduled_job"
+                " WHERE id = ANY($1::bigint[]) ORDER BY id",
+                job_ids,
+            )
+        )
+
+
+async def test_jobs_released_together_share_transactions_and_a_push(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    markers = [str(uuid.uuid4()) for _ in range(REQUESTS)]
+    calls = []
+    for n, marker in enumerate(markers):
+        # Every third one without a key: those join the batches too.
+        headers = SERVICE if n % 3 == 2 else {**SERVICE, "Idempotency-Key": str(uuid.uuid4())}
+        calls.append((_job(marker, urgency=n % 10), headers))
+    responses = await _together(client, calls)
+    assert [r.status_code for r in responses] == [201] * REQUESTS, [r.text for r in responses]
+    ids = [r.json()["jobId"] for r in responses]
+    assert len(set(ids)) == REQUESTS
+    # One transaction per batch: without batching every job has its own xmin.
+    transactions = await db.fetchval(
+        "SELECT count(DISTINCT xmin::text) FROM scheduled_job WHERE id = ANY($1::bigint[])", ids
+    )
+    assert transactions < REQUESTS / 2, transactions
+    # Each 201 names exactly its own job, and its key stored exactly that answer.
+    for (body, headers), r in zip(calls, responses, strict=True):
+        row = await db.fetchrow(
+            "SELECT urgency, payload, status FROM scheduled_job WHERE id = $1", r.json()["jobId"]
+        )
+        assert row["urgency"] == body["urgency"]
+        assert orjson.loads(row["payload"]) == body["payload"]
+        assert r.json()["status"] == "SCHEDULED"
+        key = headers.get("Idempotency-Key")
+        if key is None:
+            continue
+        stored = await db.fetchrow(
+            "SELECT status, response_status, response_body FROM idempotency_key"
+            " WHERE endpoint = 'POST /api/jobs' AND key = $1",
+            key,
+        )
+        assert (stored["status"], stored["response_status"]) == ("DONE", 201)
+        assert orjson.loads(stored["response_body"]) == r.json()
+        again = await client.post("/api/jobs", json=body, headers=headers)
+        assert (again.status_code, again.json()) == (200, r.json())
+    per_marker = await db.fetch(
+        "SELECT payload->'body'->>'m' AS m, count(*) AS n FROM scheduled_job"
+        " WHERE payload->'body'->>'m' = ANY($1) GROUP BY 1",
+        markers,
+    )
+    assert {r["m"]: r["n"] for r in per_marker} == dict.fromkeys(markers, 1)
+    await _in_redis(container, ids)
+
+
+async def test_refusals_in_a_batch_are_each_requests_own(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """One batch: good enqueues, each kind of refusal that comes after the key,
+    and the same key twice. Each answer is the one the request gets alone; the
+    refusals create nothing and the others are unaffected."""
+    m = [str(uuid.uuid4()) for _ in range(9)]
+
+    def keyed(body: dict[str, Any], key: str | None = None) -> Any:
+        return body, {**SERVICE, "Idempotency-Key": key or str(uuid.uuid4())}
+
+    dup = f"dup-{uuid.uuid4()}"
+    far = (datetime.now(UTC) + timedelta(days=3650)).isoformat()
+    credentials = {"url": "https://user:secret@example.com/hook", "body": {"m": m[3]}}
+    calls = [
+        keyed(_job(m[0])),  # 201
+        keyed({**_job(m[1]), "category": "no.such.handler"}),  # 422 unknown_category
+        (_job(m[2]) | {"category": "no.such.handler"}, SERVICE),  # the same, without a key
+        keyed({**_job(m[3]), "payload": credentials}),  # 422 destination_not_allowed
+        keyed({"category": "http", "runAt": far, "payload": _job(m[4])["payload"]}),  # 422 time
+        keyed(_job(m[5]), dup),  # the same key twice: one job
+        keyed(_job(m[5]), dup),
+        (_job(m[6]), SERVICE),  # 201 without a key
+        keyed(_job(m[7])),  # 201
+    ]
+    r = await _together(client, calls)
+    got = [(x.status_code, x.json().get("code")) for x in r]
+    assert got[0] == (201, None)
+    assert got[1] == (422, "unknown_category")
+    assert r[1].json()["detail"] == "no handler for category 'no.such.handler'"
+    assert got[2] == (422, "unknown_category")
+    assert got[3] == (422, "destination_not_allowed")
+    assert got[4] == (422, "validation_error")
+    assert r[4].json()["detail"] == "run_at is too far in the future"
+    assert sorted(s for s, _ in got[5:7]) in ([200, 201], [201, 409])
+    assert got[7] == (201, None)
+    assert got[8] == (201, None)
+    dup_ids = {x.json()["jobId"] for x in r[5:7] if x.status_code in (200, 201)}
+    assert len(dup_ids) == 1
+    # Every stored refusal replays as it was answered.
+    for (body, headers), x in zip(calls, r, strict=True):
+        if "Idempotency-Key" not in headers:
+            continue
+        again = await client.post("/api/jobs", json=body, headers=headers)
+        if x.status_code == 201:
+            assert (again.status_code, again.json()) == (200, x.json())
+        elif x.status_code == 409 and x.json()["code"] == "request_in_progress":
+            assert again.status_code == 200
+        else:
+            assert (again.status_code, again.json()) == (x.status_code, x.json())
+    rows = await db.fetch(
+        "SELECT payload->'body'->>'m' AS m, count(*) AS n FROM scheduled_job"
+        " WHERE payload->'body'->>'m' = ANY($1) GROUP BY 1",
+        m,
+    )
+    assert {row["m"]: row["n"] for row in rows} == {m[0]: 1, m[5]: 1, m[6]: 1, m[7]: 1}
+    await _in_redis(container, [x.json()["jobId"] for x in r if x.status_code == 201])
+
+
+def _request(marker: str, key: str | None) -> JobRequest:
+    body = _job(marker)
+    return JobRequest(
+        Principal(sub=1, role="service"),
+        key,
+        request_hash(orjson.dumps(body)),
+        body["category"],
+        body["payload"],
+        5,
+        None,
+        timedelta(milliseconds=body["delayMs"]),
+    )
+
+
+async def test_a_cut_off_request_does_not_cancel_its_batch(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    batch = container.module(SchedulerModule).jobs_batch
+    marker, key = str(uuid.uuid4()), f"cut-{uuid.uuid4()}"
+    task = asyncio.create_task(batch.submit(_request(marker, key)))
+    await asyncio.sleep(0)  # submitted: the request waits for its batch
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await batch.close()  # the batch it joined runs to its end
+    stored = await db.fetchrow(
+        "SELECT status, response_status, response_body FROM idempotency_key WHERE key = $1", key
+    )
+    assert (stored["status"], stored["response_status"]) == ("DONE", 201)
+    job_id = orjson.loads(stored["response_body"])["jobId"]
+    rows = await db.fetch("SELECT id FROM scheduled_job WHERE payload->'body'->>'m' = $1", marker)
+    assert [row["id"] for row in rows] == [job_id]
+    # The retry learns what happened to it.
+    again = await client.post(
+        "/api/jobs", json=_job(marker), headers={**SERVICE, "Idempotency-Key": key}
+    )
+    assert (again.status_code, again.json()) == (200, orjson.loads(stored["response_body"]))
+    # Its push went on without it.
+    for _ in range(100):
+        if (await _rows(container, [job_id]))[0]["status"] == "QUEUED":
+            break
+        await asyncio.sleep(0.01)
+    await _in_redis(container, [job_id])
+
+
+async def test_the_database_down_is_503_for_each_request_and_creates_nothing(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    down = Database(
+        "postgresql://postgres@127.0.0.1:1/postgres", connect_timeout=1, acquire_timeout=1
+    )
+    clock = SystemClock()
+    scheduler = Scheduler(down, clock, container.scheduler.redis, "test-down", Config())
+    scheduler.handlers = container.scheduler.handlers
+    batch = JobBatch(scheduler, IdempotencyStore(down, clock), created)
+    markers = [str(uuid.uuid4()) for _ in range(5)]
+    keys = [f"down-{uuid.uuid4()}" if n % 2 else None for n in range(5)]
+    results = await asyncio.gather(
+        *(batch.submit(_request(m, k)) for m, k in zip(markers, keys, strict=True)),
+        return_exceptions=True,
+    )
+    for result in results:
+        assert isinstance(result, DomainError), result
+        assert (result.status, result.code) == (503, "unavailable")
+        assert result.headers == {"Retry-After": "1"}
+    assert not await db.fetchval(
+        "SELECT count(*) FROM idempotency_key WHERE key = ANY($1)", [k for k in keys if k]
+    )
+    assert not await db.fetchval(
+        "SELECT count(*) FROM scheduled_job WHERE payload->'body'->>'m' = ANY($1)", markers
+    )
+    await down.close()
+
+
+class _DeadlockOnce(JobBatch):
+    """A batch whose first transaction dies of a deadlock after writing."""
+
+    failed = False
+
+    async def _once(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
+        if not self.failed:
+            self.failed = True
+            async with self.scheduler.db.transaction() as conn:
+                await conn.execute(
+                    "INSERT INTO scheduled_job (category, urgency, run_at, payload, status,"
+                    " max_attempts, created_at) VALUES ('http', 5, now(), $1, 'SCHEDULED', 1,"
+                    " now())",
+                    _job(self.marker)["payload"],
+                )
+                raise asyncpg.exceptions.DeadlockDetectedError("deadlock detected")
+        return await super()._once(items)
+
+    marker = ""
+
+
+async def test_a_batch_rolled_back_as_a_whole_is_run_again(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    batch = _DeadlockOnce(container.scheduler, container.idempotency, created)
+    marker = batch.marker = str(uuid.uuid4())
+    keys = [f"retry-{uuid.uuid4()}" for _ in range(3)]
+    answers = await asyncio.gather(*(batch.submit(_request(marker, k)) for k in keys))
+    assert batch.failed and batch.transactions == 2
+    assert [a.status for a in answers] == [201] * 3
+    rows = await db.fetch("SELECT id FROM scheduled_job WHERE payload->'body'->>'m' = $1", marker)
+    assert sorted(row["id"] for row in rows) == sorted(a.body["jobId"] for a in answers)
+    await _in_redis(container, [a.body["jobId"] for a in answers])
+
+
+async def test_a_check_refusing_as_forbidden_is_not_stored_for_its_key(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """A refusal that is not stored (401/403/429/503) drops the key's claim in
+    the batch's transaction: a retry is checked again, and the others commit."""
+
+    async def handler(job: Any) -> None:
+        return None
+
+    def check(payload: dict[str, Any]) -> None:
+        if payload.get("deny"):
+            raise DomainError("forbidden", "not this one")
+
+    container.scheduler.register("test.forbid", handler, check)
+    denied = {"category": "test.forbid", "payload": {"deny": True}}
+    allowed = {"category": "test.forbid", "payload": {"deny": False, "m": str(uuid.uuid4())}}
+    keys = [f"forbid-{uuid.uuid4()}" for _ in range(2)]
+    calls = [
+        (denied, {**SERVICE, "Idempotency-Key": keys[0]}),
+        (allowed, {**SERVICE, "Idempotency-Key": keys[1]}),
+    ]
+    r = await _together(client, calls)
+    assert (r[0].status_code, r[0].json()["code"]) == (403, "forbidden")
+    assert r[1].status_code == 201
+    assert not await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = $1", keys[0])
+    again = await client.post("/api/jobs", json=denied, headers=calls[0][1])
+    assert (again.status_code, again.json()) == (403, r[0].json())
+    replay = await client.post("/api/jobs", json=allowed, headers=calls[1][1])
+    assert (replay.status_code, replay.json()) == (200, r[1].json())
