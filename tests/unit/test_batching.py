@@ -35,16 +35,34 @@ class Recorder:
 async def test_items_of_one_turn_form_one_batch_and_later_ones_the_next() -> None:
     rec = Recorder()
     rec.release.clear()
-    batcher = Batcher(rec.run, max_items=100)
+    batcher = Batcher(rec.run, max_items=100, lanes=1)
     first = [asyncio.create_task(batcher.submit(i)) for i in range(5)]
     await asyncio.sleep(0.01)
     assert rec.batches == [[0, 1, 2, 3, 4]]
     later = [asyncio.create_task(batcher.submit(i)) for i in range(5, 8)]
     await asyncio.sleep(0.01)
-    assert len(rec.batches) == 1  # one batch at a time: the others wait for it
+    assert len(rec.batches) == 1  # one lane: the others wait for its batch
     rec.release.set()
     assert await asyncio.gather(*first, *later) == [i * 10 for i in range(8)]
     assert rec.batches == [[0, 1, 2, 3, 4], [5, 6, 7]] and rec.most == 1
+
+
+async def test_each_lane_runs_a_batch_while_the_others_wait() -> None:
+    rec = Recorder()
+    rec.release.clear()
+    batcher = Batcher(rec.run, max_items=100, lanes=2)
+    first = [asyncio.create_task(batcher.submit(i)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    second = [asyncio.create_task(batcher.submit(i)) for i in range(3, 5)]
+    await asyncio.sleep(0.01)
+    assert rec.batches == [[0, 1, 2], [3, 4]] and rec.running == 2  # both lanes busy
+    third = [asyncio.create_task(batcher.submit(i)) for i in range(5, 9)]
+    await asyncio.sleep(0.01)
+    assert len(rec.batches) == 2  # no third lane: these wait, together
+    rec.release.set()
+    assert await asyncio.gather(*first, *second, *third) == [i * 10 for i in range(9)]
+    assert rec.batches[2] == [5, 6, 7, 8] and rec.most == 2
+    await batcher.close()
 
 
 async def test_max_items_caps_a_batch() -> None:
