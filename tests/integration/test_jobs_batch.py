@@ -20,7 +20,6 @@ from reservo.bootstrap import Container
 from reservo.core.auth import Principal
 from reservo.core.batching import Outcome
 from reservo.core.clock import SystemClock
-from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore, request_hash
 from reservo.scheduler.api import created
@@ -28,6 +27,13 @@ from reservo.scheduler.batch import Answer, JobBatch, JobRequest
 from reservo.scheduler.service import Config, Scheduler
 from reservo.scheduler.setup import SchedulerModule
 from tests.conftest import auth
+from tests.helpers import (
+    assert_all_unavailable,
+    assert_grouped,
+    assert_stored_and_replayed,
+    post_together,
+    unreachable_database,
+)
 
 SERVICE = auth("service", 1)
 REQUESTS = 40
@@ -41,22 +47,6 @@ def _job(marker: str, **extra: Any) -> dict[str, Any]:
         "payload": {"url": "https://callbacks.example.com/hook", "body": {"m": marker}},
         **extra,
     }
-
-
-async def _together(
-    client: httpx.AsyncClient, calls: list[tuple[dict[str, Any], dict[str, str]]]
-) -> list[httpx.Response]:
-    """POST /api/jobs for each (body, headers), all released at once."""
-    gate = asyncio.Event()
-
-    async def one(body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
-        await gate.wait()
-        return await client.post("/api/jobs", json=body, headers=headers)
-
-    tasks = [asyncio.create_task(one(b, h)) for b, h in calls]
-    await asyncio.sleep(0.05)
-    gate.set()
-    return list(await asyncio.gather(*tasks))
 
 
 async def _in_redis(container: Container, job_ids: list[int]) -> None:
@@ -89,15 +79,11 @@ async def test_jobs_released_together_share_transactions_and_a_push(
         # Every third one without a key: those join the batches too.
         headers = SERVICE if n % 3 == 2 else {**SERVICE, "Idempotency-Key": str(uuid.uuid4())}
         calls.append((_job(marker, urgency=n % 10), headers))
-    responses = await _together(client, calls)
+    responses = await post_together(client, "/api/jobs", calls)
     assert [r.status_code for r in responses] == [201] * REQUESTS, [r.text for r in responses]
     ids = [r.json()["jobId"] for r in responses]
     assert len(set(ids)) == REQUESTS
-    # One transaction per batch: without batching every job has its own xmin.
-    transactions = await db.fetchval(
-        "SELECT count(DISTINCT xmin::text) FROM scheduled_job WHERE id = ANY($1::bigint[])", ids
-    )
-    assert transactions < REQUESTS / 2, transactions
+    await assert_grouped(db, "scheduled_job", ids)
     # Each 201 names exactly its own job, and its key stored exactly that answer.
     for (body, headers), r in zip(calls, responses, strict=True):
         row = await db.fetchrow(
@@ -109,15 +95,7 @@ async def test_jobs_released_together_share_transactions_and_a_push(
         key = headers.get("Idempotency-Key")
         if key is None:
             continue
-        stored = await db.fetchrow(
-            "SELECT status, response_status, response_body FROM idempotency_key"
-            " WHERE endpoint = 'POST /api/jobs' AND key = $1",
-            key,
-        )
-        assert (stored["status"], stored["response_status"]) == ("DONE", 201)
-        assert orjson.loads(stored["response_body"]) == r.json()
-        again = await client.post("/api/jobs", json=body, headers=headers)
-        assert (again.status_code, again.json()) == (200, r.json())
+        await assert_stored_and_replayed(client, db, "/api/jobs", body, headers, r)
     per_marker = await db.fetch(
         "SELECT payload->'body'->>'m' AS m, count(*) AS n FROM scheduled_job"
         " WHERE payload->'body'->>'m' = ANY($1) GROUP BY 1",
@@ -152,7 +130,7 @@ async def test_refusals_in_a_batch_are_each_requests_own(
         (_job(m[6]), SERVICE),  # 201 without a key
         keyed(_job(m[7])),  # 201
     ]
-    r = await _together(client, calls)
+    r = await post_together(client, "/api/jobs", calls)
     got = [(x.status_code, x.json().get("code")) for x in r]
     assert got[0] == (201, None)
     assert got[1] == (422, "unknown_category")
@@ -234,9 +212,7 @@ async def test_a_cut_off_request_does_not_cancel_its_batch(
 async def test_the_database_down_is_503_for_each_request_and_creates_nothing(
     container: Container, db: asyncpg.Connection
 ) -> None:
-    down = Database(
-        "postgresql://postgres@127.0.0.1:1/postgres", connect_timeout=1, acquire_timeout=1
-    )
+    down = unreachable_database()
     clock = SystemClock()
     scheduler = Scheduler(down, clock, container.scheduler.redis, "test-down", Config())
     scheduler.handlers = container.scheduler.handlers
@@ -247,10 +223,7 @@ async def test_the_database_down_is_503_for_each_request_and_creates_nothing(
         *(batch.submit(_request(m, k)) for m, k in zip(markers, keys, strict=True)),
         return_exceptions=True,
     )
-    for result in results:
-        assert isinstance(result, DomainError), result
-        assert (result.status, result.code) == (503, "unavailable")
-        assert result.headers == {"Retry-After": "1"}
+    assert_all_unavailable(results)
     assert not await db.fetchval(
         "SELECT count(*) FROM idempotency_key WHERE key = ANY($1)", [k for k in keys if k]
     )
@@ -316,7 +289,7 @@ async def test_a_check_refusing_as_forbidden_is_not_stored_for_its_key(
         (denied, {**SERVICE, "Idempotency-Key": keys[0]}),
         (allowed, {**SERVICE, "Idempotency-Key": keys[1]}),
     ]
-    r = await _together(client, calls)
+    r = await post_together(client, "/api/jobs", calls)
     assert (r[0].status_code, r[0].json()["code"]) == (403, "forbidden")
     assert r[1].status_code == 201
     assert not await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = $1", keys[0])

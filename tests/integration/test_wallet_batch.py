@@ -18,32 +18,21 @@ from reservo.bootstrap import Container
 from reservo.core.auth import Principal
 from reservo.core.batching import Outcome
 from reservo.core.clock import SystemClock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore, request_hash
 from reservo.wallet.api import render_transfer
 from reservo.wallet.batch import Answer, TransferBatch, TransferRequest
 from reservo.wallet.setup import Wallet
 from tests.betting_helpers import make_account
 from tests.conftest import auth, new_id
+from tests.helpers import (
+    assert_all_unavailable,
+    assert_grouped,
+    assert_stored_and_replayed,
+    post_together,
+    unreachable_database,
+)
 
 PAIRS = 40
-
-
-async def _together(
-    client: httpx.AsyncClient, calls: list[tuple[dict[str, Any], dict[str, str]]]
-) -> list[httpx.Response]:
-    """POST /api/transfers for each (body, headers), all released at once."""
-    gate = asyncio.Event()
-
-    async def one(body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
-        await gate.wait()
-        return await client.post("/api/transfers", json=body, headers=headers)
-
-    tasks = [asyncio.create_task(one(b, h)) for b, h in calls]
-    await asyncio.sleep(0.05)
-    gate.set()
-    return list(await asyncio.gather(*tasks))
 
 
 async def _ledger_holds(db: asyncpg.Connection, accounts: list[int]) -> dict[int, int]:
@@ -82,15 +71,11 @@ async def test_transfers_released_together_commit_in_fewer_transactions(
     for (source, owner), (target, _) in zip(sources, targets, strict=True):
         body = {"fromAccountId": source, "toAccountId": target, "amount": 30}
         calls.append((body, {**auth("bettor", owner), "Idempotency-Key": str(uuid.uuid4())}))
-    responses = await _together(client, calls)
+    responses = await post_together(client, "/api/transfers", calls)
     assert [r.status_code for r in responses] == [201] * PAIRS, [r.text for r in responses]
     ids = [r.json()["id"] for r in responses]
     assert len(set(ids)) == PAIRS
-    # One transaction per batch: without batching every transfer has its own xmin.
-    transactions = await db.fetchval(
-        "SELECT count(DISTINCT xmin::text) FROM wallet_transfer WHERE id = ANY($1)", ids
-    )
-    assert transactions < PAIRS / 2, transactions
+    await assert_grouped(db, "wallet_transfer", ids)
     # Each 201 is the transfer it names, and the key stored exactly that answer.
     for (body, headers), r in zip(calls, responses, strict=True):
         row = await db.fetchrow(
@@ -103,15 +88,7 @@ async def test_transfers_released_together_commit_in_fewer_transactions(
             30,
         )
         assert {k: r.json()[k] for k in body} == body
-        stored = await db.fetchrow(
-            "SELECT status, response_status, response_body FROM idempotency_key"
-            " WHERE endpoint = 'POST /api/transfers' AND key = $1",
-            headers["Idempotency-Key"],
-        )
-        assert (stored["status"], stored["response_status"]) == ("DONE", 201)
-        assert orjson.loads(stored["response_body"]) == r.json()
-        again = await client.post("/api/transfers", json=body, headers=headers)
-        assert (again.status_code, again.json()) == (200, r.json())
+        await assert_stored_and_replayed(client, db, "/api/transfers", body, headers, r)
     accounts = [a for a, _ in sources] + [a for a, _ in targets]
     balances = await _ledger_holds(db, accounts)
     assert all(balances[a] == 70 for a, _ in sources)
@@ -156,7 +133,7 @@ async def test_refusals_in_a_batch_are_each_requests_own(
         (call(rich, sink, 1)[0], {**me[poor], "Idempotency-Key": str(uuid.uuid4())}),  # 403
         call(poor, sink, 10),  # 201: poor's refused 11 did not take its money
     ]
-    r = await _together(client, calls)
+    r = await post_together(client, "/api/transfers", calls)
     got = [(x.status_code, x.json().get("code")) for x in r]
     assert got[0] == (201, None)
     assert got[1] == (409, "insufficient_funds")
@@ -211,7 +188,7 @@ async def test_money_received_in_a_batch_can_be_spent_later_in_it(
             continue
         body = {"fromAccountId": source, "toAccountId": target, "amount": 20 + i}
         calls.append((body, {**auth("bettor", owner), "Idempotency-Key": str(uuid.uuid4())}))
-    responses = await _together(client, calls)
+    responses = await post_together(client, "/api/transfers", calls)
     assert {r.status_code for r in responses} <= {201, 409}
     assert all(r.json()["code"] == "insufficient_funds" for r in responses if r.status_code == 409)
     ids = [a for a, _ in accounts]
@@ -263,9 +240,7 @@ async def test_the_database_down_is_503_for_each_request_and_moves_nothing(
 ) -> None:
     source, owner = await make_account(client, 100)
     target, _ = await make_account(client, 0)
-    down = Database(
-        "postgresql://postgres@127.0.0.1:1/postgres", connect_timeout=1, acquire_timeout=1
-    )
+    down = unreachable_database()
     clock = SystemClock()
     batch = TransferBatch(down, clock, IdempotencyStore(down, clock), render_transfer)
     keys = [f"down-{uuid.uuid4()}" for _ in range(5)]
@@ -273,10 +248,7 @@ async def test_the_database_down_is_503_for_each_request_and_moves_nothing(
         *(batch.submit(_request(source, target, owner, 10, k)) for k in keys),
         return_exceptions=True,
     )
-    for result in results:
-        assert isinstance(result, DomainError), result
-        assert (result.status, result.code) == (503, "unavailable")
-        assert result.headers == {"Retry-After": "1"}
+    assert_all_unavailable(results)
     assert not await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = ANY($1)", keys)
     assert await _ledger_holds(db, [source, target]) == {source: 100, target: 0}
     await down.close()
