@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, LANES, Batcher, Outcome, once_per_key
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
 from reservo.scheduler.domain import Job
@@ -78,11 +78,9 @@ class JobBatch:
         scheduler: Scheduler,
         idempotency: IdempotencyStore,
         render: Callable[[Job], Any],
-        max_items: int = 128,
-        lanes: int = LANES,
     ) -> None:
         self.scheduler, self.idempotency, self.render = scheduler, idempotency, render
-        self._batcher: Batcher[JobRequest, Answer] = Batcher(self._run, max_items, lanes)
+        self._batcher: Batcher[JobRequest, Answer] = Batcher(self._run)
         # How many transactions the batches ran (tests read it).
         self.transactions = 0
 

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, LANES, Batcher, Outcome, once_per_key
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
@@ -78,11 +78,9 @@ class TransferBatch:
         clock: Clock,
         idempotency: IdempotencyStore,
         render: Callable[[Transfer], Any],
-        max_items: int = 128,
-        lanes: int = LANES,
     ) -> None:
         self.db, self.clock, self.idempotency, self.render = db, clock, idempotency, render
-        self._batcher: Batcher[TransferRequest, Answer] = Batcher(self._run, max_items, lanes)
+        self._batcher: Batcher[TransferRequest, Answer] = Batcher(self._run)
         # How many transactions the batches ran (tests read it).
         self.transactions = 0
 
