@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key, take_claims
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
 from reservo.scheduler.domain import Job
@@ -68,6 +68,10 @@ class Answer:
     status: int
     body: Any
     pushed: asyncio.Future[None] | None = None
+
+
+def _replayed(stored: Replay) -> Answer:
+    return Answer(stored.status, stored.body)
 
 
 class JobBatch:
@@ -112,21 +116,13 @@ class JobBatch:
             for n, item in enumerate(items)
             if item.key is not None
         ]
-        claims: dict[int, Claim] = {}
         async with svc.db.transaction() as conn:
             answers = (
                 await self.idempotency.claim_many(conn, ENDPOINT, [w for _, w in keyed], now)
                 if keyed
                 else []
             )
-            for (n, _), answer in zip(keyed, answers, strict=True):
-                if isinstance(answer, Claim):
-                    claims[n] = answer
-                elif isinstance(answer, Replay):
-                    outcomes[n] = Answer(answer.status, answer.body)
-                elif answer is not None:
-                    outcomes[n] = answer
-                # None: left AGAIN, asked again in the next batch.
+            claims = take_claims([n for n, _ in keyed], answers, outcomes, _replayed)
             # After the key, as the one-request flow: the checks of the job itself.
             new: list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]] = []
             answered: list[tuple[Claim, int, bytes]] = []

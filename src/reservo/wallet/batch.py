@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key, take_claims
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
@@ -67,6 +67,10 @@ class Answer:
 
     status: int
     body: Any
+
+
+def _replayed(stored: Replay) -> Answer:
+    return Answer(stored.status, stored.body)
 
 
 class TransferBatch:
@@ -126,19 +130,12 @@ class TransferBatch:
                 [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed],
                 now,
             )
-            claimed: list[tuple[int, Claim]] = []
-            for n, answer in zip(allowed, answers, strict=True):
-                if isinstance(answer, Claim):
-                    claimed.append((n, answer))
-                elif isinstance(answer, Replay):
-                    outcomes[n] = Answer(answer.status, answer.body)
-                elif answer is not None:
-                    outcomes[n] = answer
-                # None: left AGAIN, asked again in the next batch.
+            # In arrival order: the transfers apply in the order they came.
+            claims = take_claims(allowed, answers, outcomes, _replayed)
             balances = {i: r["balance"] for i, r in rows.items()}
             moves: list[tuple[int, TransferRequest, int, int]] = []
             stored: list[tuple[int, Claim, int, Any]] = []
-            for n, claim in claimed:
+            for n, claim in claims.items():
                 item = items[n]
                 try:
                     source_after, target_after = _apply(item, rows, balances)
@@ -157,7 +154,6 @@ class TransferBatch:
                 {i: b for i, b in balances.items() if b != rows[i]["balance"]},
                 now,
             )
-            claims = dict(claimed)
             for (n, item, _, _), transfer_id in zip(moves, ids, strict=True):
                 transfer = Transfer(
                     transfer_id, "TRANSFER", None, item.source, item.target, item.amount, now
