@@ -94,7 +94,7 @@ async def consumer_main(args: argparse.Namespace) -> None:
         return None
 
     async def handle(event: Event) -> None:  # trivial and idempotent (inbox)
-        await once(db, CONSUMER, event.id, noop)
+        await once(db, CONSUMER, event, noop)
 
     async def handle_many(events: Any) -> None:
         await once_many(db, CONSUMER, events, noop_many)

@@ -38,13 +38,11 @@ def rules(s: Settings) -> list[PruneRule]:
             hours(s.idempotency_retention_hours),
         ),
         PruneRule("outbox_prune", "outbox", core.outbox_prune, hours(s.retention_outbox_hours)),
-        PruneRule.by_ctid(
-            "inbox_prune", "inbox", core.inbox_prunable, hours(s.retention_inbox_hours)
-        ),
-        PruneRule.by_ctid(
+        PruneRule("inbox_prune", "inbox", core.inbox_prune, hours(s.retention_inbox_hours)),
+        PruneRule(
             "notification_prune",
             "notification",
-            core.notification_prunable,
+            core.notification_prune,
             days(s.retention_notification_days),
         ),
         PruneRule.by_ctid(
@@ -77,19 +75,45 @@ def rules(s: Settings) -> list[PruneRule]:
     ]
 
 
+# How much longer than the outbox's retention a day of the inbox or of the
+# notification table is kept at least: an event can be delivered again while
+# its outbox row is PENDING (the drop's check holds the day then) and, from a
+# Kafka consumer that crashed before committing, a little after publication.
+PARTITION_MARGIN = timedelta(days=1)
+
+
 def partitioned(s: Settings) -> list[PartitionedTable]:
-    """Tables partitioned by day (migration 0025), dropped a day at a time after
-    the same retention as their batch rule. DEAD events outlive their day: moved
-    to the default partition, where they wait for a replay as before."""
+    """Tables partitioned by day (migrations 0025, 0026), dropped a day at a time.
+    The outbox after the same retention as its batch rule; DEAD events outlive
+    their day (moved to the default partition, where they wait for a replay).
+    The inbox and the notification table are partitioned by the day their
+    events were created, and dropped after their own retention, never before
+    the outbox's plus PARTITION_MARGIN (docs/SCALING.md, "History tables");
+    PENDING notifications outlive their day like DEAD events."""
     core = Queries.load("reservo.core")
+    outbox_keep = timedelta(hours=s.retention_outbox_hours)
+    floor = outbox_keep + PARTITION_MARGIN
     return [
         PartitionedTable(
             "outbox",
-            timedelta(hours=s.retention_outbox_hours),
+            outbox_keep,
             core.outbox_partition_blocked,
             keep_column="status",
             keep_values=("DEAD",),
-        )
+        ),
+        PartitionedTable(
+            "inbox",
+            max(timedelta(hours=s.retention_inbox_hours), floor),
+            core.inbox_partition_blocked,
+            keep_column="consumer",
+        ),
+        PartitionedTable(
+            "notification",
+            max(timedelta(days=s.retention_notification_days), floor),
+            core.notification_partition_blocked,
+            keep_column="status",
+            keep_values=("PENDING",),
+        ),
     ]
 
 

@@ -65,7 +65,7 @@ class Flaky:
         async def apply(conn: asyncpg.Connection) -> None:
             self.applied.append(event.id)
 
-        await once(self.live.container.db, self.consumer, event.id, apply)
+        await once(self.live.container.db, self.consumer, event, apply)
 
 
 async def _create_job(live: Live, cat: str, run_at: datetime) -> int:

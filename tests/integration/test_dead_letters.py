@@ -44,7 +44,7 @@ class Flaky:
         async def apply(conn: asyncpg.Connection) -> None:
             await conn.execute("INSERT INTO replay_effect VALUES ($1)", event.id)
 
-        await once(self.c.db, "test-replay", event.id, apply)
+        await once(self.c.db, "test-replay", event, apply)
 
 
 @pytest.fixture

@@ -246,7 +246,7 @@ async def test_failing_handler_is_retried_and_its_effect_applies_once(
 
         # The effect commits first, then the handler fails: the redeliveries must
         # not apply it again (inbox), and the event must still end DONE.
-        await once(own_db, "test-effects", ev.id, write)
+        await once(own_db, "test-effects", ev, write)
         calls[ev.id] += 1
         if calls[ev.id] <= 2:
             raise RuntimeError(f"transient failure {calls[ev.id]}")
@@ -341,7 +341,7 @@ async def test_a_consumer_outage_outlasting_any_budget_delays_no_other_consumer(
             async def write(conn: asyncpg.Connection) -> None:
                 await conn.execute("INSERT INTO effect2 VALUES ($1, $2)", consumer, ev.id)
 
-            await once(own_db, f"test-{consumer}", ev.id, write)
+            await once(own_db, f"test-{consumer}", ev, write)
 
         return handle
 

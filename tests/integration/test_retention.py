@@ -75,9 +75,11 @@ async def outbox(
 async def inbox(c: asyncpg.Connection, processed: datetime) -> uuid.UUID:
     event = uuid.uuid4()
     await c.execute(
-        "INSERT INTO inbox (consumer, event_id, processed_at) VALUES ('test', $1, $2)",
+        """INSERT INTO inbox (consumer, event_id, processed_at, event_created_at)
+           VALUES ('test', $1, $2, $3)""",
         event,
         processed,
+        processed - D,  # the event was created a day before it was applied
     )
     return event
 
@@ -88,12 +90,13 @@ async def notification(
     return int(
         await c.fetchval(
             """INSERT INTO notification (event_id, topic, recipient, channel, subject, body,
-                                         status, created_at, sent_at)
-               VALUES ($1, 'test.v1', 1, 'log', 's', 'b', $2, $3, $4) RETURNING id""",
+                                         status, created_at, sent_at, event_created_at)
+               VALUES ($1, 'test.v1', 1, 'log', 's', 'b', $2, $3, $4, $5) RETURNING id""",
             uuid.uuid4(),
             status,
             created,
             sent,
+            created - D,  # the event was created a day before the message
         )
     )
 

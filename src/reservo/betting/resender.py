@@ -80,13 +80,17 @@ class FallbackResender:
                 continue
             payload = row["payload"]
             try:
+                # Stamped with the row's time, the intake's: the time the intake
+                # gave the event when it tried Kafka first, so every delivery of
+                # a result carries the same creation time (docs/SCALING.md,
+                # "History tables").
                 await publisher.publish(
                     Event(
                         events.result_event_id(payload["providerEventId"]),
                         events.RESULT_TOPIC,
                         payload["matchExternalId"],
                         payload,
-                        now,
+                        row["created_at"],
                     )
                 )
             except Exception as exc:

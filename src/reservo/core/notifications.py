@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 
 import structlog
 
@@ -80,22 +81,26 @@ class NotificationConsumer:
                 [self.channel.name] * len(messages),
                 [n.subject for _, n in messages],
                 [n.body for _, n in messages],
+                [event.created_at for event, _ in messages],
             )
         unsent = [
-            (event.key or str(event.id), row["id"], n)
+            (event.key or str(event.id), row["id"], event.created_at, n)
             for row, (event, n) in zip(rows, messages, strict=True)
             if row["status"] != "SENT"
         ]
         sent: list[int] = []
+        # The rows' partition key (their events' creation times): the updates
+        # below probe only those days' partitions.
+        times = [created for _, _, created, _ in unsent]
 
-        async def send(item: tuple[str, int, Notification]) -> None:
-            _, row_id, n = item
+        async def send(item: tuple[str, int, datetime, Notification]) -> None:
+            _, row_id, created, n = item
             async with self._sending:
                 try:
                     await self.channel.send(n)
                 except NotificationError as exc:
                     async with self.db.connection() as conn:
-                        await conn.execute(Q.notification_failed, row_id, str(exc)[:2000])
+                        await conn.execute(Q.notification_failed, row_id, str(exc)[:2000], created)
                     raise
             sent.append(row_id)
 
@@ -104,7 +109,9 @@ class NotificationConsumer:
         finally:
             if sent:
                 async with self.db.connection() as conn:
-                    await conn.execute(Q.notification_sent, sent, self.clock.now())
+                    await conn.execute(
+                        Q.notification_sent, sent, self.clock.now(), min(times), max(times)
+                    )
                 log.info(
                     "notifications_sent",
                     events=len(events),

@@ -215,35 +215,42 @@ SELECT history_partition_lock($1);
 SELECT history_partition_retire($1, $2, $3, $4::text[]);
 
 -- name: inbox_claim
--- Apply an event once per consumer: no row when it was applied before.
-INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
+-- Apply an event once per consumer: no row when it was applied before. $3 is
+-- the event's creation time (the partition key, the same on every delivery).
+INSERT INTO inbox (consumer, event_id, event_created_at) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING
 RETURNING event_id;
 
 -- name: inbox_claim_many
--- A batch of events in one statement; returns the ids not applied before (an
--- id twice in the batch is inserted, and returned, once).
-INSERT INTO inbox (consumer, event_id) SELECT $1, unnest($2::uuid[])
+-- A batch of events in one statement ($2 ids, $3 their creation times); returns
+-- the ids not applied before (an id twice in the batch is inserted, and
+-- returned, once).
+INSERT INTO inbox (consumer, event_id, event_created_at)
+SELECT $1, e, t FROM unnest($2::uuid[], $3::timestamptz[]) AS u(e, t)
 ON CONFLICT DO NOTHING
 RETURNING event_id;
 
 -- name: notification_upsert
 -- One statement for all the messages of a batch of events (a settlement chunk
 -- alone holds thousands); a message already recorded keeps its row and status.
-INSERT INTO notification (event_id, topic, recipient, channel, subject, body)
-SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
+-- $7: the creation time of each message's event (the partition key).
+INSERT INTO notification (event_id, topic, recipient, channel, subject, body, event_created_at)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],
+                     $7::timestamptz[])
 ON CONFLICT ON CONSTRAINT notification_once
 DO UPDATE SET attempts = notification.attempts + 1
 RETURNING id, status;
 
 -- name: notification_sent
--- Notifications the channel accepted.
+-- Notifications the channel accepted: ids $1 (one sequence: unique), whose
+-- events were created between $3 and $4 (so only those days' partitions are
+-- probed).
 UPDATE notification SET status = 'SENT', sent_at = $2, last_error = NULL
- WHERE id = ANY($1::bigint[]);
+ WHERE id = ANY($1::bigint[]) AND event_created_at BETWEEN $3 AND $4;
 
 -- name: notification_failed
 -- Keep the last reason a notification could not be sent.
-UPDATE notification SET last_error = $2 WHERE id = $1;
+UPDATE notification SET last_error = $2 WHERE id = $1 AND event_created_at = $3;
 
 -- name: dead_letter_insert
 -- Kafka consumer gave up on a record: park it (once per consumer and record).
@@ -307,18 +314,74 @@ SELECT EXISTS (SELECT 1 FROM dead_letter WHERE id = $1);
 -- The replay failed: the letter stays parked, with the new error and one more attempt.
 UPDATE dead_letter SET replayed_at = NULL, error = $2, attempts = attempts + 1 WHERE id = $1;
 
--- name: inbox_prunable
--- Retention (prune_by_ctid): inbox rows processed before $1. Settings make that
--- cutoff older than any redelivery of the event can be (see retention_inbox_hours).
-SELECT ctid FROM inbox WHERE processed_at < $1 ORDER BY processed_at;
+-- name: inbox_prune
+-- Retention: inbox rows processed before $1 (index inbox_processed_at), only
+-- of events created before $1's day (UTC): the day partitions from then on are
+-- not wholly past the cutoff, and are dropped whole once they are
+-- (reservo.core.partitions); batches see the default partition and the days a
+-- drop had to leave. Settings make the cutoff older than any redelivery of the
+-- event can be (see retention_inbox_hours), and a row whose event the outbox
+-- still holds PENDING stays (the relay delivers it again; one probe of the
+-- outbox's (event_id, created_at) key). Deleted by key, not by ctid (unique
+-- only within one partition).
+WITH gone AS (
+    DELETE FROM inbox
+     WHERE (consumer, event_id, event_created_at) IN (
+               SELECT consumer, event_id, event_created_at FROM inbox i
+                WHERE processed_at < $1
+                  AND event_created_at < date_trunc('day', $1::timestamptz, 'UTC')
+                  AND NOT EXISTS (SELECT 1 FROM outbox o
+                                   WHERE o.event_id = i.event_id
+                                     AND o.created_at = i.event_created_at
+                                     AND o.status = 'PENDING')
+                ORDER BY processed_at LIMIT $2 FOR UPDATE OF i SKIP LOCKED)
+       AND event_created_at < date_trunc('day', $1::timestamptz, 'UTC')
+    RETURNING 1
+)
+SELECT count(*) AS inbox FROM gone;
 
--- name: notification_prunable
--- Retention (prune_by_ctid): SENT notifications sent before $1, walked in creation
--- order (index notification_created_at; sent_at >= created_at). PENDING ones are
--- never pruned.
-SELECT ctid FROM notification
- WHERE created_at < $1 AND status = 'SENT' AND sent_at < $1
- ORDER BY created_at;
+-- name: inbox_partition_blocked
+-- True when the inbox's day partition [$1, $2) (events created that day) must
+-- stay: one of its rows was applied at or after the cutoff $3 (a redelivery may
+-- still come, as when rows went by batches), or the outbox still holds a
+-- PENDING event of that day (the relay delivers it again). Two index probes.
+SELECT EXISTS (SELECT 1 FROM inbox
+                WHERE event_created_at >= $1 AND event_created_at < $2
+                  AND processed_at >= $3)
+    OR EXISTS (SELECT 1 FROM outbox
+                WHERE created_at >= $1 AND created_at < $2 AND status = 'PENDING');
+
+-- name: notification_prune
+-- Retention: SENT notifications sent before $1, walked in creation order (index
+-- notification_created_at; sent_at >= created_at), only of events created
+-- before $1's day (as inbox_prune). PENDING ones are never pruned. Deleted by
+-- id (one sequence: unique), as outbox_prune.
+WITH gone AS (
+    DELETE FROM notification
+     WHERE id = ANY (ARRAY(SELECT id FROM notification
+                            WHERE created_at < $1 AND status = 'SENT' AND sent_at < $1
+                              AND event_created_at < date_trunc('day', $1::timestamptz, 'UTC')
+                            ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+       AND event_created_at < date_trunc('day', $1::timestamptz, 'UTC')
+    RETURNING 1
+)
+SELECT count(*) AS notification FROM gone;
+
+-- name: notification_partition_blocked
+-- True when the notification day partition [$1, $2) must stay: a row of it was
+-- recorded or sent at or after the cutoff $3 (a redelivery may still come), or
+-- the outbox still holds a PENDING event of that day. PENDING notifications do
+-- not hold it: the drop moves them to the default partition. sent_at has no
+-- index (marking a row SENT stays HOT), so that test reads the day's rows: a
+-- pause of the notifications consumer only, the table's one writer.
+SELECT EXISTS (SELECT 1 FROM notification
+                WHERE event_created_at >= $1 AND event_created_at < $2
+                  AND created_at >= $3)
+    OR EXISTS (SELECT 1 FROM outbox
+                WHERE created_at >= $1 AND created_at < $2 AND status = 'PENDING')
+    OR EXISTS (SELECT 1 FROM notification
+                WHERE event_created_at >= $1 AND event_created_at < $2
+                  AND status = 'SENT' AND sent_at >= $3);
 
 -- name: dead_letter_prunable
 -- Retention (prune_by_ctid): dead letters replayed before $1. One not replayed yet

@@ -58,4 +58,4 @@ class PayoutConsumer:
         async def apply(conn: asyncpg.Connection) -> None:
             await pay_many_in_tx(conn, items, shard, self.house_shards, self.clock.now())
 
-        await inbox.once(self.db, CONSUMER, event.id, apply)
+        await inbox.once(self.db, CONSUMER, event, apply)

@@ -105,7 +105,7 @@ def effect_handler(
                 event.payload["seq"],
             )
 
-        await once(db, consumer, event.id, apply)
+        await once(db, consumer, event, apply)
 
     return handle
 
