@@ -315,27 +315,24 @@ SELECT EXISTS (SELECT 1 FROM dead_letter WHERE id = $1);
 UPDATE dead_letter SET replayed_at = NULL, error = $2, attempts = attempts + 1 WHERE id = $1;
 
 -- name: inbox_prune
--- Retention: inbox rows processed before $1 (index inbox_processed_at), only
--- of events created before $1's day (UTC): the day partitions from then on are
--- not wholly past the cutoff, and are dropped whole once they are
--- (reservo.core.partitions); batches see the default partition and the days a
--- drop had to leave. Settings make the cutoff older than any redelivery of the
--- event can be (see retention_inbox_hours), and a row whose event the outbox
--- still holds PENDING stays (the relay delivers it again; one probe of the
--- outbox's (event_id, created_at) key). Deleted by key, not by ctid (unique
--- only within one partition).
+-- Retention: inbox rows processed before $1 (index inbox_processed_at), of the
+-- default partition only. The day partitions go whole (reservo.core.partitions)
+-- and a day a drop had to leave is left whole too: it is held by a row applied
+-- within retention or by a PENDING event, and dropped once that is over. So
+-- batches see the rows no day covered. A row whose event the outbox still holds
+-- PENDING stays (the relay delivers it again; one probe of the outbox's
+-- (event_id, created_at) key). Settings make the cutoff older than any
+-- redelivery of the event can be (see retention_inbox_hours). By ctid: one
+-- table, the default partition.
 WITH gone AS (
-    DELETE FROM inbox
-     WHERE (consumer, event_id, event_created_at) IN (
-               SELECT consumer, event_id, event_created_at FROM inbox i
-                WHERE processed_at < $1
-                  AND event_created_at < date_trunc('day', $1::timestamptz, 'UTC')
-                  AND NOT EXISTS (SELECT 1 FROM outbox o
-                                   WHERE o.event_id = i.event_id
-                                     AND o.created_at = i.event_created_at
-                                     AND o.status = 'PENDING')
-                ORDER BY processed_at LIMIT $2 FOR UPDATE OF i SKIP LOCKED)
-       AND event_created_at < date_trunc('day', $1::timestamptz, 'UTC')
+    DELETE FROM inbox_default
+     WHERE ctid = ANY (ARRAY(SELECT ctid FROM inbox_default i
+                              WHERE processed_at < $1
+                                AND NOT EXISTS (SELECT 1 FROM outbox o
+                                                 WHERE o.event_id = i.event_id
+                                                   AND o.created_at = i.event_created_at
+                                                   AND o.status = 'PENDING')
+                              ORDER BY processed_at LIMIT $2 FOR UPDATE OF i SKIP LOCKED))
     RETURNING 1
 )
 SELECT count(*) AS inbox FROM gone;
