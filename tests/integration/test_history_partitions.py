@@ -9,9 +9,13 @@ Each test has a database of its own: the keeper drops every old day it sees."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from importlib import resources
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -24,6 +28,7 @@ from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
 from reservo.core.deadletters import LocalDeadLetters
 from reservo.core.inbox import once
+from reservo.core.migrate import migrate
 from reservo.core.notifications import NotificationConsumer
 from reservo.core.notify import Notification
 from reservo.core.outbox import OutboxRelay, emit
@@ -338,3 +343,97 @@ async def test_a_result_resent_from_the_fallback_table_keeps_the_intakes_time(
     (event,) = published
     assert event.id == betting_events.result_event_id("prov-1")
     assert event.created_at == received
+
+
+async def test_the_migration_keeps_every_row_and_its_key(
+    services: tuple[str, str], tmp_path: Path
+) -> None:
+    """A database migrated up to 0025, with inbox and notification rows of an
+    event still in the outbox and of one already pruned from it: after 0026
+    every row is there with its columns (the notification with its id, and new
+    ones continue the sequence); the row of the event still in the outbox has
+    that event's creation time, so its redelivery is refused."""
+    package = tmp_path / "migrations_before_0026"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for entry in resources.files("reservo.migrations").iterdir():
+        if entry.name[:4].isdigit() and int(entry.name[:4]) < 26:
+            with resources.as_file(entry) as path:
+                shutil.copy(path, package / entry.name)
+    sys.path.insert(0, str(tmp_path))
+    admin_url = services[0]
+    name = f"reservo_m26_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(admin_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = f"{admin_url.rpartition('/')[0]}/{name}"
+    try:
+        await migrate(url, "migrations_before_0026")
+        c = await asyncpg.connect(url)
+        try:
+            created = midday(1)
+            kept, pruned = uuid.uuid4(), uuid.uuid4()
+            await c.execute(
+                """INSERT INTO outbox (event_id, topic, payload, created_at, available_at,
+                                       status, published_at)
+                   VALUES ($1, $2, '{}'::jsonb, $3, $3, 'DONE', $3)""",
+                kept,
+                TOPIC,
+                created,
+            )
+            for event, at in ((kept, created + H), (pruned, midday(20))):
+                await c.execute(
+                    "INSERT INTO inbox (consumer, event_id, processed_at) VALUES ('c', $1, $2)",
+                    event,
+                    at,
+                )
+                await c.execute(
+                    """INSERT INTO notification (event_id, topic, recipient, channel, subject,
+                                                 body, status, created_at, sent_at)
+                       VALUES ($1, $2, 1, 'log', 's', 'b', 'SENT', $3, $3)""",
+                    event,
+                    TOPIC,
+                    at,
+                )
+            inbox_before = [tuple(r) for r in await c.fetch("SELECT * FROM inbox ORDER BY 3")]
+            notes_before = [
+                tuple(r) for r in await c.fetch("SELECT * FROM notification ORDER BY 1")
+            ]
+            await migrate(url)
+            inbox_after = [
+                tuple(r)
+                for r in await c.fetch(
+                    "SELECT consumer, event_id, processed_at FROM inbox ORDER BY 3"
+                )
+            ]
+            notes_after = [
+                tuple(r)[:-1] for r in await c.fetch("SELECT * FROM notification ORDER BY 1")
+            ]
+            assert inbox_after == inbox_before
+            assert notes_after == notes_before
+            times = dict(await c.fetch("SELECT event_id, event_created_at FROM inbox"))
+            assert times == {kept: created, pruned: midday(20)}
+            times = dict(await c.fetch("SELECT event_id, event_created_at FROM notification"))
+            assert times == {kept: created, pruned: midday(20)}
+            new_id = await c.fetchval(
+                """INSERT INTO notification (event_id, topic, recipient, channel, subject, body,
+                                             event_created_at)
+                   VALUES ($1, $2, 1, 'log', 's', 'b', now()) RETURNING id""",
+                uuid.uuid4(),
+                TOPIC,
+            )
+            assert new_id > max(r[0] for r in notes_before)
+            db = Database(url, min_size=1, max_size=1)
+            try:
+
+                async def apply(_: asyncpg.Connection) -> None:
+                    raise AssertionError("applied twice")
+
+                assert not await once(db, "c", Event(kept, TOPIC, None, {}, created), apply)
+            finally:
+                await db.close()
+        finally:
+            await c.close()
+    finally:
+        sys.path.remove(str(tmp_path))
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
