@@ -4,7 +4,9 @@ through the configured channel, outside any business transaction.
 Its table is its inbox: one row per (message id, recipient). A message id is the
 event id, or one derived from it per item when an event carries many messages (a
 settlement chunk). A row already SENT is skipped, so a redelivered event is not
-sent twice; a failed send raises, and the transport retries the event later."""
+sent twice; a failed send raises, and the transport retries the event later.
+Rows carry their event's creation time, the table's partition key (migration
+0026): the same on every delivery, so the (message id, recipient) key holds."""
 
 from __future__ import annotations
 

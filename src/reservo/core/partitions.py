@@ -1,7 +1,8 @@
 """Day partitions of history tables: created ahead, dropped whole once old.
 
 A table partitioned by day (UTC) on a time column (migration 0025: the outbox by
-``created_at``) gets its next days' partitions created ahead of time, so its
+``created_at``; 0026: the inbox and the notification table by their events'
+``event_created_at``) gets its next days' partitions created ahead of time, so its
 inserts land in a day partition, and a ``DEFAULT`` partition takes any row no
 day covers (an insert never fails; the batch pruner prunes it).
 

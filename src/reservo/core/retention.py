@@ -20,7 +20,8 @@ and skips rows locked right now (``FOR UPDATE SKIP LOCKED``), so:
 - what a statement must never delete (pending events, unsent notifications,
   unfinished jobs, dead letters not replayed) is excluded by its own WHERE.
 
-Tables partitioned by day (reservo.core.partitions: the outbox) are first
+Tables partitioned by day (reservo.core.partitions: the outbox, the inbox and
+the notification table) are first
 handed to the ``PartitionKeeper``, which creates their next days and drops the
 old days whole; their batch statements then only see what a drop leaves (the
 default partition, and days still holding a row that must stay).
