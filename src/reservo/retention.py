@@ -105,7 +105,7 @@ def partitioned(s: Settings) -> list[PartitionedTable]:
             "inbox",
             max(timedelta(hours=s.retention_inbox_hours), floor),
             core.inbox_partition_blocked,
-            keep_column="consumer",
+            keep_column="consumer",  # no keep_values: nothing outlives an inbox day
         ),
         PartitionedTable(
             "notification",
