@@ -306,6 +306,52 @@ async def test_retention_drops_old_days_whole_and_keeps_days_a_redelivery_may_st
     assert await conn.fetchval("SELECT count(*) FROM notification WHERE event_id = $1", unsent) == 1
 
 
+async def test_consumers_keep_applying_while_an_old_inbox_day_is_dropped(
+    own_db: Database, fresh_database_url: str, conn: asyncpg.Connection
+) -> None:
+    """Concurrent consumers (released together with the drop) record today's
+    events in the inbox while an old day is dropped: every one commits, once."""
+    await keeper(own_db, OffsetClock(-13 * D), days_ahead=13).ensure_ahead()
+    for _ in range(200):
+        await inbox_row(conn, midday(12), midday(12) + H)
+    consumers, each = 12, 20
+    barrier = asyncio.Barrier(consumers + 1)
+    db = Database(fresh_database_url, min_size=consumers, max_size=consumers)
+
+    async def nothing(_: asyncpg.Connection) -> None:
+        return None
+
+    async def consume() -> int:
+        await barrier.wait()
+        applied = 0
+        for _ in range(each):
+            event = Event(uuid.uuid4(), TOPIC, None, {}, datetime.now(UTC))
+            applied += await once(db, "test-storm", event, nothing)
+            applied -= await once(db, "test-storm", event, nothing)  # refused: 0
+        return applied
+
+    async def drop() -> list[str]:
+        await barrier.wait()
+        inbox = [t for t in partitioned(DEFAULTS) if t.table == "inbox"]
+        k = PartitionKeeper(own_db, OffsetClock(), inbox, lock_tries=20, pause_s=0.05)
+        (result,) = await k.retire_old()
+        return result.dropped
+
+    try:
+        dropping = asyncio.create_task(drop())
+        applied = await asyncio.gather(*(consume() for _ in range(consumers)))
+        dropped = await dropping
+    finally:
+        await db.close()
+    assert f"inbox_p{midday(12):%Y%m%d}" in dropped
+    assert applied == [each] * consumers
+    assert await conn.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'test'") == 0
+    assert (
+        await conn.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'test-storm'")
+        == consumers * each
+    )
+
+
 def test_inbox_days_outlive_the_outbox_by_the_margin_whatever_the_settings() -> None:
     s = Settings(retention_outbox_hours=200, retention_inbox_hours=201)
     keep = {t.table: t.keep for t in partitioned(s)}
