@@ -4,12 +4,14 @@ through the configured channel, outside any business transaction.
 Its table is its inbox: one row per (message id, recipient). A message id is the
 event id, or one derived from it per item when an event carries many messages (a
 settlement chunk). A row already SENT is skipped, so a redelivered event is not
-sent twice; a failed send raises, and the transport retries the event later."""
+sent twice; a failed send leaves a PENDING row with its reason and raises, and
+the transport retries the event later. A sent message's row is written once,
+after its send, already SENT (writing it PENDING first and marking it SENT
+after rewrote every row: half the consumer's database time at 500,000 bets)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
@@ -50,10 +52,12 @@ class NotificationConsumer:
         await self.handle_many([event])
 
     async def handle_many(self, events: Sequence[Event]) -> None:
-        """Every message of the batch in one upsert, then the sends: in order per
-        aggregate (event key), aggregates concurrently, as the transports do for
-        events. A message id seen twice (a redelivered event in the same batch)
-        is recorded once. Any failed send fails the call, after the others."""
+        """The sends of a batch: in order per aggregate (event key), aggregates
+        concurrently, as the transports do for events. One read first skips the
+        messages already SENT (a redelivered event); the sent ones are recorded
+        after the sends, in one statement, as SENT: each row is written once. A
+        message id seen twice (a redelivered event in the same batch) is sent
+        once. Any failed send fails the call, after the others."""
         messages: list[tuple[Event, Notification]] = []
         seen: set[tuple[str, int]] = set()
         for event in events:
@@ -68,43 +72,49 @@ class NotificationConsumer:
             # Addresses are read at send time: a contact changed after the event
             # was emitted is the one used.
             found = await contacts.of_many(conn, list({n.recipient_user_id for _, n in messages}))
+            # the ids as text: asyncpg parses them (a UUID object each cost more)
+            done = await conn.fetch(
+                Q.notification_sent_before,
+                [n.event_id for _, n in messages],
+                [n.recipient_user_id for _, n in messages],
+            )
+        if found:
             messages = [
                 (event, _addressed(n, found.get(n.recipient_user_id))) for event, n in messages
             ]
-            rows = await conn.fetch(
-                Q.notification_upsert,
-                # the ids as text: asyncpg parses them (a UUID object each cost more)
-                [n.event_id for _, n in messages],
-                [event.topic for event, _ in messages],
-                [n.recipient_user_id for _, n in messages],
-                [self.channel.name] * len(messages),
-                [n.subject for _, n in messages],
-                [n.body for _, n in messages],
-            )
+        skip = {row[0] - 1 for row in done}
         unsent = [
-            (event.key or str(event.id), row["id"], n)
-            for row, (event, n) in zip(rows, messages, strict=True)
-            if row["status"] != "SENT"
+            (event.key or str(event.id), i)
+            for i, (event, _) in enumerate(messages)
+            if i not in skip
         ]
         sent: list[int] = []
 
-        async def send(item: tuple[str, int, Notification]) -> None:
-            _, row_id, n = item
+        async def send(item: tuple[str, int]) -> None:
+            event, n = messages[item[1]]
             async with self._sending:
                 try:
                     await self.channel.send(n)
                 except NotificationError as exc:
                     async with self.db.connection() as conn:
-                        await conn.execute(Q.notification_failed, row_id, str(exc)[:2000])
+                        await conn.execute(
+                            Q.notification_failed,
+                            n.event_id,
+                            event.topic,
+                            n.recipient_user_id,
+                            self.channel.name,
+                            n.subject,
+                            n.body,
+                            str(exc)[:2000],
+                        )
                     raise
-            sent.append(row_id)
+            sent.append(item[1])
 
         try:
             failures = await by_key_in_order(unsent, lambda item: item[0], send)
         finally:
             if sent:
-                async with self.db.connection() as conn:
-                    await conn.execute(Q.notification_sent, sent, self.clock.now())
+                await self._record_sent([messages[i] for i in sent])
                 log.info(
                     "notifications_sent",
                     events=len(events),
@@ -115,8 +125,21 @@ class NotificationConsumer:
         if failures:
             raise failures[0]
 
+    async def _record_sent(self, messages: list[tuple[Event, Notification]]) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute(
+                Q.notification_record_sent,
+                [n.event_id for _, n in messages],
+                [event.topic for event, _ in messages],
+                [n.recipient_user_id for _, n in messages],
+                self.channel.name,
+                [n.subject for _, n in messages],
+                [n.body for _, n in messages],
+                self.clock.now(),
+            )
+
 
 def _addressed(n: Notification, contact: contacts.Contact | None) -> Notification:
     if contact is None:
         return n
-    return dataclasses.replace(n, email=contact.email, phone=contact.phone)
+    return n._replace(email=contact.email, phone=contact.phone)
