@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import tempfile
@@ -123,6 +124,12 @@ def worker(
         except ValueError as exc:
             await container.close()
             raise typer.BadParameter(str(exc), param_hint="--roles") from None
+        # As in the API (app.py): what the process built lives as long as it, so
+        # it is moved out of the collector's reach. A settlement chunk allocates
+        # tens of thousands of objects, and each full collection walked the whole
+        # heap again (a tenth of the worker's profile at 500,000 bets).
+        gc.collect()
+        gc.freeze()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

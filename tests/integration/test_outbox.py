@@ -677,3 +677,71 @@ async def test_notification_batch_failure_keeps_what_was_sent(
     channel.fail_subject = None
     await consumer.handle_many(batch)  # the retry sends only what is missing
     assert sorted(channel.sent) == [(1, "1-0"), (1, "1-1"), (2, "2-0"), (2, "2-1")]
+
+
+class _PeekingChannel:
+    """Sends nothing; records, for each message, the notification rows that
+    existed while it was being sent (the consumer writes a row after its send)."""
+
+    name = "test"
+
+    def __init__(self, db: Database, fail: bool = False) -> None:
+        self.db, self.fail = db, fail
+        self.rows_during_send: list[int] = []
+
+    async def send(self, n: Notification) -> None:
+        async with self.db.connection() as conn:
+            self.rows_during_send.append(
+                await conn.fetchval(
+                    "SELECT count(*) FROM notification WHERE event_id = $1", uuid.UUID(n.event_id)
+                )
+            )
+        if self.fail:
+            raise NotificationError("provider refused")
+
+
+async def test_notification_row_is_written_once_after_its_send(
+    own_db: Database, clock: OffsetClock
+) -> None:
+    topic = "test.notifyonce.v1"
+    batch = _notify_batch(topic, 2, clock)
+    channel = _PeekingChannel(own_db)
+    consumer = NotificationConsumer(own_db, channel, clock, {topic: _render})
+    await consumer.handle_many(batch)
+    assert channel.rows_during_send == [0, 0, 0, 0]  # no PENDING row written first
+    async with own_db.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT status, attempts, sent_at, last_error FROM notification WHERE topic = $1",
+            topic,
+        )
+    assert [(r["status"], r["attempts"], r["last_error"]) for r in rows] == [("SENT", 0, None)] * 4
+    assert all(r["sent_at"] == rows[0]["sent_at"] is not None for r in rows)
+
+
+async def test_notification_failed_send_is_kept_pending_then_sent_once(
+    own_db: Database, clock: OffsetClock
+) -> None:
+    topic = "test.notifyretry.v1"
+    batch = _notify_batch(topic, 1, clock)
+    channel = _PeekingChannel(own_db, fail=True)
+    consumer = NotificationConsumer(own_db, channel, clock, {topic: _render})
+    for _ in range(2):
+        with pytest.raises(NotificationError):
+            await consumer.handle_many(batch)
+
+    async def rows() -> list[tuple[str, int, str | None]]:
+        async with own_db.connection() as conn:
+            got = await conn.fetch(
+                "SELECT status, attempts, last_error FROM notification WHERE topic = $1"
+                " ORDER BY recipient",
+                topic,
+            )
+        return [(r["status"], r["attempts"], r["last_error"]) for r in got]
+
+    # Each failed send counted, with its reason, on the message's one PENDING row.
+    assert await rows() == [("PENDING", 2, "provider refused")] * 2
+    channel.fail = False
+    await consumer.handle_many(batch)
+    await consumer.handle_many(batch)  # redelivered once more: nothing is sent again
+    assert channel.rows_during_send == [0, 0, 1, 1, 1, 1]
+    assert await rows() == [("SENT", 2, None)] * 2

@@ -25,17 +25,13 @@ def result_event_id(provider_event_id: str) -> uuid.UUID:
 
 
 def settled_payload(match_id: int, rows: list[Any]) -> dict[str, Any]:
+    """``rows``: settle_bets' (id, account_id, owner_id, status, payout), read by
+    position (by name cost a third more at 5,000 rows a chunk)."""
     return {
         "matchId": match_id,
         "bets": [
-            {
-                "betId": r["id"],
-                "ownerId": r["owner_id"],
-                "accountId": r["account_id"],
-                "status": r["status"],
-                "payout": r["payout"],
-            }
-            for r in rows
+            {"betId": i, "ownerId": o, "accountId": a, "status": s, "payout": p}
+            for i, a, o, s, p in rows
         ],
     }
 
@@ -45,19 +41,28 @@ def notifications(event: Event) -> list[Notification]:
     event, so a redelivered chunk sends nothing twice."""
     out = []
     # uuid5(event.id, name) without rehashing the event id for each of the
-    # chunk's thousands of bets: the same ids, in about half the time.
+    # chunk's thousands of bets, and written out without a UUID object: the
+    # same ids, in a fraction of the time.
     base = hashlib.sha1(event.id.bytes, usedforsecurity=False)
     for bet in event.payload["bets"]:
-        status, payout = bet["status"], bet["payout"]
+        bet_id, status, payout = bet["betId"], bet["status"], bet["payout"]
         if status == "WON":
-            subject, body = f"Bet #{bet['betId']} won", f"You won {payout}; it is in your account."
+            subject, body = f"Bet #{bet_id} won", f"You won {payout}; it is in your account."
         elif status == "VOID":
-            subject = f"Bet #{bet['betId']} void"
+            subject = f"Bet #{bet_id} void"
             body = f"Your bet was voided and {payout} refunded."
         else:
-            subject, body = f"Bet #{bet['betId']} lost", "Better luck next time."
+            subject, body = f"Bet #{bet_id} lost", "Better luck next time."
         digest = base.copy()
-        digest.update(f"bet:{bet['betId']}".encode())
-        message_id = uuid.UUID(bytes=digest.digest()[:16], version=5)
-        out.append(Notification(int(bet["ownerId"]), subject, body, str(message_id)))
+        digest.update(b"bet:%d" % bet_id)
+        out.append(Notification(int(bet["ownerId"]), subject, body, _uuid5_text(digest.digest())))
     return out
+
+
+def _uuid5_text(sha1: bytes) -> str:
+    """The text of ``uuid.UUID(bytes=sha1[:16], version=5)``."""
+    b = bytearray(sha1[:16])
+    b[6] = (b[6] & 0x0F) | 0x50  # version 5
+    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -187,6 +187,7 @@ SELECT b.id FROM unnest($1::bigint[]) AS u(id)
 -- Recompute each affected bet from all its legs, set-based: any LOST leg -> LOST;
 -- a PENDING leg left -> stays PENDING; all VOID -> VOID (stake back); else WON
 -- with floor(stake * product of the WON legs' odds) (VOID legs count 1.00).
+-- The settlement reads the returned columns by position (events.settled_payload).
 UPDATE betting_bet b
    SET status = CASE WHEN a.any_lost THEN 'LOST' WHEN a.all_void THEN 'VOID' ELSE 'WON' END,
        payout = CASE WHEN a.any_lost THEN 0

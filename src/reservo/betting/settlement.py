@@ -136,13 +136,13 @@ class Settlement:
             settled = await repo.settle_bets(conn, bet_ids, now)
             credits = [
                 wallet.Payout(
-                    "REFUND" if r["status"] == "VOID" else "PAYOUT",
-                    wallet.bet_reference(r["id"]),
-                    r["account_id"],
-                    r["payout"],
+                    "REFUND" if status == "VOID" else "PAYOUT",
+                    wallet.bet_reference(bet_id),
+                    account_id,
+                    payout,
                 )
-                for r in settled
-                if r["payout"]
+                for bet_id, account_id, _, status, payout in settled
+                if payout
             ]
             # One key per house sub-account: chunks of a match are independent (each
             # bet is paid once whatever the order), so they are applied in parallel,

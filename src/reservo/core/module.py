@@ -27,7 +27,8 @@ Role = Callable[[asyncio.Event], Awaitable[None]]
 JobHandler = Callable[[Any], Awaitable[None]]
 # Refuses a job payload at enqueue time through the API (raises DomainError).
 JobCheck = Callable[[dict[str, Any]], None]
-# Turns an event into the messages it sends (the notifications consumer).
+# Turns an event into the messages it sends (the notifications consumer): each
+# (message id, recipient) once, message ids derived from the event's id.
 Renderer = Callable[[Event], list[Notification]]
 Closer = Callable[[], Awaitable[None]]
 

@@ -10,9 +10,8 @@ downstream.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from email.message import EmailMessage
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import aiosmtplib
 import httpx
@@ -26,8 +25,10 @@ _MSGID_UNSAFE = re.compile(r"[^A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]")
 _ERROR_BODY_MAX = 200
 
 
-@dataclass(frozen=True)
-class Notification:
+class Notification(NamedTuple):
+    """A tuple, not a frozen dataclass: a settlement chunk renders thousands, and
+    a tuple is built several times faster."""
+
     recipient_user_id: int
     subject: str
     body: str

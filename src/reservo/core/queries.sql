@@ -230,27 +230,43 @@ SELECT $1, e, t FROM unnest($2::uuid[], $3::timestamptz[]) AS u(e, t)
 ON CONFLICT DO NOTHING
 RETURNING event_id;
 
--- name: notification_upsert
--- One statement for all the messages of a batch of events (a settlement chunk
--- alone holds thousands); a message already recorded keeps its row and status.
--- $7: the creation time of each message's event (the partition key).
-INSERT INTO notification (event_id, topic, recipient, channel, subject, body, event_created_at)
-SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],
-                     $7::timestamptz[])
-ON CONFLICT ON CONSTRAINT notification_once
-DO UPDATE SET attempts = notification.attempts + 1
-RETURNING id, status;
+-- name: notification_sent_before
+-- Which messages of a batch (ids as text, $1, with their recipients, $2, and
+-- their events' creation times, $3: the partition key) were already sent: their
+-- positions in the arrays (1-based). A first delivery finds none; a redelivered
+-- event finds its messages and sends nothing twice. $4/$5 bound the times so
+-- only those days' partitions are probed.
+SELECT m.ord::int
+  FROM unnest($1::uuid[], $2::bigint[], $3::timestamptz[])
+       WITH ORDINALITY AS m(event_id, recipient, created, ord)
+  JOIN notification n ON n.event_id = m.event_id AND n.recipient = m.recipient
+                     AND n.event_created_at = m.created
+ WHERE n.status = 'SENT' AND n.event_created_at BETWEEN $4 AND $5;
 
--- name: notification_sent
--- Notifications the channel accepted: ids $1 (one sequence: unique), whose
--- events were created between $3 and $4 (so only those days' partitions are
--- probed).
-UPDATE notification SET status = 'SENT', sent_at = $2, last_error = NULL
- WHERE id = ANY($1::bigint[]) AND event_created_at BETWEEN $3 AND $4;
+-- name: notification_record_sent
+-- The messages the channel accepted, written once, after the sends (no row is
+-- written before a send: a message whose send or record a crash cut off is sent
+-- again on redelivery, as it would be from a PENDING row). A message that had
+-- failed before (its PENDING row) becomes SENT. $8: each message's event
+-- creation time (the partition key).
+INSERT INTO notification (event_id, topic, recipient, channel, subject, body, status, sent_at,
+                          event_created_at)
+SELECT e, t, r, $4, s, b, 'SENT', $7, c
+  FROM unnest($1::uuid[], $2::text[], $3::bigint[], $5::text[], $6::text[],
+              $8::timestamptz[]) AS m(e, t, r, s, b, c)
+ON CONFLICT ON CONSTRAINT notification_once
+DO UPDATE SET status = 'SENT', sent_at = EXCLUDED.sent_at, last_error = NULL
+ WHERE notification.status <> 'SENT';
 
 -- name: notification_failed
--- Keep the last reason a notification could not be sent.
-UPDATE notification SET last_error = $2 WHERE id = $1 AND event_created_at = $3;
+-- A send that failed: the message is kept PENDING with the reason, counting the
+-- failed attempts (a message already SENT stays SENT). $8: the event's creation
+-- time (the partition key).
+INSERT INTO notification (event_id, topic, recipient, channel, subject, body, attempts, last_error,
+                          event_created_at)
+VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8)
+ON CONFLICT ON CONSTRAINT notification_once
+DO UPDATE SET attempts = notification.attempts + 1, last_error = EXCLUDED.last_error;
 
 -- name: dead_letter_insert
 -- Kafka consumer gave up on a record: park it (once per consumer and record).
