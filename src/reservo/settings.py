@@ -144,7 +144,7 @@ class Settings(BaseSettings):
     # list after a booking changed it. Never longer than the Redis entry.
     appointments_slots_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
     # At most this many lists per API process (the oldest go first); a day of
-    # 40 slots is ~7 KB, so the default holds up to ~60 MB.
+    # 40 slots is ~6 KB, so the default holds up to ~50 MB.
     appointments_slots_local_max_entries: int = Field(default=8192, ge=1, le=1_000_000)
     appointments_full_mark_ttl_s: int = 30
     appointments_max_schedule_days: int = 92
