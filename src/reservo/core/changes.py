@@ -78,6 +78,7 @@ class ChangeFeed:
         self._watchers: list[Watcher] = []
         self._task: asyncio.Task[None] | None = None
         self.retry_s = RETRY_S
+        self._lost_once = False
 
     def watch(self, watcher: Watcher) -> None:
         """Drop ``watcher``'s copy of every key published, and all of them when
@@ -107,6 +108,7 @@ class ChangeFeed:
                 await self._listen()
             except CLUSTER_FAILURES as exc:
                 log.warning("cache.changes_lost", error=repr(exc))
+                self._lost_once = True
             finally:
                 self._reset()
             await asyncio.sleep(self.retry_s)
@@ -170,7 +172,10 @@ class ChangeFeed:
         slot (read afresh, as it may have failed over since)."""
         kind: type[AbstractConnection]
         if isinstance(self.client, redis.asyncio.RedisCluster):
-            await self.client.nodes_manager.initialize()
+            if self._lost_once:  # the owner may have moved: read the layout again
+                await self.client.nodes_manager.initialize()
+            else:  # the layout the client already has (read once, then a no-op)
+                await self.client.initialize()
             node = self.client.get_node_from_key(self.channel)
             if node is None:
                 raise ConnectionError(f"no node owns {self.channel}")
