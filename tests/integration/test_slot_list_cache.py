@@ -150,8 +150,10 @@ async def test_a_local_copy_never_outlives_the_redis_entry_it_came_from(
 ) -> None:
     doctor, slots = await make_slots(client, capacity=1)
     day = slots[0]["startAt"][:10]
-    # Redis holds the list for 0.3 s more: a copy taken now must go with it,
-    # even though the per-process TTL (1 s) is longer.
+    # The feed vouches for copies (they may live as long as their Redis entry)...
+    await _until(lambda: container.cache.changes.live(1.0), 5.0)
+    # ...but Redis holds the list for 0.3 s more: a copy taken now must go with
+    # it, even though the per-process TTL (1 s) is longer.
     k = _slots_key(doctor, datetime.fromisoformat(day).date())
     await container.cache.set_bytes(k, b"[]", 0.3)
     svc = container.appointments

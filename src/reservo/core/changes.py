@@ -91,8 +91,9 @@ class ChangeFeed:
 
     def start(self) -> None:
         """Subscribe in the background (once per event loop; no-op when running)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = loop.create_task(self._run())
 
     async def close(self) -> None:
         task, self._task = self._task, None
