@@ -382,7 +382,7 @@ async def _kill(target: RedisTarget, container: Container) -> None:
         assert isinstance(cluster, redis.asyncio.RedisCluster)
         node = cluster.get_node_from_key(feed.channel)
         assert node is not None
-        admin = redis.asyncio.Redis(host=node.host, port=node.port)
+        admin = redis.asyncio.Redis(host=node.host, port=int(node.port))
     else:
         admin = redis.asyncio.Redis.from_url(target.url)
     try:
