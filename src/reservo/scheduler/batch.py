@@ -9,9 +9,13 @@ batch (``core.batching``); a batch runs in ONE transaction, set-based:
    key (a handler for the category, the handler's check of the payload, the
    time): a refusal is that request's alone, stored for its key;
 3. insert every new job in one statement, and every stored response in one
-   more; COMMIT;
+   more; COMMIT. The jobs due within the window are written QUEUED with one
+   job_push row naming them (``Scheduler.create_many``): they are never
+   written again for their push;
 4. push the batch's jobs to Redis together (``Scheduler.push_soon``): a request
-   returns once its job was pushed or deferred to the loader.
+   returns once its job was pushed, or the push failed and was left to the
+   loader (which pushes the jobs of a job_push row older than the grace, so a
+   crash between commit and push loses nothing).
 
 The answers, their statuses and bodies are those of the one-request flow. The
 batch runs detached from the requests: a client cut off mid-flight no longer
@@ -34,7 +38,7 @@ from reservo.core.auth import Principal
 from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key, take_claims
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
-from reservo.scheduler.domain import Job
+from reservo.scheduler.domain import QUEUED, Job
 from reservo.scheduler.service import Scheduler
 
 ENDPOINT = "POST /api/jobs"
@@ -109,6 +113,17 @@ class JobBatch:
 
     async def _once(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
         svc = self.scheduler
+        pushes_done = svc.take_pushes_done()
+        try:
+            return await self._in_transaction(items, pushes_done)
+        except BaseException:
+            svc.keep_pushes_done(pushes_done)  # not deleted: the next batch tries
+            raise
+
+    async def _in_transaction(
+        self, items: list[JobRequest], pushes_done: list[int]
+    ) -> list[Outcome[Answer]]:
+        svc = self.scheduler
         now = svc.clock.now()
         outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
         keyed = [
@@ -141,7 +156,7 @@ class JobBatch:
                             await claim.forget(conn)
                     continue
                 new.append((n, (item.category, item.urgency, when, item.payload)))
-            jobs = await svc.create_many(conn, [row for _, row in new], now)
+            jobs, push_id = await svc.create_many(conn, [row for _, row in new], now, pushes_done)
             bodies: list[tuple[int, Any]] = []
             for (n, _), job in zip(new, jobs, strict=True):
                 body = self.render(job)
@@ -156,7 +171,8 @@ class JobBatch:
                 [a[2] for a in answered],
             )
         # Committed: the jobs go to Redis together.
-        pushed = svc.push_soon(jobs) if jobs else None
+        due = [job for job in jobs if job.status == QUEUED]
+        pushed = svc.push_soon(due, push_id) if push_id is not None else None
         for n, body in bodies:
             outcomes[n] = Answer(201, body, pushed)
         return outcomes
