@@ -423,14 +423,20 @@ async def test_a_finished_push_is_forgotten_by_the_next_batch(
     ns = f"test-push-{uuid.uuid4().hex[:8]}"
     s = _scheduler(container, Scheduler, ns, grace_s=3600)
     batch = JobBatch(s, container.idempotency, created)
-    first = await batch.submit(_request(str(uuid.uuid4()), None))
+    key = f"forget-{uuid.uuid4()}"
+    first = await batch.submit(_request("first", key))
     assert len(await _pending_push(db, [first.body["jobId"]])) == 1
     second = await batch.submit(_request(str(uuid.uuid4()), None))
     assert await _pending_push(db, [first.body["jobId"]]) == []
     assert len(await _pending_push(db, [second.body["jobId"]])) == 1
+    # A batch that creates no job (a replay) still deletes the rows of pushes done.
+    again = await batch.submit(_request("first", key))
+    assert (again.status, again.body) == (200, first.body)
+    assert await _pending_push(db, [second.body["jobId"]]) == []
+    third = await batch.submit(_request(str(uuid.uuid4()), None))
     await batch.close()
     await s.close()
-    assert await _pending_push(db, [second.body["jobId"]]) == []
+    assert await _pending_push(db, [third.body["jobId"]]) == []
 
 
 async def test_jobs_beyond_the_window_are_left_to_the_loader_as_before(
