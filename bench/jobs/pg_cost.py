@@ -51,9 +51,7 @@ async def batches(conn: asyncpg.Connection, n: int, size: int, keyed: bool) -> f
         callers, keys = ["service:1"] * size, [str(uuid.uuid4()) for _ in range(size)]
         async with conn.transaction():
             if keyed:
-                await conn.fetch(
-                    CORE.idem_claim_many, callers, keys, [b"\0" * 32] * size, ENDPOINT, now, now
-                )
+                await conn.fetch(CORE.idem_known_many, callers, keys, ENDPOINT)
             rows = await conn.fetch(
                 JOBS.insert_jobs,
                 ["http"] * size,
@@ -66,8 +64,15 @@ async def batches(conn: asyncpg.Connection, n: int, size: int, keyed: bool) -> f
                 done,
             )
             if keyed:
-                await conn.execute(
-                    CORE.idem_complete_many, ENDPOINT, callers, keys, [201] * size, [BODY] * size
+                await conn.fetch(
+                    CORE.idem_store_many,
+                    ENDPOINT,
+                    callers,
+                    keys,
+                    [b"\0" * 32] * size,
+                    [201] * size,
+                    [BODY] * size,
+                    now,
                 )
         done = [rows[0]["push_id"]]
     return benchlib.cpu_s([pid]) - start

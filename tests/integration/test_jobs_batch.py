@@ -463,3 +463,75 @@ async def test_jobs_beyond_the_window_are_left_to_the_loader_as_before(
     row = await db.fetchrow("SELECT status, pushed FROM scheduled_job WHERE id = $1", job_id)
     assert (row["status"], row["pushed"]) == ("SCHEDULED", False)
     assert await _pending_push(db, [job_id]) == []
+
+
+class _RacedStore(IdempotencyStore):
+    """Before it writes its answers, another process's batch enqueues under the
+    same key and commits (the key was free when this batch read it)."""
+
+    rival: JobBatch | None = None
+    rival_answer: Answer | None = None
+    request: JobRequest | None = None
+
+    async def store_many(self, conn: Any, *args: Any, **kwargs: Any) -> set[tuple[str, str]]:
+        if self.rival is not None and self.rival_answer is None:
+            assert self.request is not None
+            self.rival_answer = await self.rival.submit(self.request)
+        return await super().store_many(conn, *args, **kwargs)
+
+
+async def test_a_key_written_by_another_process_meanwhile_keeps_its_answer(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """Free keys are not claimed before their answers are written: when another
+    process's batch commits the same key in between, this batch's job for it is
+    deleted, and the request is answered (in the next batch) with the other's
+    job, as a replay. One job, one stored answer."""
+    marker, key = str(uuid.uuid4()), f"race-{uuid.uuid4()}"
+    request = _request(marker, key)
+    raced = _RacedStore(container.db, SystemClock())
+    raced.rival = JobBatch(container.scheduler, container.idempotency, created)
+    raced.request = request
+    batch = JobBatch(container.scheduler, raced, created)
+    answer = await batch.submit(request)
+    assert raced.rival_answer is not None and raced.rival_answer.status == 201
+    assert (answer.status, answer.body) == (200, raced.rival_answer.body)
+    assert batch.transactions == 2  # the raced one, then the replay
+    rows = await db.fetch("SELECT id FROM scheduled_job WHERE payload->'body'->>'m' = $1", marker)
+    assert [r["id"] for r in rows] == [raced.rival_answer.body["jobId"]]
+    stored = await db.fetch(
+        "SELECT response_status, response_body FROM idempotency_key WHERE key = $1", key
+    )
+    assert [(r["response_status"], orjson.loads(r["response_body"])) for r in stored] == [
+        (201, raced.rival_answer.body)
+    ]
+    await _in_redis(container, [raced.rival_answer.body["jobId"]])
+
+
+async def test_a_claim_left_by_the_two_commit_path_is_409_then_taken_over(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """A key claimed IN_PROGRESS by ``begin`` (a process of an older release)
+    answers 409 while its lease runs; after, the batch takes the claim over,
+    creates the job and completes the claim with its answer (stored, replayed)."""
+    batch = container.module(SchedulerModule).jobs_batch
+    marker, key = str(uuid.uuid4()), f"leased-{uuid.uuid4()}"
+    body = orjson.dumps(_job(marker))
+    await container.idempotency.begin("service:1", "POST /api/jobs", key, body)
+    request = _request(marker, key)
+    with pytest.raises(DomainError) as busy:
+        await batch.submit(request)
+    assert busy.value.code == "request_in_progress"
+    await db.execute(
+        "UPDATE idempotency_key SET locked_until = locked_until - interval '1 hour' WHERE key = $1",
+        key,
+    )
+    answer = await batch.submit(request)
+    assert answer.status == 201
+    stored = await db.fetchrow(
+        "SELECT status, response_status, response_body FROM idempotency_key WHERE key = $1", key
+    )
+    assert (stored["status"], stored["response_status"]) == ("DONE", 201)
+    assert orjson.loads(stored["response_body"]) == answer.body
+    again = await batch.submit(request)
+    assert (again.status, again.body) == (200, answer.body)

@@ -53,6 +53,12 @@ SELECT * FROM scheduled_job WHERE category = $1 AND idempotency_key = $2;
 -- One job by id.
 SELECT * FROM scheduled_job WHERE id = $1;
 
+-- name: drop_new_jobs
+-- Jobs a POST /api/jobs batch inserted in its own transaction but must not keep
+-- (their Idempotency-Key was written by another transaction meanwhile: that
+-- one's job is the answer).
+DELETE FROM scheduled_job WHERE id = ANY($1::bigint[]);
+
 -- name: status_of
 -- Where a batch of jobs stands (why an executor could not claim them).
 SELECT id, status, run_at, category, urgency FROM scheduled_job WHERE id = ANY($1::bigint[]);

@@ -81,6 +81,10 @@ async def insert_jobs(
     return [to_job(r) for r in rows], (rows[0]["push_id"] if rows else None)
 
 
+async def drop_new_jobs(conn: asyncpg.Connection, ids: Sequence[int]) -> None:
+    await conn.execute(Q.drop_new_jobs, list(ids))
+
+
 async def insert_bulk(
     conn: asyncpg.Connection,
     category: str,

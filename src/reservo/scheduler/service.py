@@ -284,6 +284,11 @@ class Scheduler:
         push = [when < horizon for _, _, when, _ in jobs]
         return await repo.insert_jobs(conn, jobs, push, self.config.max_attempts, now, pushes_done)
 
+    async def drop_new(self, conn: asyncpg.Connection, job_ids: Sequence[int]) -> None:
+        """Deletes jobs ``create_many`` inserted in the caller's transaction that
+        it must not keep after all (their key was answered by another one)."""
+        await repo.drop_new_jobs(conn, job_ids)
+
     async def get(self, job_id: int) -> Job:
         return await read_one(self.db, repo.get_job, job_id, "job_not_found", f"no job {job_id}")
 
