@@ -10,6 +10,10 @@ request_in_progress), or a different body under the same key (422).
 the caller's transaction: the claim, the effect and the stored response commit
 together (one commit, no claim left behind by a crash), and a duplicate running
 at the same time is told apart by the key's advisory lock.
+
+A group commit claims its keys together (``claim_many``) and completes them
+(``complete_many``); or, when its transaction alone writes what it answers,
+reads them (``known_many``) and writes each answer once (``store_many``).
 """
 
 from __future__ import annotations
