@@ -13,9 +13,9 @@ batch (``core.batching``); a batch runs in ONE transaction, set-based:
 3. insert every new job in one statement, and every answer in one more
    (``store_many``: a key another transaction wrote since step 1 keeps that
    one's answer; this request's job is deleted and the request goes to the next
-   batch, which replays it); COMMIT. The jobs due within the window are written QUEUED with one
-   job_push row naming them (``Scheduler.create_many``): they are never
-   written again for their push;
+   batch, which replays it); COMMIT. The jobs due within the window are
+   written QUEUED with one job_push row naming them (``Scheduler.create_many``):
+   they are never written again for their push;
 4. push the batch's jobs to Redis together (``Scheduler.push_soon``): a request
    returns once its job was pushed, or the push failed and was left to the
    loader (which pushes the jobs of a job_push row older than the grace, so a
