@@ -105,6 +105,9 @@ async def prepare() -> None:
             "TRUNCATE scheduled_job, job_execution, idempotency_key, outbox, inbox "
             "RESTART IDENTITY CASCADE"
         )
+        if await conn.fetchval("SELECT to_regclass('job_push')"):  # migration 0026 on
+            # A run's last pushes, left to the loader: ids the next run reuses.
+            await conn.execute("TRUNCATE job_push")
     finally:
         await conn.close()
     benchlib.clear_redis_namespace()

@@ -163,6 +163,9 @@ class Settings(BaseSettings):
     # after a Redis flush/restart and every resync period.
     scheduler_loader_period_s: float = Field(default=5.0, gt=0)
     scheduler_resync_period_s: float = Field(default=60.0, gt=0)
+    # A POST /api/jobs batch's push to Redis not done after this long (the
+    # process died between commit and push) is done by the loader.
+    scheduler_push_grace_s: float = Field(default=5.0, ge=0)
     scheduler_loader_batch: int = Field(default=5000, ge=1)
     scheduler_mover_batch: int = Field(default=1000, ge=1, le=5000)
     # The mover sleeps at most this long: lateness is milliseconds.

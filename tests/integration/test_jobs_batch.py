@@ -22,10 +22,13 @@ from reservo.core.batching import Outcome
 from reservo.core.clock import SystemClock
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore, request_hash
+from reservo.core.redis import make_client
 from reservo.scheduler.api import created
 from reservo.scheduler.batch import Answer, JobBatch, JobRequest
+from reservo.scheduler.domain import Job
 from reservo.scheduler.service import Config, Scheduler
 from reservo.scheduler.setup import SchedulerModule
+from reservo.scheduler.workers import Loader
 from tests.conftest import auth
 from tests.helpers import (
     assert_all_unavailable,
@@ -91,7 +94,9 @@ async def test_jobs_released_together_share_transactions_and_a_push(
         )
         assert row["urgency"] == body["urgency"]
         assert orjson.loads(row["payload"]) == body["payload"]
-        assert r.json()["status"] == "SCHEDULED"
+        # Due within the window: written QUEUED (handed to Redis), and the 201
+        # is sent once it is in Redis.
+        assert r.json()["status"] == "QUEUED"
         key = headers.get("Idempotency-Key")
         if key is None:
             continue
@@ -297,3 +302,236 @@ async def test_a_check_refusing_as_forbidden_is_not_stored_for_its_key(
     assert (again.status_code, again.json()) == (403, r[0].json())
     replay = await client.post("/api/jobs", json=allowed, headers=calls[1][1])
     assert (replay.status_code, replay.json()) == (200, r[1].json())
+
+
+# -- the push after commit, and its recovery (job_push, migration 0027) --------
+
+
+class _DiesBeforePush(Scheduler):
+    """A process that dies between a batch's commit and its push: the jobs are
+    committed, nothing reaches Redis, nothing is cleaned up."""
+
+    def push_soon(self, jobs: Any, push_id: int) -> asyncio.Future[None]:
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def _scheduler(
+    container: Container, kind: type[Scheduler], ns: str, grace_s: float, redis: Any = None
+) -> Scheduler:
+    s = kind(
+        container.db,
+        SystemClock(),
+        redis or container.scheduler.redis,
+        ns,
+        Config(push_grace_s=grace_s),
+    )
+    s.handlers = container.scheduler.handlers
+    return s
+
+
+async def _pending_push(db: asyncpg.Connection, job_ids: list[int]) -> list[asyncpg.Record]:
+    """The job_push rows naming any of these jobs."""
+    return list(
+        await db.fetch(
+            "SELECT id, job_ids FROM job_push WHERE job_ids && $1::bigint[] ORDER BY id", job_ids
+        )
+    )
+
+
+async def _in_future_set(s: Scheduler, job: Job | dict[str, Any]) -> bool:
+    if isinstance(job, Job):
+        category, urgency, job_id = job.category, job.urgency, job.id
+    else:
+        category, urgency, job_id = job["category"], job["urgency"], job["id"]
+    return await s.redis.zscore(s.keys.future(category, urgency), str(job_id)) is not None
+
+
+async def test_jobs_committed_but_never_pushed_are_pushed_by_the_loader(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """The process dies after the commit, before the push: its jobs are QUEUED
+    in PostgreSQL but not in Redis, and not in the loader's unpushed scan
+    either; their job_push row is. Once the row is older than the grace, the
+    loader pushes them and deletes it (and not before: a push in progress is
+    left to finish)."""
+    ns = f"test-push-{uuid.uuid4().hex[:8]}"
+    dying = _scheduler(container, _DiesBeforePush, ns, grace_s=3600)
+    batch = JobBatch(dying, container.idempotency, created)
+    marker = str(uuid.uuid4())
+    keys = [f"crash-{uuid.uuid4()}" for _ in range(5)]
+    answers = await asyncio.gather(*(batch.submit(_request(marker, k)) for k in keys))
+    assert [a.status for a in answers] == [201] * 5
+    ids = [a.body["jobId"] for a in answers]
+    rows = await db.fetch(
+        "SELECT id, category, urgency, status, pushed FROM scheduled_job"
+        " WHERE id = ANY($1::bigint[])",
+        ids,
+    )
+    assert {(r["status"], r["pushed"]) for r in rows} == {("QUEUED", True)}
+    assert not [r for r in rows if await _in_future_set(dying, dict(r))]
+    pushes = await _pending_push(db, ids)
+    assert sorted(i for p in pushes for i in p["job_ids"]) == sorted(ids)
+
+    # Within the grace the loader leaves the row alone (its push may be running).
+    assert await Loader(dying).unfinished_pushes() == 0
+    assert await _pending_push(db, ids) == pushes
+
+    recovering = _scheduler(container, Scheduler, ns, grace_s=0)
+    assert await Loader(recovering).unfinished_pushes() >= len(ids)
+    assert all([await _in_future_set(recovering, dict(r)) for r in rows])
+    assert await _pending_push(db, ids) == []
+    # Replays still answer the 201 each key got.
+    for key, answer in zip(keys, answers, strict=True):
+        again = await batch.submit(_request(marker, key))
+        assert (again.status, again.body) == (200, answer.body)
+
+
+async def test_a_push_that_fails_is_left_to_the_loader(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """Redis away at the push: the requests still get their 201 (the jobs are
+    committed), the job_push row stays, and the loader pushes them later."""
+    ns = f"test-push-{uuid.uuid4().hex[:8]}"
+    away = make_client("redis://127.0.0.1:1/0", 0.2)
+    cut_off = _scheduler(container, Scheduler, ns, grace_s=0, redis=away)
+    batch = JobBatch(cut_off, container.idempotency, created)
+    marker = str(uuid.uuid4())
+    answers = await asyncio.gather(
+        *(batch.submit(_request(marker, f"away-{uuid.uuid4()}")) for _ in range(3))
+    )
+    assert [a.status for a in answers] == [201] * 3
+    ids = [a.body["jobId"] for a in answers]
+    assert cut_off.take_pushes_done() == []  # nothing was pushed
+    assert len(await _pending_push(db, ids)) == 1
+    recovering = _scheduler(container, Scheduler, ns, grace_s=0)
+    assert await Loader(recovering).unfinished_pushes() >= len(ids)
+    for job_id in ids:
+        job = await recovering.get(job_id)
+        assert job.status == "QUEUED" and await _in_future_set(recovering, job)
+    assert await _pending_push(db, ids) == []
+    await away.aclose()
+
+
+async def test_a_finished_push_is_forgotten_by_the_next_batch(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """No statement after the push: the job_push row of a batch whose jobs
+    reached Redis is deleted by the process's next batch (or at close), so the
+    loader never pushes them again."""
+    ns = f"test-push-{uuid.uuid4().hex[:8]}"
+    s = _scheduler(container, Scheduler, ns, grace_s=3600)
+    batch = JobBatch(s, container.idempotency, created)
+    key = f"forget-{uuid.uuid4()}"
+    first = await batch.submit(_request("first", key))
+    assert len(await _pending_push(db, [first.body["jobId"]])) == 1
+    second = await batch.submit(_request(str(uuid.uuid4()), None))
+    assert await _pending_push(db, [first.body["jobId"]]) == []
+    assert len(await _pending_push(db, [second.body["jobId"]])) == 1
+    # A batch that creates no job (a replay) still deletes the rows of pushes done.
+    again = await batch.submit(_request("first", key))
+    assert (again.status, again.body) == (200, first.body)
+    assert await _pending_push(db, [second.body["jobId"]]) == []
+    third = await batch.submit(_request(str(uuid.uuid4()), None))
+    await batch.close()
+    await s.close()
+    assert await _pending_push(db, [third.body["jobId"]]) == []
+
+
+async def test_jobs_beyond_the_window_are_left_to_the_loader_as_before(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """A job due after the window is SCHEDULED, not pushed, in no job_push row:
+    the loader's unpushed scan hands it to Redis when it comes into the window."""
+    ns = f"test-push-{uuid.uuid4().hex[:8]}"
+    s = _scheduler(container, Scheduler, ns, grace_s=0)
+    batch = JobBatch(s, container.idempotency, created)
+    far = JobRequest(
+        Principal(sub=1, role="service"),
+        None,
+        b"",
+        "http",
+        _job("far")["payload"],
+        5,
+        None,
+        timedelta(hours=2),
+    )
+    answer = await batch.submit(far)
+    assert (answer.status, answer.body["status"]) == (201, "SCHEDULED")
+    job_id = answer.body["jobId"]
+    row = await db.fetchrow("SELECT status, pushed FROM scheduled_job WHERE id = $1", job_id)
+    assert (row["status"], row["pushed"]) == ("SCHEDULED", False)
+    assert await _pending_push(db, [job_id]) == []
+
+
+class _RacedStore(IdempotencyStore):
+    """Before it writes its answers, another process's batch enqueues under the
+    same key and commits (the key was free when this batch read it)."""
+
+    rival: JobBatch | None = None
+    rival_answer: Answer | None = None
+    request: JobRequest | None = None
+
+    async def store_many(self, conn: Any, *args: Any, **kwargs: Any) -> set[tuple[str, str]]:
+        if self.rival is not None and self.rival_answer is None:
+            assert self.request is not None
+            self.rival_answer = await self.rival.submit(self.request)
+        return await super().store_many(conn, *args, **kwargs)
+
+
+async def test_a_key_written_by_another_process_meanwhile_keeps_its_answer(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """Free keys are not claimed before their answers are written: when another
+    process's batch commits the same key in between, this batch's job for it is
+    deleted, and the request is answered (in the next batch) with the other's
+    job, as a replay. One job, one stored answer."""
+    marker, key = str(uuid.uuid4()), f"race-{uuid.uuid4()}"
+    request = _request(marker, key)
+    raced = _RacedStore(container.db, SystemClock())
+    raced.rival = JobBatch(container.scheduler, container.idempotency, created)
+    raced.request = request
+    batch = JobBatch(container.scheduler, raced, created)
+    answer = await batch.submit(request)
+    assert raced.rival_answer is not None and raced.rival_answer.status == 201
+    assert (answer.status, answer.body) == (200, raced.rival_answer.body)
+    assert batch.transactions == 2  # the raced one, then the replay
+    rows = await db.fetch("SELECT id FROM scheduled_job WHERE payload->'body'->>'m' = $1", marker)
+    assert [r["id"] for r in rows] == [raced.rival_answer.body["jobId"]]
+    stored = await db.fetch(
+        "SELECT response_status, response_body FROM idempotency_key WHERE key = $1", key
+    )
+    assert [(r["response_status"], orjson.loads(r["response_body"])) for r in stored] == [
+        (201, raced.rival_answer.body)
+    ]
+    await _in_redis(container, [raced.rival_answer.body["jobId"]])
+
+
+async def test_a_claim_left_by_the_two_commit_path_is_409_then_taken_over(
+    container: Container, db: asyncpg.Connection
+) -> None:
+    """A key claimed IN_PROGRESS by ``begin`` (a process of an older release)
+    answers 409 while its lease runs; after, the batch takes the claim over,
+    creates the job and completes the claim with its answer (stored, replayed)."""
+    batch = container.module(SchedulerModule).jobs_batch
+    marker, key = str(uuid.uuid4()), f"leased-{uuid.uuid4()}"
+    body = orjson.dumps(_job(marker))
+    await container.idempotency.begin("service:1", "POST /api/jobs", key, body)
+    request = _request(marker, key)
+    with pytest.raises(DomainError) as busy:
+        await batch.submit(request)
+    assert busy.value.code == "request_in_progress"
+    await db.execute(
+        "UPDATE idempotency_key SET locked_until = locked_until - interval '1 hour' WHERE key = $1",
+        key,
+    )
+    answer = await batch.submit(request)
+    assert answer.status == 201
+    stored = await db.fetchrow(
+        "SELECT status, response_status, response_body FROM idempotency_key WHERE key = $1", key
+    )
+    assert (stored["status"], stored["response_status"]) == ("DONE", 201)
+    assert orjson.loads(stored["response_body"]) == answer.body
+    again = await batch.submit(request)
+    assert (again.status, again.body) == (200, answer.body)

@@ -10,6 +10,10 @@ request_in_progress), or a different body under the same key (422).
 the caller's transaction: the claim, the effect and the stored response commit
 together (one commit, no claim left behind by a crash), and a duplicate running
 at the same time is told apart by the key's advisory lock.
+
+A group commit claims its keys together (``claim_many``) and completes them
+(``complete_many``); or, when its transaction alone writes what it answers,
+reads them (``known_many``) and writes each answer once (``store_many``).
 """
 
 from __future__ import annotations
@@ -245,6 +249,65 @@ class IdempotencyStore:
                 except DomainError as err:
                     answers.append(err)
         return answers
+
+    async def known_many(
+        self, conn: asyncpg.Connection, endpoint: str, wanted: Sequence[Wanted], now: datetime
+    ) -> list[Claim | Replay | DomainError | Wanted]:
+        """``claim_many`` without writing a claim for a free key, for a group
+        commit whose claims would never be seen (they commit with their answers):
+        one answer per key, in order: the Wanted itself when the key is free
+        (store its answer with ``store_many`` in this transaction), the Replay
+        of a stored response, the DomainError to answer (422 another body, 409 a
+        claim in flight elsewhere), or a Claim when this took over a claim whose
+        lease ran out (complete it with ``complete_many``). The keys must be
+        distinct."""
+        rows = await conn.fetch(
+            Q.idem_known_many, [w.caller for w in wanted], [w.key for w in wanted], endpoint
+        )
+        answers: list[Claim | Replay | DomainError | Wanted] = []
+        for w, row in zip(wanted, rows, strict=True):
+            if row["status"] is None:
+                answers.append(w)
+                continue
+            claim = Claim(w.caller, endpoint, w.key)
+            try:
+                known = _stored_answer(row, w.digest, now)
+                if known is None and not await self._take_over(
+                    conn, claim, row["locked_until"], now
+                ):
+                    raise in_progress()
+                answers.append(claim if known is None else known)
+            except DomainError as err:
+                answers.append(err)
+        return answers
+
+    async def store_many(
+        self,
+        conn: asyncpg.Connection,
+        endpoint: str,
+        wanted: Sequence[Wanted],
+        statuses: Sequence[int],
+        bodies: Sequence[bytes],
+        now: datetime,
+    ) -> set[tuple[str, str]]:
+        """Writes the answers of keys ``known_many`` found free, DONE, inside the
+        business transaction; returns the (caller, key) pairs written. A key
+        missing from it was written meanwhile by another transaction (this one
+        waited for it): its request must not take effect here (roll its effect
+        back, and ask again in a later transaction, which replays that one)."""
+        if not wanted:
+            return set()
+        rows = await conn.fetch(
+            Q.idem_store_many,
+            endpoint,
+            [w.caller for w in wanted],
+            [w.key for w in wanted],
+            [w.digest for w in wanted],
+            list(statuses),
+            [b.decode() for b in bodies],
+            now,
+        )
+        return {(r["caller"], r["key"]) for r in rows}
 
     async def complete_many(
         self,

@@ -55,6 +55,38 @@ UPDATE idempotency_key k
   FROM unnest($2::text[], $3::text[], $4::int[], $5::text[]) AS v(caller, key, status, body)
  WHERE k.caller = v.caller AND k.endpoint = $1 AND k.key = v.key;
 
+-- name: idem_known_many
+-- What many keys of one endpoint ($3) already hold, read without claiming them
+-- (IdempotencyStore.known_many): one row per key, in the order given; status
+-- NULL when the key is free. One primary-key lookup per key (the LIMIT keeps
+-- the subquery from being flattened into a join): as a plain join, the plan
+-- cached while the table was new (a hash join over a sequential scan) read the
+-- whole table for every batch as it grew.
+SELECT k.request_hash, k.status, k.locked_until, k.response_status, k.response_body
+  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(caller, key, ord)
+  LEFT JOIN LATERAL (
+      SELECT * FROM idempotency_key i
+       WHERE i.caller = t.caller AND i.endpoint = $3 AND i.key = t.key
+       LIMIT 1
+  ) k ON true
+ ORDER BY t.ord;
+
+-- name: idem_store_many
+-- The answers of many free keys of one endpoint ($1), written DONE at once in
+-- the business transaction (IdempotencyStore.store_many): one write per key
+-- instead of a claim and then its completion. Inserted in (caller, key) order,
+-- as idem_claim_many, so two such transactions never deadlock on keys. A key
+-- another transaction wrote since it was read is left alone (after waiting for
+-- that transaction): its (caller, key) is missing from the rows returned.
+INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, response_status,
+                             response_body, created_at)
+SELECT t.caller, $1, t.key, t.request_hash, 'DONE', t.status, t.body::json, $7
+  FROM unnest($2::text[], $3::text[], $4::bytea[], $5::int[], $6::text[])
+       AS t(caller, key, request_hash, status, body)
+ ORDER BY t.caller, t.key
+ON CONFLICT (caller, endpoint, key) DO NOTHING
+RETURNING caller, key;
+
 -- name: idem_insert_done
 -- A refusal of the one-transaction path, stored after its transaction rolled
 -- back; a duplicate that stored its answer first keeps it.

@@ -86,8 +86,8 @@ async def create_job_flow(
 ) -> Response:
     """What POST /api/jobs does once the request is parsed (the FastAPI route and
     the lean path both run this): the request joins the process's next batch of
-    enqueues (scheduler/batch.py), where its key's claim, its job and the stored
-    response commit in one transaction with the batch's other enqueues; the
+    enqueues (scheduler/batch.py), where its job and its key's stored response
+    commit in one transaction with the batch's other enqueues; the
     request returns once its job went to Redis after that commit."""
     caller.require("service")
     if body.run_at is not None and body.delay_ms is not None:

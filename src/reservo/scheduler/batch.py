@@ -3,15 +3,23 @@
 The requests a process receives while its previous batch runs form the next
 batch (``core.batching``); a batch runs in ONE transaction, set-based:
 
-1. claim every key of the batch in one statement (``claim_many``): a known key
-   replays its stored response or is 422, a claim in flight elsewhere is 409;
+1. read every key of the batch in one statement (``known_many``): a known key
+   replays its stored response or is 422, a claim in flight elsewhere is 409; a
+   free key is not claimed (a claim in this transaction would never be seen by
+   anybody: it commits with its answer), its answer is written once, in step 3;
 2. per request, in arrival order, the checks of the one-request flow after its
    key (a handler for the category, the handler's check of the payload, the
    time): a refusal is that request's alone, stored for its key;
-3. insert every new job in one statement, and every stored response in one
-   more; COMMIT;
+3. insert every new job in one statement, and every answer in one more
+   (``store_many``: a key another transaction wrote since step 1 keeps that
+   one's answer; this request's job is deleted and the request goes to the next
+   batch, which replays it); COMMIT. The jobs due within the window are
+   written QUEUED with one job_push row naming them (``Scheduler.create_many``):
+   they are never written again for their push;
 4. push the batch's jobs to Redis together (``Scheduler.push_soon``): a request
-   returns once its job was pushed or deferred to the loader.
+   returns once its job was pushed, or the push failed and was left to the
+   loader (which pushes the jobs of a job_push row older than the grace, so a
+   crash between commit and push loses nothing).
 
 The answers, their statuses and bodies are those of the one-request flow. The
 batch runs detached from the requests: a client cut off mid-flight no longer
@@ -31,10 +39,10 @@ from typing import Any
 import orjson
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key, take_claims
+from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
-from reservo.scheduler.domain import Job
+from reservo.scheduler.domain import QUEUED, Job
 from reservo.scheduler.service import Scheduler
 
 ENDPOINT = "POST /api/jobs"
@@ -109,6 +117,17 @@ class JobBatch:
 
     async def _once(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
         svc = self.scheduler
+        pushes_done = svc.take_pushes_done()
+        try:
+            return await self._in_transaction(items, pushes_done)
+        except BaseException:
+            svc.keep_pushes_done(pushes_done)  # not deleted: the next batch tries
+            raise
+
+    async def _in_transaction(
+        self, items: list[JobRequest], pushes_done: list[int]
+    ) -> list[Outcome[Answer]]:
+        svc = self.scheduler
         now = svc.clock.now()
         outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
         keyed = [
@@ -117,37 +136,71 @@ class JobBatch:
             if item.key is not None
         ]
         async with svc.db.transaction() as conn:
-            answers = (
-                await self.idempotency.claim_many(conn, ENDPOINT, [w for _, w in keyed], now)
+            known = (
+                await self.idempotency.known_many(conn, ENDPOINT, [w for _, w in keyed], now)
                 if keyed
                 else []
             )
-            claims = take_claims([n for n, _ in keyed], answers, outcomes, _replayed)
+            # A free key gets its answer written once, with the job (no claim
+            # first: nobody could see it before it commits with its answer); a
+            # stale claim this took over is completed as before.
+            free: dict[int, Wanted] = {}
+            claims: dict[int, Claim] = {}
+            for (n, _), answer in zip(keyed, known, strict=True):
+                if isinstance(answer, Wanted):
+                    free[n] = answer
+                elif isinstance(answer, Claim):
+                    claims[n] = answer
+                elif isinstance(answer, Replay):
+                    outcomes[n] = _replayed(answer)
+                else:
+                    outcomes[n] = answer
             # After the key, as the one-request flow: the checks of the job itself.
             new: list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]] = []
             answered: list[tuple[Claim, int, bytes]] = []
+            stored: list[tuple[int, int, bytes]] = []
             for n, item in enumerate(items):
-                if item.key is not None and n not in claims:
-                    continue  # replayed, refused by its key, or asked again
+                if item.key is not None and n not in free and n not in claims:
+                    continue  # replayed or refused by its key
                 try:
                     when = svc.run_at_of(item.category, item.payload, item.run_at, item.delay, now)
                 except DomainError as err:
                     outcomes[n] = err
-                    claim = claims.get(n)
-                    if claim is not None:
+                    if n in free:
                         if is_stored(err):
-                            answered.append((claim, err.status, orjson.dumps(err.problem())))
+                            stored.append((n, err.status, orjson.dumps(err.problem())))
+                    elif n in claims:
+                        if is_stored(err):
+                            answered.append((claims[n], err.status, orjson.dumps(err.problem())))
                         else:
-                            await claim.forget(conn)
+                            await claims[n].forget(conn)
                     continue
                 new.append((n, (item.category, item.urgency, when, item.payload)))
-            jobs = await svc.create_many(conn, [row for _, row in new], now)
-            bodies: list[tuple[int, Any]] = []
+            jobs, push_id = await svc.create_many(conn, [row for _, row in new], now, pushes_done)
+            bodies: dict[int, tuple[Job, Any]] = {}
             for (n, _), job in zip(new, jobs, strict=True):
                 body = self.render(job)
-                bodies.append((n, body))
+                bodies[n] = (job, body)
                 if n in claims:
                     answered.append((claims[n], 201, orjson.dumps(body)))
+                elif n in free:
+                    stored.append((n, 201, orjson.dumps(body)))
+            written = await self.idempotency.store_many(
+                conn,
+                ENDPOINT,
+                [free[n] for n, _, _ in stored],
+                [status for _, status, _ in stored],
+                [body for _, _, body in stored],
+                now,
+            )
+            # A key another transaction wrote since it was read: that one is
+            # the answer, in the next batch (a replay); its job here goes.
+            lost = [n for n, _, _ in stored if (free[n].caller, free[n].key) not in written]
+            for n in lost:
+                outcomes[n] = AGAIN
+            dropped = [bodies.pop(n)[0].id for n in lost if n in bodies]
+            if dropped:
+                await svc.drop_new(conn, dropped)
             await self.idempotency.complete_many(
                 conn,
                 ENDPOINT,
@@ -156,8 +209,9 @@ class JobBatch:
                 [a[2] for a in answered],
             )
         # Committed: the jobs go to Redis together.
-        pushed = svc.push_soon(jobs) if jobs else None
-        for n, body in bodies:
+        due = [job for job, _ in bodies.values() if job.status == QUEUED]
+        pushed = svc.push_soon(due, push_id) if push_id is not None else None
+        for n, (_, body) in bodies.items():
             outcomes[n] = Answer(201, body, pushed)
         return outcomes
 

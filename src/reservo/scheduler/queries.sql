@@ -10,19 +10,34 @@ RETURNING *;
 
 -- name: insert_jobs
 -- A batch of POST /api/jobs (scheduler/batch.py) in one statement: ids follow
--- the order given, and the rows come back in it.
+-- the order given, and the rows come back in it. The jobs the batch pushes
+-- after its commit ($7 true: due within the window) are written QUEUED and
+-- pushed at once, with ONE job_push row naming them (migration 0027): the
+-- loader pushes that row's jobs if it is still there after the grace (the
+-- process died between commit and push). $8: the job_push rows of pushes this
+-- process finished, deleted here instead of in a transaction of their own.
+-- Each job is written once: no mark_pushed rewriting it after the push.
 WITH items AS MATERIALIZED (
     SELECT nextval('scheduled_job_id_seq') AS id, t.*
-      FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::jsonb[])
-           WITH ORDINALITY AS t(category, urgency, run_at, payload, ord)
+      FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::jsonb[], $7::boolean[])
+           WITH ORDINALITY AS t(category, urgency, run_at, payload, push, ord)
      ORDER BY t.ord
 ), ins AS (
-    INSERT INTO scheduled_job (id, category, urgency, run_at, payload, status, max_attempts,
-                               created_at)
-    SELECT id, category, urgency, run_at, payload, 'SCHEDULED', $5, $6 FROM items ORDER BY ord
+    INSERT INTO scheduled_job (id, category, urgency, run_at, payload, status, pushed,
+                               max_attempts, created_at)
+    SELECT id, category, urgency, run_at, payload,
+           CASE WHEN push THEN 'QUEUED' ELSE 'SCHEDULED' END, push, $5, $6
+      FROM items ORDER BY ord
     RETURNING *
+), mark AS (
+    INSERT INTO job_push (job_ids, created_at)
+    SELECT array_agg(id ORDER BY ord), $6 FROM items WHERE push HAVING count(*) > 0
+    RETURNING id
+), gone AS (
+    DELETE FROM job_push WHERE id = ANY($8::bigint[])
 )
-SELECT ins.* FROM ins JOIN items ON items.id = ins.id ORDER BY items.ord;
+SELECT ins.*, (SELECT id FROM mark) AS push_id
+  FROM ins JOIN items ON items.id = ins.id ORDER BY items.ord;
 
 -- name: insert_jobs_bulk
 -- Bulk load path (benchmarks, imports): no idempotency keys.
@@ -37,6 +52,12 @@ SELECT * FROM scheduled_job WHERE category = $1 AND idempotency_key = $2;
 -- name: get_job
 -- One job by id.
 SELECT * FROM scheduled_job WHERE id = $1;
+
+-- name: drop_new_jobs
+-- Jobs a POST /api/jobs batch inserted in its own transaction but must not keep
+-- (their Idempotency-Key was written by another transaction meanwhile: that
+-- one's job is the answer).
+DELETE FROM scheduled_job WHERE id = ANY($1::bigint[]);
 
 -- name: status_of
 -- Where a batch of jobs stands (why an executor could not claim them).
@@ -67,6 +88,16 @@ UPDATE scheduled_job j
          SELECT l.id FROM locked l
            JOIN unnest($1::bigint[], $2::int[]) AS t(id, rev) ON t.id = l.id AND t.rev = l.revision
           WHERE NOT l.pushed AND l.status IN ('SCHEDULED', 'QUEUED', 'FAILED')));
+
+-- name: stale_pushes
+-- The loader's recovery of a push that did not finish: job_push rows older
+-- than the grace ($1), oldest first (index job_push_created_at).
+SELECT id, job_ids FROM job_push WHERE created_at < $1 ORDER BY created_at LIMIT $2;
+
+-- name: delete_pushes
+-- Those rows once their jobs are in Redis (a second loader deleting them too
+-- is a no-op).
+DELETE FROM job_push WHERE id = ANY($1::bigint[]);
 
 -- name: unpushed
 -- The loader's incremental work: pending rows due before the horizon that

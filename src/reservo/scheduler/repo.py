@@ -58,11 +58,15 @@ async def insert_job(
 async def insert_jobs(
     conn: asyncpg.Connection,
     jobs: Sequence[tuple[str, int, datetime, dict[str, Any]]],
+    push: Sequence[bool],
     max_attempts: int,
     now: datetime,
-) -> list[Job]:
+    pushes_done: Sequence[int],
+) -> tuple[list[Job], int | None]:
     """Jobs (category, urgency, run_at, payload) without idempotency keys, in
-    the order given."""
+    the order given; those with ``push`` written QUEUED under one job_push row,
+    whose id comes back (None when no job is pushed). Deletes the job_push rows
+    ``pushes_done`` in the same statement."""
     rows = await conn.fetch(
         Q.insert_jobs,
         [j[0] for j in jobs],
@@ -71,8 +75,14 @@ async def insert_jobs(
         [j[3] for j in jobs],
         max_attempts,
         now,
+        list(push),
+        list(pushes_done),
     )
-    return [to_job(r) for r in rows]
+    return [to_job(r) for r in rows], (rows[0]["push_id"] if rows else None)
+
+
+async def drop_new_jobs(conn: asyncpg.Connection, ids: Sequence[int]) -> None:
+    await conn.execute(Q.drop_new_jobs, list(ids))
 
 
 async def insert_bulk(
@@ -106,6 +116,16 @@ async def status_of(conn: asyncpg.Connection, ids: Sequence[int]) -> list[Row]:
 
 async def mark_pushed(conn: asyncpg.Connection, ids: list[int], revisions: list[int]) -> None:
     await conn.execute(Q.mark_pushed, ids, revisions)
+
+
+async def stale_pushes(
+    conn: asyncpg.Connection, before: datetime, limit: int
+) -> list[tuple[int, list[int]]]:
+    return [(r["id"], list(r["job_ids"])) for r in await conn.fetch(Q.stale_pushes, before, limit)]
+
+
+async def delete_pushes(conn: asyncpg.Connection, ids: Sequence[int]) -> None:
+    await conn.execute(Q.delete_pushes, list(ids))
 
 
 async def unpushed(conn: asyncpg.Connection, horizon: datetime, limit: int) -> list[Row]:

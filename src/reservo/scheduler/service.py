@@ -8,6 +8,7 @@ PostgreSQL with a conditional update before running the handler."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,11 @@ Check = Callable[[dict[str, Any]], None]
 class Config:
     window_s: float = 300.0
     loader_period_s: float = 5.0
+    # A job_push row (jobs of a POST /api/jobs batch on their way to Redis)
+    # older than this is a push that did not finish: the loader pushes its jobs.
+    # Pushes take milliseconds; this only bounds how late such a job can be
+    # after a crash between commit and push (grace + one loader period).
+    push_grace_s: float = 5.0
     resync_period_s: float = 60.0
     loader_batch: int = 5000
     mover_batch: int = 1000
@@ -79,8 +85,11 @@ class Scheduler:
         self.handlers: dict[str, Handler] = {}
         self.checks: dict[str, Check] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
-        self._soon: list[tuple[Sequence[Job], asyncio.Future[None]]] = []
+        # Batches committed and waiting for their push: (jobs, job_push id, done).
+        self._soon: list[tuple[Sequence[Job], int, asyncio.Future[None]]] = []
         self._pushing: asyncio.Task[None] | None = None
+        # job_push rows whose jobs are in Redis now: the next batch deletes them.
+        self._pushes_done: list[int] = []
 
     # -- facade ------------------------------------------------------------------
 
@@ -176,15 +185,18 @@ class Scheduler:
         except Exception as exc:
             log.warning("scheduler_dispatch_deferred", error=repr(exc), jobs=len(due))
 
-    def push_soon(self, jobs: Sequence[Job]) -> asyncio.Future[None]:
-        """``dispatch`` shared with the jobs committed meanwhile: they go to
-        Redis together, in one pipelined call and one ``mark_pushed`` statement,
-        instead of a round trip each. The future is done once these jobs were
-        pushed (or deferred to the loader, as ``dispatch``); the push goes on
-        whether or not anybody awaits it (shield it to wait)."""
+    def push_soon(self, jobs: Sequence[Job], push_id: int) -> asyncio.Future[None]:
+        """Hands the jobs a batch committed QUEUED under the job_push row
+        ``push_id`` (``create_many``) to Redis, together with the jobs other
+        batches committed meanwhile: one pipelined call instead of a round trip
+        each, and no statement after it (the row's deletion rides on the next
+        batch's insert). The future is done once these jobs were pushed, or the
+        push failed and was left to the loader (it pushes the jobs of a job_push
+        row older than ``push_grace_s``); the push goes on whether or not
+        anybody awaits it (shield it to wait)."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self._soon.append((jobs, done))
+        self._soon.append((jobs, push_id, done))
         if self._pushing is None or self._pushing.done():
             self._pushing = loop.create_task(self._push_together())
         return done
@@ -193,12 +205,28 @@ class Scheduler:
         await asyncio.sleep(0)  # let the requests finishing in this loop turn join
         while self._soon:
             batch, self._soon = self._soon, []
+            jobs = [job for jobs, _, _ in batch for job in jobs]
             try:
-                await self.dispatch([job for jobs, _ in batch for job in jobs])
+                await self.dispatcher.load(
+                    (j.id, j.category, j.urgency, domain.ms(j.run_at)) for j in jobs
+                )
+                self._pushes_done += [push_id for _, push_id, _ in batch]
+            except Exception as exc:
+                log.warning("scheduler_dispatch_deferred", error=repr(exc), jobs=len(jobs))
             finally:
-                for _, done in batch:
+                for _, _, done in batch:
                     if not done.done():
                         done.set_result(None)
+
+    def take_pushes_done(self) -> list[int]:
+        """The job_push rows whose jobs are in Redis, for the caller's
+        ``create_many`` to delete; ``keep_pushes_done`` gives them back when
+        that transaction did not commit."""
+        done, self._pushes_done = self._pushes_done, []
+        return done
+
+    def keep_pushes_done(self, push_ids: Sequence[int]) -> None:
+        self._pushes_done[:0] = push_ids
 
     async def cancel(self, job_id: int, *, conn: asyncpg.Connection | None = None) -> bool:
         """SCHEDULED/QUEUED/FAILED -> CANCELLED. True when this call cancelled it."""
@@ -241,13 +269,25 @@ class Scheduler:
         conn: asyncpg.Connection,
         jobs: Sequence[tuple[str, int, datetime, dict[str, Any]]],
         now: datetime,
-    ) -> list[Job]:
+        pushes_done: Sequence[int] = (),
+    ) -> tuple[list[Job], int | None]:
         """Jobs (category, urgency, run_at from ``run_at_of``, payload) checked
-        already, in the caller's transaction, in one statement; the caller
-        pushes them after its commit (``push_soon``). In the order given."""
-        if not jobs:
-            return []
-        return await repo.insert_jobs(conn, jobs, self.config.max_attempts, now)
+        already, in the caller's transaction, in one statement, in the order
+        given. Those due within the window are written QUEUED under one
+        job_push row, whose id is returned (None: none is due that soon): after
+        its commit the caller hands them to Redis with ``push_soon``; if it
+        never does (it died), the loader does after ``push_grace_s``. Deletes
+        the job_push rows ``pushes_done`` (``take_pushes_done``) on the way."""
+        if not jobs and not pushes_done:
+            return [], None
+        horizon = now + timedelta(seconds=self.config.window_s)
+        push = [when < horizon for _, _, when, _ in jobs]
+        return await repo.insert_jobs(conn, jobs, push, self.config.max_attempts, now, pushes_done)
+
+    async def drop_new(self, conn: asyncpg.Connection, job_ids: Sequence[int]) -> None:
+        """Deletes jobs ``create_many`` inserted in the caller's transaction that
+        it must not keep after all (their key was answered by another one)."""
+        await repo.drop_new_jobs(conn, job_ids)
 
     async def get(self, job_id: int) -> Job:
         return await read_one(self.db, repo.get_job, job_id, "job_not_found", f"no job {job_id}")
@@ -420,6 +460,12 @@ class Scheduler:
     async def close(self) -> None:
         if self._pushing is not None:
             await self._pushing
+        done = self.take_pushes_done()
+        if done:
+            # Else the loader would push these jobs again after the grace (a no-op).
+            with contextlib.suppress(Exception):
+                async with self.db.connection() as conn:
+                    await repo.delete_pushes(conn, done)
         for closer in self._closers:
             await closer()
         await self.redis.aclose()

@@ -26,6 +26,7 @@ def config_from(settings: Settings) -> Config:
         window_s=settings.scheduler_window_s,
         loader_period_s=settings.scheduler_loader_period_s,
         resync_period_s=settings.scheduler_resync_period_s,
+        push_grace_s=settings.scheduler_push_grace_s,
         loader_batch=settings.scheduler_loader_batch,
         mover_batch=settings.scheduler_mover_batch,
         mover_idle_s=settings.scheduler_mover_idle_s,

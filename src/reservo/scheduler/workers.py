@@ -40,6 +40,9 @@ QUEUES_REFRESH_S = 0.5
 # The longest error text stored on a job row (the public and the detailed one).
 ERROR_TEXT_MAX = 2000
 MS_PER_S = 1000
+# job_push rows the loader's recovery reads per page (each names the jobs of one
+# POST /api/jobs batch: at most core.batching's 128).
+PUSHES_PAGE = 50
 Groups = dict[tuple[str, int], list[int]]
 # The `loop` label of reservo_poison_rows_total.
 LOADER, EXECUTOR, REAPER = "scheduler.loader", "scheduler.executor", "scheduler.reaper"
@@ -56,8 +59,10 @@ async def _park(scheduler: Scheduler, loop: str, job_id: int, exc: BaseException
 
 class Loader:
     """Hands jobs due within the window from PostgreSQL to Redis. Incremental
-    (rows not pushed yet) every period; a full resync of the window when Redis
-    lost its epoch key (FLUSHALL, restart) and every resync period."""
+    (rows not pushed yet, and the jobs of job_push rows older than the grace:
+    a POST /api/jobs batch whose push after commit did not finish) every
+    period; a full resync of the window when Redis lost its epoch key
+    (FLUSHALL, restart) and every resync period."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -104,7 +109,34 @@ class Loader:
             loaded += await self._push(rows)
             if seen < cfg.loader_batch:
                 break
-        return loaded
+        return loaded + await self.unfinished_pushes()
+
+    async def unfinished_pushes(self) -> int:
+        """Pushes the jobs of every job_push row older than the grace, then
+        deletes the row: its batch committed them QUEUED, but the process died
+        (or Redis failed) before they reached Redis. Loading is idempotent, so a
+        push that was only slow costs a no-op. No lock on the rows: two loaders
+        doing the same rows push the same ids twice, harmlessly."""
+        cfg = self.scheduler.config
+        before = self.scheduler.clock.now() - timedelta(seconds=cfg.push_grace_s)
+        loaded = 0
+        while True:
+            async with self.scheduler.db.connection() as conn:
+                pushes = await repo.stale_pushes(conn, before, PUSHES_PAGE)
+            if not pushes:
+                return loaded
+            ids = sorted({job_id for _, job_ids in pushes for job_id in job_ids})
+
+            async def same_ids(conn: asyncpg.Connection, ids: list[int] = ids) -> list[int]:
+                return ids
+
+            # Only the jobs still pending; a row that cannot be decoded is parked.
+            rows, _ = await self._page(partial(repo.loadable_rows, ids=ids), same_ids)
+            loaded += await self._push(rows)
+            async with self.scheduler.db.connection() as conn:
+                await repo.delete_pushes(conn, [push_id for push_id, _ in pushes])
+            if len(pushes) < PUSHES_PAGE:
+                return loaded
 
     async def _full(self, horizon: datetime) -> int:
         # datetime.min is sent as -infinity: the first page starts before any row.
