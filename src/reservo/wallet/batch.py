@@ -1,20 +1,31 @@
 """POST /api/transfers as a group commit: many transfers, one transaction.
 
 The requests a process receives while its previous batch runs form the next
-batch (``core.batching``); a batch runs in ONE transaction, set-based:
+batch (``core.batching``); a batch runs in ONE transaction, set-based, and
+takes its account locks as late as it can (they are what concurrent batches
+queue on):
 
-1. lock every account of the batch in one ``lock_accounts`` (ascending ids, the
-   order ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with
-   stakes, deposits or payouts);
+1. read the batch's accounts without a lock (``read_accounts``: owner, currency
+   and kind never change; the balances are a guess);
 2. per request, in arrival order, the checks run before the key is claimed
    today: the source exists and the caller may act for it (404 / 403, not stored);
 3. claim every remaining key in one statement (``claim_many``): a known key
    replays its stored response or is 422, a claim in flight elsewhere is 409;
-4. apply the transfers in arrival order in Python with the domain's rules on
-   the locked balances; a refusal (404 target, 422 same account, 403 system
-   account, 409 currency or funds) is that request's alone, stored for its key;
-5. write balances, transfers and entries in one statement, and every stored
-   response in one more; COMMIT.
+4. plan the transfers in arrival order in Python with the domain's rules on the
+   guessed balances; a refusal (404 target, 422 same account, 403 system
+   account, 409 currency or funds) is that request's alone, stored for its key.
+   Each funds check bounds its source's balance at the start of the batch from
+   below (passed) or above (refused): any balances within the bounds give the
+   same decisions;
+5. one statement (``settle_transfers``) locks the accounts (ascending ids, the
+   order ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with
+   stakes, deposits or payouts) and, if every locked balance is within its
+   bounds, writes balances, transfers, entries and every stored response; if a
+   batch that committed meanwhile moved one out of them, nothing is written and
+   the plan is made again on the locked balances (held now) and settled; COMMIT.
+
+So an account is locked only from that statement to the commit, not across
+the claim, the planning and three more round trips as before.
 
 The answers, their statuses and bodies are those of the one-request flow. The
 batch runs detached from the requests: a client cut off mid-flight no longer
@@ -27,8 +38,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+import asyncpg
 import orjson
 
 from reservo.core.auth import Principal
@@ -106,10 +119,12 @@ class TransferBatch:
         now = self.clock.now()
         outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
         async with self.db.transaction() as conn:
-            locked = await repo.lock_accounts(
+            # No lock yet: owner, currency and kind never change, and the
+            # balances are only what the plan guesses (settle checks it).
+            read = await repo.read_accounts(
                 conn, [i for item in items for i in (item.source, item.target)]
             )
-            rows = {r["id"]: r for r in locked}
+            rows = {r["id"]: r for r in read}
             # Before the key, as the one-request flow: the source exists and the
             # caller may act for it (refusals not stored: who may not act learns
             # nothing from a retry).
@@ -130,66 +145,136 @@ class TransferBatch:
                 [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed],
                 now,
             )
-            # In arrival order: the transfers apply in the order they came.
             claims = take_claims(allowed, answers, outcomes, _replayed)
-            balances = {i: r["balance"] for i, r in rows.items()}
-            moves: list[tuple[int, TransferRequest, int, int]] = []
-            stored: list[tuple[int, Claim, int, Any]] = []
-            for n, claim in claims.items():
-                item = items[n]
-                try:
-                    source_after, target_after = _apply(item, rows, balances)
-                except DomainError as err:
-                    outcomes[n] = err
-                    stored.append((n, claim, err.status, err.problem()))
-                    continue
-                moves.append((n, item, source_after, target_after))
-            ids = await repo.apply_transfers(
-                conn,
-                [m[1].source for m in moves],
-                [m[1].target for m in moves],
-                [m[1].amount for m in moves],
-                [m[2] for m in moves],
-                [m[3] for m in moves],
-                {i: b for i, b in balances.items() if b != rows[i]["balance"]},
-                now,
-            )
-            for (n, item, _, _), transfer_id in zip(moves, ids, strict=True):
-                transfer = Transfer(
-                    transfer_id, "TRANSFER", None, item.source, item.target, item.amount, now
-                )
-                body = self.render(transfer)
-                outcomes[n] = Answer(201, body)
-                stored.append((n, claims[n], 201, body))
-            await self.idempotency.complete_many(
-                conn,
-                ENDPOINT,
-                [s[1] for s in stored],
-                [s[2] for s in stored],
-                [orjson.dumps(s[3]) for s in stored],
-            )
+            guessed = {i: r["balance"] for i, r in rows.items()}
+            plan, locked = await self._settle(conn, items, claims, rows, guessed, now)
+            if plan is None:
+                # A batch that committed since the read moved a balance out of the
+                # range the plan holds for. This one now holds the locks of every
+                # account a plan of these claims can touch: plan again on the
+                # locked balances, which the second settle finds unmoved.
+                plan, _ = await self._settle(conn, items, claims, rows, locked, now)
+                if plan is None:
+                    raise RuntimeError("a plan on locked balances did not hold")
+        for n, answer in plan.items():
+            outcomes[n] = answer
         return outcomes
 
+    async def _settle(
+        self,
+        conn: asyncpg.Connection,
+        items: list[TransferRequest],
+        claims: dict[int, Claim],
+        rows: dict[int, repo.Row],
+        balances: dict[int, int],
+        now: datetime,
+    ) -> tuple[dict[int, Outcome[Answer]] | None, dict[int, int]]:
+        """Plan the claimed transfers on ``balances`` and write them with their
+        stored answers, in one statement that takes the account locks. Returns
+        the outcomes by item, or None when the locked balances differ from
+        ``balances`` so that a funds check would decide otherwise (nothing
+        written); and the locked balances."""
+        plan = _plan(items, claims, rows, balances)
+        ids = await repo.transfer_ids(conn, len(plan.moves))
+        decided: dict[int, Outcome[Answer]] = {}
+        stored: list[repo.StoredAnswer] = []
+        transfers: list[repo.PlannedTransfer] = []
+        for (n, item, source_offset, target_offset), transfer_id in zip(
+            plan.moves, ids, strict=True
+        ):
+            transfers.append(
+                repo.PlannedTransfer(
+                    transfer_id,
+                    item.source,
+                    item.target,
+                    item.amount,
+                    source_offset,
+                    target_offset,
+                )
+            )
+            body = self.render(
+                Transfer(transfer_id, "TRANSFER", None, item.source, item.target, item.amount, now)
+            )
+            decided[n] = Answer(201, body)
+            stored.append(_stored(claims[n], 201, body))
+        for n, err in plan.refusals:
+            decided[n] = err
+            stored.append(_stored(claims[n], err.status, err.problem()))
+        settled = await repo.settle_transfers(conn, plan.accounts, transfers, now, ENDPOINT, stored)
+        return (decided if settled.held else None), settled.balances
 
-def _apply(
-    item: TransferRequest, rows: dict[int, repo.Row], balances: dict[int, int]
-) -> tuple[int, int]:
-    """``transfer_in_tx``'s checks and movement on the batch's locked balances:
-    the balances of source and target after it (raises the refusal)."""
+
+def _stored(claim: Claim, status: int, body: Any) -> repo.StoredAnswer:
+    return repo.StoredAnswer(claim.caller, claim.key, status, orjson.dumps(body).decode())
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The claimed transfers decided on some balances: the accounts with the
+    range of balances for which every decision stays the same, the transfers
+    (item index, item, source and target offsets after it) and the refusals."""
+
+    accounts: list[repo.AccountBounds]
+    moves: list[tuple[int, TransferRequest, int, int]]
+    refusals: list[tuple[int, DomainError]]
+
+
+def _plan(
+    items: list[TransferRequest],
+    claims: dict[int, Claim],
+    rows: dict[int, repo.Row],
+    balances: dict[int, int],
+) -> _Plan:
+    """``transfer_in_tx``'s checks and movements, in arrival order, on
+    ``balances``. A funds check passes iff the source's balance at the start
+    of the batch is at least the amount minus what the batch already moved in
+    or out of it (its offset): each check bounds the start balance from below
+    (passed) or above (refused), and any start balances inside all the bounds
+    give these same decisions."""
+    offsets: dict[int, int] = {}
+    lo: dict[int, int] = {}
+    hi: dict[int, int] = {}
+    moves: list[tuple[int, TransferRequest, int, int]] = []
+    refusals: list[tuple[int, DomainError]] = []
+    for n in claims:  # in arrival order: the transfers apply in the order they came
+        item = items[n]
+        try:
+            _check(item, rows)
+        except DomainError as err:
+            refusals.append((n, err))
+            continue
+        source, target = item.source, item.target
+        offsets.setdefault(source, 0)
+        offsets.setdefault(target, 0)
+        needed = item.amount - offsets[source]  # the start balance this debit needs
+        if balances[source] < needed:
+            hi[source] = min(hi.get(source, needed), needed)
+            # Names only the source, the caller's own account (the target may be anybody's).
+            currency = rows[source]["currency"]
+            refusals.append(
+                (
+                    n,
+                    DomainError(
+                        "insufficient_funds",
+                        f"account {source} does not hold {item.amount} {currency}",
+                    ),
+                )
+            )
+            continue
+        lo[source] = max(lo.get(source, needed), needed)
+        offsets[source] -= item.amount
+        offsets[target] += item.amount
+        moves.append((n, item, offsets[source], offsets[target]))
+    accounts = [repo.AccountBounds(a, lo.get(a), hi.get(a), offsets[a]) for a in sorted(offsets)]
+    return _Plan(accounts, moves, refusals)
+
+
+def _check(item: TransferRequest, rows: dict[int, repo.Row]) -> None:
+    """The checks of ``transfer_in_tx`` no balance decides (raises the refusal)."""
     target = rows.get(item.target)
     if target is None:
         raise _not_found(item.target)
-    source = rows[item.source]
     try:
-        domain.check_transfer("TRANSFER", _ref(source), _ref(target), item.amount)
+        domain.check_transfer("TRANSFER", _ref(rows[item.source]), _ref(target), item.amount)
     except domain.TransferRefused as exc:
         raise DomainError(exc.code, exc.detail) from None
-    if balances[item.source] < item.amount:
-        # Names only the source, the caller's own account (the target may be anybody's).
-        raise DomainError(
-            "insufficient_funds",
-            f"account {item.source} does not hold {item.amount} {source['currency']}",
-        )
-    balances[item.source] -= item.amount
-    balances[item.target] += item.amount
-    return balances[item.source], balances[item.target]
