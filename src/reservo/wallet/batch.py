@@ -97,7 +97,10 @@ class TransferBatch:
         render: Callable[[Transfer], Any],
     ) -> None:
         self.db, self.clock, self.idempotency, self.render = db, clock, idempotency, render
-        self._batcher: Batcher[TransferRequest, Answer] = Batcher(self._run)
+        # Lanes of one process never share an account (they would queue on its lock).
+        self._batcher: Batcher[TransferRequest, Answer] = Batcher(
+            self._run, holds=lambda item: (item.source, item.target)
+        )
         # How many transactions the batches ran (tests read it).
         self.transactions = 0
 
