@@ -43,6 +43,7 @@ from typing import Any
 
 import asyncpg
 import orjson
+import structlog
 
 from reservo.core.auth import Principal
 from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key, take_claims
@@ -56,6 +57,8 @@ from reservo.wallet.service import _not_found, _ref
 
 ENDPOINT = "POST /api/transfers"
 EVENT = "transfer_batch"
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +159,7 @@ class TransferBatch:
                 # range the plan holds for. This one now holds the locks of every
                 # account a plan of these claims can touch: plan again on the
                 # locked balances, which the second settle finds unmoved.
+                log.info(f"{EVENT}_replanned", items=len(items))
                 plan, _ = await self._settle(conn, items, claims, rows, locked, now)
                 if plan is None:
                     raise RuntimeError("a plan on locked balances did not hold")
