@@ -120,23 +120,3 @@ async def test_a_cancelled_submitter_does_not_cancel_the_batch() -> None:
     assert await kept == 20
     await batcher.close()
     assert rec.batches == [[1, 2]] and rec.running == 0
-
-
-async def test_lanes_never_share_what_their_batches_hold() -> None:
-    """With ``holds``, a lane leaves for later an item sharing an account with a
-    batch in flight, and any item sharing one with an item so left (arrival
-    order per account); the others form its batch."""
-    holds = {1: "a", 2: "a", 3: "ab", 4: "b", 5: "c", 6: "a"}
-    rec = Recorder()
-    rec.release.clear()
-    batcher = Batcher(rec.run, max_items=100, lanes=2, holds=lambda i: set(holds[i]))
-    first = [asyncio.create_task(batcher.submit(i)) for i in (1, 2)]
-    await asyncio.sleep(0.01)
-    later = [asyncio.create_task(batcher.submit(i)) for i in (3, 4, 5, 6)]
-    await asyncio.sleep(0.01)
-    # 3 waits for the batch holding "a", 4 behind 3 (both "b"), 6 for "a".
-    assert rec.batches == [[1, 2], [5]] and rec.running == 2
-    rec.release.set()
-    assert await asyncio.gather(*first, *later) == [10, 20, 30, 40, 50, 60]
-    assert rec.batches[2:] == [[3, 4, 6]]
-    await batcher.close()

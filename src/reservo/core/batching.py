@@ -13,7 +13,7 @@ it joined still runs to its end and commits or rolls back as a whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeAlias, TypeVar
 
 import asyncpg
@@ -57,35 +57,25 @@ class Batcher(Generic[I, R]):
     process idle); each lane still groups what arrived while it was busy.
 
     ``run`` gets the items in arrival order and returns one ``Outcome`` per item.
-    If ``run`` itself raises, every item of that batch raises it.
-
-    ``holds(item)``, if given, names what the item's batch will lock (accounts):
-    a lane then leaves for later an item that shares one with a batch in flight
-    in another lane, or with an item left earlier (so items on one account keep
-    their arrival order). Two lanes of a process then never queue on each
-    other's row locks; such an item would only wait there, holding up the rest
-    of its batch, until the other batch committed."""
+    If ``run`` itself raises, every item of that batch raises it."""
 
     def __init__(
         self,
         run: Callable[[list[I]], Awaitable[Sequence[Outcome[R]]]],
         max_items: int = 128,
         lanes: int = LANES,
-        holds: Callable[[I], Collection[Hashable]] | None = None,
     ) -> None:
         if max_items < 1 or lanes < 1:
             raise ValueError("max_items and lanes must be >= 1")
-        self._run, self.max_items, self.lanes, self._holds = run, max_items, lanes, holds
+        self._run, self.max_items, self.lanes = run, max_items, lanes
         self._pending: list[tuple[I, asyncio.Future[R]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        # What the batches in flight hold (``holds``).
-        self._held: set[Hashable] = set()
 
     async def submit(self, item: I) -> R:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # items left behind by a loop that stopped
-            self._loop, self._pending, self._tasks, self._held = loop, [], set(), set()
+            self._loop, self._pending, self._tasks = loop, [], set()
         future: asyncio.Future[R] = loop.create_future()
         self._pending.append((item, future))
         self._tasks = {t for t in self._tasks if not t.done()}
@@ -102,64 +92,36 @@ class Batcher(Generic[I, R]):
         if running:
             await asyncio.shield(asyncio.gather(*running))
 
-    def _take(self) -> tuple[list[tuple[I, asyncio.Future[R]]], set[Hashable]]:
-        """The next batch, in arrival order, and what it holds (``holds``)."""
-        if self._holds is None:
-            batch = self._pending[: self.max_items]
-            del self._pending[: self.max_items]
-            return batch, set()
-        batch, left = [], []
-        held: set[Hashable] = set()
-        blocked = set(self._held)
-        for entry in self._pending:
-            wants = self._holds(entry[0])
-            if len(batch) < self.max_items and blocked.isdisjoint(wants):
-                batch.append(entry)
-                held.update(wants)
-            else:
-                left.append(entry)
-                blocked.update(wants)
-        self._pending = left
-        self._held |= held
-        return batch, held
-
     async def _drain(self) -> None:
         # One loop turn: the requests parsed in the same turn join the first batch.
         await asyncio.sleep(0)
         while self._pending:
-            batch, held = self._take()
-            if not batch:  # all left for the lanes in flight, which take them next
-                return
+            batch = self._pending[: self.max_items]
+            del self._pending[: self.max_items]
+            items = [item for item, _ in batch]
             try:
-                await self._answer(batch)
-            finally:
-                self._held -= held
-
-    async def _answer(self, batch: list[tuple[I, asyncio.Future[R]]]) -> None:
-        items = [item for item, _ in batch]
-        try:
-            outcomes = await self._run(items)
-        except Exception as exc:  # a bug, not a refusal: every submitter raises it
-            log.exception("batch_failed", items=len(items), error=repr(exc))
-            outcomes = [exc] * len(items)
-        except BaseException:
-            # The loop is stopping: nobody may be left waiting for an answer.
-            for _, future in [*batch, *self._pending]:
-                future.cancel()
-            self._pending = []
-            raise
-        again: list[tuple[I, asyncio.Future[R]]] = []
-        for (item, future), outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, Again):
-                if not future.done():
-                    again.append((item, future))
-            elif future.done():  # its submitter was cancelled: nobody to tell
-                continue
-            elif isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
-        self._pending[:0] = again
+                outcomes = await self._run(items)
+            except Exception as exc:  # a bug, not a refusal: every submitter raises it
+                log.exception("batch_failed", items=len(items), error=repr(exc))
+                outcomes = [exc] * len(items)
+            except BaseException:
+                # The loop is stopping: nobody may be left waiting for an answer.
+                for _, future in [*batch, *self._pending]:
+                    future.cancel()
+                self._pending = []
+                raise
+            again: list[tuple[I, asyncio.Future[R]]] = []
+            for (item, future), outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, Again):
+                    if not future.done():
+                        again.append((item, future))
+                elif future.done():  # its submitter was cancelled: nobody to tell
+                    continue
+                elif isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+            self._pending[:0] = again
 
 
 # A deadlock or serialization failure rolls a whole batch back; it is run again

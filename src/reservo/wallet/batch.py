@@ -100,10 +100,7 @@ class TransferBatch:
         render: Callable[[Transfer], Any],
     ) -> None:
         self.db, self.clock, self.idempotency, self.render = db, clock, idempotency, render
-        # Lanes of one process never share an account (they would queue on its lock).
-        self._batcher: Batcher[TransferRequest, Answer] = Batcher(
-            self._run, holds=lambda item: (item.source, item.target)
-        )
+        self._batcher: Batcher[TransferRequest, Answer] = Batcher(self._run)
         # How many transactions the batches ran (tests read it).
         self.transactions = 0
 
