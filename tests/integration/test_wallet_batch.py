@@ -285,17 +285,16 @@ async def test_a_batch_rolled_back_as_a_whole_is_run_again(
 
 
 class _MovedMeanwhile(TransferBatch):
-    """A batch before whose first settle other transfers commit: the balances it
+    """A batch before whose locks other transfers commit: the balances it
     planned on are no longer the ones it locks."""
 
-    settles = 0
+    locks = 0
     meanwhile: Any = None
 
-    async def _settle(self, *args: Any) -> Any:
-        self.settles += 1
-        if self.settles == 1:
-            await self.meanwhile()
-        return await super()._settle(*args)
+    async def _lock(self, *args: Any) -> Any:
+        self.locks += 1
+        await self.meanwhile()
+        return await super()._lock(*args)
 
 
 async def test_a_balance_moved_between_plan_and_lock_is_decided_on_the_locked_one(
@@ -330,7 +329,7 @@ async def test_a_balance_moved_between_plan_and_lock_is_decided_on_the_locked_on
         batch.submit(_request(fed, sink, fed_owner, 60, keys[1])),  # planned 409
         return_exceptions=True,
     )
-    assert batch.settles == 2 and batch.transactions == 1
+    assert batch.locks == 1 and batch.transactions == 1  # planned again, not split
     refused, made = results
     assert isinstance(refused, DomainError) and refused.code == "insufficient_funds"
     assert isinstance(made, Answer) and made.status == 201

@@ -17,15 +17,15 @@ queue on):
    Each funds check bounds its source's balance at the start of the batch from
    below (passed) or above (refused): any balances within the bounds give the
    same decisions;
-5. one statement (``settle_transfers``) locks the accounts (ascending ids, the
-   order ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with
-   stakes, deposits or payouts) and, if every locked balance is within its
-   bounds, writes balances, transfers, entries and every stored response; if a
-   batch that committed meanwhile moved one out of them, nothing is written and
-   the plan is made again on the locked balances (held now) and settled; COMMIT.
+5. lock the accounts (``lock_balances``: ascending ids, the order
+   ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with stakes,
+   deposits or payouts); if a batch that committed meanwhile moved a balance out
+   of its bounds, plan again on the locked balances (held now);
+6. write balances, transfers, entries and every stored response in one
+   statement (``write_transfers``); COMMIT.
 
-So an account is locked only from that statement to the commit, not across
-the claim, the planning and three more round trips as before.
+So an account is locked for two statements and the commit, not across the
+claim, the planning and four statements as before.
 
 The answers, their statuses and bodies are those of the one-request flow. The
 batch runs detached from the requests: a client cut off mid-flight no longer
@@ -150,36 +150,38 @@ class TransferBatch:
             )
             claims = take_claims(allowed, answers, outcomes, _replayed)
             guessed = {i: r["balance"] for i, r in rows.items()}
-            plan, locked = await self._settle(conn, items, claims, rows, guessed, now)
-            if plan is None:
+            plan = _plan(items, claims, rows, guessed)
+            ids = await repo.transfer_ids(conn, len(plan.moves))
+            # The locks, as late as they can be: from here to the commit.
+            locked = await self._lock(conn, plan)
+            if not _holds(plan, locked):
                 # A batch that committed since the read moved a balance out of the
-                # range the plan holds for. This one now holds the locks of every
-                # account a plan of these claims can touch: plan again on the
-                # locked balances, which the second settle finds unmoved.
+                # range the plan holds for: plan again on the locked balances
+                # (every account a plan of these claims can touch is locked).
                 log.info(f"{EVENT}_replanned", items=len(items))
-                plan, _ = await self._settle(conn, items, claims, rows, locked, now)
-                if plan is None:
-                    raise RuntimeError("a plan on locked balances did not hold")
-        for n, answer in plan.items():
+                plan = _plan(items, claims, rows, locked)
+                ids = await repo.transfer_ids(conn, len(plan.moves))
+            decided, transfers, stored = self._answers(items, claims, plan, ids, now)
+            await repo.write_transfers(
+                conn, locked, plan.accounts, transfers, now, ENDPOINT, stored
+            )
+        for n, answer in decided.items():
             outcomes[n] = answer
         return outcomes
 
-    async def _settle(
+    async def _lock(self, conn: asyncpg.Connection, plan: _Plan) -> dict[int, int]:
+        return await repo.lock_balances(conn, [a.id for a in plan.accounts])
+
+    def _answers(
         self,
-        conn: asyncpg.Connection,
         items: list[TransferRequest],
         claims: dict[int, Claim],
-        rows: dict[int, repo.Row],
-        balances: dict[int, int],
+        plan: _Plan,
+        ids: list[int],
         now: datetime,
-    ) -> tuple[dict[int, Outcome[Answer]] | None, dict[int, int]]:
-        """Plan the claimed transfers on ``balances`` and write them with their
-        stored answers, in one statement that takes the account locks. Returns
-        the outcomes by item, or None when the locked balances differ from
-        ``balances`` so that a funds check would decide otherwise (nothing
-        written); and the locked balances."""
-        plan = _plan(items, claims, rows, balances)
-        ids = await repo.transfer_ids(conn, len(plan.moves))
+    ) -> tuple[dict[int, Outcome[Answer]], list[repo.PlannedTransfer], list[repo.StoredAnswer]]:
+        """The plan's outcomes by item, its transfers with their ids, and the
+        answers to store for their keys."""
         decided: dict[int, Outcome[Answer]] = {}
         stored: list[repo.StoredAnswer] = []
         transfers: list[repo.PlannedTransfer] = []
@@ -204,8 +206,18 @@ class TransferBatch:
         for n, err in plan.refusals:
             decided[n] = err
             stored.append(_stored(claims[n], err.status, err.problem()))
-        settled = await repo.settle_transfers(conn, plan.accounts, transfers, now, ENDPOINT, stored)
-        return (decided if settled.held else None), settled.balances
+        return decided, transfers, stored
+
+
+def _holds(plan: _Plan, locked: dict[int, int]) -> bool:
+    """Whether every funds check of ``plan`` decides the same on ``locked``."""
+    for a in plan.accounts:
+        balance = locked.get(a.id)
+        if balance is None:
+            return False
+        if (a.lo is not None and balance < a.lo) or (a.hi is not None and balance >= a.hi):
+            return False
+    return True
 
 
 def _stored(claim: Claim, status: int, body: Any) -> repo.StoredAnswer:

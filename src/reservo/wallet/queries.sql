@@ -76,62 +76,51 @@ SELECT id, owner_id, currency, kind, balance FROM wallet_account WHERE id = ANY(
 -- sequence does).
 SELECT nextval('wallet_transfer_id_seq') AS id FROM generate_series(1, $1::int);
 
--- name: settle_transfers
--- A batch of customer transfers planned on unlocked balances (wallet/batch.py),
--- in one statement: lock the accounts (ascending ids, as lock_accounts), and
--- only if every locked balance lies in the range ($2 <= balance < $3, NULL: no
--- bound) for which the plan's every funds check decides as planned, add each
--- account's delta ($4), write the transfers with their ids and entries in the
--- batch's order (entry ids follow it; balance_after = the locked balance plus
--- the account's running offset), and store every key's answer. The account
--- locks are thus held only from this statement to the commit. Returns the
--- locked balances and whether the plan held; when it did not, nothing was
--- written and the caller replans on those balances (it holds their locks).
--- The answers are idem_complete_many's update (core/queries.sql), folded in
--- to save a round trip under the locks.
-WITH bounds AS (
-    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[])
-                  AS b(id, lo, hi, delta)
-), locked AS MATERIALIZED (
-    SELECT id, balance FROM wallet_account WHERE id = ANY($1::bigint[])
-     ORDER BY id
-       FOR NO KEY UPDATE
-), plan AS MATERIALIZED (
-    SELECT count(*) = cardinality($1::bigint[])
-           AND coalesce(bool_and((b.lo IS NULL OR l.balance >= b.lo)
-                                 AND (b.hi IS NULL OR l.balance < b.hi)), true) AS holds
-      FROM locked l JOIN bounds b ON b.id = l.id
-), balances AS (
-    UPDATE wallet_account a SET balance = a.balance + b.delta
-      FROM bounds b
-     WHERE a.id = b.id AND b.delta <> 0 AND (SELECT holds FROM plan)
+-- name: lock_balances
+-- The balances of a planned batch's accounts, locked (ascending ids, as
+-- lock_accounts; NO KEY UPDATE: only balances change). Its own statement: the
+-- write that follows then reads the rows after the locks, never an older
+-- version (one statement locking and updating the same rows under concurrent
+-- commits wrote a balance computed from a version older than the one it
+-- locked and checked, in testing).
+SELECT id, balance FROM wallet_account WHERE id = ANY($1::bigint[])
+ ORDER BY id
+   FOR NO KEY UPDATE;
+
+-- name: write_transfers
+-- A planned batch of customer transfers on the balances lock_balances returned
+-- (wallet/batch.py): each account's new balance written once, each transfer
+-- with its id and two entries in the batch's order (entry ids follow it, so an
+-- account's newest entry holds its balance), and every key's stored answer.
+-- The answers are idem_complete_many's update (core/queries.sql), folded in to
+-- save a round trip while the accounts are locked.
+WITH balances AS (
+    UPDATE wallet_account a SET balance = b.balance
+      FROM unnest($1::bigint[], $2::bigint[]) AS b(id, balance)
+     WHERE a.id = b.id
 ), items AS (
-    SELECT * FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[],
-                         $9::bigint[], $10::bigint[]) WITH ORDINALITY
-                  AS i(id, source, target, amount, source_offset, target_offset, ord)
-     WHERE (SELECT holds FROM plan)
+    SELECT * FROM unnest($3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+                         $7::bigint[], $8::bigint[]) WITH ORDINALITY
+                  AS i(id, source, target, amount, source_after, target_after, ord)
 ), t AS (
     INSERT INTO wallet_transfer (id, kind, reference, from_account_id, to_account_id, amount, created_at)
-    SELECT id, 'TRANSFER', NULL, source, target, amount, $11 FROM items ORDER BY ord
+    SELECT id, 'TRANSFER', NULL, source, target, amount, $9 FROM items ORDER BY ord
 ), e AS (
     INSERT INTO wallet_entry (account_id, transfer_id, amount, balance_after, kind, reference, created_at)
-    SELECT account_id, transfer_id, amount, balance_after, 'TRANSFER', NULL, $11
-      FROM (SELECT i.source AS account_id, i.id AS transfer_id, -i.amount AS amount,
-                   s.balance + i.source_offset AS balance_after, i.ord, 0 AS side
-              FROM items i JOIN locked s ON s.id = i.source
+    SELECT account_id, transfer_id, amount, balance_after, 'TRANSFER', NULL, $9
+      FROM (SELECT source AS account_id, id AS transfer_id, -amount AS amount,
+                   source_after AS balance_after, ord, 0 AS side FROM items
             UNION ALL
-            SELECT i.target, i.id, i.amount, t.balance + i.target_offset, i.ord, 1
-              FROM items i JOIN locked t ON t.id = i.target) AS sides
+            SELECT target, id, amount, target_after, ord, 1 FROM items) AS sides
      ORDER BY ord, side
 ), answers AS (
     UPDATE idempotency_key k
        SET status = 'DONE', locked_until = NULL, response_status = v.status,
            response_body = v.body::json
-      FROM unnest($13::text[], $14::text[], $15::int[], $16::text[]) AS v(caller, key, status, body)
-     WHERE k.caller = v.caller AND k.endpoint = $12 AND k.key = v.key
-       AND (SELECT holds FROM plan)
+      FROM unnest($11::text[], $12::text[], $13::int[], $14::text[]) AS v(caller, key, status, body)
+     WHERE k.caller = v.caller AND k.endpoint = $10 AND k.key = v.key
 )
-SELECT l.id, l.balance, (SELECT holds FROM plan) AS holds FROM locked l;
+SELECT count(*)::int AS transfers FROM items;
 
 -- name: pay_many
 -- A chunk of payouts/refunds from one house sub-account, applied in one

@@ -62,37 +62,33 @@ async def transfer_ids(conn: asyncpg.Connection, count: int) -> list[int]:
     return [r["id"] for r in await conn.fetch(Q.transfer_ids, count)] if count else []
 
 
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """What ``settle_transfers`` found: whether the plan held (and was written),
-    and every account's locked balance before the batch."""
-
-    held: bool
-    balances: dict[int, int]
+async def lock_balances(conn: asyncpg.Connection, ids: Sequence[int]) -> dict[int, int]:
+    """The accounts' balances, locked until the commit."""
+    return {r["id"]: r["balance"] for r in await conn.fetch(Q.lock_balances, list(ids))}
 
 
-async def settle_transfers(
+async def write_transfers(
     conn: asyncpg.Connection,
+    locked: dict[int, int],
     accounts: Sequence[AccountBounds],
     transfers: Sequence[PlannedTransfer],
     now: datetime,
     endpoint: str,
     answers: Sequence[StoredAnswer],
-) -> Settled:
-    """Lock ``accounts`` and, if every balance lies in its bounds, apply the
-    deltas, write ``transfers`` and store ``answers`` (queries.sql)."""
-    rows = await conn.fetch(
-        Q.settle_transfers,
-        [a.id for a in accounts],
-        [a.lo for a in accounts],
-        [a.hi for a in accounts],
-        [a.delta for a in accounts],
+) -> None:
+    """On the ``locked`` balances (``lock_balances``): add each account's delta,
+    write the ``transfers`` with their entries and store the ``answers``."""
+    moved = [a for a in accounts if a.delta]
+    await conn.execute(
+        Q.write_transfers,
+        [a.id for a in moved],
+        [locked[a.id] + a.delta for a in moved],
         [t.id for t in transfers],
         [t.source for t in transfers],
         [t.target for t in transfers],
         [t.amount for t in transfers],
-        [t.source_offset for t in transfers],
-        [t.target_offset for t in transfers],
+        [locked[t.source] + t.source_offset for t in transfers],
+        [locked[t.target] + t.target_offset for t in transfers],
         now,
         endpoint,
         [a.caller for a in answers],
@@ -100,9 +96,6 @@ async def settle_transfers(
         [a.status for a in answers],
         [a.body for a in answers],
     )
-    # No account to lock (only refusals that need no balance): the plan holds.
-    held = rows[0]["holds"] if rows else not accounts
-    return Settled(held, {r["id"]: r["balance"] for r in rows})
 
 
 @dataclass(frozen=True, slots=True)
