@@ -67,7 +67,7 @@ SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at F
 -- name: read_accounts
 -- The batch's accounts without a lock (wallet/batch.py): owner, currency and
 -- kind never change, and the balances are only the guess the batch plans on;
--- settle_transfers checks the plan against the locked balances.
+-- lock_balances gives the balances the plan is checked against.
 SELECT id, owner_id, currency, kind, balance FROM wallet_account WHERE id = ANY($1::bigint[]);
 
 -- name: transfer_ids
