@@ -18,6 +18,7 @@ from reservo.bootstrap import Container
 from reservo.core.auth import Principal
 from reservo.core.batching import Outcome
 from reservo.core.clock import SystemClock
+from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore, request_hash
 from reservo.wallet.api import render_transfer
 from reservo.wallet.batch import Answer, TransferBatch, TransferRequest
@@ -281,3 +282,126 @@ async def test_a_batch_rolled_back_as_a_whole_is_run_again(
     assert batch.failed and batch.transactions == 2
     assert [a.status for a in answers] == [201] * 3
     assert await _ledger_holds(db, [source, target]) == {source: 70, target: 30}
+
+
+class _MovedMeanwhile(TransferBatch):
+    """A batch before whose locks other transfers commit: the balances it
+    planned on are no longer the ones it locks."""
+
+    locks = 0
+    meanwhile: Any = None
+
+    async def _lock(self, *args: Any) -> Any:
+        self.locks += 1
+        await self.meanwhile()
+        return await super()._lock(*args)
+
+
+async def test_a_balance_moved_between_plan_and_lock_is_decided_on_the_locked_one(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """The batch plans on balances read without a lock; transfers committed
+    before it locks change them so that its funds checks decide otherwise. It
+    answers what the rules give on the balances it locked: the debit that no
+    longer fits is refused, the one that now fits is made."""
+    spent, spent_owner = await make_account(client, 100)
+    fed, fed_owner = await make_account(client, 10)
+    feeder, feeder_owner = await make_account(client, 90)
+    sink, _ = await make_account(client, 0)
+
+    async def meanwhile() -> None:
+        for source, owner, target, amount in (
+            (spent, spent_owner, sink, 50),
+            (feeder, feeder_owner, fed, 90),
+        ):
+            r = await client.post(
+                "/api/transfers",
+                json={"fromAccountId": source, "toAccountId": target, "amount": amount},
+                headers={**auth("bettor", owner), "Idempotency-Key": str(uuid.uuid4())},
+            )
+            assert r.status_code == 201, r.text
+
+    batch = _MovedMeanwhile(container.db, container.clock, container.idempotency, render_transfer)
+    batch.meanwhile = meanwhile
+    keys = [f"moved-{uuid.uuid4()}" for _ in range(2)]
+    results = await asyncio.gather(
+        batch.submit(_request(spent, sink, spent_owner, 80, keys[0])),  # planned 201
+        batch.submit(_request(fed, sink, fed_owner, 60, keys[1])),  # planned 409
+        return_exceptions=True,
+    )
+    assert batch.locks == 1 and batch.transactions == 1  # planned again, not split
+    refused, made = results
+    assert isinstance(refused, DomainError) and refused.code == "insufficient_funds"
+    assert isinstance(made, Answer) and made.status == 201
+    stored = dict(
+        await db.fetch("SELECT key, response_status FROM idempotency_key WHERE key = ANY($1)", keys)
+    )
+    assert stored == {keys[0]: 409, keys[1]: 201}
+    assert await _ledger_holds(db, [spent, fed, feeder, sink]) == {
+        spent: 50,
+        fed: 40,
+        feeder: 0,
+        sink: 110,
+    }
+
+
+async def test_racing_processes_keep_the_bank_and_every_answer_true(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """Two processes' batchers (as two API workers) and many clients released at
+    once on a few accounts with little money, so batches meet on their locks and
+    plan on balances the other moved: money is conserved, no balance goes
+    negative, every ledger is exact, and every stored answer is what happened
+    (a 201 names its transfer, a 409 moved nothing)."""
+    clock = container.clock
+    batches = [
+        container.module(Wallet).transfers,
+        TransferBatch(container.db, clock, container.idempotency, render_transfer),
+    ]
+    accounts = [await make_account(client, 100) for _ in range(6)]
+    gate = asyncio.Event()
+    calls: list[tuple[str, int, int, int]] = []
+    for i in range(240):
+        (source, _), (target, _) = accounts[i % 6], accounts[(i * 7 + 1) % 6]
+        if source != target:
+            calls.append((f"race-{uuid.uuid4()}", source, target, 15 + i % 40))
+
+    async def one(n: int, key: str, source: int, target: int, amount: int) -> Any:
+        await gate.wait()
+        owner = dict(accounts)[source]
+        request = _request(source, target, owner, amount, key)
+        try:
+            return await batches[n % 2].submit(request)
+        except DomainError as err:
+            return err
+
+    tasks = [asyncio.create_task(one(n, *c)) for n, c in enumerate(calls)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    await batches[1].close()
+    made = [r for r in results if isinstance(r, Answer)]
+    refused = [r for r in results if isinstance(r, DomainError)]
+    assert made and refused  # the race really decided both ways
+    assert {r.status for r in made} == {201}
+    assert {r.code for r in refused} == {"insufficient_funds"}
+    ids = [a for a, _ in accounts]
+    balances = await _ledger_holds(db, ids)
+    assert sum(balances.values()) == 600 and min(balances.values()) >= 0
+    stored = dict(
+        await db.fetch(
+            "SELECT key, response_status FROM idempotency_key WHERE key = ANY($1)",
+            [c[0] for c in calls],
+        )
+    )
+    for (key, source, target, amount), result in zip(calls, results, strict=True):
+        assert stored[key] == (201 if isinstance(result, Answer) else 409)
+        if isinstance(result, Answer):
+            row = await db.fetchrow(
+                "SELECT from_account_id, to_account_id, amount FROM wallet_transfer WHERE id = $1",
+                result.body["id"],
+            )
+            assert tuple(row) == (source, target, amount)
+    assert await db.fetchval(
+        "SELECT count(*) FROM wallet_transfer WHERE from_account_id = ANY($1)", ids
+    ) == len(made)

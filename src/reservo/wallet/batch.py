@@ -1,20 +1,31 @@
 """POST /api/transfers as a group commit: many transfers, one transaction.
 
 The requests a process receives while its previous batch runs form the next
-batch (``core.batching``); a batch runs in ONE transaction, set-based:
+batch (``core.batching``); a batch runs in ONE transaction, set-based, and
+takes its account locks as late as it can (they are what concurrent batches
+queue on):
 
-1. lock every account of the batch in one ``lock_accounts`` (ascending ids, the
-   order ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with
-   stakes, deposits or payouts);
+1. read the batch's accounts without a lock (``read_accounts``: owner, currency
+   and kind never change; the balances are a guess);
 2. per request, in arrival order, the checks run before the key is claimed
    today: the source exists and the caller may act for it (404 / 403, not stored);
 3. claim every remaining key in one statement (``claim_many``): a known key
    replays its stored response or is 422, a claim in flight elsewhere is 409;
-4. apply the transfers in arrival order in Python with the domain's rules on
-   the locked balances; a refusal (404 target, 422 same account, 403 system
-   account, 409 currency or funds) is that request's alone, stored for its key;
-5. write balances, transfers and entries in one statement, and every stored
-   response in one more; COMMIT.
+4. plan the transfers in arrival order in Python with the domain's rules on the
+   guessed balances; a refusal (404 target, 422 same account, 403 system
+   account, 409 currency or funds) is that request's alone, stored for its key.
+   Each funds check bounds its source's balance at the start of the batch from
+   below (passed) or above (refused): any balances within the bounds give the
+   same decisions;
+5. lock the accounts (``lock_balances``: ascending ids, the order
+   ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with stakes,
+   deposits or payouts); if a batch that committed meanwhile moved a balance out
+   of its bounds, plan again on the locked balances (held now);
+6. write balances, transfers, entries and every stored response in one
+   statement (``write_transfers``); COMMIT.
+
+So an account is locked for two statements and the commit, not across the
+claim, the planning and four statements as before.
 
 The answers, their statuses and bodies are those of the one-request flow. The
 batch runs detached from the requests: a client cut off mid-flight no longer
@@ -27,9 +38,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+import asyncpg
 import orjson
+import structlog
 
 from reservo.core.auth import Principal
 from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key, take_claims
@@ -43,6 +57,8 @@ from reservo.wallet.service import _not_found, _ref
 
 ENDPOINT = "POST /api/transfers"
 EVENT = "transfer_batch"
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +122,12 @@ class TransferBatch:
         now = self.clock.now()
         outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
         async with self.db.transaction() as conn:
-            locked = await repo.lock_accounts(
+            # No lock yet: owner, currency and kind never change, and the
+            # balances are only what the plan guesses (settle checks it).
+            read = await repo.read_accounts(
                 conn, [i for item in items for i in (item.source, item.target)]
             )
-            rows = {r["id"]: r for r in locked}
+            rows = {r["id"]: r for r in read}
             # Before the key, as the one-request flow: the source exists and the
             # caller may act for it (refusals not stored: who may not act learns
             # nothing from a retry).
@@ -130,66 +148,149 @@ class TransferBatch:
                 [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed],
                 now,
             )
-            # In arrival order: the transfers apply in the order they came.
             claims = take_claims(allowed, answers, outcomes, _replayed)
-            balances = {i: r["balance"] for i, r in rows.items()}
-            moves: list[tuple[int, TransferRequest, int, int]] = []
-            stored: list[tuple[int, Claim, int, Any]] = []
-            for n, claim in claims.items():
-                item = items[n]
-                try:
-                    source_after, target_after = _apply(item, rows, balances)
-                except DomainError as err:
-                    outcomes[n] = err
-                    stored.append((n, claim, err.status, err.problem()))
-                    continue
-                moves.append((n, item, source_after, target_after))
-            ids = await repo.apply_transfers(
-                conn,
-                [m[1].source for m in moves],
-                [m[1].target for m in moves],
-                [m[1].amount for m in moves],
-                [m[2] for m in moves],
-                [m[3] for m in moves],
-                {i: b for i, b in balances.items() if b != rows[i]["balance"]},
-                now,
+            guessed = {i: r["balance"] for i, r in rows.items()}
+            plan = _plan(items, claims, rows, guessed)
+            ids = await repo.transfer_ids(conn, len(plan.moves))
+            # The locks, as late as they can be: from here to the commit.
+            locked = await self._lock(conn, plan)
+            if not _holds(plan, locked):
+                # A batch that committed since the read moved a balance out of the
+                # range the plan holds for: plan again on the locked balances
+                # (every account a plan of these claims can touch is locked).
+                log.info(f"{EVENT}_replanned", items=len(items))
+                plan = _plan(items, claims, rows, locked)
+                ids = await repo.transfer_ids(conn, len(plan.moves))
+            decided, transfers, stored = self._answers(items, claims, plan, ids, now)
+            await repo.write_transfers(
+                conn, locked, plan.accounts, transfers, now, ENDPOINT, stored
             )
-            for (n, item, _, _), transfer_id in zip(moves, ids, strict=True):
-                transfer = Transfer(
-                    transfer_id, "TRANSFER", None, item.source, item.target, item.amount, now
-                )
-                body = self.render(transfer)
-                outcomes[n] = Answer(201, body)
-                stored.append((n, claims[n], 201, body))
-            await self.idempotency.complete_many(
-                conn,
-                ENDPOINT,
-                [s[1] for s in stored],
-                [s[2] for s in stored],
-                [orjson.dumps(s[3]) for s in stored],
-            )
+        for n, answer in decided.items():
+            outcomes[n] = answer
         return outcomes
 
+    async def _lock(self, conn: asyncpg.Connection, plan: _Plan) -> dict[int, int]:
+        return await repo.lock_balances(conn, [a.id for a in plan.accounts])
 
-def _apply(
-    item: TransferRequest, rows: dict[int, repo.Row], balances: dict[int, int]
-) -> tuple[int, int]:
-    """``transfer_in_tx``'s checks and movement on the batch's locked balances:
-    the balances of source and target after it (raises the refusal)."""
+    def _answers(
+        self,
+        items: list[TransferRequest],
+        claims: dict[int, Claim],
+        plan: _Plan,
+        ids: list[int],
+        now: datetime,
+    ) -> tuple[dict[int, Outcome[Answer]], list[repo.PlannedTransfer], list[repo.StoredAnswer]]:
+        """The plan's outcomes by item, its transfers with their ids, and the
+        answers to store for their keys."""
+        decided: dict[int, Outcome[Answer]] = {}
+        stored: list[repo.StoredAnswer] = []
+        transfers: list[repo.PlannedTransfer] = []
+        for (n, item, source_offset, target_offset), transfer_id in zip(
+            plan.moves, ids, strict=True
+        ):
+            transfers.append(
+                repo.PlannedTransfer(
+                    transfer_id,
+                    item.source,
+                    item.target,
+                    item.amount,
+                    source_offset,
+                    target_offset,
+                )
+            )
+            body = self.render(
+                Transfer(transfer_id, "TRANSFER", None, item.source, item.target, item.amount, now)
+            )
+            decided[n] = Answer(201, body)
+            stored.append(_stored(claims[n], 201, body))
+        for n, err in plan.refusals:
+            decided[n] = err
+            stored.append(_stored(claims[n], err.status, err.problem()))
+        return decided, transfers, stored
+
+
+def _holds(plan: _Plan, locked: dict[int, int]) -> bool:
+    """Whether every funds check of ``plan`` decides the same on ``locked``."""
+    for a in plan.accounts:
+        balance = locked.get(a.id)
+        if balance is None:
+            return False
+        if (a.lo is not None and balance < a.lo) or (a.hi is not None and balance >= a.hi):
+            return False
+    return True
+
+
+def _stored(claim: Claim, status: int, body: Any) -> repo.StoredAnswer:
+    return repo.StoredAnswer(claim.caller, claim.key, status, orjson.dumps(body).decode())
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The claimed transfers decided on some balances: the accounts with the
+    range of balances for which every decision stays the same, the transfers
+    (item index, item, source and target offsets after it) and the refusals."""
+
+    accounts: list[repo.AccountBounds]
+    moves: list[tuple[int, TransferRequest, int, int]]
+    refusals: list[tuple[int, DomainError]]
+
+
+def _plan(
+    items: list[TransferRequest],
+    claims: dict[int, Claim],
+    rows: dict[int, repo.Row],
+    balances: dict[int, int],
+) -> _Plan:
+    """``transfer_in_tx``'s checks and movements, in arrival order, on
+    ``balances``. A funds check passes iff the source's balance at the start
+    of the batch is at least the amount minus what the batch already moved in
+    or out of it (its offset): each check bounds the start balance from below
+    (passed) or above (refused), and any start balances inside all the bounds
+    give these same decisions."""
+    offsets: dict[int, int] = {}
+    lo: dict[int, int] = {}
+    hi: dict[int, int] = {}
+    moves: list[tuple[int, TransferRequest, int, int]] = []
+    refusals: list[tuple[int, DomainError]] = []
+    for n in claims:  # in arrival order: the transfers apply in the order they came
+        item = items[n]
+        try:
+            _check(item, rows)
+        except DomainError as err:
+            refusals.append((n, err))
+            continue
+        source, target = item.source, item.target
+        offsets.setdefault(source, 0)
+        offsets.setdefault(target, 0)
+        needed = item.amount - offsets[source]  # the start balance this debit needs
+        if balances[source] < needed:
+            hi[source] = min(hi.get(source, needed), needed)
+            # Names only the source, the caller's own account (the target may be anybody's).
+            currency = rows[source]["currency"]
+            refusals.append(
+                (
+                    n,
+                    DomainError(
+                        "insufficient_funds",
+                        f"account {source} does not hold {item.amount} {currency}",
+                    ),
+                )
+            )
+            continue
+        lo[source] = max(lo.get(source, needed), needed)
+        offsets[source] -= item.amount
+        offsets[target] += item.amount
+        moves.append((n, item, offsets[source], offsets[target]))
+    accounts = [repo.AccountBounds(a, lo.get(a), hi.get(a), offsets[a]) for a in sorted(offsets)]
+    return _Plan(accounts, moves, refusals)
+
+
+def _check(item: TransferRequest, rows: dict[int, repo.Row]) -> None:
+    """The checks of ``transfer_in_tx`` no balance decides (raises the refusal)."""
     target = rows.get(item.target)
     if target is None:
         raise _not_found(item.target)
-    source = rows[item.source]
     try:
-        domain.check_transfer("TRANSFER", _ref(source), _ref(target), item.amount)
+        domain.check_transfer("TRANSFER", _ref(rows[item.source]), _ref(target), item.amount)
     except domain.TransferRefused as exc:
         raise DomainError(exc.code, exc.detail) from None
-    if balances[item.source] < item.amount:
-        # Names only the source, the caller's own account (the target may be anybody's).
-        raise DomainError(
-            "insufficient_funds",
-            f"account {item.source} does not hold {item.amount} {source['currency']}",
-        )
-    balances[item.source] -= item.amount
-    balances[item.target] += item.amount
-    return balances[item.source], balances[item.target]

@@ -64,34 +64,63 @@ WITH allowed AS (
 )
 SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at FROM t;
 
--- name: apply_transfers
--- A batch of customer transfers (wallet/batch.py), checked in Python on the
--- rows the batch locked (lock_accounts): each account's new balance written
--- once, and each transfer with its two entries, in the batch's order (entry ids
--- follow it, so an account's newest entry holds its balance). Returns the
--- transfer ids, in that order.
-WITH items AS MATERIALIZED (
-    SELECT nextval('wallet_transfer_id_seq') AS id, i.*
-      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[])
-           WITH ORDINALITY AS i(source, target, amount, source_after, target_after, ord)
-     ORDER BY i.ord
-), balances AS (
+-- name: read_accounts
+-- The batch's accounts without a lock (wallet/batch.py): owner, currency and
+-- kind never change, and the balances are only the guess the batch plans on;
+-- lock_balances gives the balances the plan is checked against.
+SELECT id, owner_id, currency, kind, balance FROM wallet_account WHERE id = ANY($1::bigint[]);
+
+-- name: transfer_ids
+-- Ids for a batch's transfers, taken before any lock so the stored answers can
+-- be rendered with them (a batch that refuses or rolls back leaves gaps, as any
+-- sequence does).
+SELECT nextval('wallet_transfer_id_seq') AS id FROM generate_series(1, $1::int);
+
+-- name: lock_balances
+-- The balances of a planned batch's accounts, locked (ascending ids, as
+-- lock_accounts; NO KEY UPDATE: only balances change). Its own statement: the
+-- write that follows then reads the rows after the locks, never an older
+-- version (one statement locking and updating the same rows under concurrent
+-- commits wrote a balance computed from a version older than the one it
+-- locked and checked, in testing).
+SELECT id, balance FROM wallet_account WHERE id = ANY($1::bigint[])
+ ORDER BY id
+   FOR NO KEY UPDATE;
+
+-- name: write_transfers
+-- A planned batch of customer transfers on the balances lock_balances returned
+-- (wallet/batch.py): each account's new balance written once, each transfer
+-- with its id and two entries in the batch's order (entry ids follow it, so an
+-- account's newest entry holds its balance), and every key's stored answer.
+-- The answers are idem_complete_many's update (core/queries.sql), folded in to
+-- save a round trip while the accounts are locked.
+WITH balances AS (
     UPDATE wallet_account a SET balance = b.balance
-      FROM unnest($6::bigint[], $7::bigint[]) AS b(id, balance)
+      FROM unnest($1::bigint[], $2::bigint[]) AS b(id, balance)
      WHERE a.id = b.id
+), items AS (
+    SELECT * FROM unnest($3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+                         $7::bigint[], $8::bigint[]) WITH ORDINALITY
+                  AS i(id, source, target, amount, source_after, target_after, ord)
 ), t AS (
     INSERT INTO wallet_transfer (id, kind, reference, from_account_id, to_account_id, amount, created_at)
-    SELECT id, 'TRANSFER', NULL, source, target, amount, $8 FROM items ORDER BY ord
+    SELECT id, 'TRANSFER', NULL, source, target, amount, $9 FROM items ORDER BY ord
 ), e AS (
     INSERT INTO wallet_entry (account_id, transfer_id, amount, balance_after, kind, reference, created_at)
-    SELECT account_id, transfer_id, amount, balance_after, 'TRANSFER', NULL, $8
+    SELECT account_id, transfer_id, amount, balance_after, 'TRANSFER', NULL, $9
       FROM (SELECT source AS account_id, id AS transfer_id, -amount AS amount,
                    source_after AS balance_after, ord, 0 AS side FROM items
             UNION ALL
             SELECT target, id, amount, target_after, ord, 1 FROM items) AS sides
      ORDER BY ord, side
+), answers AS (
+    UPDATE idempotency_key k
+       SET status = 'DONE', locked_until = NULL, response_status = v.status,
+           response_body = v.body::json
+      FROM unnest($11::text[], $12::text[], $13::int[], $14::text[]) AS v(caller, key, status, body)
+     WHERE k.caller = v.caller AND k.endpoint = $10 AND k.key = v.key
 )
-SELECT id FROM items ORDER BY ord;
+SELECT count(*)::int AS transfers FROM items;
 
 -- name: pay_many
 -- A chunk of payouts/refunds from one house sub-account, applied in one

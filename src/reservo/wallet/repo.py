@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeAlias
 
@@ -53,31 +54,83 @@ async def apply_transfer(
     return await conn.fetchrow(Q.apply_transfer, source, target, amount, kind, reference, now)
 
 
-async def apply_transfers(
+async def read_accounts(conn: asyncpg.Connection, ids: Sequence[int]) -> list[Row]:
+    return list(await conn.fetch(Q.read_accounts, list(set(ids))))
+
+
+async def transfer_ids(conn: asyncpg.Connection, count: int) -> list[int]:
+    return [r["id"] for r in await conn.fetch(Q.transfer_ids, count)] if count else []
+
+
+async def lock_balances(conn: asyncpg.Connection, ids: Sequence[int]) -> dict[int, int]:
+    """The accounts' balances, locked until the commit."""
+    return {r["id"]: r["balance"] for r in await conn.fetch(Q.lock_balances, list(ids))}
+
+
+async def write_transfers(
     conn: asyncpg.Connection,
-    sources: list[int],
-    targets: list[int],
-    amounts: list[int],
-    sources_after: list[int],
-    targets_after: list[int],
-    balances: dict[int, int],
+    locked: dict[int, int],
+    accounts: Sequence[AccountBounds],
+    transfers: Sequence[PlannedTransfer],
     now: datetime,
-) -> list[int]:
-    """The transfer ids, in the order given (none written for no transfer)."""
-    if not sources:
-        return []
-    rows = await conn.fetch(
-        Q.apply_transfers,
-        sources,
-        targets,
-        amounts,
-        sources_after,
-        targets_after,
-        list(balances),
-        list(balances.values()),
+    endpoint: str,
+    answers: Sequence[StoredAnswer],
+) -> None:
+    """On the ``locked`` balances (``lock_balances``): add each account's delta,
+    write the ``transfers`` with their entries and store the ``answers``."""
+    moved = [a for a in accounts if a.delta]
+    await conn.execute(
+        Q.write_transfers,
+        [a.id for a in moved],
+        [locked[a.id] + a.delta for a in moved],
+        [t.id for t in transfers],
+        [t.source for t in transfers],
+        [t.target for t in transfers],
+        [t.amount for t in transfers],
+        [locked[t.source] + t.source_offset for t in transfers],
+        [locked[t.target] + t.target_offset for t in transfers],
         now,
+        endpoint,
+        [a.caller for a in answers],
+        [a.key for a in answers],
+        [a.status for a in answers],
+        [a.body for a in answers],
     )
-    return [r["id"] for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class AccountBounds:
+    """An account of a planned batch: the range of its balance (lo <= balance <
+    hi, None: unbounded) in which every funds check decides as planned, and the
+    batch's net change of it."""
+
+    id: int
+    lo: int | None
+    hi: int | None
+    delta: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTransfer:
+    """A transfer of a planned batch; the offsets are its accounts' running
+    change within the batch right after it (balance_after = balance + offset)."""
+
+    id: int
+    source: int
+    target: int
+    amount: int
+    source_offset: int
+    target_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAnswer:
+    """The response stored for a claimed key (body: serialised JSON)."""
+
+    caller: str
+    key: str
+    status: int
+    body: str
 
 
 async def pay_many(
