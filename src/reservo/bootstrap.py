@@ -157,7 +157,6 @@ class Container(Shared):
 
     async def close(self) -> None:
         await self.db.close()
-        await self.cache.close()
         await self.redis.aclose()
         await self.scheduler.close()
         for m in self.modules:

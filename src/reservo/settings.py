@@ -137,15 +137,10 @@ class Settings(BaseSettings):
     # The Redis life of a slot list read from a replica (which may lag behind a
     # change whose drop already ran).
     appointments_slots_cache_ttl_s: int = 3
-    # Per-API-process copy of a slot list in front of Redis (0 turns it off). It
-    # lives as long as the Redis entry it was read from while the process hears
-    # the other processes' changes (Redis pub/sub); when it cannot (starting,
-    # disconnected) only this long: how long another process may keep showing a
-    # list after a booking changed it. Never longer than the Redis entry.
+    # Per-API-process copy of a slot list in front of Redis (0 turns it off): how
+    # long another process may keep showing a list after a booking changed it.
+    # Never longer than the Redis entry it was read from.
     appointments_slots_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
-    # At most this many lists per API process (the oldest go first); a day of
-    # 40 slots is ~6 KB, so the default holds up to ~50 MB.
-    appointments_slots_local_max_entries: int = Field(default=8192, ge=1, le=1_000_000)
     appointments_full_mark_ttl_s: int = 30
     appointments_max_schedule_days: int = 92
     # The booking window: a slot opens at this local time (the doctor's zone) of

@@ -9,7 +9,7 @@ Each test that reaches Redis runs on a single Redis and on a Redis Cluster."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,7 +18,6 @@ import asyncpg
 import httpx
 import orjson
 import pytest
-import redis.asyncio
 
 from reservo.app import create_app
 from reservo.appointments.service import _slots_key
@@ -29,7 +28,6 @@ from reservo.core.transport.base import Event
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN, book, key, make_doctor, make_slots
-from tests.redis_cluster import RedisTarget
 
 pytestmark = pytest.mark.redis_cluster
 
@@ -82,38 +80,16 @@ async def test_postgres_writes_the_wire_form_byte_for_byte(
 
 
 @asynccontextmanager
-async def _process(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
-    """Another API process: its own container (own per-process caches and its own
-    subscription to the changes), same PostgreSQL and Redis."""
+async def _second_process(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """Another API process: its own container (own per-process caches), same
+    PostgreSQL and Redis."""
     container = build(settings, OffsetClock())
     try:
         transport = httpx.ASGITransport(app=create_app(container))
         async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
-            yield c, container
+            yield c
     finally:
         await container.close()
-
-
-@asynccontextmanager
-async def _second_process(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    async with _process(settings) as (client, _):
-        yield client
-
-
-async def _until(condition: Callable[[], bool], within_s: float) -> float:
-    """Seconds until ``condition()`` held; fails past ``within_s``."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    while not condition():
-        assert loop.time() - started < within_s, f"not within {within_s} s"
-        await asyncio.sleep(0.01)
-    return loop.time() - started
-
-
-async def _ids(client: httpx.AsyncClient, url: str, day: str) -> list[int]:
-    r = await client.get(url, params={"date": day}, headers=ADMIN)
-    assert r.status_code == 200
-    return [s["id"] for s in r.json()]
 
 
 async def test_a_full_slot_leaves_another_process_list_within_the_local_ttl(
@@ -150,10 +126,8 @@ async def test_a_local_copy_never_outlives_the_redis_entry_it_came_from(
 ) -> None:
     doctor, slots = await make_slots(client, capacity=1)
     day = slots[0]["startAt"][:10]
-    # The feed vouches for copies (they may live as long as their Redis entry)...
-    await _until(lambda: container.cache.changes.live(1.0), 5.0)
-    # ...but Redis holds the list for 0.3 s more: a copy taken now must go with
-    # it, even though the per-process TTL (1 s) is longer.
+    # Redis holds the list for 0.3 s more: a copy taken now must go with it,
+    # even though the per-process TTL (1 s) is longer.
     k = _slots_key(doctor, datetime.fromisoformat(day).date())
     await container.cache.set_bytes(k, b"[]", 0.3)
     svc = container.appointments
@@ -327,117 +301,3 @@ async def test_the_outbox_consumer_drops_what_a_dead_request_left_cached(
     )
     await container.appointments.slot_lists_changed(event)
     assert (await container.cache.get_versioned(k))[0] is None
-
-
-# -- copies kept until another process's change reaches them -------------------
-
-
-async def test_a_booking_in_one_process_reaches_the_other_process_copy_by_message(
-    client: httpx.AsyncClient, base_settings: Settings
-) -> None:
-    # The fallback life is 30 s: only the message can explain a fresh read.
-    settings = base_settings.model_copy(update={"appointments_slots_local_ttl_s": 30.0})
-    doctor, slots = await make_slots(client, capacity=1)
-    day, target = slots[0]["startAt"][:10], slots[0]["id"]
-    url = f"/api/doctors/{doctor}/slots"
-    async with _process(settings) as (other, container):
-        feed = container.cache.changes
-        assert target in await _ids(other, url, day)  # starts its subscription
-        await _until(lambda: feed.live(1.0), 5.0)
-        assert target in await _ids(other, url, day)
-        assert len(container.appointments._slot_lists) == 1  # its own copy now
-        assert (await book(client, target, new_id())).status_code == 201
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        while target in await _ids(other, url, day):
-            assert loop.time() - started < 0.5
-            await asyncio.sleep(0.01)
-
-
-async def test_while_the_feed_is_live_a_copy_lives_as_long_as_its_redis_entry(
-    client: httpx.AsyncClient, base_settings: Settings
-) -> None:
-    settings = base_settings.model_copy(update={"appointments_slots_local_ttl_s": 0.2})
-    doctor, slots = await make_slots(client, capacity=1)
-    day = datetime.fromisoformat(slots[0]["startAt"]).date()
-    async with _process(settings) as (_, container):
-        svc, feed = container.appointments, container.cache.changes
-        await svc.list_slots(doctor, day)
-        await _until(lambda: feed.live(0.2), 5.0)
-        svc._slot_lists.invalidate(_slots_key(doctor, day))
-        listed = await svc.list_slots(doctor, day)  # a fill under a live feed
-        # Redis changes with no bump (nothing published): the copy stays past the
-        # 0.2 s fallback life, as long as the Redis entry (60 s) would.
-        await container.cache.set_bytes(_slots_key(doctor, day), b"[]", 60)
-        await asyncio.sleep(0.5)
-        assert await svc.list_slots(doctor, day) == listed
-
-
-async def _kill(target: RedisTarget, container: Container) -> None:
-    """Close the feed's connection from the server side, as a Redis restart or a
-    network cut would."""
-    feed = container.cache.changes
-    if target.cluster:
-        cluster = container.redis
-        assert isinstance(cluster, redis.asyncio.RedisCluster)
-        node = cluster.get_node_from_key(feed.channel)
-        assert node is not None
-        admin = redis.asyncio.Redis(host=node.host, port=int(node.port))
-    else:
-        admin = redis.asyncio.Redis.from_url(target.url)
-    try:
-        mine = [c for c in await admin.client_list() if c["name"] == feed.name]
-        assert len(mine) == 1
-        await admin.client_kill_filter(_id=mine[0]["id"])
-    finally:
-        await admin.aclose()
-
-
-async def test_a_lost_subscription_clears_the_copies_and_falls_back_to_the_short_life(
-    client: httpx.AsyncClient, base_settings: Settings, redis_target: RedisTarget
-) -> None:
-    settings = base_settings.model_copy(update={"appointments_slots_local_ttl_s": 0.3})
-    doctor, slots = await make_slots(client, capacity=1)
-    day = datetime.fromisoformat(slots[0]["startAt"]).date()
-    k = _slots_key(doctor, day)
-    async with _process(settings) as (_, container):
-        svc, feed = container.appointments, container.cache.changes
-        await svc.list_slots(doctor, day)
-        await _until(lambda: feed.live(0.3), 5.0)
-        svc._slot_lists.invalidate(k)
-        listed = await svc.list_slots(doctor, day)  # a long-lived copy
-        feed.retry_s = 3.0  # stays unsubscribed for the checks below
-        epoch = feed.epoch
-        await _kill(redis_target, container)
-        await _until(lambda: feed.epoch != epoch, 2.0)
-        assert len(svc._slot_lists) == 0 and not feed.live(0.3)  # cleared at the loss
-        # Unsubscribed, a copy lives only the fallback life: a change nobody
-        # published shows once it is over.
-        assert await svc.list_slots(doctor, day) == listed
-        await container.cache.set_bytes(k, b"[]", 60)
-        assert await svc.list_slots(doctor, day) == listed  # the copy, for now
-        await asyncio.sleep(0.35)
-        assert await svc.list_slots(doctor, day) == b"[]"
-        # Subscribed again: everything kept meanwhile is cleared, however long
-        # it had left.
-        svc._slot_lists._store("kept-while-away", listed, 60, 60)
-        epoch = feed.epoch
-        await _until(lambda: feed.live(0.3), 6.0)
-        assert feed.epoch != epoch and len(svc._slot_lists) == 0
-
-
-async def test_the_copies_are_bounded_by_the_setting(
-    client: httpx.AsyncClient, base_settings: Settings
-) -> None:
-    settings = base_settings.model_copy(update={"appointments_slots_local_max_entries": 2})
-    doctor, slots = await make_slots(client, capacity=1)
-    first = datetime.fromisoformat(slots[0]["startAt"]).date()
-    days = [first + timedelta(days=n) for n in range(3)]
-    async with _process(settings) as (_, container):
-        svc = container.appointments
-        for d in days:
-            await svc.list_slots(doctor, d)
-        copies = svc._slot_lists
-        assert len(copies) == 2
-        assert copies.peek(_slots_key(doctor, days[0])) is None  # the oldest went
-        assert copies.peek(_slots_key(doctor, days[2])) is not None

@@ -59,13 +59,10 @@ class Limits:
     # A list read from a replica (which may lag behind a change already
     # invalidated) lives only this long in Redis.
     slots_cache_ttl_s: int = 3
-    # Per-process copy of a slot list in front of Redis (0: none). It lives as
-    # long as the Redis entry it came from while the process hears every other
-    # process's changes (Cache.changes); otherwise (not subscribed yet, or the
-    # subscription lost) only this long: how long another API process may keep
-    # showing a list after a booking changed it.
+    # Per-process copy of a slot list in front of Redis (0: none): how long
+    # another API process keeps showing it after a booking changed it.
     slots_local_ttl_s: float = 1.0
-    slots_local_max_entries: int = 8192
+    slots_local_max_entries: int = 4096
     full_mark_ttl_s: int = 30
     # How long Redis remembers that an Idempotency-Key reached the database: as
     # long as the database keeps the key itself.
@@ -137,9 +134,7 @@ class AppointmentService:
         self.limits = limits
         self.window = window
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
-        self._slot_lists = cache.local(
-            limits.slots_local_ttl_s, limits.slots_local_max_entries, watched=True
-        )
+        self._slot_lists = cache.local(limits.slots_local_ttl_s, limits.slots_local_max_entries)
         self._turns = Turns()
 
     # -- doctors and schedules -------------------------------------------------

@@ -38,7 +38,6 @@ def setup(shared: Shared) -> Appointments:
             slots_cache_life_s=s.appointments_slots_cache_life_s,
             slots_cache_ttl_s=s.appointments_slots_cache_ttl_s,
             slots_local_ttl_s=s.appointments_slots_local_ttl_s,
-            slots_local_max_entries=s.appointments_slots_local_max_entries,
             full_mark_ttl_s=s.appointments_full_mark_ttl_s,
             key_memory_s=s.idempotency_retention_hours * HOUR_S,
         ),

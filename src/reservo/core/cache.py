@@ -19,7 +19,6 @@ import structlog
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
-from reservo.core.changes import ChangeFeed
 from reservo.core.ratelimit import Decision, RateLimiter, decide, fail_open, rate_key
 from reservo.core.redis import Client, Command, RedisGate, ScriptCall, is_cluster, pipeline
 
@@ -89,29 +88,14 @@ class Cache:
         self._set_if_generation = gate.client.register_script(_SET_IF_GENERATION_LUA)
         self._bump = gate.client.register_script(_BUMP_LUA)
         self._locals: list[LocalCache[Any]] = []
-        # One hash tag: the channel lives on one shard of a cluster.
-        self.changes = ChangeFeed(gate.client, f"{{{namespace}:changes}}")
         self._gate_batches: dict[tuple[RateLimiter, int, int], GateBatch] = {}
 
-    def local(
-        self, ttl_s: float, max_entries: int = 4096, *, watched: bool = False
-    ) -> LocalCache[Any]:
-        """A per-process cache in front of these values: ``delete`` and ``bump``
-        of a key drop it from every such cache of this process too. A ``watched``
-        one also hears every process's ``bump`` (``changes``), so its copies may
-        live as long as the Redis entry they came from; ``ttl_s`` is then their
-        life whenever the feed cannot vouch for them."""
-        local: LocalCache[Any] = LocalCache(
-            ttl_s, max_entries, feed=self.changes if watched else None
-        )
+    def local(self, ttl_s: float, max_entries: int = 4096) -> LocalCache[Any]:
+        """A per-process cache in front of these values: ``delete`` of a key drops
+        it from every such cache too, so one invalidation covers both layers."""
+        local: LocalCache[Any] = LocalCache(ttl_s, max_entries)
         self._locals.append(local)
-        if watched:
-            self.changes.watch(local)
         return local
-
-    async def close(self) -> None:
-        """Stop listening to the changes (the client is closed by its owner)."""
-        await self.changes.close()
 
     def value_key(self, key: str) -> str:
         return f"{self.namespace}:cache:{key}"
@@ -219,11 +203,8 @@ class Cache:
 
     async def bump(self, *keys: str) -> bool:
         """A change to these values: drop them here, in this process's local
-        caches, make any fill begun before now unstorable, and tell the other
-        processes (one SPUBLISH on ``changes``' channel, in the same pipeline,
-        after the drops: a process that refills on hearing it reads the new
-        state). False when Redis did not take it all (the caller decides whether
-        to retry)."""
+        caches, and make any fill begun before now unstorable. False when Redis
+        did not take it (the caller decides whether to retry)."""
         for local in self._locals:
             for k in keys:
                 local.invalidate(k)
@@ -235,7 +216,6 @@ class Cache:
             )
             for k in keys
         ]
-        calls.append(("SPUBLISH", self.changes.channel, "\n".join(keys)))
 
         async def _run(client: Client) -> bool:
             await pipeline(client, calls)
@@ -426,17 +406,11 @@ class LocalCache(Generic[V]):
     - An entry lives ``ttl_s`` at most, and never longer than the life the fill
       reports (the remaining TTL of the Redis entry it came from), so a value is
       never older than the Redis TTL after its database read.
-    - With a ``feed`` (the other processes' changes), an entry lives the whole
-      life the fill reports, but only while the feed is live (it has handled
-      every change older than ``ttl_s``) and only if the fill began and ended
-      under the same subscription; otherwise the ``ttl_s`` rule applies. The
-      feed clears the cache whenever its subscription is lost or made again.
     - ``invalidate`` drops the entry now, and a fill already in flight for that
       key is not stored (its read may predate the change).
     - At most ``max_entries``: the oldest go first (expired ones go when read).
 
-    Without a feed, other processes see a change when their own entry expires
-    (``ttl_s``).
+    Other processes see a change when their own entry expires (``ttl_s``).
     """
 
     def __init__(
@@ -444,13 +418,11 @@ class LocalCache(Generic[V]):
         ttl_s: float,
         max_entries: int = 4096,
         clock: Callable[[], float] = time.monotonic,
-        feed: ChangeFeed | None = None,
     ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
-        self.ttl_s, self.max_entries, self._clock, self._feed = ttl_s, max_entries, clock, feed
-        # key -> (end of life while the feed is live, end of life otherwise, value)
-        self._entries: dict[str, tuple[float, float, V]] = {}
+        self.ttl_s, self.max_entries, self._clock = ttl_s, max_entries, clock
+        self._entries: dict[str, tuple[float, V]] = {}
         self._filling: dict[str, asyncio.Future[V]] = {}
         self._stale_fills: set[str] = set()
 
@@ -461,14 +433,10 @@ class LocalCache(Generic[V]):
         hit = self._entries.get(key)
         if hit is None:
             return None
-        now = self._clock()
-        if hit[1] > now:
-            return hit[2]
-        if hit[0] <= now:
+        if hit[0] <= self._clock():
             del self._entries[key]
-        elif self._feed is not None and self._feed.live(self.ttl_s):
-            return hit[2]
-        return None
+            return None
+        return hit[1]
 
     async def get(self, key: str, fill: Callable[[], Awaitable[tuple[V, float]]]) -> V:
         """The live entry, or the value ``fill()`` returns with its remaining life
@@ -481,12 +449,6 @@ class LocalCache(Generic[V]):
         pending = self._filling.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
-        feed = self._feed
-        epoch = None
-        if feed is not None:
-            feed.start()
-            if feed.live(self.ttl_s):
-                epoch = feed.epoch
         future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
         self._filling[key] = future
         try:
@@ -500,9 +462,7 @@ class LocalCache(Generic[V]):
             if key in self._stale_fills:
                 self._stale_fills.discard(key)
             elif life_s > 0:
-                short = min(self.ttl_s, life_s)
-                heard = feed is not None and epoch == feed.epoch
-                self._store(key, value, life_s if heard else short, short)
+                self._store(key, value, min(self.ttl_s, life_s))
             return value
         finally:
             self._filling.pop(key, None)
@@ -513,15 +473,10 @@ class LocalCache(Generic[V]):
         if key in self._filling:
             self._stale_fills.add(key)
 
-    def clear(self) -> None:
-        """Drop every entry (fills in flight are kept only for ``ttl_s``: their
-        feed epoch is gone)."""
-        self._entries.clear()
-
-    def _store(self, key: str, value: V, life_s: float, short_s: float) -> None:
+    def _store(self, key: str, value: V, life_s: float) -> None:
         now = self._clock()
         if key not in self._entries:
             while len(self._entries) >= self.max_entries:
                 del self._entries[next(iter(self._entries))]
         self._entries.pop(key, None)  # re-inserted last: the oldest stay first
-        self._entries[key] = (now + life_s, now + short_s, value)
+        self._entries[key] = (now + life_s, value)
