@@ -189,12 +189,39 @@ class IdempotencyStore:
         row = await conn.fetchrow(Q.idem_get, claim.caller, claim.endpoint, claim.key)
         if row is None:
             return None
+        return await self._answer_row(conn, claim, row, digest, now)
+
+    async def _answer_row(
+        self,
+        conn: asyncpg.Connection,
+        claim: Claim,
+        row: asyncpg.Record,
+        digest: bytes,
+        now: datetime,
+    ) -> Claim | Replay:
+        """What a stored key's row answers: its response, a take-over of a claim
+        whose request died, or 409/422 (raised)."""
         known = _stored_answer(row, digest, now)
         if known is not None:
             return known
         if await self._take_over(conn, claim, row["locked_until"], now):
             return claim
         raise in_progress()
+
+    async def _answer_or_error(
+        self,
+        conn: asyncpg.Connection,
+        claim: Claim,
+        row: asyncpg.Record,
+        digest: bytes,
+        now: datetime,
+    ) -> Claim | Replay | DomainError:
+        """``_answer_row`` for one key of a batch: its refusal is returned, not
+        raised (the other keys go on)."""
+        try:
+            return await self._answer_row(conn, claim, row, digest, now)
+        except DomainError as err:
+            return err
 
     async def _take_over(
         self, conn: asyncpg.Connection, claim: Claim, locked_until: datetime, now: datetime
@@ -239,15 +266,7 @@ class IdempotencyStore:
             elif row["status"] is None:
                 answers.append(None)
             else:
-                try:
-                    known = _stored_answer(row, w.digest, now)
-                    if known is None and not await self._take_over(
-                        conn, claim, row["locked_until"], now
-                    ):
-                        raise in_progress()
-                    answers.append(claim if known is None else known)
-                except DomainError as err:
-                    answers.append(err)
+                answers.append(await self._answer_or_error(conn, claim, row, w.digest, now))
         return answers
 
     async def known_many(
@@ -270,15 +289,7 @@ class IdempotencyStore:
                 answers.append(w)
                 continue
             claim = Claim(w.caller, endpoint, w.key)
-            try:
-                known = _stored_answer(row, w.digest, now)
-                if known is None and not await self._take_over(
-                    conn, claim, row["locked_until"], now
-                ):
-                    raise in_progress()
-                answers.append(claim if known is None else known)
-            except DomainError as err:
-                answers.append(err)
+            answers.append(await self._answer_or_error(conn, claim, row, w.digest, now))
         return answers
 
     async def store_many(
