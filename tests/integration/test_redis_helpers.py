@@ -405,8 +405,11 @@ def _failures() -> float:
     return total
 
 
-async def test_fail_open_when_nothing_listens(ns: str) -> None:
-    client = make_client(f"redis://127.0.0.1:{_free_port()}/0", TIMEOUT_S)
+@pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster"])
+async def test_fail_open_when_nothing_listens(ns: str, cluster: bool) -> None:
+    # A cluster client with no node to read the layout from raises
+    # RedisClusterUnreachableError (not a RedisError): still a fail-open default.
+    client = make_client(f"redis://127.0.0.1:{_free_port()}/0", TIMEOUT_S, cluster=cluster)
     try:
         gate = RedisGate(client, backoff_s=0.5)
         cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)

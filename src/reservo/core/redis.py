@@ -56,7 +56,13 @@ FAILURES: tuple[type[BaseException], ...] = (
 # redis-py's cluster client answers CLUSTERDOWN (a master failing over) by
 # closing all its connections, those other calls are using too: such a call
 # then fails inside redis-py with AttributeError (its socket writer is gone).
-CLUSTER_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, AttributeError)
+# And a cluster none of whose nodes answers (all down, or not up yet) raises
+# RedisClusterUnreachableError, which is not a RedisError.
+CLUSTER_FAILURES: tuple[type[BaseException], ...] = (
+    *FAILURES,
+    redis.exceptions.RedisClusterException,
+    AttributeError,
+)
 
 # Idle pooled connections are PINGed before reuse after this many seconds, so a
 # Redis restart shows up as a reconnect rather than a failed request.
@@ -157,7 +163,10 @@ async def _send(client: Client, commands: Sequence[Command]) -> list[Any]:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
         return "timeout"
-    if isinstance(exc, OSError | redis.exceptions.ConnectionError):
+    if isinstance(
+        exc,
+        OSError | redis.exceptions.ConnectionError | redis.exceptions.RedisClusterUnreachableError,
+    ):
         return "connection"
     return "error"
 
