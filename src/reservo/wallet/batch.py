@@ -53,7 +53,7 @@ from reservo.core.errors import DomainError
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted
 from reservo.wallet import domain, repo
 from reservo.wallet.domain import Transfer
-from reservo.wallet.service import _not_found, _ref
+from reservo.wallet.errors import account_not_found
 
 ENDPOINT = "POST /api/transfers"
 EVENT = "transfer_batch"
@@ -136,7 +136,7 @@ class TransferBatch:
                 source = rows.get(item.source)
                 try:
                     if source is None:
-                        raise _not_found(item.source)
+                        raise account_not_found(item.source)
                     domain.may_act_for(item.principal, source["owner_id"])
                 except DomainError as err:
                     outcomes[n] = err
@@ -289,8 +289,13 @@ def _check(item: TransferRequest, rows: dict[int, repo.Row]) -> None:
     """The checks of ``transfer_in_tx`` no balance decides (raises the refusal)."""
     target = rows.get(item.target)
     if target is None:
-        raise _not_found(item.target)
+        raise account_not_found(item.target)
     try:
-        domain.check_transfer("TRANSFER", _ref(rows[item.source]), _ref(target), item.amount)
+        domain.check_transfer(
+            "TRANSFER",
+            domain.AccountRef.from_row(rows[item.source]),
+            domain.AccountRef.from_row(target),
+            item.amount,
+        )
     except domain.TransferRefused as exc:
         raise DomainError(exc.code, exc.detail) from None

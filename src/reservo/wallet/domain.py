@@ -12,7 +12,7 @@ KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
 
 
 @dataclass(frozen=True)
-class AccountRef:
+class AccountRef(FromRow):
     id: int
     owner_id: int | None  # None for the system accounts (WORLD, HOUSE): nobody's
     currency: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from reservo.core.codes import by_status
+from reservo.core.errors import DomainError
 
 ERRORS = by_status(
     not_found=["account_not_found"],
@@ -24,3 +25,7 @@ CONSTRAINTS = {
         "a transfer of this kind with this reference already exists",
     ),
 }
+
+
+def account_not_found(account_id: int) -> DomainError:
+    return DomainError("account_not_found", f"no account {account_id}")

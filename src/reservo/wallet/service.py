@@ -18,6 +18,7 @@ from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.wallet import domain, repo
 from reservo.wallet.domain import Account, Entry, Transfer
+from reservo.wallet.errors import account_not_found
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,6 @@ class Payout:
     reference: str
     account_id: int
     amount: int
-
-
-def _ref(row: repo.Row) -> domain.AccountRef:
-    return domain.AccountRef(row["id"], row["owner_id"], row["currency"], row["kind"])
-
-
-def _not_found(account_id: int) -> DomainError:
-    return DomainError("account_not_found", f"no account {account_id}")
 
 
 async def transfer_in_tx(
@@ -52,9 +45,14 @@ async def transfer_in_tx(
     rows = {r["id"]: r for r in await repo.lock_accounts(conn, [source_id, target_id])}
     for account_id in (source_id, target_id):
         if account_id not in rows:
-            raise _not_found(account_id)
+            raise account_not_found(account_id)
     try:
-        domain.check_transfer(kind, _ref(rows[source_id]), _ref(rows[target_id]), amount)
+        domain.check_transfer(
+            kind,
+            domain.AccountRef.from_row(rows[source_id]),
+            domain.AccountRef.from_row(rows[target_id]),
+            amount,
+        )
     except domain.TransferRefused as exc:
         raise DomainError(exc.code, exc.detail) from None
     row = await repo.apply_transfer(conn, source_id, target_id, amount, kind, reference, now)
@@ -97,7 +95,7 @@ async def pay_many_in_tx(
     by_currency: dict[str, list[Payout]] = defaultdict(list)
     for p in items:
         if p.account_id not in currencies:
-            raise _not_found(p.account_id)
+            raise account_not_found(p.account_id)
         by_currency[currencies[p.account_id]].append(p)
     houses = {
         cur: await house_account_in_tx(conn, cur, shard % max(1, shards), shards, now)
@@ -138,7 +136,7 @@ class WalletService:
         async with self.db.connection() as conn:
             row = await repo.get_account(conn, account_id)
         if row is None:
-            raise _not_found(account_id)
+            raise account_not_found(account_id)
         return Account.from_row(row)
 
     async def deposit(
@@ -149,7 +147,7 @@ class WalletService:
         async with self.db.transaction() as conn:
             account = await repo.get_account(conn, account_id)
             if account is None or account["kind"] != "CUSTOMER":
-                raise _not_found(account_id)
+                raise account_not_found(account_id)
             world = await repo.system_account(conn, "WORLD", account["currency"], 0)
             if world is None:
                 await repo.ensure_system_accounts(conn, account["currency"], self.house_shards, now)
@@ -174,7 +172,7 @@ class WalletService:
         async with self.db.connection() as conn, conn.transaction(isolation="repeatable_read"):
             account = await repo.get_account(conn, account_id)
             if account is None:
-                raise _not_found(account_id)
+                raise account_not_found(account_id)
             rows = await repo.statement(conn, account_id, before, limit + 1)
         entries = [Entry.from_row(r) for r in rows[:limit]]
         next_before = entries[-1].id if len(rows) > limit else None
