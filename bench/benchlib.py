@@ -88,20 +88,37 @@ INSERT INTO doctor (name, timezone, specialty)
 SELECT 'Doctor ' || g, ($2::text[])[1 + g % array_length($2::text[], 1)], 'bench'
   FROM generate_series(1, $1) AS g
 """
-_LOAD_SLOTS = """
+_OPEN_SINCE = """,
+       '2000-01-01'::timestamptz  -- every slot open: the booking window is not measured here"""
+_HAS_OPENS_AT = """
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = 'time_slot'::regclass AND attname = 'opens_at')"""
+_LOAD_SLOTS = (
+    """
 INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at)
 SELECT d.id,
        ((day + time '08:00') + n * interval '15 minutes') AT TIME ZONE d.timezone,
        ((day + time '08:00') + (n + 1) * interval '15 minutes') AT TIME ZONE d.timezone,
-       1,
-       '2000-01-01'::timestamptz  -- every slot open: the booking window is not measured here
+       1"""
+    + _OPEN_SINCE
+    + """
   FROM doctor d
  CROSS JOIN generate_series($1::date, $2::date, interval '1 day') AS g(ts)
  CROSS JOIN LATERAL (SELECT g.ts::date AS day) AS d2
  CROSS JOIN generate_series(0, $3 - 1) AS n
  ORDER BY d.id, d2.day, n
 """
+)
 _TRANSIENT = ("appointment", "waitlist_entry", "idempotency_key", "outbox", "inbox", "notification")
+
+
+async def _existing(conn: asyncpg.Connection, tables: Sequence[str]) -> str:
+    """Those of ``tables`` the schema has, for TRUNCATE: an older version's code
+    (the "before" of a before/after pair) may predate some of them."""
+    have = await conn.fetch(
+        "SELECT t FROM unnest($1::text[]) t WHERE to_regclass(t) IS NOT NULL", tables
+    )
+    return ", ".join(r["t"] for r in have)
 
 
 async def connect(url: str | None = None) -> asyncpg.Connection:
@@ -142,11 +159,16 @@ async def ensure_dataset(doctors: int, days: int, per_day: int, fresh: bool) -> 
         ):
             return Dataset(doctors, days, per_day, meta["first_day"], meta["slots"], 0.0)
         started = time.perf_counter()
-        tables = ", ".join((*_TRANSIENT, "time_slot", "doctor_schedule", "doctor", "bench_meta"))
+        tables = await _existing(
+            conn, (*_TRANSIENT, "time_slot", "doctor_schedule", "doctor", "bench_meta")
+        )
         await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
         await conn.execute(_LOAD_DOCTORS, doctors, list(ZONES))
         last = tomorrow + timedelta(days=days - 1)
-        status = await conn.execute(_LOAD_SLOTS, tomorrow, last, per_day)
+        load = _LOAD_SLOTS
+        if not await conn.fetchval(_HAS_OPENS_AT):  # code older than the booking window
+            load = load.replace(", opens_at)", ")").replace(_OPEN_SINCE, "")
+        status = await conn.execute(load, tomorrow, last, per_day)
         slots = int(status.split()[-1])
         await conn.execute(
             "INSERT INTO bench_meta VALUES ($1, $2, $3, $4, $5)",
@@ -173,7 +195,7 @@ async def drop_database() -> None:
 
 async def reset_state(conn: asyncpg.Connection) -> None:
     """Forget every booking, key and event of earlier runs (the slots stay)."""
-    await conn.execute(f"TRUNCATE {', '.join(_TRANSIENT)}")
+    await conn.execute(f"TRUNCATE {await _existing(conn, _TRANSIENT)}")
     await conn.execute("UPDATE time_slot SET booked_count = 0 WHERE booked_count <> 0")
     clear_redis_namespace()
 

@@ -17,47 +17,12 @@ import time
 import uuid
 
 import asyncpg
+from accounts import seed
 
 from reservo.core.clock import SystemClock
 from reservo.core.db import Database
 from reservo.core.migrate import migrate
 from reservo.wallet.service import Payout, pay_many_in_tx, transfer_in_tx
-
-
-async def seed(url: str, accounts: int, balance: int) -> list[int]:
-    conn = await asyncpg.connect(url)
-    await conn.execute(
-        f"""INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
-            SELECT NULL::bigint, 'EUR', 'WORLD', 0, now()
-            UNION ALL SELECT NULL, 'EUR', 'HOUSE', g, now() FROM generate_series(0, 7) g;
-            INSERT INTO wallet_account (owner_id, currency, created_at)
-            SELECT 5000000 + g, 'EUR', now() FROM generate_series(1, {accounts}) g;"""
-    )
-    world = await conn.fetchval("SELECT id FROM wallet_account WHERE kind = 'WORLD'")
-    # Seed balances as real deposits (a transfer and two entries each).
-    await conn.execute(
-        f"""WITH t AS (
-              INSERT INTO wallet_transfer (kind, reference, from_account_id, to_account_id,
-                                           amount, created_at)
-              SELECT 'DEPOSIT', 'seed-' || id, {world}, id, {balance}, now()
-                FROM wallet_account WHERE kind = 'CUSTOMER'
-              RETURNING id, to_account_id, amount)
-            INSERT INTO wallet_entry (account_id, transfer_id, amount, balance_after, kind,
-                                      reference, created_at)
-            SELECT to_account_id, id, amount, amount, 'DEPOSIT', 'seed', now() FROM t
-            UNION ALL
-            SELECT {world}, id, -amount, -{balance}::bigint * (row_number() OVER (ORDER BY id)),
-                   'DEPOSIT', 'seed', now() FROM t;
-            UPDATE wallet_account SET balance = {balance} WHERE kind = 'CUSTOMER';
-            UPDATE wallet_account SET balance = -{balance}::bigint * {accounts}
-             WHERE id = {world};"""
-    )
-    await conn.execute("VACUUM ANALYZE")
-    ids = [
-        r["id"] for r in await conn.fetch("SELECT id FROM wallet_account WHERE kind = 'CUSTOMER'")
-    ]
-    await conn.close()
-    return ids
 
 
 async def payouts(url: str, ids: list[int], n: int, mode: str, concurrency: int = 32) -> float:

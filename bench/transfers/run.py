@@ -36,7 +36,7 @@ from typing import Any
 # A database of its own: other benchmarks truncate theirs.
 os.environ.setdefault("BENCH_DB", "reservo_bench_transfers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from payouts import seed
+from accounts import seed
 
 import benchlib
 from reservo.core.auth import mint_token
