@@ -49,6 +49,15 @@ DB_NAME = os.environ.get("BENCH_DB", "reservo_bench")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 NAMESPACE = "bench"
 JWT_SECRET = "bench-secret-not-for-production-0123456789"
+PAY_SECRET = "bench-payments-secret-not-for-production-0123456789"
+RESULTS_SECRET = "bench-results-secret-not-for-production-0123456789"
+# Every secret a reservo process refuses to start without (settings.SECRETS).
+SECRET_SETTINGS = {
+    "jwt_secret": JWT_SECRET,
+    "payments_webhook_secret": PAY_SECRET,
+    "results_webhook_secret": RESULTS_SECRET,
+}
+SECRETS_ENV = {f"RESERVO_{name.upper()}": value for name, value in SECRET_SETTINGS.items()}
 # A few time zones, so slot expansion and day bounds are not all UTC.
 ZONES = ("Europe/Paris", "America/New_York", "Asia/Ho_Chi_Minh", "UTC")
 
@@ -262,7 +271,7 @@ class Reservo:
             "RESERVO_DATABASE_URL": db_url(),
             "RESERVO_REDIS_URL": REDIS_URL,
             "RESERVO_REDIS_NAMESPACE": NAMESPACE,
-            "RESERVO_JWT_SECRET": JWT_SECRET,
+            **SECRETS_ENV,
             "RESERVO_LOG_LEVEL": "WARNING",
             **(extra_env or {}),
         }

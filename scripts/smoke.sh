@@ -19,8 +19,9 @@ for _ in $(seq 1 120); do
   sleep 1
 done
 curl -fsS "$base/readyz"; echo
-admin=$("$venv/bin/reservo" token --role admin --sub 1)
-patient=$("$venv/bin/reservo" token --role patient --sub 4242)
+# Signed with the throwaway secret the demo generated in its data folder.
+admin=$(RESERVO_DATA_DIR="$data" "$venv/bin/reservo" token --role admin --sub 1)
+patient=$(RESERVO_DATA_DIR="$data" "$venv/bin/reservo" token --role patient --sub 4242)
 day=$(date -u -d '+2 days' +%F)
 slot=$(curl -fsS -H "Authorization: Bearer $admin" "$base/api/doctors/1/slots?date=$day" \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["id"])')

@@ -11,11 +11,10 @@ import orjson
 
 from reservo.core.auth import sign_webhook
 from reservo.core.clock import Clock, OffsetClock
-from tests.conftest import auth, new_id
+from tests.conftest import RESULTS_SECRET, auth, new_id
 
 ADMIN = auth("admin", 1)
 SERVICE = auth("service", 1)
-RESULTS_SECRET = "results-secret"
 ODDS = {
     "1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"},
     "TOTALS_2_5": {"OVER": "1.95", "UNDER": "1.85"},

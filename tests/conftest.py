@@ -30,7 +30,10 @@ from reservo.core.migrate import migrate
 from reservo.settings import Settings
 from tests.redis_cluster import LocalCluster, RedisTarget
 
+# Throwaway secrets of this test run (a deployment must set its own: settings.py).
 JWT_SECRET = "test-secret-for-reservo-tests-0123456789"
+PAY_SECRET = "test-payments-webhook-secret-0123456789"
+RESULTS_SECRET = "test-results-webhook-secret-0123456789"
 CLUSTER_ENV = "RESERVO_TEST_REDIS_CLUSTER"
 
 
@@ -142,8 +145,8 @@ def base_settings(database_url: str, redis_target: RedisTarget) -> Settings:
         redis_url=redis_target.url,
         redis_cluster=redis_target.cluster,
         jwt_secret=JWT_SECRET,
-        payments_webhook_secret="pay-secret",
-        results_webhook_secret="results-secret",
+        payments_webhook_secret=PAY_SECRET,
+        results_webhook_secret=RESULTS_SECRET,
         # Never a default: the suite pays holds on the sandbox page and executes
         # refunds, so it chooses the sandbox gateway explicitly.
         rentals_payment_gateway="sandbox",

@@ -26,7 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import JWT_SECRET, NAMESPACE, PG_ADMIN_URL, REDIS_URL, db_url
+from benchlib import JWT_SECRET, NAMESPACE, PG_ADMIN_URL, REDIS_URL, SECRET_SETTINGS, db_url
 from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.core.auth import mint_token
@@ -132,7 +132,7 @@ async def time_pages(db: str, requests: int) -> None:
         database_url=db_url(db),
         redis_url=REDIS_URL,
         redis_namespace=f"{NAMESPACE}:console",
-        jwt_secret=JWT_SECRET,
+        **SECRET_SETTINGS,
         log_json=False,
     )
     container = build(settings)

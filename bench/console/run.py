@@ -23,7 +23,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import JWT_SECRET, NAMESPACE, REDIS_URL, db_url
+from benchlib import JWT_SECRET, NAMESPACE, REDIS_URL, SECRET_SETTINGS, db_url
 from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.console.setup import Console
@@ -63,7 +63,7 @@ async def main(db: str, requests: int, samples: int) -> None:
         database_url=db_url(db),
         redis_url=REDIS_URL,
         redis_namespace=f"{NAMESPACE}:console",
-        jwt_secret=JWT_SECRET,
+        **SECRET_SETTINGS,
         log_json=False,
     )
     container = build(settings)

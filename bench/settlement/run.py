@@ -34,7 +34,12 @@ from reservo.core.auth import mint_token, sign_webhook
 from reservo.core.migrate import migrate
 from reservo.settings import Settings
 
-SECRET = "bench-results-secret"
+SECRET = "bench-results-secret-not-for-production-0123456789"
+# The other secrets a reservo process refuses to start without (never used here).
+OTHER_SECRETS = {
+    "jwt_secret": "bench-jwt-secret-not-for-production-0123456789",
+    "payments_webhook_secret": "bench-payments-secret-not-for-production-0123456789",
+}
 
 
 def backends(db: str) -> list[psutil.Process]:
@@ -215,6 +220,7 @@ async def main() -> None:
         "RESERVO_REDIS_URL": args.redis,
         "RESERVO_REDIS_NAMESPACE": name,
         "RESERVO_RESULTS_WEBHOOK_SECRET": SECRET,
+        **{f"RESERVO_{name.upper()}": value for name, value in OTHER_SECRETS.items()},
         "RESERVO_BETTING_SETTLE_CHUNK": str(args.chunk),
         "RESERVO_BETTING_SETTLE_PARALLEL": str(args.parallel),
         "RESERVO_BETTING_RESEND_INTERVAL_S": "0.05",
@@ -229,7 +235,11 @@ async def main() -> None:
     proc = psutil.Process(worker.pid)
     await asyncio.sleep(3)
     settings = Settings(
-        database_url=url, redis_url=args.redis, results_webhook_secret=SECRET, redis_namespace=name
+        database_url=url,
+        redis_url=args.redis,
+        results_webhook_secret=SECRET,
+        redis_namespace=name,
+        **OTHER_SECRETS,
     )
     container = build(settings)
     app = create_app(container)

@@ -41,7 +41,7 @@ from reservo.rentals import setup as rentals
 from reservo.rentals.gateway import PaymentGateway
 from reservo.rentals.service import RentalService
 from reservo.scheduler import setup as scheduler
-from reservo.settings import Settings
+from reservo.settings import SECRETS, Settings, SettingsError, check_secrets
 from reservo.shared import Shared, consumer_from_settings
 from reservo.wallet import setup as wallet
 from reservo.wallet.events import PayoutConsumer
@@ -186,10 +186,11 @@ class Container(Shared):
 def build_shared(settings: Settings, clock: Clock, *, announce: bool = True) -> Shared:
     """The parts every module is built from."""
     if not settings.database_url or not settings.redis_url:
-        raise RuntimeError(
+        raise SettingsError(
             "RESERVO_DATABASE_URL and RESERVO_REDIS_URL must be set "
             "(`reservo up` starts embedded ones when they are not)"
         )
+    check_secrets(settings)
     db = Database(
         settings.database_url,
         min_size=settings.db_pool_min,
@@ -281,9 +282,13 @@ def _declared() -> Container:
     """A container built from the defaults, read without a deployment at hand
     (``reservo worker --help``). Building dials nothing (pools and clients connect
     on first use), so the addresses below are never used."""
+    secrets: dict[str, Any] = {
+        name: f"{name}-read-only-never-served-0123456789" for name in SECRETS
+    }
     settings = Settings.model_construct(
         database_url="postgresql://declared-roles.invalid/reservo",
         redis_url="redis://declared-roles.invalid:6379/0",
+        **secrets,
     )
     return build(settings, announce=False)
 

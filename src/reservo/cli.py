@@ -12,15 +12,16 @@ import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 import uvicorn
+from pydantic import ValidationError
 from rich.console import Console
 
 from reservo.bootstrap import ALL, BACKGROUND_ROLES, declared_consumers
 from reservo.core.logging import configure as configure_logging
-from reservo.settings import Settings
+from reservo.settings import Settings, SettingsError, check_secrets, env_name
 
 app = typer.Typer(
     help="reservo: never double-book, never double-spend, never lose an event.",
@@ -34,8 +35,30 @@ console = Console(stderr=True)
 UP_ROLES = (ALL,)
 
 
-def _settings() -> Settings:
-    settings = Settings()
+def _refuse(message: str) -> NoReturn:
+    """A setting that stops the start: one line naming it, exit 2, no traceback."""
+    console.print(f"reservo: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _read_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = env_name(str(error["loc"][0])) if error["loc"] else "RESERVO_* settings"
+        _refuse(f"{where}: {error['msg']}")
+
+
+def _settings(*, secrets: bool = True) -> Settings:
+    """The environment's settings, refused in one line when a secret the service
+    trusts is missing or weak (``secrets`` False: the demo fills them first)."""
+    settings = _read_settings()
+    if secrets:
+        try:
+            check_secrets(settings)
+        except SettingsError as exc:
+            _refuse(str(exc))
     configure_logging(settings.log_level, settings.log_json)
     return settings
 
@@ -45,9 +68,9 @@ def db_migrate() -> None:
     """Apply pending migrations (safe to run from several processes at once)."""
     from reservo.core.migrate import migrate
 
-    settings = _settings()
+    settings = _settings(secrets=False)
     if not settings.database_url:
-        raise typer.BadParameter("set RESERVO_DATABASE_URL")
+        _refuse("RESERVO_DATABASE_URL is not set")
     applied = asyncio.run(migrate(settings.database_url))
     console.print(
         f"applied {len(applied)} migration(s): "
@@ -63,15 +86,22 @@ def token(
     sub: Annotated[int, typer.Option(help="the caller's numeric user id")],
     ttl: Annotated[int, typer.Option(help="lifetime in seconds")] = 3600,
 ) -> None:
-    """Print a bearer token signed with RESERVO_JWT_SECRET."""
+    """Print a bearer token signed with RESERVO_JWT_SECRET (or, where that is not
+    set, with the throwaway secret a `reservo up --demo` in this directory made)."""
     from reservo.core.auth import mint_token
     from reservo.core.clock import SystemClock
+    from reservo.demo import SECRETS_FILE, saved_demo_secret
 
-    settings = Settings()
+    settings = _read_settings()
+    secret = settings.jwt_secret
+    if not secret:
+        data_dir = Path(settings.data_dir).resolve()
+        secret = saved_demo_secret(data_dir, "jwt_secret") or ""
+        if not secret:
+            _refuse("RESERVO_JWT_SECRET is not set (and no `reservo up --demo` ran here)")
+        console.print(f"signed with the demo's throwaway secret ({data_dir / SECRETS_FILE})")
     try:
-        typer.echo(
-            mint_token(settings.jwt_secret, role, sub, timedelta(seconds=ttl), SystemClock().now())
-        )
+        typer.echo(mint_token(secret, role, sub, timedelta(seconds=ttl), SystemClock().now()))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
 
@@ -84,6 +114,8 @@ def api(
 ) -> None:
     """Serve the HTTP API (PostgreSQL and Redis URLs from the environment)."""
     settings = _settings()
+    if not settings.database_url or not settings.redis_url:
+        _refuse("RESERVO_DATABASE_URL and RESERVO_REDIS_URL must be set for `reservo api`")
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="reservo-metrics-")
     uvicorn.run(
@@ -118,7 +150,10 @@ def worker(
     wanted = [r.strip() for r in roles.split(",") if r.strip()]
 
     async def main() -> None:
-        container = build(settings)
+        try:
+            container = build(settings)
+        except SettingsError as exc:
+            _refuse(str(exc))
         try:
             container.resolve_roles(wanted)
         except ValueError as exc:
@@ -164,13 +199,24 @@ def up(
     migrations, the API and every worker. Ctrl-C stops it all cleanly."""
     from reservo.core.embedded import EmbeddedPostgres, EmbeddedRedis
 
-    settings = _settings()
+    settings = _settings(secrets=not demo)
     if port is not None:
         settings = settings.model_copy(update={"http_port": port})
     if demo:
-        from reservo.demo import settings_for_demo
+        from reservo.demo import settings_for_demo, with_demo_secrets
 
-        settings = settings_for_demo(settings)
+        settings, generated = with_demo_secrets(settings_for_demo(settings))
+        try:
+            check_secrets(settings)  # the ones the environment set are still checked
+        except SettingsError as exc:
+            _refuse(str(exc))
+        if generated:
+            console.print(
+                f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
+                f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
+                "never use them in production[/yellow]",
+                soft_wrap=True,
+            )
     data_dir = Path(settings.data_dir).resolve()
     with contextlib.ExitStack() as stack:
         if not settings.database_url:
@@ -220,8 +266,6 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     if demo:
         ids = await demo_data.load(container)
         console.print(f"demo data: doctors {ids} with 14 days of slots")
-    if settings.jwt_secret == Settings.model_fields["jwt_secret"].default:
-        console.print("[yellow]warning: RESERVO_JWT_SECRET is the demo default[/yellow]")
     server = _Server(
         uvicorn.Config(
             create_app(container, owns_container=False),

@@ -5,12 +5,16 @@ so a hold can be paid by hand, and a few upcoming matches to bet on."""
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
 
 from reservo.appointments.domain import ScheduleRule
 from reservo.bootstrap import Container
 from reservo.core.errors import DomainError
-from reservo.settings import Settings
+from reservo.settings import SECRETS, Settings, env_name
 
 DOCTORS = [
     ("Dr. Ana Souza", "America/Sao_Paulo", "cardiology", 1),
@@ -50,10 +54,51 @@ DEMO_ODDS = {
 }
 
 
+# Where `reservo up --demo` keeps the throwaway secrets it generated, so a restart
+# keeps earlier tokens valid and `reservo token` signs with the same one.
+SECRETS_FILE = "demo-secrets.json"
+
+
+def demo_secrets(data_dir: Path) -> dict[str, str]:
+    """The throwaway secrets of the demo in ``data_dir`` (made on first use)."""
+    path = data_dir / SECRETS_FILE
+    kept: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    made = {name: kept.get(name) or secrets.token_urlsafe(48) for name in SECRETS}
+    if made != kept:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # Written 0600 before the secrets go in: other users of the machine must
+        # not sign tokens with them.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(made, f)
+    return made
+
+
+def saved_demo_secret(data_dir: Path, name: str) -> str | None:
+    """The demo's throwaway ``name`` secret if a demo ran in ``data_dir``."""
+    path = data_dir / SECRETS_FILE
+    if not path.exists():
+        return None
+    value = json.loads(path.read_text()).get(name)
+    return value if isinstance(value, str) else None
+
+
+def with_demo_secrets(settings: Settings) -> tuple[Settings, list[str]]:
+    """Every secret the environment did not set, filled with the demo's throwaway
+    one; also the variables so filled, for the start-up banner to name."""
+    missing = [name for name in SECRETS if not getattr(settings, name)]
+    if not missing:
+        return settings, []
+    made = demo_secrets(Path(settings.data_dir).resolve())
+    update = {name: made[name] for name in missing}
+    return settings.model_copy(update=update), [env_name(name) for name in missing]
+
+
 def settings_for_demo(settings: Settings) -> Settings:
     """The demo pays on the sandbox page, unless the environment chose a gateway,
     and its recurring `http` job may call this service itself (its own address
-    only), unless the environment set the destination allow list."""
+    only), unless the environment set the destination allow list. Secrets are
+    filled by ``with_demo_secrets``."""
     update: dict[str, object] = {}
     if settings.rentals_payment_gateway is None:
         update["rentals_payment_gateway"] = "sandbox"

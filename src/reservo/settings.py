@@ -11,6 +11,23 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reservo.core.egress import parse_allow
 
+# What a deployment must set, by setting name, with what each one protects.
+SECRETS = {
+    "jwt_secret": "bearer tokens and the console's cookies",
+    "payments_webhook_secret": "payment confirmations and sandbox payment links",
+    "results_webhook_secret": "match results",
+}
+MIN_SECRET_BYTES = 32
+# Values this project once shipped as defaults (and so are public): refused
+# whatever their length.
+PUBLIC_SECRETS = frozenset(
+    {"dev-secret-change-me-in-production-please", "dev-payments-secret", "dev-results-secret"}
+)
+
+
+class SettingsError(ValueError):
+    """A setting that stops the start; its text is one line naming the variable."""
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RESERVO_", extra="ignore")
@@ -52,9 +69,13 @@ class Settings(BaseSettings):
     # Prefix of every Redis key, so deployments (and test runs) can share a Redis.
     redis_namespace: str = "reservo"
 
-    # Security. The default secrets are for local demos only; `reservo up`
-    # prints a warning when they are in use.
-    jwt_secret: str = "dev-secret-change-me-in-production-please"
+    # Security. Every secret the service trusts has no default: `reservo api`,
+    # `worker` and `up` refuse to start until each is set to at least
+    # MIN_SECRET_BYTES (check_secrets). Only `reservo up --demo` generates
+    # throwaway ones (demo.py). The console's cookie key and the sandbox link key
+    # are derived from the JWT secret and the payments webhook secret (HMAC with a
+    # label of their own), so they are exactly as strong as those two.
+    jwt_secret: str = ""
     # Verified tokens remembered per API process (by their exact text, until their
     # exp) so a caller's next request skips the ~30 us decode; 0 turns it off.
     token_cache_size: int = Field(default=10_000, ge=0, le=1_000_000)
@@ -66,8 +87,8 @@ class Settings(BaseSettings):
     console_session_s: int = Field(default=8 * 3600, ge=60, le=7 * 86400)
     # Mark the session cookie Secure (sent over https only): on behind TLS.
     console_secure_cookie: bool = False
-    payments_webhook_secret: str = "dev-payments-secret"
-    results_webhook_secret: str = "dev-results-secret"
+    payments_webhook_secret: str = ""
+    results_webhook_secret: str = ""
     webhook_tolerance_s: int = 300
     # Largest request body accepted (413 above it, before the body is read).
     max_body_bytes: int = Field(default=1_048_576, ge=1)
@@ -318,3 +339,38 @@ class Settings(BaseSettings):
                 "RESERVO_RETENTION_DEAD_JOB_DAYS must be at least RESERVO_RETENTION_JOB_DAYS"
             )
         return self
+
+
+def env_name(setting: str) -> str:
+    return f"RESERVO_{setting.upper()}"
+
+
+def secret_problems(settings: Settings) -> list[str]:
+    """One line per secret that is missing, short, public or shared with another
+    (a payment provider holding the JWT secret could sign itself an admin token)."""
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for name in SECRETS:
+        value: str = getattr(settings, name)
+        var = env_name(name)
+        size = len(value.encode())
+        if not value:
+            problems.append(f"{var} is not set (it protects {SECRETS[name]})")
+        elif value in PUBLIC_SECRETS:
+            problems.append(f"{var} is a published demo value; set a secret of your own")
+        elif size < MIN_SECRET_BYTES:
+            problems.append(f"{var} is {size} bytes; at least {MIN_SECRET_BYTES} are required")
+        elif value in seen:
+            problems.append(f"{var} must differ from {seen[value]}")
+        else:
+            seen[value] = var
+    return problems
+
+
+def check_secrets(settings: Settings) -> None:
+    problems = secret_problems(settings)
+    if problems:
+        raise SettingsError(
+            f"{problems[0]}: generate one with `openssl rand -base64 48` "
+            "(docs/OPERATIONS.md, Security)"
+        )

@@ -15,7 +15,7 @@ from reservo.core.auth import sign_webhook
 from tests.betting_helpers import kick_off, make_account, make_match, place
 from tests.browser.conftest import Live
 from tests.browser.test_console import booked_slot, sign_in
-from tests.conftest import auth, new_id
+from tests.conftest import PAY_SECRET, auth, new_id
 from tests.helpers import ADMIN
 
 
@@ -90,7 +90,7 @@ async def test_the_car_timeline_shows_a_hold_and_a_confirmed_booking(page: Any, 
             "status": "SUCCEEDED",
         }
     )
-    sig = sign_webhook("pay-secret", raw, int(live.container.clock.now().timestamp()))
+    sig = sign_webhook(PAY_SECRET, raw, int(live.container.clock.now().timestamp()))
     w = await http.post(
         "/api/payments/webhook",
         content=raw,

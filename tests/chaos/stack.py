@@ -20,8 +20,8 @@ from tests.chaos.fakes import HttpRecorder, SmtpRecorder
 from tests.e2e.procs import BIN, free_port
 
 JWT_SECRET = "chaos-jwt-secret-0123456789abcdef-chaos"
-PAY_SECRET = "chaos-pay-secret"
-RESULTS_SECRET = "chaos-results-secret"
+PAY_SECRET = "chaos-payments-webhook-secret-0123456789"
+RESULTS_SECRET = "chaos-results-webhook-secret-0123456789"
 
 
 def _redis_command(port: int, *words: str) -> bytes:

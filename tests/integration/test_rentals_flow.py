@@ -23,10 +23,9 @@ from reservo.core.clock import OffsetClock
 from reservo.rentals import events
 from reservo.rentals.gateway import SandboxGateway, link_token
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
+from tests.conftest import PAY_SECRET, auth, new_id
 
 ADMIN = auth("admin", 1)
-PAY_SECRET = "pay-secret"  # base_settings.payments_webhook_secret
 
 # No two active bookings of one car overlap: the invariant, checked in SQL.
 OVERLAPS = """

@@ -36,7 +36,7 @@ from tests.betting_helpers import (
     post_result,
     result_body,
 )
-from tests.conftest import new_id
+from tests.conftest import JWT_SECRET, new_id
 from tests.e2e.procs import BIN, env_for
 
 
@@ -84,6 +84,7 @@ def test_token_prints_only_the_token() -> None:
     """`ADMIN=$(reservo token ...)` must capture a token and nothing else, with no
     gateway configured (the start-up warnings belong to servers, not to --help)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESERVO_")}
+    env["RESERVO_JWT_SECRET"] = JWT_SECRET
     result = subprocess.run(
         [str(BIN), "token", "--role", "admin", "--sub", "1"],
         env=env,

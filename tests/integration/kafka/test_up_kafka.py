@@ -19,11 +19,8 @@ import psutil
 from reservo.core.auth import sign_webhook
 from reservo.settings import Settings
 from tests.betting_helpers import ADMIN, SERVICE, place, result_body
-from tests.conftest import auth, new_id
+from tests.conftest import PAY_SECRET, RESULTS_SECRET, auth, new_id
 from tests.e2e.procs import env_for, free_port, running, wait_http
-
-PAY_SECRET = "pay-secret"  # base_settings.payments_webhook_secret
-RESULTS_SECRET = "results-secret"
 
 
 async def _until(db: asyncpg.Connection, sql: str, *args: object, want: object) -> None:
