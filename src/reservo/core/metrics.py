@@ -15,6 +15,12 @@ from prometheus_client import (
     multiprocess,
 )
 
+BUILD_INFO = Gauge(
+    "reservo_build_info",
+    "Always 1; the labels name the running version",
+    ["version"],
+    multiprocess_mode="max",
+)
 HTTP_REQUESTS = Counter(
     "reservo_http_requests_total", "HTTP requests", ["method", "route", "status"]
 )
