@@ -287,9 +287,12 @@ async def payment_webhook(
         str | None, Header(alias="X-Signature", description="t=<unix s>,v1=<hex HMAC-SHA256>")
     ] = None,
 ) -> JSONResponse:
-    """Signed by the gateway (never bearer-authenticated). `confirmed`, `duplicate`
-    (that providerTxnId was already processed) or `refund_requested` (the booking
-    was no longer a live HOLD: the full amount goes back)."""
+    """Signed by the gateway (never bearer-authenticated); every SUCCEEDED payment
+    is recorded once per providerTxnId. `confirmed` (it covered the deposit of a
+    live HOLD; an excess goes back), `duplicate` (that providerTxnId was already
+    processed: nothing changes), `refund_requested` (below the deposit, or the
+    booking was no longer a live HOLD: the full amount goes back) or `ignored`
+    (a FAILED payment, or one of 0: nothing to confirm or refund)."""
     result = await process_webhook(request, await request.body(), x_signature)
     return json_response(200, WebhookOut(result=result).wire())  # type: ignore[arg-type]
 

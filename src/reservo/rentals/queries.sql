@@ -98,7 +98,8 @@ RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at
 UPDATE booking SET refund_amount = $2 WHERE id = $1;
 
 -- name: transition
--- Pickup (CONFIRMED -> ON_TRIP) and return (ON_TRIP -> COMPLETED).
+-- A status flip from $2 to $3: the return (ON_TRIP -> COMPLETED); the pickup has
+-- its own, with its time rule (pick_up).
 UPDATE booking b SET status = $3, updated_at = $4
   FROM car c
  WHERE b.id = $1 AND c.id = b.car_id AND b.status = $2
