@@ -230,6 +230,10 @@ class Settings(BaseSettings):
     # past the Redis entry it was read from.
     rentals_search_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
     rentals_sweep_interval_s: float = 30.0
+    # A CONFIRMED booking may be picked up (ON_TRIP) from this long before its
+    # `from` on, never earlier: a trip started months ahead and then returned would
+    # take a future booking off the car's calendar (409 pickup_too_early).
+    rentals_pickup_lead_minutes: int = Field(default=60, ge=0, le=7 * 24 * 60)
     # Public base URL of this API for the sandbox page's links; None = http_host:http_port.
     rentals_payment_url_base: str | None = None
     # `sandbox` simulates payments (its page) and records refunds locally; `http`

@@ -73,7 +73,8 @@ def test_deposit_is_ceil_days_times_price_times_rate(minutes: int, price: int, r
     # Exact rational arithmetic: rate tenths, rounded half up.
     tenths = round(rate * 10)
     expected = (days * price * tenths * 2 + 10) // 20
-    assert domain.deposit(start, end, price, rate) == expected
+    # At least 1 minor unit: no hold owes nothing (a zero payment never confirms).
+    assert domain.deposit(start, end, price, rate) == max(1, expected)
 
 
 def test_deposit_examples() -> None:
@@ -107,3 +108,16 @@ def test_expired_hold_reads_as_expired() -> None:
     assert domain.effective_status("HOLD", PICKUP, PICKUP) == "EXPIRED"
     assert domain.effective_status("HOLD", PICKUP, PICKUP - timedelta(seconds=1)) == "HOLD"
     assert domain.effective_status("CONFIRMED", None, PICKUP) == "CONFIRMED"
+
+
+@given(st.integers(0, 10**15), st.integers(1, 10**12), st.booleans(), st.booleans())
+def test_a_payment_keeps_at_most_the_deposit_and_returns_the_rest(
+    amount: int, due: int, confirmed: bool, live_hold: bool
+) -> None:
+    if confirmed and amount < due:
+        return  # the confirm statement never confirms a payment below the deposit
+    s = domain.settle(amount, due, confirmed=confirmed, live_hold=live_hold)
+    kept = amount - s.refund
+    assert 0 <= s.refund <= amount
+    assert kept == (due if confirmed else 0)
+    assert s.outcome == ("confirmed" if confirmed else "underpaid" if live_hold else "not_payable")

@@ -227,23 +227,20 @@ async def cancel(
 async def pickup(
     booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
 ) -> JSONResponse:
-    return await _advance(request, caller, booking_id, "CONFIRMED", "ON_TRIP")
+    """From RESERVO_RENTALS_PICKUP_LEAD_MINUTES before `from` on (409
+    `pickup_too_early` before that)."""
+    await _authorized(request, caller, booking_id, customer=False)
+    svc = svc_of(request)
+    return json_response(200, render(svc, await svc.pick_up(booking_id)))
 
 
 @router.post("/bookings/{id}/return", response_model=BookingOut, responses=PROBLEMS)
 async def return_car(
     booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
 ) -> JSONResponse:
-    return await _advance(request, caller, booking_id, "ON_TRIP", "COMPLETED")
-
-
-async def _advance(
-    request: Request, caller: Principal, booking_id: int, from_status: str, to_status: str
-) -> JSONResponse:
-    """Pickup and return: the car's host or an admin moves the booking on."""
     await _authorized(request, caller, booking_id, customer=False)
     svc = svc_of(request)
-    return json_response(200, render(svc, await svc.advance(booking_id, from_status, to_status)))
+    return json_response(200, render(svc, await svc.return_car(booking_id)))
 
 
 # -- payments ------------------------------------------------------------------
@@ -290,9 +287,12 @@ async def payment_webhook(
         str | None, Header(alias="X-Signature", description="t=<unix s>,v1=<hex HMAC-SHA256>")
     ] = None,
 ) -> JSONResponse:
-    """Signed by the gateway (never bearer-authenticated). `confirmed`, `duplicate`
-    (that providerTxnId was already processed) or `refund_requested` (the booking
-    was no longer a live HOLD: the full amount goes back)."""
+    """Signed by the gateway (never bearer-authenticated); every SUCCEEDED payment
+    is recorded once per providerTxnId. `confirmed` (it covered the deposit of a
+    live HOLD; an excess goes back), `duplicate` (that providerTxnId was already
+    processed: nothing changes), `refund_requested` (below the deposit, or the
+    booking was no longer a live HOLD: the full amount goes back) or `ignored`
+    (a FAILED payment, or one of 0: nothing to confirm or refund)."""
     result = await process_webhook(request, await request.body(), x_signature)
     return json_response(200, WebhookOut(result=result).wire())  # type: ignore[arg-type]
 

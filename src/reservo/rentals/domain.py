@@ -106,11 +106,39 @@ def rental_days(start: datetime, end: datetime) -> int:
     return max(1, math.ceil((end - start) / DAY))
 
 
+# The smallest deposit: a hold is confirmed only by money actually received, so
+# no period (a cheap car, a rate of 0) may owe nothing.
+MIN_DEPOSIT = 1
+
+
 def deposit(start: datetime, end: datetime, daily_price: int, rate: float) -> int:
-    """ceil(days) * dailyPrice * rate, rounded half up to a whole minor unit.
-    Decimal(str(rate)) so 0.3 means 3/10, not the nearest binary float."""
+    """ceil(days) * dailyPrice * rate, rounded half up to a whole minor unit, at
+    least MIN_DEPOSIT. Decimal(str(rate)) so 0.3 means 3/10, not the nearest
+    binary float."""
     exact = Decimal(rental_days(start, end) * daily_price) * Decimal(str(rate))
-    return int(exact.quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    return max(MIN_DEPOSIT, int(exact.quantize(Decimal(1), rounding=ROUND_HALF_UP)))
+
+
+Outcome = Literal["confirmed", "underpaid", "not_payable"]
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What one deposit payment settled: its outcome and the part of it that goes
+    back to the customer (0: nothing to refund)."""
+
+    outcome: Outcome
+    refund: int
+
+
+def settle(amount: int, due: int, *, confirmed: bool, live_hold: bool) -> Settlement:
+    """A payment that confirmed keeps the deposit and returns the excess; one that
+    did not keeps nothing. A live HOLD left unconfirmed was paid less than
+    ``due`` (zero included): ``underpaid``, the hold stays a HOLD and the customer
+    may still pay in full; otherwise the booking was no longer payable."""
+    if confirmed:
+        return Settlement("confirmed", amount - due)
+    return Settlement("underpaid" if live_hold else "not_payable", amount)
 
 
 FULL_REFUND_BEFORE = timedelta(hours=72)

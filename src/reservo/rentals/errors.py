@@ -6,7 +6,7 @@ from reservo.core.codes import by_status
 
 ERRORS = by_status(
     not_found=["car_not_found", "booking_not_found"],
-    conflict=["plate_taken", "car_unavailable", "invalid_state"],
+    conflict=["plate_taken", "car_unavailable", "invalid_state", "pickup_too_early"],
     unavailable=["payment_gateway_unconfigured"],
 )
 

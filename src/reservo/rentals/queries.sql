@@ -62,14 +62,21 @@ ON CONFLICT ON CONSTRAINT uq_payment_provider_txn DO NOTHING
 RETURNING id;
 
 -- name: confirm
--- Compare-and-set: only a live HOLD whose deposit is covered becomes CONFIRMED.
+-- Compare-and-set: only a live HOLD whose deposit the payment $2 covers becomes
+-- CONFIRMED; a payment of nothing never does (even for a deposit of 0 stored
+-- before every deposit was at least 1).
 UPDATE booking b SET status = 'CONFIRMED', hold_expires_at = NULL, updated_at = $3
   FROM car c
  WHERE b.id = $1 AND c.id = b.car_id
-   AND b.status = 'HOLD' AND b.hold_expires_at > $3 AND b.deposit_amount <= $2
+   AND b.status = 'HOLD' AND b.hold_expires_at > $3 AND b.deposit_amount <= $2 AND $2 > 0
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
           b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
           c.host_id;
+
+-- name: settle_deposit
+-- What the deposit payment $1 settled (0029): the deposit due, the part of it
+-- that goes back (an excess, or all of it), and the outcome.
+UPDATE payment SET amount_due = $2, refund_due = $3, outcome = $4 WHERE id = $1;
 
 -- name: cancel
 -- Lock the row first so `previous` is the status this UPDATE replaced (a
@@ -91,10 +98,22 @@ RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at
 UPDATE booking SET refund_amount = $2 WHERE id = $1;
 
 -- name: transition
--- Pickup (CONFIRMED -> ON_TRIP) and return (ON_TRIP -> COMPLETED).
+-- A status flip from $2 to $3: the return (ON_TRIP -> COMPLETED); the pickup has
+-- its own, with its time rule (pick_up).
 UPDATE booking b SET status = $3, updated_at = $4
   FROM car c
  WHERE b.id = $1 AND c.id = b.car_id AND b.status = $2
+RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
+          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
+          c.host_id;
+
+-- name: pick_up
+-- Pickup (CONFIRMED -> ON_TRIP), only once the trip starts by $3 (now plus the
+-- pickup lead time): a trip started months early, then returned, would take a
+-- booking still ahead off the car's calendar.
+UPDATE booking b SET status = 'ON_TRIP', updated_at = $2
+  FROM car c
+ WHERE b.id = $1 AND c.id = b.car_id AND b.status = 'CONFIRMED' AND lower(b.period) <= $3
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
           b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
           c.host_id;

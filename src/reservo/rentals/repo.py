@@ -75,8 +75,16 @@ async def get_booking(conn: asyncpg.Connection, booking_id: int) -> Row | None:
 
 async def insert_deposit(
     conn: asyncpg.Connection, booking_id: int, txn_id: str, amount: int, now: datetime
-) -> bool:
-    return await conn.fetchval(Q.insert_deposit, booking_id, txn_id, amount, now) is not None
+) -> int | None:
+    """The new payment's id, or None when that transaction was recorded already."""
+    payment_id: int | None = await conn.fetchval(Q.insert_deposit, booking_id, txn_id, amount, now)
+    return payment_id
+
+
+async def settle_deposit(
+    conn: asyncpg.Connection, payment_id: int, due: int, refund: int, outcome: str
+) -> None:
+    await conn.execute(Q.settle_deposit, payment_id, due, refund, outcome)
 
 
 async def confirm(
@@ -99,6 +107,12 @@ async def transition(
     conn: asyncpg.Connection, booking_id: int, from_status: str, to_status: str, now: datetime
 ) -> Row | None:
     return await conn.fetchrow(Q.transition, booking_id, from_status, to_status, now)
+
+
+async def pick_up(
+    conn: asyncpg.Connection, booking_id: int, now: datetime, starts_by: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.pick_up, booking_id, now, starts_by)
 
 
 async def expire_one(conn: asyncpg.Connection, booking_id: int, now: datetime) -> Row | None:

@@ -14,6 +14,8 @@ change. The POST pays only a live HOLD, always as the same transaction
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 from typing import Annotated
 from urllib.parse import parse_qs
@@ -31,11 +33,14 @@ router = APIRouter(prefix="/sandbox", tags=["rentals sandbox"], include_in_schem
 # The form carries one short field; anything bigger is not our form.
 MAX_FORM_BYTES = 1024
 
+_STYLE = (
+    "body{font-family:sans-serif;max-width:32em;margin:3em auto}\n"
+    "button{font-size:1.2em;padding:.4em 1.2em}"
+)
 _PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>Sandbox payment</title>
 <meta name="referrer" content="no-referrer">
-<style>body{{font-family:sans-serif;max-width:32em;margin:3em auto}}
-button{{font-size:1.2em;padding:.4em 1.2em}}</style></head>
+<style>{style}</style></head>
 <body><h1>Sandbox payment gateway</h1>
 <p>Booking <b>#{booking_id}</b>, car #{car_id}, {start} &rarr; {end}</p>
 <p>Status: <b>{status}</b></p>
@@ -43,6 +48,23 @@ button{{font-size:1.2em;padding:.4em 1.2em}}</style></head>
 {action}
 <p><small>No money moves: this page stands in for a payment provider.</small></p>
 </body></html>"""
+
+
+# The page acts on a click, so no other site may frame it (clickjacking: a
+# transparent frame over a decoy button). It runs no script and loads nothing;
+# its one inline style is allowed by its hash. The link's token is in the URL:
+# never sent on as a referrer, never cached.
+_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def _not_found() -> DomainError:
@@ -83,8 +105,9 @@ async def _page(request: Request, booking_id: int, token: str, message: str = ""
             status=html.escape(status),
             amount=b.deposit_amount,
             action=action,
+            style=_STYLE,
         ),
-        headers={"Cache-Control": "no-store"},
+        headers=PAGE_HEADERS,
     )
 
 

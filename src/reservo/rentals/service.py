@@ -63,6 +63,8 @@ class Config:
     hold_rate_limit: int = 3
     hold_rate_window_s: int = 900
     search_cache_ttl_s: int = 30
+    # A CONFIRMED booking may be picked up from this long before its start on.
+    pickup_lead: timedelta = timedelta(minutes=60)
     # Per-process copy of a search answer (0: none); never past its Redis entry,
     # so an answer is never older than search_cache_ttl_s after its database read.
     search_local_ttl_s: float = 1.0
@@ -304,37 +306,59 @@ class RentalService:
     # -- payments --------------------------------------------------------------
 
     async def on_payment(self, booking_id: int, txn_id: str, amount: int, status: str) -> str:
-        """The gateway's webhook, after its signature was verified. Payment row,
-        status flip and event commit together; a redelivery inserts nothing."""
+        """The gateway's webhook, after its signature was verified. Every SUCCEEDED
+        payment is recorded with what it settled (payment.outcome, 0029); the row,
+        the status flip and the events commit together, and a redelivery of the
+        same providerTxnId inserts nothing and changes nothing.
+
+        Only a payment of at least the deposit confirms a live HOLD, and its excess
+        goes back; a payment that confirms nothing (below the deposit, zero
+        included, or for a booking no longer a live HOLD) goes back in full."""
         if status != "SUCCEEDED":
             return "ignored"  # the hold simply runs out
         now = self.clock.now()
         async with self.db.transaction() as conn:
-            if not await repo.insert_deposit(conn, booking_id, txn_id, amount, now):
+            payment_id = await repo.insert_deposit(conn, booking_id, txn_id, amount, now)
+            if payment_id is None:
                 return "duplicate"
-            row = await repo.confirm(conn, booking_id, amount, now)
-            if row is not None:
-                await self._emit(conn, Booking.from_row(row), now)
-                await self._drop_expiry(conn, booking_id)
-                return "confirmed"
-            # Paid too late (or too little, or after a cancel): the car may belong to
-            # someone else by now, so the money goes back in full.
-            expired = await repo.expire_one(conn, booking_id, now)
-            if expired is not None:
-                await self._emit(conn, Booking.from_row(expired), now)
-            current = await repo.get_booking(conn, booking_id)
-            assert current is not None  # the payment row's foreign key just saw it
-            await emit(
-                conn,
-                events.REFUND_REQUESTED,
-                events.key(booking_id),
-                events.refund_payload(
-                    Booking.from_row(current), amount, f"payment received for a {current['status']}"
-                ),
-                now,
+            b, settled = await self._apply_payment(conn, booking_id, amount, now)
+            await repo.settle_deposit(
+                conn, payment_id, b.deposit_amount, settled.refund, settled.outcome
             )
-        metrics.CONFLICTS.labels("rentals", "late_payment", "database").inc()
-        return "refund_requested"
+            if settled.refund > 0:
+                reason = _REFUND_REASONS[settled.outcome].format(status=b.status)
+                await emit(
+                    conn,
+                    events.REFUND_REQUESTED,
+                    events.key(booking_id),
+                    events.refund_payload(b, settled.refund, reason),
+                    now,
+                )
+        if settled.outcome != "confirmed":
+            metrics.CONFLICTS.labels("rentals", _CONFLICT_OF[settled.outcome], "database").inc()
+            return "refund_requested" if settled.refund > 0 else "ignored"
+        return "confirmed"
+
+    async def _apply_payment(
+        self, conn: asyncpg.Connection, booking_id: int, amount: int, now: datetime
+    ) -> tuple[Booking, domain.Settlement]:
+        """Confirm the booking if ``amount`` covers its live HOLD; else expire it if
+        its time has passed (the car may belong to someone else by now). Returns
+        the booking as it stands and what the payment settled."""
+        row = await repo.confirm(conn, booking_id, amount, now)
+        if row is not None:
+            b = Booking.from_row(row)
+            await self._emit(conn, b, now)
+            await self._drop_expiry(conn, booking_id)
+            return b, domain.settle(amount, b.deposit_amount, confirmed=True, live_hold=True)
+        expired = await repo.expire_one(conn, booking_id, now)
+        if expired is not None:
+            await self._emit(conn, Booking.from_row(expired), now)
+        current = await repo.get_booking(conn, booking_id)
+        assert current is not None  # the payment row's foreign key just saw it
+        b = Booking.from_row(current)
+        live = domain.effective_status(b.status, b.hold_expires_at, now) == "HOLD"
+        return b, domain.settle(amount, b.deposit_amount, confirmed=False, live_hold=live)
 
     # -- cancelling and the trip -------------------------------------------------
 
@@ -368,17 +392,36 @@ class RentalService:
         metrics.CANCELLATIONS.labels("rentals").inc()
         return b
 
-    async def advance(self, booking_id: int, from_status: str, to_status: str) -> Booking:
-        """Pickup (CONFIRMED -> ON_TRIP) and return (ON_TRIP -> COMPLETED)."""
+    async def pick_up(self, booking_id: int) -> Booking:
+        """CONFIRMED -> ON_TRIP, from ``pickup_lead`` before the trip's start on: a
+        car handed over months early would leave a trip still ahead to be
+        returned (COMPLETED) and taken off the car's calendar."""
+        now = self.clock.now()
+        starts_by = now + self.config.pickup_lead
+        async with self.db.transaction() as conn:
+            row = await repo.pick_up(conn, booking_id, now, starts_by)
+            if row is not None:
+                return await self._emitted(conn, row, now)
+        current = await self.get(booking_id)
+        if current.status == "CONFIRMED" and current.from_at > starts_by:
+            opens = (current.from_at - self.config.pickup_lead).isoformat()
+            raise DomainError("pickup_too_early", f"the pickup opens at {opens}")
+        raise DomainError("invalid_state", f"booking is {current.status}, expected CONFIRMED")
+
+    async def return_car(self, booking_id: int) -> Booking:
+        """ON_TRIP -> COMPLETED."""
         now = self.clock.now()
         async with self.db.transaction() as conn:
-            row = await repo.transition(conn, booking_id, from_status, to_status, now)
+            row = await repo.transition(conn, booking_id, "ON_TRIP", "COMPLETED", now)
             if row is not None:
-                b = Booking.from_row(row)
-                await self._emit(conn, b, now)
-                return b
+                return await self._emitted(conn, row, now)
         current = await self.get(booking_id)
-        raise DomainError("invalid_state", f"booking is {current.status}, expected {from_status}")
+        raise DomainError("invalid_state", f"booking is {current.status}, expected ON_TRIP")
+
+    async def _emitted(self, conn: asyncpg.Connection, row: repo.Row, now: datetime) -> Booking:
+        b = Booking.from_row(row)
+        await self._emit(conn, b, now)
+        return b
 
     # -- expiry ----------------------------------------------------------------
 
@@ -441,6 +484,19 @@ class RefundConsumer:
                 conn, int(p["bookingId"]), txn, int(p["amount"]), ref, self.clock.now()
             )
         log.info("rentals_refunded", booking_id=p["bookingId"], amount=p["amount"], ref=ref)
+
+
+# Why (part of) a payment goes back, as the refund's notification says it.
+_REFUND_REASONS: dict[domain.Outcome, str] = {
+    "confirmed": "payment above the deposit: the excess is returned",
+    "underpaid": "payment below the deposit: the booking is not confirmed",
+    "not_payable": "payment received for a {status}",
+}
+# The conflicts counter's code for a payment that confirmed nothing.
+_CONFLICT_OF: dict[domain.Outcome, str] = {
+    "underpaid": "underpaid_payment",
+    "not_payable": "late_payment",
+}
 
 
 def _expiry_key(booking_id: int) -> str:

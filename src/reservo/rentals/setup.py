@@ -51,6 +51,7 @@ def setup(shared: Shared) -> Rentals:
             hold_rate_window_s=s.rentals_hold_rate_window_s,
             search_cache_ttl_s=s.rentals_search_cache_ttl_s,
             search_local_ttl_s=s.rentals_search_local_ttl_s,
+            pickup_lead=timedelta(minutes=s.rentals_pickup_lead_minutes),
         ),
         scheduler=shared.scheduler,  # one expiry job per hold
         gateway=gateway,
