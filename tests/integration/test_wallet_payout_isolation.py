@@ -8,6 +8,7 @@ its ledger."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -179,14 +180,25 @@ async def test_system_accounts_full_to_their_range_stop_no_deposit_stake_or_payo
             full.append((await make_account(api, 0))[0])
             await _seed(own, await _system(own, "HOUSE", shard), full[-1], BALANCE_MAX, "PAYOUT")
 
-    # Deposits go on.
-    fresh, fresh_owner = await make_account(api, 0)
-    r = await api.post(
-        f"/api/accounts/{fresh}/deposits",
-        json={"amount": 500, "reference": "after-the-world-filled"},
-        headers={**SERVICE, "Idempotency-Key": str(uuid.uuid4())},
-    )
-    assert r.status_code == 201, r.text
+    # Deposits go on: many at once, released together, each opens or finds a
+    # WORLD sub-account with room (one is opened, once).
+    accounts = [await make_account(api, 0) for _ in range(12)]
+    gate = asyncio.Barrier(len(accounts))
+
+    async def deposit(account: int) -> httpx.Response:
+        await gate.wait()
+        return await api.post(
+            f"/api/accounts/{account}/deposits",
+            json={"amount": 500, "reference": "after-the-world-filled"},
+            headers={**SERVICE, "Idempotency-Key": str(uuid.uuid4())},
+        )
+
+    answers = await asyncio.gather(*(deposit(a) for a, _ in accounts))
+    assert [r.status_code for r in answers] == [201] * len(accounts), answers[0].text
+    async with own.db.connection() as conn:
+        worlds = await conn.fetchval("SELECT count(*) FROM wallet_account WHERE kind = 'WORLD'")
+    assert worlds == 2
+    fresh, fresh_owner = accounts[0]
     # A customer's own range is that deposit's problem alone: 422, nothing moved.
     r = await api.post(
         f"/api/accounts/{full[0]}/deposits",
