@@ -180,6 +180,7 @@ class BettingService:
                 wallet.house_shard(account_id, self.house_shards),
                 self.house_shards,
                 now,
+                delta=stake,  # another house sub-account when this one is full
             )
             await wallet.transfer_in_tx(
                 conn, account_id, house, stake, "STAKE", wallet.bet_reference(row["id"]), now

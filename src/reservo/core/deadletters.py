@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
+import asyncpg
 import orjson
 import structlog
 
@@ -31,26 +32,40 @@ class LocalDeadLetters:
         self.db, self.clock, self.source = db, clock, source
 
     async def __call__(self, consumer: str, event: Event, error: BaseException) -> None:
-        value = to_cloudevent(event, self.source)
         async with self.db.connection() as conn:
-            await conn.execute(
-                Q.dead_letter_park_local,
-                consumer,
-                event.topic,
-                event.id,
-                event.key,
-                value,
-                repr(error)[:2000],
-                self.clock.now(),
-            )
-        metrics.PARKED.labels(consumer=consumer, topic=event.topic).inc()
-        log.error(
-            "event_parked",
-            consumer=consumer,
-            topic=event.topic,
-            event_id=str(event.id),
-            error=repr(error),
-        )
+            await park_in_tx(conn, consumer, event, error, self.clock.now(), self.source)
+
+
+async def park_in_tx(
+    conn: asyncpg.Connection,
+    consumer: str,
+    event: Event,
+    error: BaseException,
+    now: datetime,
+    source: str = "/reservo",
+) -> None:
+    """Park ``event`` for ``consumer`` (once per consumer and event id) on
+    ``conn``: in the caller's transaction, a handler that applied part of an
+    event parks the part it could not apply atomically with the rest, as an
+    event of its own that the replay endpoint delivers to it again."""
+    await conn.execute(
+        Q.dead_letter_park_local,
+        consumer,
+        event.topic,
+        event.id,
+        event.key,
+        to_cloudevent(event, source),
+        repr(error)[:2000],
+        now,
+    )
+    metrics.PARKED.labels(consumer=consumer, topic=event.topic).inc()
+    log.error(
+        "event_parked",
+        consumer=consumer,
+        topic=event.topic,
+        event_id=str(event.id),
+        error=repr(error),
+    )
 
 
 @dataclass(frozen=True)

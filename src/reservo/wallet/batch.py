@@ -278,6 +278,15 @@ def _plan(
             )
             continue
         lo[source] = max(lo.get(source, needed), needed)
+        # The largest start balance of the target that can take the credit: the
+        # bound it puts on the target, as the funds check on the source.
+        room = domain.BALANCE_MAX - item.amount - offsets[target]
+        if balances[target] > room:
+            lo[target] = max(lo.get(target, room + 1), room + 1)
+            refused = domain.credit_refused(target, item.amount)
+            refusals.append((n, DomainError(refused.code, refused.detail)))
+            continue
+        hi[target] = min(hi.get(target, room + 1), room + 1)
         offsets[source] -= item.amount
         offsets[target] += item.amount
         moves.append((n, item, offsets[source], offsets[target]))

@@ -10,6 +10,16 @@ from reservo.core.rows import FromRow
 
 KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
 
+# A balance is a PostgreSQL bigint: no account can hold more.
+BALANCE_MAX = 2**63 - 1
+# A system sub-account (WORLD, HOUSE) takes a movement only while its balance
+# stays within +-SYSTEM_ROOM after it; past that the movement goes to another
+# sub-account of the same kind and currency, a new one when none has room. So a
+# system account's range never stops a deposit, a stake or a payout, and the
+# half range left is headroom for movements other transactions have in flight
+# (one is at most 10^15; it would take thousands at once on one row to matter).
+SYSTEM_ROOM = 2**62
+
 
 @dataclass(frozen=True)
 class AccountRef(FromRow):
@@ -99,6 +109,19 @@ def check_transfer(kind: str, source: AccountRef, target: AccountRef, amount: in
         )
     if source.currency != target.currency:
         raise TransferRefused("currency_mismatch", "the two accounts hold different currencies")
+
+
+def check_credit(account_id: int, balance: int, amount: int) -> None:
+    """A customer's balance plus ``amount`` must stay a balance: refused (422)
+    for this movement only, before it touches anything."""
+    if balance > BALANCE_MAX - amount:
+        raise credit_refused(account_id, amount)
+
+
+def credit_refused(account_id: int, amount: int) -> TransferRefused:
+    return TransferRefused(
+        "balance_out_of_range", f"account {account_id} cannot hold {amount} more"
+    )
 
 
 def house_shard(account_id: int, shards: int) -> int:

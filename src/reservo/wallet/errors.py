@@ -8,7 +8,7 @@ from reservo.core.errors import DomainError
 ERRORS = by_status(
     not_found=["account_not_found"],
     conflict=["insufficient_funds", "currency_mismatch", "duplicate_reference"],
-    unprocessable=["same_account"],
+    unprocessable=["same_account", "balance_out_of_range"],
 )
 
 CONSTRAINTS = {

@@ -17,8 +17,31 @@ SELECT NULL::bigint, $1::text, k, s, $3::timestamptz
 ON CONFLICT (kind, currency, shard) WHERE kind <> 'CUSTOMER' DO NOTHING;
 
 -- name: system_account
--- The id of a system account (WORLD, HOUSE) of a currency and shard.
-SELECT id FROM wallet_account WHERE kind = $1 AND currency = $2 AND shard = $3;
+-- The id of a system account (WORLD, HOUSE) of a currency and shard (the
+-- partial index wallet_system_account: its predicate spelled out for generic plans).
+SELECT id FROM wallet_account
+ WHERE kind = $1 AND kind <> 'CUSTOMER' AND currency = $2 AND shard = $3;
+
+-- name: system_account_with_room
+-- The sub-account of a kind (WORLD, HOUSE) and currency a movement changing it
+-- by $4 goes to: shard $3 while its balance stays within +-$5 after it, else
+-- the lowest shard that does; none: open one (open_system_account). Numeric
+-- arithmetic: the test itself must not overflow. A few rows of the partial
+-- index wallet_system_account (`kind <> 'CUSTOMER'` spelled out so that a
+-- generic plan, which cannot see $1, may use it).
+SELECT id FROM wallet_account
+ WHERE kind = $1 AND kind <> 'CUSTOMER' AND currency = $2
+   AND balance::numeric + $4::numeric BETWEEN -$5::numeric AND $5::numeric
+ ORDER BY shard <> $3, shard
+ LIMIT 1;
+
+-- name: open_system_account
+-- One more sub-account of a kind (WORLD, HOUSE) and currency, every other one
+-- being full to its range. Two openers at once: one wins, the other finds it.
+INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
+SELECT NULL::bigint, $2::text, $1::text, max(shard) + 1, $3::timestamptz
+  FROM wallet_account WHERE kind = $1 AND kind <> 'CUSTOMER' AND currency = $2
+ON CONFLICT (kind, currency, shard) WHERE kind <> 'CUSTOMER' DO NOTHING;
 
 -- name: get_account
 -- One account with its balance.

@@ -34,6 +34,18 @@ async def system_account(
     return await conn.fetchval(Q.system_account, kind, currency, shard)
 
 
+async def system_account_with_room(
+    conn: asyncpg.Connection, kind: str, currency: str, shard: int, delta: int, room: int
+) -> int | None:
+    return await conn.fetchval(Q.system_account_with_room, kind, currency, shard, delta, room)
+
+
+async def open_system_account(
+    conn: asyncpg.Connection, kind: str, currency: str, now: datetime
+) -> None:
+    await conn.execute(Q.open_system_account, kind, currency, now)
+
+
 async def get_account(conn: asyncpg.Connection, account_id: int) -> Row | None:
     return await conn.fetchrow(Q.get_account, account_id)
 

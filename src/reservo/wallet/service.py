@@ -53,6 +53,7 @@ async def transfer_in_tx(
             domain.AccountRef.from_row(rows[target_id]),
             amount,
         )
+        domain.check_credit(target_id, rows[target_id]["balance"], amount)
     except domain.TransferRefused as exc:
         raise DomainError(exc.code, exc.detail) from None
     row = await repo.apply_transfer(conn, source_id, target_id, amount, kind, reference, now)
@@ -72,14 +73,44 @@ async def get_account_in_tx(conn: asyncpg.Connection, account_id: int) -> Accoun
 
 
 async def house_account_in_tx(
-    conn: asyncpg.Connection, currency: str, shard: int, shards: int, now: datetime
+    conn: asyncpg.Connection,
+    currency: str,
+    shard: int,
+    shards: int,
+    now: datetime,
+    delta: int = 0,
 ) -> int:
-    house = await repo.system_account(conn, "HOUSE", currency, shard)
-    if house is None:
-        await repo.ensure_system_accounts(conn, currency, shards, now)
-        house = await repo.system_account(conn, "HOUSE", currency, shard)
-    assert house is not None
-    return house
+    """The house sub-account a movement changing the house by ``delta`` uses:
+    ``shard`` while it has room for it, else another (see system_account_in_tx)."""
+    return await system_account_in_tx(conn, "HOUSE", currency, shard, shards, now, delta)
+
+
+async def system_account_in_tx(
+    conn: asyncpg.Connection,
+    kind: str,
+    currency: str,
+    shard: int,
+    shards: int,
+    now: datetime,
+    delta: int,
+) -> int:
+    """The sub-account of ``kind`` (WORLD, HOUSE) and ``currency`` that a
+    movement changing it by ``delta`` uses: the preferred ``shard`` while its
+    balance stays within +-SYSTEM_ROOM after it, else the lowest shard that
+    does, else a new sub-account. The operator's position is the sum over the
+    sub-accounts, so which one takes the movement changes nothing else; and a
+    system account full to its range never stops a deposit, stake or payout."""
+    for _ in range(3):  # created, or created by a concurrent opener: found next time
+        found = await repo.system_account_with_room(
+            conn, kind, currency, shard, delta, domain.SYSTEM_ROOM
+        )
+        if found is not None:
+            return found
+        if await repo.system_account(conn, kind, currency, 0) is None:
+            await repo.ensure_system_accounts(conn, currency, shards, now)
+        else:
+            await repo.open_system_account(conn, kind, currency, now)
+    raise DomainError("unavailable", f"no {kind} sub-account of {currency} has room; retry")
 
 
 async def pay_many_in_tx(
@@ -98,8 +129,10 @@ async def pay_many_in_tx(
             raise account_not_found(p.account_id)
         by_currency[currencies[p.account_id]].append(p)
     houses = {
-        cur: await house_account_in_tx(conn, cur, shard % max(1, shards), shards, now)
-        for cur in by_currency
+        cur: await house_account_in_tx(
+            conn, cur, shard % max(1, shards), shards, now, -sum(p.amount for p in group)
+        )
+        for cur, group in by_currency.items()
     }
     # One lock statement, ascending ids, house rows included: same order as transfers.
     await repo.lock_accounts(conn, [*ids, *houses.values()])
@@ -148,11 +181,9 @@ class WalletService:
             account = await repo.get_account(conn, account_id)
             if account is None or account["kind"] != "CUSTOMER":
                 raise account_not_found(account_id)
-            world = await repo.system_account(conn, "WORLD", account["currency"], 0)
-            if world is None:
-                await repo.ensure_system_accounts(conn, account["currency"], self.house_shards, now)
-                world = await repo.system_account(conn, "WORLD", account["currency"], 0)
-            assert world is not None
+            world = await system_account_in_tx(
+                conn, "WORLD", account["currency"], 0, self.house_shards, now, -amount
+            )
             transfer = await transfer_in_tx(
                 conn, world, account_id, amount, "DEPOSIT", reference, now
             )
