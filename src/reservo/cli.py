@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import uvicorn
@@ -20,6 +20,7 @@ from rich.console import Console
 
 from reservo.bootstrap import ALL, BACKGROUND_ROLES, declared_consumers
 from reservo.core.logging import configure as configure_logging
+from reservo.core.slow_clients import HttpLimits, ServerConfig, serve
 from reservo.settings import Settings
 
 app = typer.Typer(
@@ -38,6 +39,27 @@ def _settings() -> Settings:
     settings = Settings()
     configure_logging(settings.log_level, settings.log_json)
     return settings
+
+
+def http_server_config(
+    app: Any, settings: Settings, host: str | None = None, port: int | None = None, **kwargs: Any
+) -> ServerConfig:
+    """The one HTTP server configuration of `reservo api` and `reservo up`: uvloop,
+    httptools with the slow-client limits (core/slow_clients.py) from the settings."""
+    limits = HttpLimits(
+        header_timeout_s=settings.http_header_timeout_s,
+        body_timeout_s=settings.http_body_timeout_s,
+        keepalive_timeout_s=settings.http_keepalive_timeout_s,
+        max_connections=settings.http_max_connections,
+    )
+    return ServerConfig(
+        app,
+        limits,
+        host=host or settings.http_host,
+        port=port or settings.http_port,
+        loop="uvloop",
+        **kwargs,
+    )
 
 
 @db_app.command("migrate")
@@ -86,16 +108,10 @@ def api(
     settings = _settings()
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="reservo-metrics-")
-    uvicorn.run(
-        "reservo.app:from_environment",
-        factory=True,
-        host=host or settings.http_host,
-        port=port or settings.http_port,
-        workers=workers,
-        log_config=None,
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
+    serve(
+        http_server_config(
+            "reservo.app:from_environment", settings, host, port, factory=True, workers=workers
+        )
     )
 
 
@@ -223,14 +239,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     if settings.jwt_secret == Settings.model_fields["jwt_secret"].default:
         console.print("[yellow]warning: RESERVO_JWT_SECRET is the demo default[/yellow]")
     server = _Server(
-        uvicorn.Config(
-            create_app(container, owns_container=False),
-            host=settings.http_host,
-            port=settings.http_port,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-        )
+        http_server_config(create_app(container, owns_container=False), settings, lifespan="on")
     )
     stop = asyncio.Event()
     workers = asyncio.create_task(run_workers(container, UP_ROLES, stop))
