@@ -39,10 +39,12 @@ BODY_SHORT = (
 )
 
 
-def _serve(base_settings: Settings, log: Path, **limits: str) -> Iterator[tuple[str, int]]:
+def _serve(
+    settings: Settings, log: Path, command: str = "api", **limits: str
+) -> Iterator[tuple[str, int]]:
     port = free_port()
-    env = env_for(base_settings, **{f"RESERVO_HTTP_{k.upper()}": v for k, v in limits.items()})
-    with running(["api", "--port", str(port)], env, log) as proc:
+    env = env_for(settings, **{f"RESERVO_HTTP_{k.upper()}": v for k, v in limits.items()})
+    with running([command, "--port", str(port)], env, log) as proc:
         wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
         yield f"http://127.0.0.1:{port}", port
 
@@ -245,3 +247,22 @@ async def test_the_connection_cap_holds(capped: tuple[str, int]) -> None:
     await asyncio.sleep(0.5)
     async with httpx.AsyncClient(base_url=base, timeout=10) as http:
         assert (await http.get("/healthz")).status_code == 200  # room again
+
+
+async def test_reservo_up_serves_with_the_same_limits(
+    base_settings: Settings, fresh_database_url: str, tmp_path: Path
+) -> None:
+    settings = base_settings.model_copy(update={"database_url": fresh_database_url})
+    served = _serve(settings, tmp_path / "up.log", "up", header_timeout_s="1", max_connections="3")
+    _, port = next(served)
+    try:
+        raw, _ = await _until_closed(port, HEADERS_UNFINISHED, 1 + SLACK_S)
+        assert _status_and_body(raw)[0] == 408, raw
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        raw, took = await _until_closed(port, b"GET /healthz HTTP/1.1\r\n\r\n", 5)
+        assert raw == b"" and took < 5
+        for _, writer in held:
+            writer.close()
+    finally:
+        served.close()
