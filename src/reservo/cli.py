@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 import uvicorn
@@ -22,6 +22,7 @@ from rich.console import Console
 from reservo import __version__
 from reservo.bootstrap import ALL, BACKGROUND_ROLES, declared_consumers
 from reservo.core.logging import configure as configure_logging
+from reservo.core.slow_clients import HttpLimits, ServerConfig, serve
 from reservo.settings import Settings, SettingsError, check_secrets, env_name
 
 app = typer.Typer(
@@ -90,6 +91,27 @@ def _settings(*, secrets: bool = True) -> Settings:
     return settings
 
 
+def http_server_config(
+    app: Any, settings: Settings, host: str | None = None, port: int | None = None, **kwargs: Any
+) -> ServerConfig:
+    """The one HTTP server configuration of `reservo api` and `reservo up`: uvloop,
+    httptools with the slow-client limits (core/slow_clients.py) from the settings."""
+    limits = HttpLimits(
+        header_timeout_s=settings.http_header_timeout_s,
+        body_timeout_s=settings.http_body_timeout_s,
+        keepalive_timeout_s=settings.http_keepalive_timeout_s,
+        max_connections=settings.http_max_connections,
+    )
+    return ServerConfig(
+        app,
+        limits,
+        host=host or settings.http_host,
+        port=port or settings.http_port,
+        loop="uvloop",
+        **kwargs,
+    )
+
+
 @db_app.command("migrate", epilog="Reads RESERVO_DATABASE_URL.")
 def db_migrate() -> None:
     """Apply pending migrations (safe to run from several processes at once)."""
@@ -145,16 +167,10 @@ def api(
         _refuse("RESERVO_DATABASE_URL and RESERVO_REDIS_URL must be set for `reservo api`")
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="reservo-metrics-")
-    uvicorn.run(
-        "reservo.app:from_environment",
-        factory=True,
-        host=host or settings.http_host,
-        port=port or settings.http_port,
-        workers=workers,
-        log_config=None,
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
+    serve(
+        http_server_config(
+            "reservo.app:from_environment", settings, host, port, factory=True, workers=workers
+        )
     )
 
 
@@ -326,14 +342,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         ids = await demo_data.load(container)
         console.print(f"demo data: doctors {ids} with 14 days of slots")
     server = _Server(
-        uvicorn.Config(
-            create_app(container, owns_container=False),
-            host=settings.http_host,
-            port=settings.http_port,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-        )
+        http_server_config(create_app(container, owns_container=False), settings, lifespan="on")
     )
     stop = asyncio.Event()
     workers = asyncio.create_task(run_workers(container, UP_ROLES, stop))

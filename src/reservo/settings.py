@@ -43,6 +43,17 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".reservo")
     http_host: str = "127.0.0.1"
     http_port: int = 8000
+    # Slow clients (core/slow_clients.py). A request's headers must arrive within
+    # http_header_timeout_s of its first byte, and its body within
+    # http_body_timeout_s of the headers (408, then the connection is closed), so a
+    # socket that sends half a request holds a descriptor that long at most.
+    http_header_timeout_s: float = Field(default=15.0, gt=0, le=300)
+    http_body_timeout_s: float = Field(default=15.0, gt=0, le=3600)
+    # A kept-alive connection with no request in flight is closed after this long.
+    http_keepalive_timeout_s: int = Field(default=5, ge=1, le=300)
+    # Open connections per API process; a new one beyond it is closed at once,
+    # before anything is read, so a flood of sockets cannot exhaust descriptors.
+    http_max_connections: int = Field(default=1024, ge=1, le=1_000_000)
 
     db_pool_min: int = 2
     db_pool_max: int = 20

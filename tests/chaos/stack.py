@@ -102,6 +102,9 @@ class Proc:
     kills: int = 0
 
 
+SLOW_CLIENT_TIMEOUT_S = 5.0
+
+
 class Reservo:
     """Two API processes and two ``worker --roles all`` processes."""
 
@@ -121,6 +124,9 @@ class Reservo:
             "RESERVO_DB_POOL_MIN": "1",
             "RESERVO_DB_POOL_MAX": "8",
             "RESERVO_DB_ACQUIRE_TIMEOUT_S": "3",
+            # Slow clients are cut after 5 s (the default 15 s, scaled down).
+            "RESERVO_HTTP_HEADER_TIMEOUT_S": str(SLOW_CLIENT_TIMEOUT_S),
+            "RESERVO_HTTP_BODY_TIMEOUT_S": str(SLOW_CLIENT_TIMEOUT_S),
             # Kafka: Tansu's memory store refuses InitProducerId.
             "RESERVO_KAFKA_BOOTSTRAP": infra.bootstrap,
             "RESERVO_KAFKA_IDEMPOTENCE": "false",

@@ -31,6 +31,7 @@ CORE_CODES: dict[str, int] = {
     "idempotency_key_reused": 422,
     "request_in_progress": 409,
     "payload_too_large": 413,
+    "request_timeout": 408,  # the HTTP server: a slow client (core/slow_clients.py)
     "not_replayable": 409,
     "not_cancellable": 409,  # rentals bookings and scheduler jobs
 }

@@ -30,6 +30,16 @@ HTTP_LATENCY = Histogram(
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+# The HTTP server's guard against slow clients (core/slow_clients.py).
+HTTP_SLOW_CLIENTS = Counter(
+    "reservo_http_slow_clients_total",
+    "Connections closed because a request's headers or body did not arrive in time",
+    ["phase"],
+)
+HTTP_CONNECTIONS_REFUSED = Counter(
+    "reservo_http_connections_refused_total",
+    "Connections closed at once because the process had RESERVO_HTTP_MAX_CONNECTIONS open",
+)
 BOOKINGS = Counter("reservo_bookings_total", "Successful bookings", ["module"])
 CANCELLATIONS = Counter("reservo_cancellations_total", "Successful cancellations", ["module"])
 CONFLICTS = Counter(
