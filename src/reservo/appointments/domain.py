@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo
 
+from reservo.core import timezones
 from reservo.core.rows import FromRow, build
 
 
@@ -57,24 +58,10 @@ class Slot:
     end_at: datetime
 
 
-class InvalidTimezone(ValueError):
-    pass
-
-
-_ZONES: frozenset[str] | None = None
-
-
 def zone(name: str) -> ZoneInfo:
-    """A real IANA zone (not a path, not a legacy alias that zoneinfo guesses)."""
-    global _ZONES
-    if _ZONES is None:
-        _ZONES = frozenset(available_timezones())
-    if name not in _ZONES:
-        raise InvalidTimezone(f"unknown IANA time zone {name!r}")
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise InvalidTimezone(str(exc)) from exc
+    """The doctor's zone by the one rule of every zone (core.timezones):
+    UnknownZone (a ValueError) for a name it refuses."""
+    return timezones.zone(name)
 
 
 def local_instant(day: date, at: time, tz: ZoneInfo) -> datetime:
