@@ -169,6 +169,15 @@ class RepeatingSchedule:
     timezone: str
     generated_until: date
     rule: ScheduleRule
+    # False when PostgreSQL does not know ``timezone`` (a doctor written before
+    # the zone rule, or a database whose tz data lags Python's).
+    zone_known: bool = True
+
+    def zone(self) -> ZoneInfo:
+        """The doctor's zone; UnknownZone when either side does not know it."""
+        if not self.zone_known:
+            raise timezones.UnknownZone(f"PostgreSQL does not know time zone {self.timezone!r}")
+        return zone(self.timezone)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RepeatingSchedule:
