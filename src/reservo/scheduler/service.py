@@ -454,7 +454,8 @@ class Scheduler:
     ) -> list[Job]:
         cfg = self.config
         assert rec.next_at is not None
-        zone = domain.parse_zone(rec.timezone)
+        # The intake's rules again: a row written before them fails here, alone.
+        zone, cron = domain.parse_zone(rec.timezone), domain.parse_cron(rec.cron)
         # next_at itself is an occurrence: start just before it.
         after = rec.next_at - timedelta(microseconds=1)
         if rec.next_at < window.oldest:
@@ -468,7 +469,7 @@ class Scheduler:
             )
             after = window.oldest
         instants, nxt = domain.occurrences(
-            rec.cron, zone, after, window.horizon, cfg.recurring_per_pass
+            cron, zone, after, window.horizon, cfg.recurring_per_pass
         )
         created = []
         if instants:
