@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo
 
+from reservo.core import timezones
 from reservo.core.rows import FromRow, build
 
 
@@ -57,24 +58,10 @@ class Slot:
     end_at: datetime
 
 
-class InvalidTimezone(ValueError):
-    pass
-
-
-_ZONES: frozenset[str] | None = None
-
-
 def zone(name: str) -> ZoneInfo:
-    """A real IANA zone (not a path, not a legacy alias that zoneinfo guesses)."""
-    global _ZONES
-    if _ZONES is None:
-        _ZONES = frozenset(available_timezones())
-    if name not in _ZONES:
-        raise InvalidTimezone(f"unknown IANA time zone {name!r}")
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise InvalidTimezone(str(exc)) from exc
+    """The doctor's zone by the one rule of every zone (core.timezones):
+    UnknownZone (a ValueError) for a name it refuses."""
+    return timezones.zone(name)
 
 
 def local_instant(day: date, at: time, tz: ZoneInfo) -> datetime:
@@ -182,6 +169,15 @@ class RepeatingSchedule:
     timezone: str
     generated_until: date
     rule: ScheduleRule
+    # False when PostgreSQL does not know ``timezone`` (a doctor written before
+    # the zone rule, or a database whose tz data lags Python's).
+    zone_known: bool = True
+
+    def zone(self) -> ZoneInfo:
+        """The doctor's zone; UnknownZone when either side does not know it."""
+        if not self.zone_known:
+            raise timezones.UnknownZone(f"PostgreSQL does not know time zone {self.timezone!r}")
+        return zone(self.timezone)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RepeatingSchedule:

@@ -213,18 +213,36 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING id, doctor_id, first_day, weekdays, start_time, end_time, slot_minutes, capacity,
           generated_until, (SELECT timezone FROM doctor WHERE id = $1) AS timezone;
 
--- name: due_schedules
+-- name: due_schedule_ids
 -- Repeating schedules not generated up to their doctor's horizon yet ($4: a bound
--- no zone's local horizon exceeds, for the index), locked by this worker; other
--- workers skip them.
-SELECT s.id, s.doctor_id, d.timezone, s.first_day, s.weekdays, s.start_time, s.end_time,
-       s.slot_minutes, s.capacity, s.generated_until
+-- no zone's local horizon exceeds, for the index), not parked, locked by this
+-- worker; other workers skip them. Ids only, so no value of a bad row can fail
+-- the claim; a doctor's zone PostgreSQL does not know (local date NULL) makes
+-- its schedules due, and the worker parks them.
+SELECT s.id
   FROM doctor_schedule s JOIN doctor d ON d.id = s.doctor_id
  WHERE s.generated_until < $4::date
-   AND s.generated_until < (($1::timestamptz AT TIME ZONE d.timezone)::date + $2::int)
+   AND s.parked_at IS NULL
+   AND coalesce(s.generated_until < local_date_or_null($1::timestamptz, d.timezone) + $2::int,
+                true)
  ORDER BY s.id
  LIMIT $3
    FOR UPDATE OF s SKIP LOCKED;
+
+-- name: schedules_by_id
+-- The claimed schedules with what extending them needs; zone_known is false when
+-- PostgreSQL does not know the doctor's zone.
+SELECT s.id, s.doctor_id, d.timezone, s.first_day, s.weekdays, s.start_time, s.end_time,
+       s.slot_minutes, s.capacity, s.generated_until,
+       local_date_or_null($2::timestamptz, d.timezone) IS NOT NULL AS zone_known
+  FROM doctor_schedule s JOIN doctor d ON d.id = s.doctor_id
+ WHERE s.id = ANY($1::bigint[])
+ ORDER BY s.id;
+
+-- name: park_schedule
+-- A schedule the worker cannot extend even alone (core.poison): skipped from now
+-- on, with the reason. Reads none of the row's values.
+UPDATE doctor_schedule SET parked_at = $2, last_error = $3 WHERE id = $1;
 
 -- name: set_generated_until
 -- Only forward: a late worker never moves it back.

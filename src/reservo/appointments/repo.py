@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import date, datetime, time
 from typing import TypeAlias
 
@@ -167,10 +168,20 @@ async def insert_repeating_schedule(
     )
 
 
-async def due_schedules(
+async def due_schedule_ids(
     conn: asyncpg.Connection, now: datetime, horizon_days: int, limit: int, bound: date
-) -> list[Row]:
-    return list(await conn.fetch(Q.due_schedules, now, horizon_days, limit, bound))
+) -> list[int]:
+    return [r["id"] for r in await conn.fetch(Q.due_schedule_ids, now, horizon_days, limit, bound)]
+
+
+async def schedules_by_id(conn: asyncpg.Connection, ids: Sequence[int], now: datetime) -> list[Row]:
+    return list(await conn.fetch(Q.schedules_by_id, list(ids), now))
+
+
+async def park_schedule(
+    conn: asyncpg.Connection, schedule_id: int, now: datetime, reason: str
+) -> None:
+    await conn.execute(Q.park_schedule, schedule_id, now, reason)
 
 
 async def set_generated_until(conn: asyncpg.Connection, schedule_id: int, until: date) -> None:

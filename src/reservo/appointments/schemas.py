@@ -7,23 +7,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictInt, field_validator, model_validator
 
-from reservo.appointments.domain import InvalidTimezone, zone
 from reservo.core.schemas import ApiModel, Day, Id
+from reservo.core.timezones import Zone
 
 
 class DoctorIn(ApiModel):
     name: Annotated[str, Field(min_length=1, max_length=200)]
-    timezone: Annotated[str, Field(min_length=1, max_length=64, examples=["Europe/Lisbon"])]
+    timezone: Zone
     specialty: Annotated[str | None, Field(max_length=200)] = None
-
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, v: str) -> str:
-        try:
-            zone(v)
-        except InvalidTimezone as exc:
-            raise ValueError(str(exc)) from None
-        return v
 
 
 class Doctor(ApiModel):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -24,6 +25,7 @@ from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
+from reservo.core.poison import isolate
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.reads import read_one
 from reservo.core.transport.base import Event
@@ -37,6 +39,10 @@ REMINDER_JOB = "appointments.reminder"
 REMINDER_LEAD = timedelta(hours=24)
 # Repeating schedules one run of the "appointments" role extends per transaction.
 SCHEDULE_BATCH = 50
+# The `loop` label of reservo_poison_rows_total for that role.
+SCHEDULES_LOOP = "appointments.schedules"
+# The longest reason stored on a parked schedule.
+PARK_REASON_MAX = 2000
 # The start of every keyset walk of a patient's appointments.
 _BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), 0)
 _DEADLOCK_RETRIES = 3
@@ -149,7 +155,16 @@ class AppointmentService:
             doctor = await repo.get_doctor(conn, doctor_id)
             if doctor is None:
                 raise DomainError("doctor_not_found", f"no doctor {doctor_id}")
-            tz = self._zones[doctor_id] = domain.zone(doctor["timezone"])
+            try:
+                tz = self._zones[doctor_id] = domain.zone(doctor["timezone"])
+            except ValueError:
+                # Stored before the zone rule: nothing can be computed in it
+                # until an operator corrects the doctor's zone.
+                raise DomainError(
+                    "unknown_timezone",
+                    f"doctor {doctor_id}'s time zone {doctor['timezone']!r} is not a "
+                    "known IANA zone; it must be corrected first",
+                ) from None
         return tz
 
     async def create_schedule(self, doctor_id: int, rule: domain.ScheduleRule) -> tuple[int, int]:
@@ -657,7 +672,7 @@ class AppointmentService:
     async def _extend(
         self, conn: asyncpg.Connection, schedule: domain.RepeatingSchedule, now: Any
     ) -> tuple[int, list[domain.Slot]]:
-        tz = domain.zone(schedule.timezone)
+        tz = schedule.zone()
         until = domain.horizon_end(now, tz, self.window)
         rule = schedule.next_range(until)
         if rule is None:
@@ -670,20 +685,43 @@ class AppointmentService:
         """One batch of the ``appointments`` role: repeating schedules not generated
         up to today + horizon yet get their next days. Idempotent and safe with any
         number of workers: each schedule is locked (SKIP LOCKED) by one of them, and
-        a slot generated twice is skipped by the database. Returns how many
-        schedules it extended (a full batch means: run again at once)."""
+        a slot generated twice is skipped by the database. A schedule that cannot
+        be extended even alone (its doctor's zone unknown, a value out of range)
+        is parked and the others go on (core.poison). Returns how many schedules
+        it claimed (a full batch means: run again at once)."""
         now = self.clock.now()
         # No zone is more than a day ahead of UTC: a bound the index can use.
         bound = now.date() + timedelta(days=self.window.horizon_days + 1)
-        async with self.db.transaction() as conn:
-            due = await repo.due_schedules(
+        async with self.db.connection() as conn, conn.transaction():
+            due = await repo.due_schedule_ids(
                 conn, now, self.window.horizon_days, SCHEDULE_BATCH, bound
             )
-            for row in due:
-                await self._extend(conn, domain.RepeatingSchedule.from_row(row), now)
+            await isolate(
+                due,
+                partial(self._extend_claimed, conn, now),
+                partial(self._park_schedule, conn, now),
+                loop=SCHEDULES_LOOP,
+            )
         if due:
             log.info("appointments_schedules_extended", schedules=len(due))
         return len(due)
+
+    async def _extend_claimed(
+        self, conn: asyncpg.Connection, now: datetime, ids: Sequence[int]
+    ) -> list[int]:
+        """Extends claimed schedules inside a savepoint, so a row error undoes
+        only this attempt and the claim's locks stay held."""
+        async with conn.transaction():
+            rows = await repo.schedules_by_id(conn, ids, now)
+            for row in rows:
+                await self._extend(conn, domain.RepeatingSchedule.from_row(row), now)
+        return [row["id"] for row in rows]
+
+    async def _park_schedule(
+        self, conn: asyncpg.Connection, now: datetime, schedule_id: int, exc: BaseException
+    ) -> None:
+        reason = f"parked by the {SCHEDULES_LOOP} loop: {exc!r}"[:PARK_REASON_MAX]
+        await repo.park_schedule(conn, schedule_id, now, reason)
 
     # -- second release: contact -------------------------------------------------------
 

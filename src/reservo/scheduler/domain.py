@@ -6,11 +6,11 @@ import re
 import zoneinfo
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
 from typing import Any
 
 from cronsim import CronSim, CronSimError
 
+from reservo.core import timezones
 from reservo.core.rows import FromRow
 from reservo.core.schemas import EARLIEST, LATEST
 
@@ -111,24 +111,14 @@ def check_run_at(run_at: datetime) -> None:
 
 # -- recurring jobs ---------------------------------------------------------------
 
-# Zone names that are IANA keys on disk but name no place: "localtime" is the
-# machine's zone (differs per host), "Factory" is a placeholder.
-_NOT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
 # The longest run of local times a zone ever skipped (Samoa, 2011-12-30: a day).
 _MAX_GAP = timedelta(hours=25)
 
 
-@lru_cache(maxsize=1)
-def _zone_names() -> frozenset[str]:
-    return frozenset(zoneinfo.available_timezones()) - _NOT_ZONES
-
-
 def parse_zone(name: str) -> zoneinfo.ZoneInfo:
-    """An IANA time zone by name; ValueError for anything else (a path, a
-    typo, an abbreviation such as "PST" that is not a zone key)."""
-    if name not in _zone_names():
-        raise ValueError(f"unknown time zone {name!r}: give an IANA name such as Europe/Paris")
-    return zoneinfo.ZoneInfo(name)
+    """A time zone by the one rule of every zone (core.timezones); UnknownZone
+    (a ValueError) for anything else."""
+    return timezones.zone(name)
 
 
 def parse_cron(expr: str) -> str:

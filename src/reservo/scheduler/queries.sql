@@ -407,15 +407,25 @@ UPDATE scheduled_job
    SET status = 'CANCELLED', revision = revision + 1, finished_at = $2
  WHERE recurring_id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED');
 
--- name: due_recurring
--- The materialiser's work: recurring jobs whose next occurrence falls before
--- the horizon, locked (SKIP LOCKED: two materialisers share the work instead
--- of waiting for each other). Index recurring_job_next_at.
-SELECT * FROM recurring_job
- WHERE next_at < $1
+-- name: due_recurring_ids
+-- The materialiser's work: live (not parked) recurring jobs whose next occurrence
+-- falls before the horizon, locked (SKIP LOCKED: two materialisers share the
+-- work instead of waiting for each other). Ids only, so no value of a bad row
+-- can fail the claim. Index recurring_job_next_at (a parked row is filtered).
+SELECT id FROM recurring_job
+ WHERE next_at < $1 AND parked_at IS NULL
  ORDER BY next_at
  LIMIT $2
    FOR UPDATE SKIP LOCKED;
+
+-- name: recurring_by_id
+-- The claimed recurring jobs, whole, in the order they were claimed.
+SELECT * FROM recurring_job WHERE id = ANY($1::bigint[]) ORDER BY next_at, id;
+
+-- name: park_recurring
+-- A recurring job the materialiser cannot expand even alone (core.poison):
+-- skipped from now on, with the reason. Reads none of the row's values.
+UPDATE recurring_job SET parked_at = $2, last_error = $3 WHERE id = $1;
 
 -- name: insert_occurrences
 -- One job per occurrence: the unique key (recurring_id, occurs_at) makes a

@@ -288,8 +288,18 @@ async def cancel_occurrences(conn: asyncpg.Connection, recurring_id: int, now: d
     return int(status.split()[-1])
 
 
-async def due_recurring(conn: asyncpg.Connection, horizon: datetime, limit: int) -> list[Recurring]:
-    return [Recurring.from_row(r) for r in await conn.fetch(Q.due_recurring, horizon, limit)]
+async def due_recurring_ids(conn: asyncpg.Connection, horizon: datetime, limit: int) -> list[int]:
+    return [r["id"] for r in await conn.fetch(Q.due_recurring_ids, horizon, limit)]
+
+
+async def recurring_by_id(conn: asyncpg.Connection, ids: Sequence[int]) -> list[Recurring]:
+    return [Recurring.from_row(r) for r in await conn.fetch(Q.recurring_by_id, list(ids))]
+
+
+async def park_recurring(
+    conn: asyncpg.Connection, recurring_id: int, now: datetime, reason: str
+) -> None:
+    await conn.execute(Q.park_recurring, recurring_id, now, reason)
 
 
 async def insert_occurrences(

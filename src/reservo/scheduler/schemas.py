@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, HttpUrl
 
 from reservo.core.schemas import ApiModel, Instant
+from reservo.core.timezones import Zone
 
 MAX_DELAY_MS = 5 * 366 * 24 * 3600 * 1000
 
@@ -67,7 +68,7 @@ class RecurringIn(ApiModel):
 
     category: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$")
     cron: str = Field(min_length=9, max_length=200, examples=["30 2 * * *"])
-    timezone: str = Field(min_length=1, max_length=64, examples=["Europe/Paris"])
+    timezone: Zone
     payload: dict[str, Any] = Field(default_factory=dict)
     urgency: int = Field(default=5, ge=0, le=9, strict=True)
 

@@ -23,6 +23,7 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
+from reservo.core.poison import isolate
 from reservo.core.reads import read_one
 from reservo.core.redis import Client
 from reservo.scheduler import domain, repo
@@ -35,6 +36,10 @@ Handler = Callable[[Job], Awaitable[None]]
 # Refuses a payload at enqueue time through the API (raises DomainError), e.g.
 # an http job's destination; the handler checks again when it runs.
 Check = Callable[[dict[str, Any]], None]
+# The `loop` label of reservo_poison_rows_total for the recurring-job materialiser.
+MATERIALISER = "scheduler.materialiser"
+# The longest reason stored on a parked recurring job.
+PARK_REASON_MAX = 2000
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,24 @@ class Config:
     recurring_catchup_s: float = 3600.0
     recurring_batch: int = 100
     recurring_per_pass: int = 1000
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The times one materialiser pass works with: occurrences before
+    ``horizon`` are created, none older than ``oldest`` (the catch-up)."""
+
+    now: datetime
+    horizon: datetime
+    oldest: datetime
+
+    @classmethod
+    def at(cls, now: datetime, cfg: Config) -> _Window:
+        return cls(
+            now,
+            now + timedelta(seconds=cfg.window_s),
+            now - timedelta(seconds=cfg.recurring_catchup_s),
+        )
 
 
 class Scheduler:
@@ -398,46 +421,69 @@ class Scheduler:
         moves its cursor past them, in one transaction. Safe with any number of
         concurrent passes: rows are locked (SKIP LOCKED), and the unique key
         (recurring_id, occurs_at) refuses a second job for one occurrence anyway.
-        Returns how many recurring jobs it handled and the jobs it created."""
-        cfg = self.config
+        A recurring job that cannot be expanded even alone (a zone the rule
+        refuses, a row that cannot be decoded) is parked and the others go on
+        (core.poison). Returns how many recurring jobs it claimed and the jobs
+        it created."""
         now = self.clock.now()
-        horizon = now + timedelta(seconds=cfg.window_s)
-        oldest = now - timedelta(seconds=cfg.recurring_catchup_s)
-        created: list[Job] = []
-        async with self.db.transaction() as conn:
-            due = await repo.due_recurring(conn, horizon, cfg.recurring_batch)
-            for rec in due:
-                assert rec.next_at is not None
-                try:
-                    zone = domain.parse_zone(rec.timezone)
-                except ValueError as exc:
-                    # A zone the installed tz database no longer has: parked
-                    # (no next occurrence) rather than failing every pass.
-                    log.error("scheduler_recurring_parked", recurring_id=rec.id, error=str(exc))
-                    await repo.advance_recurring(conn, rec.id, rec.next_at, None)
-                    continue
-                # next_at itself is an occurrence: start just before it.
-                after = rec.next_at - timedelta(microseconds=1)
-                if rec.next_at < oldest:
-                    # Down for longer than the catch-up window: what is older
-                    # than it is not run late any more.
-                    log.warning(
-                        "scheduler_recurring_skipped",
-                        recurring_id=rec.id,
-                        missed_from=rec.next_at.isoformat(),
-                        resumed_at=oldest.isoformat(),
-                    )
-                    after = oldest
-                instants, nxt = domain.occurrences(
-                    rec.cron, zone, after, horizon, cfg.recurring_per_pass
-                )
-                if instants:
-                    created += await repo.insert_occurrences(
-                        conn, rec, instants, cfg.max_attempts, now
-                    )
-                await repo.advance_recurring(conn, rec.id, rec.next_at, nxt)
+        window = _Window.at(now, self.config)
+        async with self.db.connection() as conn, conn.transaction():
+            due = await repo.due_recurring_ids(conn, window.horizon, self.config.recurring_batch)
+            created = await isolate(
+                due,
+                partial(self._materialise_claimed, conn, window),
+                partial(self._park_recurring, conn, now),
+                loop=MATERIALISER,
+            )
         await self.dispatch(created)
         return len(due), created
+
+    async def _materialise_claimed(
+        self, conn: asyncpg.Connection, window: _Window, ids: Sequence[int]
+    ) -> list[Job]:
+        """Expands claimed recurring jobs inside a savepoint, so a row error
+        undoes only this attempt and the claim's locks stay held."""
+        created: list[Job] = []
+        async with conn.transaction():
+            for rec in await repo.recurring_by_id(conn, ids):
+                created += await self._materialise_one(conn, rec, window)
+        return created
+
+    async def _materialise_one(
+        self, conn: asyncpg.Connection, rec: Recurring, window: _Window
+    ) -> list[Job]:
+        cfg = self.config
+        assert rec.next_at is not None
+        # The intake's rules again: a row written before them fails here, alone.
+        zone, cron = domain.parse_zone(rec.timezone), domain.parse_cron(rec.cron)
+        # next_at itself is an occurrence: start just before it.
+        after = rec.next_at - timedelta(microseconds=1)
+        if rec.next_at < window.oldest:
+            # Down for longer than the catch-up window: what is older than it is
+            # not run late any more.
+            log.warning(
+                "scheduler_recurring_skipped",
+                recurring_id=rec.id,
+                missed_from=rec.next_at.isoformat(),
+                resumed_at=window.oldest.isoformat(),
+            )
+            after = window.oldest
+        instants, nxt = domain.occurrences(
+            cron, zone, after, window.horizon, cfg.recurring_per_pass
+        )
+        created = []
+        if instants:
+            created = await repo.insert_occurrences(
+                conn, rec, instants, cfg.max_attempts, window.now
+            )
+        await repo.advance_recurring(conn, rec.id, rec.next_at, nxt)
+        return created
+
+    async def _park_recurring(
+        self, conn: asyncpg.Connection, now: datetime, recurring_id: int, exc: BaseException
+    ) -> None:
+        reason = f"parked by the {MATERIALISER}: {exc!r}"[:PARK_REASON_MAX]
+        await repo.park_recurring(conn, recurring_id, now, reason)
 
     async def queue_lengths(self) -> list[tuple[str, int, int, int]]:
         """What Redis holds per (category, urgency): ids waiting for their time
