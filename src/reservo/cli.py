@@ -61,19 +61,31 @@ def token(
         str, typer.Option(help="admin, doctor, patient, customer, host, bettor, service")
     ],
     sub: Annotated[int, typer.Option(help="the caller's numeric user id")],
-    ttl: Annotated[int, typer.Option(help="lifetime in seconds")] = 3600,
+    ttl: Annotated[
+        int, typer.Option(help="lifetime in seconds, at most RESERVO_JWT_MAX_LIFETIME_S")
+    ] = 3600,
 ) -> None:
     """Print a bearer token signed with RESERVO_JWT_SECRET."""
     from reservo.core.auth import mint_token
     from reservo.core.clock import SystemClock
 
     settings = Settings()
-    try:
-        typer.echo(
-            mint_token(settings.jwt_secret, role, sub, timedelta(seconds=ttl), SystemClock().now())
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    # A token the API would refuse (401) is no use to print: one line, exit 2.
+    limit = settings.jwt_max_lifetime_s
+    problem = None
+    if not 1 <= ttl <= limit:
+        problem = f"--ttl must be in [1, {limit}] seconds (RESERVO_JWT_MAX_LIFETIME_S)"
+    else:
+        try:
+            minted = mint_token(
+                settings.jwt_secret, role, sub, timedelta(seconds=ttl), SystemClock().now()
+            )
+        except ValueError as exc:
+            problem = str(exc)
+    if problem is not None:
+        typer.echo(f"reservo token: {problem}", err=True)
+        raise typer.Exit(2)
+    typer.echo(minted)
 
 
 @app.command()
