@@ -3,7 +3,7 @@
 There are no passwords in reservo: an admin proves who they are with an admin
 JWT, pasted once into the sign-in form and verified by the same checks as every
 API request. The console then issues its own cookie: a signed (not encrypted)
-payload ``{sub, exp, csrf}``, ``HttpOnly`` and ``SameSite=Strict``, expiring no
+payload ``{sub, exp, csrf, sid}``, ``HttpOnly`` and ``SameSite=Strict``, expiring no
 later than the token did. The signing key is derived from the JWT secret with
 HMAC, so the secret never leaves the server, a cookie is no JWT and a JWT is no
 cookie. The payload's ``csrf`` value is the token every form (and every htmx
