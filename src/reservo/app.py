@@ -49,6 +49,10 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
 
     app = ReservoAPI(
         title="reservo",
+        # No trailing-slash redirects: Starlette builds their Location from the
+        # request's Host header, which the caller chooses. A path is served as
+        # written or answers 404.
+        redirect_slashes=False,
         version=__version__,
         lifespan=lifespan,
         description="Never double-book, never double-spend, never lose an event.",
@@ -62,7 +66,9 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     app.state.clock = container.clock
     app.state.jwt_secret = container.settings.jwt_secret
     app.state.tokens = TokenVerifier(
-        container.settings.jwt_secret, container.settings.token_cache_size
+        container.settings.jwt_secret,
+        container.settings.token_cache_size,
+        container.settings.jwt_max_lifetime_s,
     )
     app.state.idempotency = container.idempotency
     for module in container.modules:  # what each module's routes read

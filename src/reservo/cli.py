@@ -133,7 +133,9 @@ def token(
         str, typer.Option(help="admin, doctor, patient, customer, host, bettor, service")
     ],
     sub: Annotated[int, typer.Option(help="the caller's numeric user id")],
-    ttl: Annotated[int, typer.Option(help="lifetime in seconds")] = 3600,
+    ttl: Annotated[
+        int, typer.Option(help="lifetime in seconds, at most RESERVO_JWT_MAX_LIFETIME_S")
+    ] = 3600,
 ) -> None:
     """Print a bearer token signed with RESERVO_JWT_SECRET (or, where that is not
     set, with the throwaway secret a `reservo up --demo` in this directory made)."""
@@ -142,6 +144,10 @@ def token(
     from reservo.demo import SECRETS_FILE, saved_demo_secret
 
     settings = _read_settings()
+    # A token the API would refuse (401) is no use to print: one line, exit 2.
+    limit = settings.jwt_max_lifetime_s
+    if not 1 <= ttl <= limit:
+        _refuse(f"--ttl must be in [1, {limit}] seconds (RESERVO_JWT_MAX_LIFETIME_S)")
     secret = settings.jwt_secret
     if not secret:
         data_dir = Path(settings.data_dir).resolve()
@@ -152,7 +158,7 @@ def token(
     try:
         typer.echo(mint_token(secret, role, sub, timedelta(seconds=ttl), SystemClock().now()))
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        _refuse(str(exc))
 
 
 @app.command(epilog=SERVER_ENV)

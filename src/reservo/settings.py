@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     # Verified tokens remembered per API process (by their exact text, until their
     # exp) so a caller's next request skips the ~30 us decode; 0 turns it off.
     token_cache_size: int = Field(default=10_000, ge=0, le=1_000_000)
+    # The longest a bearer token may be valid (401 above it), counted from its
+    # iat, and from now whatever iat says: a leaked or carelessly minted token
+    # must not open the API for months. `reservo token` stays within it.
+    jwt_max_lifetime_s: int = Field(default=24 * 3600, ge=60, le=366 * 86400)
     # Serve the hottest routes' common requests without FastAPI's per-request work
     # (core/lean.py); same answers. False serves everything through FastAPI.
     lean_paths: bool = True

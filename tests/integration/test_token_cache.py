@@ -95,7 +95,7 @@ async def test_the_cache_holds_at_most_its_size(base_settings: Settings) -> None
         tokens: TokenVerifier = app.state.tokens
         assert len(tokens) == 3
         # The oldest went first; the newest are remembered.
-        remembered = {p.sub for p, _ in tokens._verified.values()}
+        remembered = {entry[0].sub for entry in tokens._verified.values()}
         assert remembered == set(subs[2:])
         # An evicted token is simply verified again.
         r = await c.get(

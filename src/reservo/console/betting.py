@@ -9,7 +9,7 @@ and the settlement's inbox drops it: bets are settled and paid once."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Query, Request
@@ -21,16 +21,14 @@ from reservo.betting.intake import ResultIntake
 from reservo.betting.schemas import ResultIn
 from reservo.betting.service import BettingService
 from reservo.console.figures import Figures, Settling
-from reservo.console.web import SignedIn, Verified, render
+from reservo.console.web import SignedIn, Verified, render, site
 from reservo.core.errors import DomainError
-from reservo.core.pagination import decode_cursor, page
+from reservo.core.pagination import page, time_cursor, time_key
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 25
 STATUSES = ("STARTED", "UPCOMING", "SETTLED")
 MatchStatus = Literal["STARTED", "UPCOMING", "SETTLED"]
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
 
 
 def _betting(request: Request) -> BettingService:
@@ -39,7 +37,7 @@ def _betting(request: Request) -> BettingService:
 
 
 def _key(m: Match) -> tuple[int, int]:
-    return (m.starts_at - _EPOCH) // _US, m.id
+    return time_key(m.starts_at, m.id)
 
 
 def manual_event_id(external_id: str, result: ResultIn) -> str:
@@ -55,13 +53,10 @@ def _score(field: str) -> int | str | None:
     return int(field) if field.isdecimal() else (field or None)
 
 
-async def _page(
-    request: Request, session: Any, status: str, after: str | None, **extra: Any
-) -> HTMLResponse:
-    cursor = None
-    if after:
-        us, match_id = decode_cursor(after, int, int)
-        cursor = (_EPOCH + us * _US, match_id)
+async def _matches(
+    request: Request, status: str, cursor: tuple[datetime, int] | None
+) -> tuple[list[Match], str | None, dict[int, Settling]]:
+    """A page of matches of ``status``, its next cursor, and the settling ones' progress."""
     rows = await _betting(request).list_matches(status, cursor, PAGE + 1)
     matches, nxt = page(rows, PAGE, _key)
     figures: Figures = request.app.state.console_figures
@@ -73,17 +68,35 @@ async def _page(
         for m in matches
         if (n := pending.get(m.id)) is not None
     }
+    return matches, nxt, progress
+
+
+async def _page(
+    request: Request, session: Any, status: str, after: str | None, **extra: Any
+) -> HTMLResponse:
     context: dict[str, Any] = {"error": None, "posted": None, **extra}
+    code, nxt = 200, None
+    matches: list[Match] = []
+    progress: dict[int, Settling] = {}
+    try:
+        # The API's cursor rule: a time outside the accepted range is no cursor
+        # of ours (it was a 500: past year 9999).
+        cursor = time_cursor(after or None)
+    except DomainError as err:
+        code, context["error"] = err.status, err.detail
+    else:
+        matches, nxt, progress = await _matches(request, status, cursor)
     return render(
         request,
         "betting.html",
         session,
+        code,
         status_name=status,
         statuses=STATUSES,
         matches=matches,
         progress=progress,
         next=nxt,
-        now=request.app.state.console.clock.now(),
+        now=site(request).clock.now(),
         **context,
     )
 

@@ -13,8 +13,15 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from reservo.appointments.service import AppointmentService
 from reservo.console.session import Session
-from reservo.console.web import SignedIn, Verified, render, render_refused
-from reservo.core.errors import DomainError
+from reservo.console.web import (
+    SignedIn,
+    Verified,
+    parse_day,
+    render,
+    render_refused,
+    site,
+)
+from reservo.core.errors import DomainError, validation_error
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 WAITLIST_SHOWN = 100
@@ -29,15 +36,27 @@ def _agenda_url(doctor: int, day: date) -> str:
     return f"/console/clinic?doctor={doctor}&day={day.isoformat()}"
 
 
+# A query's day as sent, for parse_day (its message quotes at most 40 characters).
+DayText = Annotated[str | None, Query(max_length=100)]
+
+
+def _today(request: Request) -> date:
+    return site(request).clock.now().date()
+
+
 @router.get("/clinic", response_class=HTMLResponse)
 async def agenda(
     request: Request,
     session: SignedIn,
     doctor: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
-    day: date | None = None,
+    day_text: Annotated[DayText, Query(alias="day")] = None,
 ) -> HTMLResponse:
     """The form picks a doctor and a day (GET: the page can be bookmarked)."""
-    day = day or request.app.state.console.clock.now().date()
+    day, bad_day = parse_day(day_text, _today(request))
+    if bad_day is not None:
+        return render(
+            request, "clinic.html", session, 422, doctor=doctor, day=day, slots=[], error=bad_day
+        )
     if doctor is None:
         return render(request, "clinic.html", session, doctor=None, day=day, slots=[], error=None)
     try:
@@ -61,7 +80,7 @@ async def confirm_cancel(
     request: Request,
     session: SignedIn,
     appointment_id: Annotated[int, Path(alias="id", ge=1, le=2**63 - 1)],
-    day: date | None = None,
+    day_text: Annotated[DayText, Query(alias="day")] = None,
 ) -> HTMLResponse:
     """Asks before cancelling: a page of its own, so it works without JavaScript.
     ``day`` is the agenda's (the doctor's local date) to come back to."""
@@ -69,7 +88,9 @@ async def confirm_cancel(
         appt = await _appointments(request).get(appointment_id)
     except DomainError as err:
         return _cancel_refused(request, session, err)
-    day = day or appt.start_at.date()
+    day, bad_day = parse_day(day_text, appt.start_at.date())
+    if bad_day is not None:
+        return _cancel_refused(request, session, validation_error(bad_day))
     back = _agenda_url(appt.doctor_id, day)
     return render(request, "clinic_cancel.html", session, appt=appt, day=day, back=back, error=None)
 
@@ -81,19 +102,19 @@ async def cancel(
     appointment_id: Annotated[int, Path(alias="id", ge=1, le=2**63 - 1)],
 ) -> HTMLResponse | RedirectResponse:
     """The API's cancel with an admin's rights (any appointment); cancelling twice
-    changes nothing, as there. Back to the agenda the admin came from."""
-    svc = _appointments(request)
+    changes nothing, as there. Back to the agenda the admin came from (its day
+    is checked first: a refused form changes nothing)."""
+    raw_day = (await request.form()).get("day")
+    day: date | None = None
+    if isinstance(raw_day, str):
+        day, bad_day = parse_day(raw_day, _today(request))
+        if bad_day is not None:
+            return _cancel_refused(request, session, validation_error(bad_day))
     try:
-        appt = await svc.cancel(appointment_id)
+        appt = await _appointments(request).cancel(appointment_id)
     except DomainError as err:
         return _cancel_refused(request, session, err)
-    form = await request.form()
-    raw_day = form.get("day")
-    try:
-        day = date.fromisoformat(raw_day) if isinstance(raw_day, str) else appt.start_at.date()
-    except ValueError:
-        day = appt.start_at.date()
-    return RedirectResponse(_agenda_url(appt.doctor_id, day), status_code=303)
+    return RedirectResponse(_agenda_url(appt.doctor_id, day or appt.start_at.date()), 303)
 
 
 @router.get("/clinic/slots/{id}/waitlist", response_class=HTMLResponse)

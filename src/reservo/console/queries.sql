@@ -1,7 +1,7 @@
 -- The console's read-only figures. Each reads through an index and caps its
 -- counts, so the overview stays fast on the benchmark's tables (millions of
 -- slots, bets and jobs). Every action goes through the modules' use cases;
--- nothing here writes.
+-- the only writes here are the console's own signed-out sessions.
 
 -- name: settling_matches
 -- Matches whose settlement is running (partial index betting_match_settling),
@@ -77,3 +77,19 @@ SELECT c.consumer,
   FROM consumers c
  WHERE c.consumer IS NOT NULL
  ORDER BY c.consumer;
+
+-- name: session_revoked
+-- Whether the console session $1 was signed out (primary key lookup; every
+-- console request asks before trusting its cookie).
+SELECT EXISTS (SELECT 1 FROM console_session_revoked WHERE session_id = $1);
+
+-- name: revoke_session
+-- Signs the console session $1 out until its expiry $2, and deletes the
+-- revocations of sessions expired by $3 (console_session_revoked_expires_at):
+-- their cookies are refused by their own exp already.
+WITH expired AS (
+    DELETE FROM console_session_revoked WHERE expires_at <= $3
+)
+INSERT INTO console_session_revoked (session_id, expires_at)
+VALUES ($1, $2)
+ON CONFLICT (session_id) DO NOTHING;

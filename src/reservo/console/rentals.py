@@ -7,15 +7,16 @@ the rentals service, the same use cases as ``GET /api/cars/{id}/calendar`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Annotated, Any, get_args
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from reservo.console.web import SignedIn, render, render_refused
+from reservo.console.web import SignedIn, parse_day, render, render_refused, site
 from reservo.core.errors import DomainError
-from reservo.core.pagination import decode_cursor, page
+from reservo.core.pagination import page, time_cursor, time_key
+from reservo.core.schemas import LATEST
 from reservo.rentals.domain import BlockedPeriod, Booking
 from reservo.rentals.schemas import BookingStatus
 from reservo.rentals.service import RentalService
@@ -26,8 +27,6 @@ WIDTH = 1000  # the timeline's viewBox width; the SVG scales to the screen
 ROW_H = 34
 TOP = 22  # room for the day ticks
 Id = Annotated[int | None, Query(ge=1, le=2**63 - 1)]
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
 STATUSES: tuple[str, ...] = get_args(BookingStatus)
 
 
@@ -81,11 +80,15 @@ async def car_calendar(
     request: Request,
     session: SignedIn,
     car: Id = None,
-    day: date | None = None,
+    day_text: Annotated[str | None, Query(alias="day", max_length=100)] = None,
     days: Annotated[int, Query(ge=1, le=31)] = 7,
 ) -> HTMLResponse:
     """The car's calendar from ``day`` (UTC) for ``days`` days."""
-    day = day or request.app.state.console.clock.now().date()
+    day, bad_day = parse_day(day_text, site(request).clock.now().date())
+    if bad_day is None and day + timedelta(days=days) > LATEST.date():
+        bad_day = f"{days} days from {day.isoformat()} end after the last accepted day."
+    if bad_day is not None:
+        day = site(request).clock.now().date()
     start = datetime.combine(day, time(), UTC)
     end = start + timedelta(days=days)
     ticks = [
@@ -104,6 +107,8 @@ async def car_calendar(
         "row_h": ROW_H,
         "car_row": None,
     }
+    if bad_day is not None:
+        return render(request, "rentals.html", session, 422, error=bad_day, **context)
     if car is not None:
         try:
             car_row, periods = await _rentals(request).calendar(car, start, end)
@@ -119,7 +124,7 @@ async def car_calendar(
 
 
 def _key(b: Booking) -> tuple[int, int]:
-    return (b.created_at - _EPOCH) // _US, b.id
+    return time_key(b.created_at, b.id)
 
 
 @router.get("/rentals/bookings", response_class=HTMLResponse)
@@ -148,10 +153,22 @@ async def bookings(
             error=f"no booking status {status!r}",
         )
     if customer is not None:
-        cursor = None
-        if after:
-            us, booking_id = decode_cursor(after, int, int)
-            cursor = (_EPOCH + us * _US, booking_id)
+        try:
+            # The API's cursor rule: a time outside the accepted range is no
+            # cursor of ours (it was a 500: past year 9999).
+            cursor = time_cursor(after or None)
+        except DomainError as err:
+            return render_refused(
+                request,
+                "rentals_bookings.html",
+                session,
+                err,
+                customer=customer,
+                chosen=status,
+                statuses=STATUSES,
+                items=[],
+                next=None,
+            )
         rows = await _rentals(request).customer_bookings(customer, cursor, PAGE + 1, status)
         items, nxt = page(rows, PAGE, _key)
     return render(

@@ -1,4 +1,5 @@
-"""The console's reads (queries.sql): read-only, indexed, capped."""
+"""The console's reads (queries.sql): read-only, indexed, capped; and its
+signed-out sessions."""
 
 from __future__ import annotations
 
@@ -41,3 +42,13 @@ async def job_status_counts(conn: asyncpg.Connection, statuses: list[str], cap: 
 
 async def dead_letters_waiting(conn: asyncpg.Connection, cap: int) -> list[Row]:
     return list(await conn.fetch(Q.dead_letters_waiting, cap))
+
+
+async def session_revoked(conn: asyncpg.Connection, session_id: str) -> bool:
+    return bool(await conn.fetchval(Q.session_revoked, session_id))
+
+
+async def revoke_session(
+    conn: asyncpg.Connection, session_id: str, expires: datetime, now: datetime
+) -> None:
+    await conn.execute(Q.revoke_session, session_id, expires, now)

@@ -3,15 +3,16 @@
 There are no passwords in reservo: an admin proves who they are with an admin
 JWT, pasted once into the sign-in form and verified by the same checks as every
 API request. The console then issues its own cookie: a signed (not encrypted)
-payload ``{sub, exp, csrf}``, ``HttpOnly`` and ``SameSite=Strict``, expiring no
+payload ``{sub, exp, csrf, sid}``, ``HttpOnly`` and ``SameSite=Strict``, expiring no
 later than the token did. The signing key is derived from the JWT secret with
 HMAC, so the secret never leaves the server, a cookie is no JWT and a JWT is no
 cookie. The payload's ``csrf`` value is the token every form (and every htmx
 request, as a header) must carry back.
 
-Sessions are stateless: signing out deletes the cookie in that browser; a copied
-cookie stays valid until its ``exp`` unless the JWT secret is rotated (which also
-ends every token), so the lifetime is kept short (``RESERVO_CONSOLE_SESSION_S``).
+Each session has a random id (``sid``, in the cookie). Signing out records that
+id as revoked in PostgreSQL until the session's expiry (``web.py``), and every
+console request refuses a revoked session: a copy of a signed-out cookie is
+worth nothing. The lifetime is still kept short (``RESERVO_CONSOLE_SESSION_S``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Session:
     sub: int
     expires: int  # Unix seconds
     csrf: str
+    id: str  # what signing out revokes
 
 
 def _key(jwt_secret: str) -> str:
@@ -68,8 +70,12 @@ class Sessions:
     def open(self, principal: Principal, token_exp: float, now: datetime) -> tuple[str, Session]:
         """A new session for a verified admin: (cookie value, session)."""
         expires = min(math.floor(token_exp), int(now.timestamp()) + self.lifetime_s)
-        session = Session(principal.sub, expires, secrets.token_urlsafe(32))
-        value = self._session.dumps({"sub": session.sub, "exp": expires, "csrf": session.csrf})
+        session = Session(
+            principal.sub, expires, secrets.token_urlsafe(32), secrets.token_urlsafe(18)
+        )
+        value = self._session.dumps(
+            {"sub": session.sub, "exp": expires, "csrf": session.csrf, "sid": session.id}
+        )
         return value, session
 
     def read(self, cookie: str | None, now: datetime) -> Session | None:
@@ -82,12 +88,16 @@ class Sessions:
             return None
         if not isinstance(data, dict):
             return None
-        sub, exp, csrf = data.get("sub"), data.get("exp"), data.get("csrf")
+        sub, exp, csrf, sid = data.get("sub"), data.get("exp"), data.get("csrf"), data.get("sid")
         if not (isinstance(sub, int) and isinstance(exp, int) and isinstance(csrf, str)):
+            return None
+        # A cookie without an id (issued before sign-out revoked sessions) could
+        # never be signed out: it is refused, and its admin signs in again.
+        if not isinstance(sid, str) or not sid or len(sid) > 64:
             return None
         if exp <= now.timestamp():
             return None
-        return Session(sub, exp, csrf)
+        return Session(sub, exp, csrf, sid)
 
     # -- the sign-in form's CSRF value (double submit, before any session) ---------
 

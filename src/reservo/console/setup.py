@@ -52,7 +52,13 @@ def setup(shared: Shared) -> Console:
         ],
         companions=[pulse.run],
         state={
-            "console": Site(sessions=sessions, clock=shared.clock, jwt_secret=settings.jwt_secret),
+            "console": Site(
+                sessions=sessions,
+                clock=shared.clock,
+                jwt_secret=settings.jwt_secret,
+                jwt_max_lifetime_s=settings.jwt_max_lifetime_s,
+                db=shared.db,
+            ),
             "console_figures": figures,
         },
     )

@@ -8,7 +8,15 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from reservo.console.session import COOKIE, PATH, SIGN_IN_COOKIE, SIGN_IN_TTL_S
-from reservo.console.web import SECURITY_HEADERS, SIGN_IN, Verified, render, safe_next, site
+from reservo.console.web import (
+    SECURITY_HEADERS,
+    SIGN_IN,
+    Verified,
+    render,
+    revoke,
+    safe_next,
+    site,
+)
 from reservo.core.auth import verify_with_expiry
 from reservo.core.errors import DomainError
 
@@ -48,7 +56,7 @@ async def sign_in(
         )
     now = s.clock.now()
     try:
-        principal, exp = verify_with_expiry(s.jwt_secret, token.strip(), now)
+        principal, exp = verify_with_expiry(s.jwt_secret, token.strip(), now, s.jwt_max_lifetime_s)
     except DomainError as err:
         return _form(request, 401, f"That token was not accepted: {err.detail}.", target)
     if not principal.is_admin:
@@ -68,7 +76,10 @@ async def sign_in(
 
 
 @router.post("/sign-out")
-async def sign_out(_: Verified) -> RedirectResponse:
+async def sign_out(request: Request, session: Verified) -> RedirectResponse:
+    """Ends the session on the server too: deleting the cookie only ends it in
+    this browser, and a copy of it (a proxy log, a shared machine) would live on."""
+    await revoke(request, session)
     answer = RedirectResponse(SIGN_IN, status_code=303, headers=SECURITY_HEADERS)
     answer.delete_cookie(COOKIE, path=PATH)
     return answer

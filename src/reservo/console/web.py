@@ -8,7 +8,9 @@ answer ``render(request, "<template>.html", session, ...)``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from importlib import resources
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
@@ -17,10 +19,13 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from reservo.console import repo
 from reservo.console.figures import capped
 from reservo.console.session import COOKIE, Session, Sessions, csrf_matches
 from reservo.core.clock import Clock
+from reservo.core.db import Database
 from reservo.core.errors import DomainError
+from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
 
 SIGN_IN = "/console/sign-in"
 CSRF_HEADER = "X-CSRF-Token"
@@ -73,6 +78,8 @@ class Site:
     sessions: Sessions
     clock: Clock
     jwt_secret: str
+    jwt_max_lifetime_s: int
+    db: Database  # where signed-out sessions are recorded
 
 
 def site(request: Request) -> Site:
@@ -117,12 +124,26 @@ def _sign_in_first(request: Request) -> HTTPException:
 
 
 async def signed_in(request: Request) -> Session:
-    """The admin's session, or a redirect to the sign-in page."""
+    """The admin's session, or a redirect to the sign-in page: also for a
+    signed-out session's cookie (a copy of it, or a replay)."""
     s = site(request)
     session = s.sessions.read(request.cookies.get(COOKIE), s.clock.now())
     if session is None:
         raise _sign_in_first(request)
+    # When PostgreSQL is away this raises (503): the console fails closed.
+    async with s.db.connection() as conn:
+        if await repo.session_revoked(conn, session.id):
+            raise _sign_in_first(request)
     return session
+
+
+async def revoke(request: Request, session: Session) -> None:
+    """Signs the session out for good: its cookie, wherever a copy of it is,
+    is refused until its expiry (after which it is refused anyway)."""
+    s = site(request)
+    expires = datetime.fromtimestamp(session.expires, UTC)
+    async with s.db.connection() as conn:
+        await repo.revoke_session(conn, session.id, expires, s.clock.now())
 
 
 async def verified(request: Request, session: Annotated[Session, Depends(signed_in)]) -> Session:
@@ -145,6 +166,31 @@ async def verified(request: Request, session: Annotated[Session, Depends(signed_
 
 SignedIn = Annotated[Session, Depends(signed_in)]
 Verified = Annotated[Session, Depends(verified)]
+
+
+# A day as the API takes one: four-digit year, two-digit month and day, nothing
+# else (date.fromisoformat also takes "20260501" or week dates like "2026-W18-5").
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
+
+
+def parse_day(raw: str | None, default: date) -> tuple[date, str | None]:
+    """(the day, None) for a ``YYYY-MM-DD`` day in the API's accepted range, the
+    default for an absent one, or (the default, why) for anything else, which
+    the page then shows with a 422 instead of reading or computing with it."""
+    if raw is None:
+        return default, None
+    try:
+        day = date.fromisoformat(raw) if _DAY.fullmatch(raw) else None
+    except ValueError:
+        day = None
+    if day is None:
+        return default, f"{raw[:40]!r} is not a day: use YYYY-MM-DD."
+    if not EARLIEST_DAY <= day <= LATEST_DAY:
+        return default, (
+            f"{raw} is outside the accepted days, {EARLIEST_DAY.isoformat()} "
+            f"to {LATEST_DAY.isoformat()}."
+        )
+    return day, None
 
 
 def safe_next(target: str | None) -> str:

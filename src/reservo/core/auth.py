@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -33,6 +34,11 @@ _SUB = re.compile(r"[1-9][0-9]*", re.ASCII)
 # X-Signature parts: a Unix time (12 digits reach the year 33658) and a SHA-256 hex MAC.
 _SIG_T = re.compile(r"[0-9]{1,12}", re.ASCII)
 _SIG_V1 = re.compile(r"[0-9a-f]{64}", re.ASCII)
+# The longest a token may be valid, counted from its iat (or from now when it has
+# none): a leaked token must not open the API for years. RESERVO_JWT_MAX_LIFETIME_S.
+DEFAULT_MAX_LIFETIME_S = 24 * 3600
+# A JWT segment's alphabet (RFC 7515: base64url without padding).
+_B64URL = re.compile(rb"[A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,42 @@ _MINTED_HEADER = b"eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"
 _MINTED_CLAIMS = frozenset(("sub", "role", "exp"))
 
 
+def _canonical(segment: bytes) -> bytes | None:
+    """The bytes a JWT segment encodes when it is canonical base64url, else None.
+
+    PyJWT's decoder pads the segment and decodes leniently: it takes ``=``
+    padding, skips characters outside the alphabet and ignores non-zero trailing
+    bits, so one signature had many spellings (each a distinct token, a distinct
+    cache entry, and a token that is not the one that was issued). Only the one
+    spelling an encoder writes is accepted: the alphabet, no padding, and the
+    text the decoded bytes encode back to."""
+    if not _B64URL.fullmatch(segment):
+        return None
+    try:
+        raw = base64url_decode(segment)
+    except ValueError:  # binascii.Error: a length no byte string encodes to
+        return None
+    if base64.urlsafe_b64encode(raw).rstrip(b"=") != segment:
+        return None
+    return raw
+
+
+def _segments(token: str) -> tuple[bytes, bytes, bytes] | None:
+    """(signing input, payload, signature) of a token of exactly three canonical
+    base64url segments (the header's is checked, PyJWT parses it), else None."""
+    try:
+        raw = token.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    parts = raw.split(b".")
+    if len(parts) != 3:
+        return None
+    decoded = [_canonical(part) for part in parts]
+    if decoded[0] is None or decoded[1] is None or decoded[2] is None:
+        return None
+    return raw[: raw.rindex(b".")], decoded[1], decoded[2]
+
+
 def _minted_claims(key: bytes, token: str) -> dict[str, Any] | None:
     """The claims of a valid token of exactly the shape ``mint_token`` writes (that
     header; claims sub, role and exp, none null, sub a string), checked as PyJWT
@@ -101,18 +143,15 @@ def _minted_claims(key: bytes, token: str) -> dict[str, Any] | None:
     anything else (another shape, a bad signature, a parse error): PyJWT then
     decides, so every refusal and every other shape is exactly PyJWT's answer.
     About 5x cheaper than ``jwt.decode``, whose option handling dominates."""
-    try:
-        raw = token.encode("utf-8")
-    except UnicodeEncodeError:
+    segments = _segments(token)
+    if segments is None:
         return None
-    signing_input, dot, crypto = raw.rpartition(b".")
-    header, dot2, payload = signing_input.partition(b".")
-    if not dot or not dot2 or header != _MINTED_HEADER:
+    signing_input, payload, signature = segments
+    if not signing_input.startswith(_MINTED_HEADER + b"."):
         return None
     try:
-        signature = base64url_decode(crypto)
-        claims = json.loads(base64url_decode(payload))
-    except (ValueError, RecursionError):  # binascii.Error and JSONDecodeError too
+        claims = json.loads(payload)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError too
         return None
     expected = hmac.digest(key, signing_input, "sha256")  # PyJWT's HMAC, one C call
     if not hmac.compare_digest(signature, expected):
@@ -137,18 +176,29 @@ def _hmac_key(secret: str) -> bytes | None:
     return key
 
 
-def decode_token(secret: str, authorization: str | None, now: datetime) -> Principal:
-    return _verify(secret, bearer(authorization), now)[0]
+def decode_token(
+    secret: str,
+    authorization: str | None,
+    now: datetime,
+    max_lifetime_s: int = DEFAULT_MAX_LIFETIME_S,
+) -> Principal:
+    return _verify(secret, bearer(authorization), now, max_lifetime_s)[0]
 
 
-def verify_with_expiry(secret: str, token: str, now: datetime) -> tuple[Principal, int | float]:
+def verify_with_expiry(
+    secret: str, token: str, now: datetime, max_lifetime_s: int
+) -> tuple[Principal, int | float]:
     """The caller named by a token and its ``exp`` (Unix seconds), by the same
     checks as every API request (the console's sign-in caps its session at ``exp``)."""
-    return _verify(secret, token, now)
+    return _verify(secret, token, now, max_lifetime_s)
 
 
-def _verify(secret: str, token: str, now: datetime) -> tuple[Principal, int | float]:
+def _verify(
+    secret: str, token: str, now: datetime, max_lifetime_s: int
+) -> tuple[Principal, int | float]:
     """The caller named by a token and the token's ``exp`` (Unix seconds)."""
+    if _segments(token) is None:
+        raise unauthenticated("invalid token: segments must be unpadded canonical base64url")
     try:
         # Expiry is checked against the injected clock, not the library's.
         claims = jwt.decode(
@@ -166,7 +216,7 @@ def _verify(secret: str, token: str, now: datetime) -> tuple[Principal, int | fl
         raise unauthenticated("invalid token") from exc
     # exp as sent (an int may be too large for a float; it compares all the same).
     exp: int | float = claims["exp"]
-    return _principal(claims, now), exp
+    return _principal(claims, now, max_lifetime_s), exp
 
 
 class TokenVerifier:
@@ -176,19 +226,29 @@ class TokenVerifier:
     PyJWT's decode (base64, JSON, HMAC) costs ~30 us per request; a dict lookup
     ~0.1 us, and the same caller sends the same token many times. Only tokens that
     passed every check are remembered, under their exact text, so a cached answer
-    is the answer decode would give: the same principal while ``exp`` is ahead of
-    the injected clock, "token expired" after. A refused token is never cached
-    (every refusal decodes again), and the cache holds at most ``max_entries``
-    tokens: when full, the oldest entry goes (insertion order), so memory is
-    bounded whatever tokens callers send.
+    is the answer decode would give: the same principal while the injected clock
+    is inside the token's window (from ``exp - max_lifetime_s``, the earliest
+    moment its lifetime was within the limit, to ``exp``), a refusal outside it.
+    A refused token is never cached (every refusal decodes again), and the cache
+    holds at most ``max_entries`` tokens: when full, the oldest entry goes
+    (insertion order), so memory is bounded whatever tokens callers send.
     """
 
-    def __init__(self, secret: str, max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        secret: str,
+        max_entries: int = 10_000,
+        max_lifetime_s: int = DEFAULT_MAX_LIFETIME_S,
+    ) -> None:
         if max_entries < 0:
             raise ValueError("max_entries must be >= 0")
+        if max_lifetime_s < 1:
+            raise ValueError("max_lifetime_s must be >= 1")
         self.secret = secret
         self.max_entries = max_entries
-        self._verified: dict[str, tuple[Principal, int | float]] = {}
+        self.max_lifetime_s = max_lifetime_s
+        # token -> (principal, exp, earliest moment the token is acceptable)
+        self._verified: dict[str, tuple[Principal, int | float, int | float]] = {}
         self._key = _hmac_key(secret)
 
     def __len__(self) -> int:
@@ -200,35 +260,62 @@ class TokenVerifier:
     def verify(self, token: str, now: datetime) -> Principal:
         hit = self._verified.get(token)
         if hit is not None:
-            if hit[1] > now.timestamp():
-                return hit[0]
+            principal, exp, earliest = hit
+            now_s = now.timestamp()
+            if earliest <= now_s < exp:
+                return principal
             del self._verified[token]
-            raise unauthenticated("token expired")
+            raise unauthenticated("token expired" if exp <= now_s else _TOO_LONG)
         claims = None if self._key is None else _minted_claims(self._key, token)
         if claims is not None:
-            principal, exp = _principal(claims, now), claims["exp"]
+            principal, exp = _principal(claims, now, self.max_lifetime_s), claims["exp"]
         else:
-            principal, exp = _verify(self.secret, token, now)
+            principal, exp = _verify(self.secret, token, now, self.max_lifetime_s)
         if self.max_entries:
             if len(self._verified) >= self.max_entries:
                 # The oldest insertion goes: O(1), and a flood of distinct valid
                 # tokens only ever replaces entries, never grows the dict.
                 del self._verified[next(iter(self._verified))]
-            self._verified[token] = (principal, exp)
+            # exp passed the lifetime check, so it is a number near now.
+            self._verified[token] = (principal, exp, exp - self.max_lifetime_s)
         return principal
 
 
-def _principal(claims: dict[str, Any], now: datetime) -> Principal:
+_TOO_LONG = "token lifetime exceeds the maximum"
+
+
+def _number(value: Any) -> bool:
+    """A JSON number usable as a time: bool is an int; NaN compares False to
+    everything. (No isfinite() on ints: a huge one overflows the float conversion.)"""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _check_lifetime(claims: dict[str, Any], exp: int | float, now_s: float, limit: int) -> None:
+    """Refuses a token valid longer than ``limit`` seconds: counted from its iat
+    and, whatever iat says (it may lie about the future), from now. Sums, not
+    differences, so a huge integer claim is compared exactly, never converted."""
+    if exp > now_s + limit:
+        raise unauthenticated(_TOO_LONG)
+    if "iat" in claims:
+        iat = claims["iat"]
+        if not _number(iat):
+            raise unauthenticated("token has an invalid iat")
+        if exp > iat + limit:
+            raise unauthenticated(_TOO_LONG)
+
+
+def _principal(claims: dict[str, Any], now: datetime, max_lifetime_s: int) -> Principal:
     """The caller named by verified claims; every claim is checked by type and
     shape, since JSON can put lists, objects, NaN or huge numbers anywhere."""
     exp: Any = claims.get("exp")
-    # bool is an int; NaN compares False to everything, so it would never expire.
-    # (No isfinite() on ints: a huge one overflows the float conversion.)
-    finite = isinstance(exp, int) or (isinstance(exp, float) and math.isfinite(exp))
-    if isinstance(exp, bool) or not finite:
+    if not _number(exp):
         raise unauthenticated("token has an invalid exp")
-    if exp <= now.timestamp():
+    now_s = now.timestamp()
+    if exp <= now_s:
         raise unauthenticated("token expired")
+    _check_lifetime(claims, exp, now_s, max_lifetime_s)
     role, sub = claims.get("role"), claims.get("sub")
     if not isinstance(role, str) or role not in ROLES:
         raise unauthenticated("token has an unknown role")
