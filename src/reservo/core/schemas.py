@@ -113,19 +113,27 @@ def read_json(raw: bytes) -> Any:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        # orjson refuses lone surrogates, NaN/Infinity and invalid UTF-8 itself.
-        raise JsonRefused(f"the body is not valid JSON: {exc}") from None
+        # orjson refuses lone surrogates, NaN/Infinity and invalid UTF-8 itself;
+        # the lenient reading names the rule, when it is one.
+        raise JsonRefused(_lenient_refusal(raw) or f"the body is not valid JSON: {exc}") from None
     reason = _unstorable(value)
     if reason is None and _has_wide_float(value):
         # orjson reads an integer literal past 64 bits as a float: the exact
         # reading decides whether it was one (then refused) or a real 1e30.
-        try:
-            reason = _unstorable(json.loads(raw))
-        except ValueError:  # more digits than int() reads
-            reason = "integers must fit in 64 bits"
+        reason = _lenient_refusal(raw)
     if reason is not None:
         raise JsonRefused(reason)
     return value
+
+
+def _lenient_refusal(raw: bytes) -> str | None:
+    """The rule the standard library's reading of ``raw`` breaks (it takes NaN,
+    lone surrogates and integers of any size), or None (also when it cannot
+    read it either)."""
+    try:
+        return _unstorable(json.loads(raw))
+    except (ValueError, RecursionError):  # not JSON at all, or too many digits
+        return None
 
 
 def _has_wide_float(value: Any) -> bool:
