@@ -141,7 +141,8 @@ def _has_wide_float(value: Any) -> bool:
     while stack:
         item = stack.pop()
         if isinstance(item, float):
-            if not MIN_INT <= item <= MAX_INT:
+            # Rounded: -(2**63) - 1 reads as exactly -(2**63), a float.
+            if abs(item) >= 2**63:
                 return True
         elif isinstance(item, dict):
             stack.extend(item.values())
