@@ -17,7 +17,12 @@ from reservo import __version__
 from reservo.bootstrap import Container
 from reservo.core import metrics
 from reservo.core.auth import TokenVerifier
-from reservo.core.http import install_body_limit, install_error_handlers, install_metrics
+from reservo.core.http import (
+    install_body_limit,
+    install_error_handlers,
+    install_json_intake,
+    install_metrics,
+)
 from reservo.core.lean import LeanLayer
 
 
@@ -75,6 +80,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         for name, value in module.state.items():
             setattr(app.state, name, value)
     install_error_handlers(app)
+    # Innermost of the three: it reads bodies the size limit let through.
+    install_json_intake(app)
     # Added before the metrics middleware so it runs inside it: 413s are counted.
     install_body_limit(app, container.settings.max_body_bytes)
     install_metrics(app)

@@ -267,7 +267,9 @@ def wire(shared: Shared, modules: Sequence[Module]) -> None:
         for job in m.jobs:
             if job.category in shared.scheduler.handlers:
                 raise RuntimeError(f"job kind {job.category!r} is declared twice")
-            shared.scheduler.register(job.category, job.handler, job.check)
+            shared.scheduler.register(
+                job.category, job.handler, job.check, payload=job.payload, public=job.public
+            )
         roles.extend(m.roles)
     taken = {ALL, *roles}
     clash = (taken & set(shared.subscriptions.consumers())) | {

@@ -28,6 +28,7 @@ from reservo.core.outbox import emit
 from reservo.core.poison import isolate
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.reads import read_one
+from reservo.core.schemas import ApiModel, Id
 from reservo.core.transport.base import Event
 from reservo.core.turns import Turns
 from reservo.scheduler import Job, Scheduler
@@ -37,6 +38,15 @@ log = structlog.get_logger(__name__)
 # A reminder job runs this long before the slot starts (skipped when booked later).
 REMINDER_JOB = "appointments.reminder"
 REMINDER_LEAD = timedelta(hours=24)
+
+
+class ReminderJob(ApiModel):
+    """Payload of a REMINDER_JOB: the appointment to remind of. Written, checked
+    at the jobs API and read by the handler with this one model."""
+
+    appointment_id: Id
+
+
 # Repeating schedules one run of the "appointments" role extends per transaction.
 SCHEDULE_BATCH = 50
 # The `loop` label of reservo_poison_rows_total for that role.
@@ -413,7 +423,8 @@ class AppointmentService:
         cancelled appointment sends nothing."""
         now = self.clock.now()
         async with self.db.transaction() as conn:
-            row = await repo.mark_reminded(conn, int(job.payload["appointmentId"]), now)
+            appointment_id = ReminderJob.model_validate(job.payload).appointment_id
+            row = await repo.mark_reminded(conn, appointment_id, now)
             if row is not None:
                 appt = Appointment.from_row(row)
                 await emit(
@@ -533,7 +544,7 @@ class AppointmentService:
         if self.scheduler is not None and remind_at > now:
             job = await self.scheduler.enqueue(
                 REMINDER_JOB,
-                {"appointmentId": appt.id},
+                ReminderJob(appointment_id=appt.id).wire(),
                 run_at=remind_at,
                 idempotency_key=f"appointment:{appt.id}",
                 conn=conn,

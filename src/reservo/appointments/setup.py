@@ -13,6 +13,7 @@ from reservo.appointments.service import (
     SCHEDULE_BATCH,
     AppointmentService,
     Limits,
+    ReminderJob,
 )
 from reservo.core.clock import HOUR_S
 from reservo.core.loops import run_every
@@ -54,7 +55,7 @@ def setup(shared: Shared) -> Appointments:
                 events.SLOT_LISTS_CONSUMER, events.SLOT_LIST_CHANGES, service.slot_lists_changed
             )
         ],
-        jobs=[JobKind(REMINDER_JOB, service.remind)],
+        jobs=[JobKind(REMINDER_JOB, service.remind, payload=ReminderJob)],
         # Keeps repeating schedules generated up to the horizon, every day, without
         # anyone calling again (idempotent; any number of workers may run it).
         roles={

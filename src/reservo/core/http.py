@@ -21,7 +21,7 @@ from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.clock import Clock
 from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Within, validate_key
-from reservo.core.schemas import MAX_ID
+from reservo.core.schemas import MAX_ID, JsonRefused, read_json
 
 T = TypeVar("T")
 # An id in a path (`Annotated[PathId, Path(alias="id")]`).
@@ -265,6 +265,74 @@ async def _send_too_large(send: Send, limit: int) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+def install_json_intake(app: FastAPI) -> None:
+    """Every JSON body is read by core.schemas.read_json before a route sees it."""
+    app.add_middleware(_StrictJson)
+
+
+def is_json(scope: Scope) -> bool:
+    """Whether the request declares a JSON body, as FastAPI decides to parse one
+    (``application/json`` or ``application/*+json``, any parameters)."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or (
+                media.startswith(b"application/") and media.endswith(b"+json")
+            )
+    return False
+
+
+class _StrictJson:
+    """Refuses a JSON body that breaks the intake rules (core.schemas.read_json)
+    with 422 ``validation_error``, before any route runs. FastAPI's own reader
+    (the standard library's) takes lone UTF-16 surrogates, NaN and integers of
+    any size, and a route whose field is free-form (a job's payload) passed them
+    on, to fail later as a 500. The body is read whole here, as the route would
+    read it, and handed on unchanged."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_json(scope):
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        if messages[-1]["type"] == "http.request":  # whole (else the client left)
+            body = b"".join(m.get("body", b"") for m in messages)
+            refusal = _refusal(body) if body else None
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, _replaying(messages, receive), send)
+
+
+def _refusal(body: bytes) -> JSONResponse | None:
+    try:
+        read_json(body)
+    except JsonRefused as exc:
+        error = {"loc": ["body"], "msg": str(exc), "type": "json_invalid"}
+        return problem(validation_error("the request body is not acceptable JSON", [error]))
+    return None
+
+
+def _replaying(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that hands out ``messages`` again, then waits as before."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
 
 
 async def current_principal(

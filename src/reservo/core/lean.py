@@ -40,7 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.errors import PROBLEM_JSON, DomainError
 from reservo.core.http import REQUEST_METRICS, unexpected_error
-from reservo.core.schemas import MAX_ID
+from reservo.core.schemas import MAX_ID, JsonRefused, read_json
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -76,8 +76,9 @@ class LeanRequest:
         return value if value <= MAX_ID else None
 
     def json_body(self) -> Any:
-        """The body parsed as FastAPI would parse it, or None when it is not
-        plainly ``application/json`` (FastAPI then decides)."""
+        """The body as the app's JSON intake reads it (core.schemas.read_json),
+        or None when it is not plainly ``application/json`` or breaks a rule
+        (FastAPI then decides, its 422 included)."""
         ctype = self.header(b"content-type")
         if ctype is None or ctype.lower() not in (
             "application/json",
@@ -85,8 +86,8 @@ class LeanRequest:
         ):
             return None
         try:
-            return orjson.loads(self.body)
-        except orjson.JSONDecodeError:
+            return read_json(self.body)
+        except JsonRefused:
             return None
 
     def model_body(self, model: type[M]) -> M | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 
 from reservo.core.lean import LeanRoute
 from reservo.core.notify import Notification
@@ -46,11 +47,20 @@ class Consumes:
 
 @dataclass(frozen=True)
 class JobKind:
-    """A category of delayed job the module runs, with its optional enqueue check."""
+    """A category of delayed job the module runs, with its optional enqueue check.
+
+    ``payload`` is the model of the category's payload: the jobs API refuses a
+    payload it does not accept (422) and the handler parses the payload with it,
+    so a job that runs has a payload its handler reads. ``public``: services may
+    create such jobs through the API (``http``); a module's own categories
+    (expiring a hold, a reminder) act on other people's data and are created by
+    the module itself, so through the API only an admin may create them."""
 
     category: str
     handler: JobHandler
     check: JobCheck | None = None
+    payload: type[BaseModel] | None = None
+    public: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
+import orjson
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -51,21 +53,40 @@ Day = Annotated[date, Field(ge=EARLIEST_DAY, le=LATEST_DAY)]
 MAX_DEPTH = 32
 
 
+# The integers a JSON value may hold: what our JSON codec (orjson) writes back,
+# signed or unsigned 64 bits. A larger one would be stored as text nobody reads
+# back as a number, or not at all.
+MIN_INT, MAX_INT = -(2**63), 2**64 - 1
+
+
+def _bad_string(text: str) -> str | None:
+    if "\x00" in text:
+        return "strings may not contain NUL characters"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone UTF-16 surrogate ("\\ud800")
+            return "strings may not contain lone UTF-16 surrogates"
+    return None
+
+
 def _unstorable(value: Any) -> str | None:
-    """Why a JSON value cannot be stored, or None: PostgreSQL text has no NUL; our
-    JSON codec and PostgreSQL bigint stop at 64 bits; NaN and Infinity are not
-    JSON; nesting is bounded. Walks with its own stack (no recursion), so no
-    input depth can exhaust the interpreter's."""
+    """Why a JSON value cannot be stored, or None: PostgreSQL text has no NUL and
+    no lone surrogate (not UTF-8); our JSON codec and PostgreSQL bigint stop at
+    64 bits; NaN and Infinity are not JSON; nesting is bounded. Walks with its
+    own stack (no recursion), so no input depth can exhaust the interpreter's.
+    Object keys are checked as strings too."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
-                return "strings may not contain NUL characters"
+            reason = _bad_string(item)
+            if reason:
+                return reason
         elif isinstance(item, bool):
             continue
         elif isinstance(item, int):
-            if not -(2**63) <= item < 2**64:
+            if not MIN_INT <= item <= MAX_INT:
                 return "integers must fit in 64 bits"
         elif isinstance(item, float):
             if not math.isfinite(item):
@@ -77,6 +98,57 @@ def _unstorable(value: Any) -> str | None:
             for pair in children:
                 stack.extend((child, depth + 1) for child in pair)
     return None
+
+
+class JsonRefused(ValueError):
+    """A request body that is not JSON reservo accepts (the message says why)."""
+
+
+def read_json(raw: bytes) -> Any:
+    """A JSON document under the intake rules every body follows (docs/OPERATIONS.md,
+    "Input limits"), or JsonRefused: UTF-8 only, no lone surrogate, no NaN or
+    Infinity, no NUL, integers within 64 bits, at most MAX_DEPTH levels. The one
+    reader of every JSON intake (core/http.py's middleware, the lean path), so a
+    free-form field (a job's payload) holds to the same rules as a typed one."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        # orjson refuses lone surrogates, NaN/Infinity and invalid UTF-8 itself;
+        # the lenient reading names the rule, when it is one.
+        raise JsonRefused(_lenient_refusal(raw) or f"the body is not valid JSON: {exc}") from None
+    reason = _unstorable(value)
+    if reason is None and _has_wide_float(value):
+        # orjson reads an integer literal past 64 bits as a float: the exact
+        # reading decides whether it was one (then refused) or a real 1e30.
+        reason = _lenient_refusal(raw)
+    if reason is not None:
+        raise JsonRefused(reason)
+    return value
+
+
+def _lenient_refusal(raw: bytes) -> str | None:
+    """The rule the standard library's reading of ``raw`` breaks (it takes NaN,
+    lone surrogates and integers of any size), or None (also when it cannot
+    read it either)."""
+    try:
+        return _unstorable(json.loads(raw))
+    except (ValueError, RecursionError):  # not JSON at all, or too many digits
+        return None
+
+
+def _has_wide_float(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            # Rounded: -(2**63) - 1 reads as exactly -(2**63), a float.
+            if abs(item) >= 2**63:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 class ApiModel(BaseModel):

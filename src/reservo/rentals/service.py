@@ -21,7 +21,7 @@ from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.outbox import emit
 from reservo.core.reads import read_one
-from reservo.core.schemas import MAX_ID
+from reservo.core.schemas import MAX_ID, ApiModel, Id
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
 from reservo.rentals.domain import BlockedPeriod, Booking, Car
@@ -30,6 +30,15 @@ from reservo.rentals.gateway import PaymentGateway
 log = structlog.get_logger(__name__)
 
 EXPIRE_HOLD = "rentals.expire-hold"
+
+
+class ExpireHoldJob(ApiModel):
+    """Payload of an EXPIRE_HOLD job: the hold to expire. Written, checked at
+    the jobs API and read by the handler with this one model."""
+
+    booking_id: Id
+
+
 NO_GATEWAY = "no payment gateway configured: set RESERVO_RENTALS_PAYMENT_GATEWAY"
 # A customer's clock may lag ours a little: a period starting this long ago is accepted.
 START_GRACE = timedelta(minutes=5)
@@ -87,7 +96,7 @@ class RentalService:
     async def expire_job(self, job: Any) -> None:
         """Handler of the per-hold expiry job (a reservo.scheduler.Job); without a
         scheduler the sweeper and in-transaction expiry still suffice."""
-        await self.expire_hold(int(job.payload["bookingId"]))
+        await self.expire_hold(ExpireHoldJob.model_validate(job.payload).booking_id)
 
     def payment_url(self, booking_id: int) -> str | None:
         """Where the holder pays (None: no gateway offers a page). Only ever shown in
@@ -217,7 +226,7 @@ class RentalService:
                 jobs.append(
                     await self.scheduler.enqueue(
                         EXPIRE_HOLD,
-                        {"bookingId": booking.id},
+                        ExpireHoldJob(booking_id=booking.id).wire(),
                         run_at=expires,
                         idempotency_key=_expiry_key(booking.id),
                         conn=conn,

@@ -14,7 +14,13 @@ from reservo.rentals import events, sandbox
 from reservo.rentals.api import LEAN_ROUTES, router
 from reservo.rentals.errors import CONSTRAINTS, ERRORS
 from reservo.rentals.gateway import PaymentGateway, SandboxGateway, build_gateway
-from reservo.rentals.service import EXPIRE_HOLD, Config, RefundConsumer, RentalService
+from reservo.rentals.service import (
+    EXPIRE_HOLD,
+    Config,
+    ExpireHoldJob,
+    RefundConsumer,
+    RentalService,
+)
 from reservo.shared import Shared
 
 log = structlog.get_logger(__name__)
@@ -68,7 +74,7 @@ def setup(shared: Shared) -> Rentals:
         routers=routers,
         lean=LEAN_ROUTES,
         consumes=[Consumes(events.REFUND_CONSUMER, [events.REFUND_REQUESTED], refunds.handle)],
-        jobs=[JobKind(EXPIRE_HOLD, service.expire_job)],
+        jobs=[JobKind(EXPIRE_HOLD, service.expire_job, payload=ExpireHoldJob)],
         # The safety net behind the per-hold expiry jobs.
         roles={
             "rentals": lambda stop: run_every(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, HttpUrl
+from pydantic import AfterValidator, Field, HttpUrl
 
 from reservo.core.schemas import ApiModel, Instant
 from reservo.core.timezones import Zone
@@ -21,12 +22,58 @@ class JobIn(ApiModel):
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
+# A header name is an RFC 9110 token; a value is visible ASCII with inner spaces
+# or tabs (no CR, LF or NUL, which would end the header and start another, and
+# no non-ASCII, which the HTTP client refuses to send on every attempt).
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", re.ASCII)
+_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?", re.ASCII)
+# Headers a job may not set: the message's framing and the connection's
+# (RFC 9110 7.6.1 and 9112), which would let the payload smuggle a second
+# request to the destination or contradict the body the client frames; Host,
+# which the call sets from the checked URL; Idempotency-Key, which is the job's id.
+FORBIDDEN_HEADERS = frozenset(
+    {
+        "connection",
+        "content-length",
+        "expect",
+        "host",
+        "http2-settings",
+        "idempotency-key",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+MAX_HEADERS = 32
+
+
+def _headers(headers: dict[str, str] | None) -> dict[str, str] | None:
+    for name, value in (headers or {}).items():
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"header name {name!r} is not an HTTP token")
+        lower = name.lower()
+        if lower in FORBIDDEN_HEADERS or lower.startswith("proxy-"):
+            raise ValueError(f"header {name!r} is set by the call itself and may not be given")
+        if not _VALUE.fullmatch(value):
+            raise ValueError(
+                f"header {name!r}: a value is visible ASCII with inner spaces (no CR, LF, "
+                "control or non-ASCII characters)"
+            )
+    return headers
+
+
 class HttpPayload(ApiModel):
     """Payload of the ``http`` category."""
 
     url: HttpUrl
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    headers: dict[str, str] | None = None
+    headers: Annotated[
+        dict[str, Annotated[str, Field(max_length=8192)]] | None,
+        Field(max_length=MAX_HEADERS),
+        AfterValidator(_headers),
+    ] = None
     body: Any = None
 
 

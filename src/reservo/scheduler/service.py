@@ -18,10 +18,11 @@ from typing import Any
 
 import asyncpg
 import structlog
+from pydantic import BaseModel, ValidationError
 
 from reservo.core.clock import Clock
 from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
 from reservo.core.poison import isolate
 from reservo.core.reads import read_one
@@ -107,6 +108,8 @@ class Scheduler:
         self.dispatcher = Dispatch(client, self.keys)
         self.handlers: dict[str, Handler] = {}
         self.checks: dict[str, Check] = {}
+        self.payloads: dict[str, type[BaseModel]] = {}
+        self.internal: set[str] = set()
         self._closers: list[Callable[[], Awaitable[None]]] = []
         # Batches committed and waiting for their push: (jobs, job_push id, done).
         self._soon: list[tuple[Sequence[Job], int, asyncio.Future[None]]] = []
@@ -116,12 +119,47 @@ class Scheduler:
 
     # -- facade ------------------------------------------------------------------
 
-    def register(self, category: str, handler: Handler, check: Check | None = None) -> None:
+    def register(
+        self,
+        category: str,
+        handler: Handler,
+        check: Check | None = None,
+        *,
+        payload: type[BaseModel] | None = None,
+        public: bool = True,
+    ) -> None:
+        """``payload``: the model every payload of the category must fit (the
+        handler's own); ``public=False``: only an admin creates such jobs
+        through the API (core.module.JobKind says why)."""
         if not domain.valid_category(category):
             raise ValueError(f"bad category name {category!r}")
         self.handlers[category] = handler
         if check is not None:
             self.checks[category] = check
+        if payload is not None:
+            self.payloads[category] = payload
+        if not public:
+            self.internal.add(category)
+
+    def check_payload(self, category: str, payload: dict[str, Any]) -> None:
+        """What the API refuses of a job before creating it: a category without
+        a handler, a payload its model does not accept, what the category's own
+        check refuses (DomainError, 422)."""
+        if category not in self.handlers:
+            raise DomainError("unknown_category", f"no handler for category {category!r}")
+        model = self.payloads.get(category)
+        if model is not None:
+            try:
+                model.model_validate(payload)
+            except ValidationError as exc:
+                errors = [
+                    {"loc": ["payload", *(str(x) for x in e["loc"])], "msg": e["msg"]}
+                    for e in exc.errors(include_url=False)
+                ]
+                raise validation_error(f"bad payload for category {category}", errors) from None
+        check = self.checks.get(category)
+        if check is not None:
+            check(payload)
 
     def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
         self._closers.append(closer)
@@ -277,11 +315,7 @@ class Scheduler:
         """What the API checks of a job before creating it (a handler for the
         category, the handler's own check of the payload, the time) and when it
         runs; a refusal is raised (DomainError)."""
-        if category not in self.handlers:
-            raise DomainError("unknown_category", f"no handler for category {category!r}")
-        check = self.checks.get(category)
-        if check is not None:
-            check(payload)
+        self.check_payload(category, payload)
         try:
             return domain.resolve_run_at(now, run_at, delay)
         except ValueError as exc:
@@ -380,11 +414,7 @@ class Scheduler:
     ) -> Recurring:
         """Validates the expression and the zone and stores the recurring job
         with its first occurrence after now; the materialiser creates the jobs."""
-        if category not in self.handlers:
-            raise DomainError("unknown_category", f"no handler for category {category!r}")
-        check = self.checks.get(category)
-        if check is not None:
-            check(payload)
+        self.check_payload(category, payload)
         try:
             expr = domain.parse_cron(cron)
             zone = domain.parse_zone(timezone)

@@ -15,6 +15,7 @@ from reservo.scheduler.api import LEAN_ROUTES, created, router
 from reservo.scheduler.batch import JobBatch
 from reservo.scheduler.errors import CONSTRAINTS, ERRORS
 from reservo.scheduler.handlers import HttpHandler
+from reservo.scheduler.schemas import HttpPayload
 from reservo.scheduler.service import Config, Scheduler
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
@@ -74,7 +75,7 @@ def setup(shared: Shared) -> SchedulerModule:
         jobs_batch=batch,
         routers=[router],
         lean=LEAN_ROUTES,
-        jobs=[JobKind("http", http, http.check)],
+        jobs=[JobKind("http", http, http.check, payload=HttpPayload, public=True)],
         roles={"scheduler": lambda stop: run(scheduler, stop)},
         errors=ERRORS,
         constraints=CONSTRAINTS,

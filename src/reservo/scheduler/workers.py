@@ -15,6 +15,7 @@ from functools import partial
 
 import asyncpg
 import structlog
+from pydantic import ValidationError
 
 from reservo.core.backoff import backoff_delay
 from reservo.core.loops import run_paced
@@ -39,6 +40,11 @@ REAP_BATCH = 1000
 QUEUES_REFRESH_S = 0.5
 # The longest error text stored on a job row (the public and the detailed one).
 ERROR_TEXT_MAX = 2000
+# What GET /api/jobs/{id} shows of a failure the handler did not word itself
+# (JobFailure.public): an exception's text may carry SQL, addresses or other
+# people's data. The exception goes to the log and to job_execution.error.
+BAD_PAYLOAD = "the job's payload is not valid for its category"
+
 MS_PER_S = 1000
 # job_push rows the loader's recovery reads per page (each names the jobs of one
 # POST /api/jobs batch: at most core.batching's 128).
@@ -48,6 +54,10 @@ Groups = dict[tuple[str, int], list[int]]
 LOADER, EXECUTOR, REAPER = "scheduler.loader", "scheduler.executor", "scheduler.reaper"
 Fetch = Callable[[asyncpg.Connection], Awaitable[list[repo.Row]]]
 FetchIds = Callable[[asyncpg.Connection], Awaitable[list[int]]]
+
+
+def handler_failed(attempt: int) -> str:
+    return f"the job's handler failed (attempt {attempt})"
 
 
 async def _park(scheduler: Scheduler, loop: str, job_id: int, exc: BaseException) -> None:
@@ -480,19 +490,25 @@ class Executor:
         try:
             await handler(job)
         except JobFailure as exc:
-            log.info(
-                "scheduler_job_failed",
-                job_id=job.id,
-                attempt=job.attempts,
-                error=exc.detail,
-                permanent=exc.permanent,
-            )
-            return exc
+            return _failed(job, exc)
+        except ValidationError as exc:
+            # A payload its category's model refuses (written before the jobs
+            # API checked it): no attempt can read it, so no retry.
+            return _failed(job, JobFailure(BAD_PAYLOAD, repr(exc), permanent=True))
         except Exception as exc:
-            log.info("scheduler_job_failed", job_id=job.id, attempt=job.attempts, error=repr(exc))
-            text = repr(exc) or type(exc).__name__
-            return JobFailure(text, text)
+            return _failed(job, JobFailure(handler_failed(job.attempts), repr(exc)))
         return None
+
+
+def _failed(job: Job, failure: JobFailure) -> JobFailure:
+    log.info(
+        "scheduler_job_failed",
+        job_id=job.id,
+        attempt=job.attempts,
+        error=failure.detail,
+        permanent=failure.permanent,
+    )
+    return failure
 
 
 class Materialiser:
