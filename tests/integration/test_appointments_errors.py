@@ -530,7 +530,7 @@ async def test_request_in_progress_while_the_first_request_holds_the_key(
     body = {"slotId": slots[0]["id"], "patientId": patient}
     # A first request claimed the key and has not finished (e.g. it is still running).
     claim = await container.idempotency.begin(
-        f"patient:{patient}", "POST /api/appointments", idem, orjson.dumps(body)
+        str(patient), "POST /api/appointments", idem, orjson.dumps(body)
     )
     assert isinstance(claim, Claim)
     before = await counts(db)

@@ -118,7 +118,7 @@ async def test_idempotency_codes(client: httpx.AsyncClient, container: Container
     # A request still running under the same key.
     key = str(uuid.uuid4())
     raw = orjson.dumps({**body, "from": at(60).isoformat(), "to": at(70).isoformat()})
-    await container.idempotency.begin(f"customer:{customer}", "POST /api/bookings", key, raw)
+    await container.idempotency.begin(str(customer), "POST /api/bookings", key, raw)
     r = await client.post(
         "/api/bookings",
         content=raw,
