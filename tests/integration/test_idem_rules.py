@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -29,6 +29,7 @@ from reservo.bootstrap import Container, build
 from reservo.core.auth import ROLES
 from reservo.core.clock import OffsetClock
 from reservo.core.http import Roles
+from reservo.core.migrate import available
 from reservo.settings import Settings
 from tests.betting_helpers import make_account, make_match, place
 from tests.conftest import auth, new_id
@@ -434,3 +435,27 @@ async def test_dates_in_bodies_are_yyyy_mm_dd(app: tuple[httpx.AsyncClient, Cont
         }
         r = await client.post(f"/api/doctors/{doctor}/schedules", json=body, headers=ADMIN)
         assert code(r) == (422, "validation_error"), (bad, r.text)
+
+
+async def test_migration_0030_renames_stored_keys_to_their_user(fresh_database_url: str) -> None:
+    """Keys stored as "<role>:<sub>" before the upgrade keep answering their
+    retries under "<sub>"; one user's same key under two roles keeps the first."""
+    (sql,) = [m.sql for m in available() if m.version == 30]
+    conn = await asyncpg.connect(fresh_database_url)
+    try:
+        insert = (
+            "INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status,"
+            " response_status, response_body, created_at)"
+            " VALUES ($1, 'POST /api/transfers', $2, '\\x00', 'DONE', 201, $3, $4)"
+        )
+        t0 = datetime(2026, 1, 1, tzinfo=UTC)
+        await conn.execute(insert, "bettor:7", "k1", '{"first": true}', t0)
+        await conn.execute(insert, "admin:7", "k1", '{"first": false}', t0 + timedelta(seconds=1))
+        await conn.execute(insert, "service:8", "k2", '{"other": 1}', t0)
+        await conn.execute(sql)
+        rows = await conn.fetch(
+            "SELECT caller, key, response_body::text AS body FROM idempotency_key ORDER BY key"
+        )
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in rows] == [("7", "k1", '{"first": true}'), ("8", "k2", '{"other": 1}')]
