@@ -239,7 +239,7 @@ async def test_attempts_in_line_behind_the_one_that_filled_a_slot_never_reach_th
     responses = await together(30, lambda i: book(client, slot_id, ids[i]))
 
     assert codes(responses) == {(201, None): 1, (409, "slot_full"): 29}
-    callers = [f"patient:{i}" for i in ids]
+    callers = [str(i) for i in ids]
     claimed = await db.fetchval(
         "SELECT count(*) FROM idempotency_key WHERE caller = ANY($1::text[])", callers
     )

@@ -148,10 +148,17 @@ async def test_wrong_roles_and_non_owners_are_forbidden(
     # Booking: a customer, a doctor, a patient booking for someone else.
     for role, sub in [("customer", owner), ("doctor", doctor), ("patient", other), ("bettor", 1)]:
         problem(await book_as(client, auth(role, sub), slot_id, owner), 403, "forbidden")
-    # Reading and cancelling another patient's appointment, or as a non-patient role.
-    for headers in [auth("patient", other), auth("doctor", doctor), auth("customer", owner)]:
+    # Reading and cancelling as a non-patient role: 403.
+    for headers in [auth("doctor", doctor), auth("customer", owner)]:
         problem(await client.get(f"/api/appointments/{appt}", headers=headers), 403, "forbidden")
         problem(await client.delete(f"/api/appointments/{appt}", headers=headers), 403, "forbidden")
+    # Another patient's appointment is answered as one that does not exist.
+    theirs = auth("patient", other)
+    for r in (
+        await client.get(f"/api/appointments/{appt}", headers=theirs),
+        await client.delete(f"/api/appointments/{appt}", headers=theirs),
+    ):
+        problem(r, 404, "appointment_not_found")
     # Only admin creates doctors.
     for role in ("doctor", "patient", "service"):
         r = await client.post(
@@ -530,7 +537,7 @@ async def test_request_in_progress_while_the_first_request_holds_the_key(
     body = {"slotId": slots[0]["id"], "patientId": patient}
     # A first request claimed the key and has not finished (e.g. it is still running).
     claim = await container.idempotency.begin(
-        f"patient:{patient}", "POST /api/appointments", idem, orjson.dumps(body)
+        str(patient), "POST /api/appointments", idem, orjson.dumps(body)
     )
     assert isinstance(claim, Claim)
     before = await counts(db)

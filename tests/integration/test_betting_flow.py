@@ -51,7 +51,7 @@ async def test_place_bet_debits_stake_and_refuses_bad_bets(
     r = await place(client, account, owner, 701, [(match["id"], "1X2", "HOME")])
     assert (r.status_code, r.json()["code"]) == (409, "insufficient_funds")
     r = await place(client, account, owner + 1, 10, [(match["id"], "1X2", "HOME")])
-    assert r.status_code == 403
+    assert (r.status_code, r.json()["code"]) == (404, "account_not_found")
     r = await place(client, account, owner, 10, [(match["id"], "1X2", "HOME")] * 2)
     assert r.status_code == 422
     assert await balance(client, account) == 700

@@ -451,7 +451,7 @@ async def test_account_bets_owner_rules_and_no_probing(
     # Someone else's account and an account that does not exist answer alike.
     for path in (url, f"/api/accounts/{unknown}/bets"):
         r = await client.get(path, headers=auth("bettor", owner + 1))
-        assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
+        assert r.status_code == 404 and r.json()["code"] == "account_not_found", r.text
     for role in ("patient", "customer", "service", "host"):
         r = await client.get(url, headers=auth(role, owner))
         assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
@@ -462,7 +462,7 @@ async def test_account_bets_owner_rules_and_no_probing(
     r = await client.get(f"/api/accounts/{house}/bets", headers=ADMIN)
     assert r.status_code == 404 and r.json()["code"] == "account_not_found", r.text
     r = await client.get(f"/api/accounts/{house}/bets", headers=auth("bettor", owner))
-    assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
+    assert r.status_code == 404 and r.json()["code"] == "account_not_found", r.text
     r = await client.get(url, headers=auth("bettor", owner))
     assert r.status_code == 200 and r.json() == {"items": [], "next": None}
     for params in (

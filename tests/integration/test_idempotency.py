@@ -200,7 +200,7 @@ async def test_a_rate_limited_attempt_is_not_stored(
     assert r.status_code == 429
     stored = await db.fetchval(
         "SELECT count(*) FROM idempotency_key WHERE caller = $1 AND key = $2",
-        f"patient:{patient}",
+        str(patient),
         k,
     )
     assert stored == 0
@@ -223,7 +223,7 @@ async def test_prune_drops_keys_older_than_retention_and_keeps_newer_ones(
     async def stored(k: str) -> bool:
         n = await db.fetchval(
             "SELECT count(*) FROM idempotency_key WHERE caller = $1 AND key = $2",
-            f"patient:{patient}",
+            str(patient),
             k,
         )
         return bool(n)

@@ -127,7 +127,7 @@ async def test_a_refused_transfer_is_replayed_even_once_it_could_pass(
     assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", source) == 110
 
 
-async def test_a_forbidden_transfer_is_not_stored_and_moves_nothing(
+async def test_a_transfer_from_somebody_elses_account_is_not_stored_and_moves_nothing(
     client: httpx.AsyncClient, db: asyncpg.Connection
 ) -> None:
     source, _ = await make_account(client, 100)
@@ -138,7 +138,8 @@ async def test_a_forbidden_transfer_is_not_stored_and_moves_nothing(
         json={"fromAccountId": source, "toAccountId": target, "amount": 1},
         headers={**auth("bettor", intruder), "Idempotency-Key": key},
     )
-    assert (r.status_code, r.json()["code"]) == (403, "forbidden")
+    # Somebody else's account is answered as one that does not exist.
+    assert (r.status_code, r.json()["code"]) == (404, "account_not_found")
     assert await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = $1", key) == 0
     assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", source) == 100
 

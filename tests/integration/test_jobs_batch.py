@@ -517,7 +517,7 @@ async def test_a_claim_left_by_the_two_commit_path_is_409_then_taken_over(
     batch = container.module(SchedulerModule).jobs_batch
     marker, key = str(uuid.uuid4()), f"leased-{uuid.uuid4()}"
     body = orjson.dumps(_job(marker))
-    await container.idempotency.begin("service:1", "POST /api/jobs", key, body)
+    await container.idempotency.begin("1", "POST /api/jobs", key, body)
     request = _request(marker, key)
     with pytest.raises(DomainError) as busy:
         await batch.submit(request)

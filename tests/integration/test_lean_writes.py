@@ -84,7 +84,7 @@ async def s_transfers(c: httpx.AsyncClient) -> list[httpx.Response]:
         await c.post(url, json=ok, headers=_key(me)),  # 409 insufficient_funds
         await c.post(url, json={**ok, "toAccountId": 2**62}, headers=_key(me)),  # 404
         await c.post(url, json={**ok, "toAccountId": source}, headers=_key(me)),  # 422 same_account
-        await c.post(url, json=ok, headers=_key(auth("bettor", other))),  # 403
+        await c.post(url, json=ok, headers=_key(auth("bettor", other))),  # 404 not theirs
         await c.post(url, json=ok, headers=_key(auth("patient", owner))),  # 403 role
         await c.post(url, json=ok, headers=me),  # 400 no key
         await c.post(url, json=ok, headers=_key(me, "a b")),  # 400 bad key
@@ -151,7 +151,7 @@ async def test_lean_writes_answer_as_fastapi(base_settings: Settings, name: str)
     assert lean == plain
     statuses = [s for s, _, _ in lean]
     if name == "transfers":
-        assert statuses == [201, 200, 422, 409, 404, 422, 403, 403, 400, 400, 409, 201]
+        assert statuses == [201, 200, 422, 409, 404, 422, 404, 403, 400, 400, 409, 201]
     if name == "jobs":
         assert statuses == [201, 200, 422, 201, 422, 422, 422, 403, 400]
     if name == "delegated":

@@ -232,8 +232,11 @@ async def test_calendar_errors(client: httpx.AsyncClient) -> None:
     ok = {"from": at(1).isoformat(), "to": at(48).isoformat()}
     url = f"/api/cars/{car}/calendar"
     assert code(await client.get(url, params=ok)) == (401, "unauthenticated")
-    for who in (auth("host", new_id()), auth("customer", host), auth("patient", host)):
+    for who in (auth("customer", host), auth("patient", host)):
         assert code(await client.get(url, params=ok, headers=who)) == (403, "forbidden")
+    # Another host's car is answered as one that does not exist.
+    r = await client.get(url, params=ok, headers=auth("host", new_id()))
+    assert code(r) == (404, "car_not_found")
     for who in (ADMIN, auth("host", host)):
         r = await client.get(f"/api/cars/{2**62}/calendar", params=ok, headers=who)
         assert code(r) == (404, "car_not_found")

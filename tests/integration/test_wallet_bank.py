@@ -235,14 +235,15 @@ async def test_bettor_owning_nothing_cannot_move_world_or_house_money(
     nobody = auth("bettor", new_id())
     for source in (world, houses[0], houses[-1]):
         # sub "0" matched the system accounts' old owner_id 0 (the probe got 201).
-        # 403 here; 401 once the token layer refuses sub 0: either way, nothing moves.
+        # 404 here; 401 once the token layer refuses sub 0: either way, nothing moves.
         r = await _move(client, _sub_zero_bettor(), source, account, 5_000_000)
-        assert r.status_code in (401, 403), r.text
+        assert r.status_code in (401, 404), r.text
+        # Nobody's account is answered to a bettor as one that does not exist.
         r = await _move(client, nobody, source, account, 5_000_000)
-        assert (r.status_code, r.json()["code"]) == (403, "forbidden"), r.text
+        assert (r.status_code, r.json()["code"]) == (404, "account_not_found"), r.text
         # Nor does the bettor who owns the target.
         r = await _move(client, auth("bettor", owner), source, account, 5_000_000)
-        assert (r.status_code, r.json()["code"]) == (403, "forbidden"), r.text
+        assert (r.status_code, r.json()["code"]) == (404, "account_not_found"), r.text
     assert await _ledger(db, currency) == before
     assert before["customers"] == 1_000 == before["deposited"] and before["total"] == 0
 
@@ -332,7 +333,7 @@ async def test_system_accounts_belong_to_nobody(
                 r = await client.get(path, headers=headers)
                 assert r.status_code in (401, 403, 404), r.text
         r = await client.get(f"/api/accounts/{system}", headers=auth("bettor", new_id()))
-        assert (r.status_code, r.json()["code"]) == (403, "forbidden")
+        assert (r.status_code, r.json()["code"]) == (404, "account_not_found")
     # A customer account needs a real owner: 0 (the old "system" owner) or less is refused.
     customers = await db.fetchval(
         "SELECT count(*) FROM wallet_account WHERE currency = $1", currency

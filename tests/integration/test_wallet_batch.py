@@ -131,7 +131,7 @@ async def test_refusals_in_a_batch_are_each_requests_own(
         call(shared, sink, 70),
         call(rich, sink, 5, dup),  # the same key twice: moves money once
         call(rich, sink, 5, dup),
-        (call(rich, sink, 1)[0], {**me[poor], "Idempotency-Key": str(uuid.uuid4())}),  # 403
+        (call(rich, sink, 1)[0], {**me[poor], "Idempotency-Key": str(uuid.uuid4())}),  # 404
         call(poor, sink, 10),  # 201: poor's refused 11 did not take its money
     ]
     r = await post_together(client, "/api/transfers", calls)
@@ -144,11 +144,11 @@ async def test_refusals_in_a_batch_are_each_requests_own(
     assert got[4] == (409, "currency_mismatch")
     assert sorted(got[5:7]) == [(201, None), (409, "insufficient_funds")]
     assert sorted(s for s, _ in got[7:9]) in ([200, 201], [201, 409])
-    assert got[9] == (403, "forbidden")
+    assert got[9] == (404, "account_not_found")  # not poor's: as if it did not exist
     assert got[10] == (201, None)
     dup_ids = {x.json()["id"] for x in r[7:9] if x.status_code in (200, 201)}
     assert len(dup_ids) == 1
-    # Every stored refusal replays as it was answered; the 403 was not stored.
+    # Every stored refusal replays as it was answered; the 404 was not stored.
     for (body, headers), x in zip(calls, r, strict=True):
         again = await client.post("/api/transfers", json=body, headers=headers)
         if x.status_code == 201:

@@ -33,7 +33,9 @@ from reservo.appointments.schemas import (
 from reservo.appointments.schemas import Doctor as DoctorOut
 from reservo.appointments.service import AppointmentService
 from reservo.core.auth import Principal
+from reservo.core.errors import DomainError
 from reservo.core.http import (
+    AdminCaller,
     Caller,
     IdempotencyKey,
     PathId,
@@ -44,6 +46,7 @@ from reservo.core.http import (
     model_from,
     problem_responses,
     required_key,
+    role_caller,
     run_idempotent,
     run_idempotent_route,
 )
@@ -57,13 +60,16 @@ from reservo.core.pagination import (
     malformed_cursor,
     page,
 )
-from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY, MAX_ID
+from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY, MAX_ID, Day
 
 router = APIRouter(prefix="/api", tags=["appointments"])
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 _svc = from_state(AppointmentService, "appointments")
+# Who may use which route, checked before the request is parsed (core.http.Roles).
+Patient = Annotated[Principal, role_caller("patient")]
+Doctor = Annotated[Principal, role_caller("doctor")]
 DoctorId = Annotated[PathId, Path(alias="doctorId")]
 PatientId = Annotated[PathId, Path(alias="patientId")]
 
@@ -74,8 +80,7 @@ def render(appt: Appointment) -> dict[str, Any]:
 
 
 @router.post("/doctors", status_code=201, response_model=DoctorOut, responses=PROBLEMS)
-async def create_doctor(body: DoctorIn, caller: Caller, request: Request) -> JSONResponse:
-    caller.require("admin")
+async def create_doctor(body: DoctorIn, caller: AdminCaller, request: Request) -> JSONResponse:
     doctor = await _svc(request).create_doctor(body.name, body.timezone, body.specialty)
     out = DoctorOut(
         id=doctor.id, name=doctor.name, timezone=doctor.timezone, specialty=doctor.specialty
@@ -92,14 +97,14 @@ async def create_doctor(body: DoctorIn, caller: Caller, request: Request) -> JSO
 async def create_schedule(
     doctor_id: DoctorId,
     body: ScheduleIn,
-    caller: Caller,
+    caller: Doctor,
     request: Request,
 ) -> JSONResponse:
-    caller.require_owner("doctor", doctor_id)
     """Slots of the doctor's local working hours. Without `to` the schedule repeats:
     its slots are generated now up to the booking horizon and kept generated, day
     after day, by the `appointments` worker role. A slot that exists or overlaps
     another slot of the doctor is skipped (counted in `skipped`)."""
+    caller.require_owner("doctor", doctor_id)
     rule = ScheduleRule(
         body.from_,
         body.to or body.from_,
@@ -122,7 +127,7 @@ async def create_schedule(
 @router.get("/doctors/{doctorId}/slots", response_model=list[SlotOut], responses=PROBLEMS)
 async def list_slots(
     doctor_id: DoctorId,
-    day: Annotated[date, Query(alias="date", ge=EARLIEST_DAY, le=LATEST_DAY)],
+    day: Annotated[Day, Query(alias="date")],
     caller: Caller,
     request: Request,
 ) -> Response:
@@ -131,7 +136,7 @@ async def list_slots(
 
 @router.post("/appointments", status_code=201, response_model=AppointmentOut, responses=PROBLEMS)
 async def book(
-    body: AppointmentIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+    body: AppointmentIn, caller: Patient, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     return await book_flow(
         _svc(request),
@@ -159,7 +164,18 @@ async def book_flow(
     key = required_key(idempotency_key)
     endpoint = "POST /api/appointments"
     scoped_key = f"{caller.key_owner}:{endpoint}:{key}"
-    await svc.admit(patient_id, slot_id, scoped_key)
+    try:
+        await svc.admit(patient_id, slot_id, scoped_key)
+    except DomainError as err:
+        # Redis may have forgotten that this key reached the database (its
+        # mark expired, Redis restarted): a finished request's replay still
+        # gets its stored answer, never a rate limit.
+        done = None
+        if err.code == "rate_limited":
+            done = await store.finished(caller.key_owner, endpoint, key, raw)
+        if done is None:
+            raise
+        return json_response(done.status, done.body)
 
     async def book_once(within: Within[Appointment] | None) -> Appointment:
         await svc.remember_key(scoped_key)
@@ -224,23 +240,25 @@ LEAN_ROUTES = (
 )
 
 
-async def _owned(request: Request, caller: Caller, appointment_id: int) -> Appointment:
-    caller.require("patient")
+async def _owned(request: Request, caller: Principal, appointment_id: int) -> Appointment:
+    """The appointment, if it is the caller's; anyone else's is 404 as one that
+    does not exist (a 403 would tell which ids exist)."""
     appt = await _svc(request).get(appointment_id)
-    caller.require_owner("patient", appt.patient_id)
+    if not caller.owns("patient", appt.patient_id):
+        raise DomainError("appointment_not_found", f"no appointment {appointment_id}")
     return appt
 
 
 @router.get("/appointments/{id}", response_model=AppointmentOut, responses=PROBLEMS)
 async def get_appointment(
-    appointment_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    appointment_id: Annotated[PathId, Path(alias="id")], caller: Patient, request: Request
 ) -> JSONResponse:
     return json_response(200, render(await _owned(request, caller, appointment_id)))
 
 
 @router.delete("/appointments/{id}", response_model=AppointmentOut, responses=PROBLEMS)
 async def cancel(
-    appointment_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    appointment_id: Annotated[PathId, Path(alias="id")], caller: Patient, request: Request
 ) -> JSONResponse:
     await _owned(request, caller, appointment_id)
     return json_response(200, render(await _svc(request).cancel(appointment_id)))
@@ -270,7 +288,7 @@ def _position(cursor: str | None) -> tuple[datetime, int] | None:
 )
 async def list_patient_appointments(
     patient_id: PatientId,
-    caller: Caller,
+    caller: Patient,
     request: Request,
     status: Annotated[Literal["BOOKED", "CANCELLED"] | None, Query()] = None,
     limit: Limit = DEFAULT_LIMIT,
@@ -298,8 +316,8 @@ def _agenda_slot(s: domain.AgendaSlot) -> AgendaSlot:
 @router.get("/doctors/{id}/agenda", response_model=Agenda, responses=PROBLEMS)
 async def doctor_agenda(
     doctor_id: Annotated[PathId, Path(alias="id")],
-    day: Annotated[date, Query(alias="date", ge=EARLIEST_DAY, le=LATEST_DAY)],
-    caller: Caller,
+    day: Annotated[Day, Query(alias="date")],
+    caller: Doctor,
     request: Request,
 ) -> JSONResponse:
     """Every slot of the doctor's local date (full, past or not open yet), each with
@@ -323,7 +341,7 @@ def render_rescheduled(appt: Appointment) -> dict[str, Any]:
 async def reschedule(
     appointment_id: Annotated[PathId, Path(alias="id")],
     body: RescheduleIn,
-    caller: Caller,
+    caller: Patient,
     request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
@@ -349,7 +367,7 @@ async def reschedule(
 async def join_waitlist(
     slot_id: Annotated[PathId, Path(alias="id")],
     body: WaitlistIn,
-    caller: Caller,
+    caller: Patient,
     request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
@@ -379,7 +397,7 @@ async def join_waitlist(
 async def leave_waitlist(
     slot_id: Annotated[PathId, Path(alias="id")],
     patient_id: PatientId,
-    caller: Caller,
+    caller: Patient,
     request: Request,
 ) -> Response:
     """Leave a slot's waitlist. 404 `not_waiting` when not on it."""
@@ -392,7 +410,7 @@ async def leave_waitlist(
 async def put_contact(
     patient_id: PatientId,
     body: ContactIn,
-    caller: Caller,
+    caller: Patient,
     request: Request,
 ) -> JSONResponse:
     """Where the patient's notifications go: e-mail through the SMTP channel, phone

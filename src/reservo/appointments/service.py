@@ -266,7 +266,9 @@ class AppointmentService:
         never seen this request's Idempotency-Key (a retry of a request that
         reached the database must get its stored answer, so it goes on). A
         refusal here created nothing and is not recorded: a retry with the same
-        key is simply evaluated again."""
+        key is simply evaluated again. A retry of a key that reached the
+        database (seen) is not counted against the limit: it replays its stored
+        answer, or takes its own single turn, and never creates a second thing."""
         decision, (full, seen) = await self.cache.hit_and_check(
             self.limiter,
             "book",
@@ -275,6 +277,7 @@ class AppointmentService:
             self.limits.booking_rate_window_s,
             _full_key(slot_id),
             _seen_key(request_key),
+            spare=2,
         )
         if not decision.allowed:
             _RATE_LIMITED.inc()

@@ -29,8 +29,10 @@ from reservo.betting.schemas import (
     odds_text,
 )
 from reservo.betting.service import BettingService
+from reservo.core.auth import Principal
 from reservo.core.errors import DomainError
 from reservo.core.http import (
+    AdminCaller,
     Caller,
     IdempotencyKey,
     PathId,
@@ -39,6 +41,7 @@ from reservo.core.http import (
     model_from,
     problem_responses,
     required_key,
+    role_caller,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within
@@ -57,6 +60,8 @@ PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
 _svc = from_state(BettingService, "betting")
+# Who may use which route, checked before the request is parsed (core.http.Roles).
+Bettor = Annotated[Principal, role_caller("bettor")]
 _intake = from_state(ResultIntake, "results")
 # MatchOut is a dataclass (the domain's Fixture on the wire): dumped through this.
 _MATCH_OUT = TypeAdapter(MatchOut)
@@ -108,9 +113,17 @@ def bet_out(b: Bet) -> BetOut:
     return model_from(BetOut, b, selections=selections)
 
 
+async def _own_account(svc: BettingService, caller: Principal, account_id: int) -> None:
+    """404 account_not_found unless the account is a customer account the caller
+    may act for: somebody else's is answered as one that does not exist (a 403
+    would tell which ids exist)."""
+    owner = await svc.customer_owner(account_id)
+    if owner is None or not caller.owns("bettor", owner):
+        raise DomainError("account_not_found", f"no account {account_id}")
+
+
 @router.post("/matches", status_code=201, response_model=MatchOut, responses=PROBLEMS)
-async def create_match(body: MatchIn, caller: Caller, request: Request) -> JSONResponse:
-    caller.require("admin")
+async def create_match(body: MatchIn, caller: AdminCaller, request: Request) -> JSONResponse:
     match = await _svc(request).create_match(
         body.external_id,
         body.home,
@@ -162,14 +175,13 @@ async def list_matches(
 async def update_match(
     match_id: Annotated[PathId, Path(alias="id")],
     body: MatchPatch,
-    caller: Caller,
+    caller: AdminCaller,
     request: Request,
 ) -> JSONResponse:
     """Change the odds and/or suspend or reopen betting, before kick-off only (409
     match_closed once the match started by the server clock or has a result). A
     bet placed concurrently commits either before the change (at the odds it saw)
     or after it (refused with odds_changed or market_suspended), never in between."""
-    caller.require("admin")
     odds = None if body.odds is None else {str(k): v for k, v in body.odds.items()}
     match = await _svc(request).update_match(match_id, odds, body.suspended)
     return json_response(200, render_match(match))
@@ -178,23 +190,17 @@ async def update_match(
 @router.get("/accounts/{id}/bets", response_model=BetPage, responses=PROBLEMS)
 async def account_bets(
     account_id: Annotated[PathId, Path(alias="id")],
-    caller: Caller,
+    caller: Bettor,
     request: Request,
     status: Annotated[Literal["PENDING", "WON", "LOST", "VOID"] | None, Query()] = None,
     limit: Limit = DEFAULT_LIMIT,
     after: After = None,
 ) -> JSONResponse:
     """The bets of an account, newest first, optionally of one status. A bettor
-    sees only the accounts they own: any other account id, existing or not, is 403,
-    so ids cannot be probed; 404 (account_not_found) is for admins."""
-    caller.require("bettor")
+    sees only the accounts they own: any other account id, existing or not, is
+    404 account_not_found, so ids cannot be probed."""
     svc = _svc(request)
-    owner = await svc.customer_owner(account_id)
-    if owner is None:
-        if not caller.is_admin:
-            raise DomainError("forbidden", "you may only act for yourself")
-        raise DomainError("account_not_found", f"no account {account_id}")
-    caller.require_owner("bettor", owner)
+    await _own_account(svc, caller, account_id)
     before = decode_cursor(after, int)[0] if after is not None else None
     bets = await svc.account_bets(account_id, before, limit + 1, status)
     items, nxt = page(bets, limit, lambda b: b.id)
@@ -204,16 +210,15 @@ async def account_bets(
 
 @router.post("/bets", status_code=201, response_model=BetOut, responses=PROBLEMS)
 async def place_bet(
-    body: BetIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+    body: BetIn, caller: Bettor, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
-    caller.require("bettor")
     key = required_key(idempotency_key)
     svc = _svc(request)
     legs = [Leg(s.match_id, s.market, s.pick, Decimal(s.odds)) for s in body.selections]
     # The payout cap is checked before anything touches the database (the
     # idempotency claim included): it needs only the request.
     svc.potential_payout(body.stake, legs)
-    caller.require_owner("bettor", await svc.account_owner(body.account_id))
+    await _own_account(svc, caller, body.account_id)
 
     def place(within: Within[Bet] | None) -> Awaitable[Bet]:
         return svc.place_bet(body.account_id, body.stake, legs, within)
@@ -223,11 +228,11 @@ async def place_bet(
 
 @router.get("/bets/{id}", response_model=BetOut, responses=PROBLEMS)
 async def get_bet(
-    bet_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    bet_id: Annotated[PathId, Path(alias="id")], caller: Bettor, request: Request
 ) -> JSONResponse:
-    caller.require("bettor")
     bet = await _svc(request).get_bet(bet_id)
-    caller.require_owner("bettor", bet.owner_id)
+    if not caller.owns("bettor", bet.owner_id):  # somebody else's: as if none
+        raise DomainError("bet_not_found", f"no bet {bet_id}")
     return json_response(200, render_bet(bet))
 
 

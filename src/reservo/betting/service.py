@@ -116,12 +116,6 @@ class BettingService:
                 legs[s["bet_id"]].append(Selection.from_row(s))
         return [Bet.from_row(r, legs[r["id"]]) for r in rows]
 
-    async def account_owner(self, account_id: int) -> int:
-        owner = await self.customer_owner(account_id)
-        if owner is None:
-            raise DomainError("account_not_found", f"no account {account_id}")
-        return owner
-
     async def place_bet(
         self,
         account_id: int,

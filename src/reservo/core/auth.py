@@ -52,13 +52,19 @@ class Principal:
 
     @property
     def key_owner(self) -> str:
-        """Whose Idempotency-Keys these are: keys are scoped per caller."""
-        return f"{self.role}:{self.sub}"
+        """Whose Idempotency-Keys these are: the user (``sub``), whatever role the
+        token carries. A user acting under two roles is one caller, so one key
+        can never take effect twice through a change of role."""
+        return str(self.sub)
 
     def require(self, *roles: str) -> None:
         """Admin may do everything; otherwise the role must be listed."""
         if not self.is_admin and self.role not in roles:
             raise DomainError("forbidden", "this role may not do that")
+
+    def owns(self, role: str, owner_id: int | None) -> bool:
+        """Admin, or ``role`` acting for itself (``owner_id == sub``)."""
+        return self.is_admin or (self.role == role and self.sub == owner_id)
 
     def require_owner(self, role: str, owner_id: int) -> None:
         """Admin, or ``role`` acting for itself (``owner_id == sub``)."""

@@ -88,7 +88,7 @@ class Cache:
         self._set_if_generation = gate.client.register_script(_SET_IF_GENERATION_LUA)
         self._bump = gate.client.register_script(_BUMP_LUA)
         self._locals: list[LocalCache[Any]] = []
-        self._gate_batches: dict[tuple[RateLimiter, int, int], GateBatch] = {}
+        self._gate_batches: dict[tuple[RateLimiter, int, int, int], GateBatch] = {}
 
     def local(self, ttl_s: float, max_entries: int = 4096) -> LocalCache[Any]:
         """A per-process cache in front of these values: ``delete`` of a key drops
@@ -272,8 +272,11 @@ class Cache:
         limit: int,
         window_s: int,
         *marks: str,
+        spare: int = 0,
     ) -> tuple[Decision, tuple[bool, ...]]:
         """Rate-limit hit and mark checks (one answer per mark) in one command.
+        ``spare`` (1 = the first mark; 0 none) names a mark whose presence spares
+        the call: it is allowed and not counted against the limit.
 
         The calls made in one turn of the event loop are sent together, as one
         EVALSHA of a script that runs each call's INCR + PTTL + EXISTS in order
@@ -287,11 +290,13 @@ class Cache:
         """
         if limit < 0 or window_s <= 0:
             raise ValueError("limit must be >= 0 and window_s > 0")
+        if not 0 <= spare <= len(marks):
+            raise ValueError("spare must name one of the marks (1-based), or be 0")
         rkey = rate_key(scope, subject, limiter.namespace)
         if self.cluster:
-            return await self._hit_and_check_spread(limiter, rkey, limit, window_s, marks)
+            return await self._hit_and_check_spread(limiter, rkey, limit, window_s, marks, spare)
         keys = [rkey, *(self.mark_key(m) for m in marks)]
-        group = (limiter, window_s * 1000, len(keys))
+        group = (limiter, window_s * 1000, len(keys), spare)
         batch = self._gate_batches.get(group)
         if batch is None:
             batch = self._gate_batches[group] = GateBatch(self.gate, *group)
@@ -301,17 +306,30 @@ class Cache:
         return decide(raw, limit), tuple(bool(e) for e in raw[2:])
 
     async def _hit_and_check_spread(
-        self, limiter: RateLimiter, rkey: str, limit: int, window_s: int, marks: tuple[str, ...]
+        self,
+        limiter: RateLimiter,
+        rkey: str,
+        limit: int,
+        window_s: int,
+        marks: tuple[str, ...],
+        spare: int,
     ) -> tuple[Decision, tuple[bool, ...]]:
         """``hit_and_check`` on a Redis Cluster: the rate limiter's own script on
         the rate key and one EXISTS per mark, pipelined (the nodes concerned are
-        asked concurrently)."""
+        asked concurrently). With a ``spare`` mark the marks are asked first and
+        the hit sent only when that mark is absent (a second round trip)."""
         hit = ScriptCall(limiter.script, [rkey], [window_s * 1000])
-        commands: list[Command] = [hit, *(("EXISTS", self.mark_key(m)) for m in marks)]
+        checks: list[Command] = [("EXISTS", self.mark_key(m)) for m in marks]
 
         async def _spread(client: Client) -> tuple[Decision, tuple[bool, ...]]:
-            raw, *exists = await pipeline(client, commands)
-            return decide(raw, limit), tuple(bool(e) for e in exists)
+            if spare:
+                exists = tuple(bool(e) for e in await pipeline(client, checks))
+                if exists[spare - 1]:
+                    return fail_open(limit), exists
+                (raw,) = await pipeline(client, [hit])
+                return decide(raw, limit), exists
+            raw, *flags = await pipeline(client, [hit, *checks])
+            return decide(raw, limit), tuple(bool(e) for e in flags)
 
         return await self.gate.call(_spread, (fail_open(limit), tuple(False for _ in marks)))
 
@@ -342,10 +360,12 @@ class GateBatch:
         limiter: RateLimiter,
         window_ms: int,
         keys_per_call: int,
+        spare: int = 0,
         max_calls: int = 200,
     ) -> None:
         self.gate, self.script = gate, limiter.check_script
         self.window_ms, self.per, self.max_calls = window_ms, keys_per_call, max_calls
+        self.spare = spare  # the mark that spares a call from counting (0: none)
         self._keys: list[str] = []
         self._waiters: list[asyncio.Future[list[int] | None]] = []
         self._sending: set[asyncio.Task[None]] = set()  # strong references
@@ -375,7 +395,7 @@ class GateBatch:
             task.add_done_callback(self._sending.discard)
 
     async def _send(self, keys: list[str], waiters: list[asyncio.Future[list[int] | None]]) -> None:
-        script, args = self.script, (self.window_ms, self.per)
+        script, args = self.script, (self.window_ms, self.per, self.spare)
 
         async def _run(client: Client) -> list[int]:
             return list(await _evalsha(client, script, keys, args))

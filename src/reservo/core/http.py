@@ -20,7 +20,14 @@ from reservo.core import metrics
 from reservo.core.auth import Principal, TokenVerifier
 from reservo.core.clock import Clock
 from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
-from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Within, validate_key
+from reservo.core.idempotency import (
+    Claim,
+    IdempotencyStore,
+    Replay,
+    Within,
+    is_stored,
+    validate_key,
+)
 from reservo.core.schemas import MAX_ID, JsonRefused, read_json
 
 T = TypeVar("T")
@@ -348,6 +355,33 @@ async def current_principal(
 Caller = Annotated[Principal, Depends(current_principal)]
 
 
+class Roles:
+    """A route's role rule, as a dependency: ``Annotated[Principal, Depends(Roles(
+    "patient"))]``. FastAPI solves dependencies before it validates the body,
+    path and query, so a caller whose role may never use the route gets its 403
+    before any 422 could tell it what the route expects. Admin passes every rule.
+    Owner rules (which patient, which account) stay in the route: they need the
+    request."""
+
+    __slots__ = ("roles",)
+
+    def __init__(self, *roles: str) -> None:
+        self.roles = frozenset(roles)
+
+    async def __call__(self, caller: Caller) -> Principal:
+        caller.require(*self.roles)
+        return caller
+
+
+def role_caller(*roles: str) -> Any:
+    """The caller of a route only ``roles`` (and admin) may use:
+    ``Annotated[Principal, role_caller("doctor")]``."""
+    return Depends(Roles(*roles))
+
+
+AdminCaller = Annotated[Principal, role_caller()]
+
+
 def json_response(status: int, body: Any) -> JSONResponse:
     media = PROBLEM_JSON if status >= 400 else "application/json"
     return JSONResponse(body, status_code=status, media_type=media)
@@ -374,10 +408,12 @@ async def run_idempotent(
     try:
         payload = render(await use_case(outcome.storing(status, render)))
     except DomainError as err:
-        if err.status == 503 or err.status == 429:
-            await _release_quietly(store, outcome)
-        else:  # a deterministic refusal: the same key gets the same answer
+        # One rule with run_once: a deterministic refusal is stored (the same key
+        # gets the same answer); who may not act and passing conditions are not.
+        if is_stored(err):
             await store.finish(outcome, err.status, err.problem())
+        else:
+            await _release_quietly(store, outcome)
         raise
     except BaseException:
         await _release_quietly(store, outcome)

@@ -88,6 +88,12 @@ def is_stored(err: DomainError) -> bool:
     return err.status not in _NOT_STORED
 
 
+def _replay(row: Mapping[str, Any]) -> Replay:
+    """A DONE key's stored response as replayed: a stored 201 is replayed as 200."""
+    status = row["response_status"]
+    return Replay(200 if status == 201 else status, row["response_body"])
+
+
 def _stored_answer(row: Mapping[str, Any], digest: bytes, now: datetime) -> Replay | None:
     """What a stored key answers a request with ``digest``: the replay of its
     response, or 422 (another body) or 409 (a claim in flight) raised. None: a
@@ -98,8 +104,7 @@ def _stored_answer(row: Mapping[str, Any], digest: bytes, now: datetime) -> Repl
             "this Idempotency-Key was used with a different request body",
         )
     if row["status"] == "DONE":
-        status = row["response_status"]
-        return Replay(200 if status == 201 else status, row["response_body"])
+        return _replay(row)
     if row["locked_until"] is not None and row["locked_until"] < now:
         return None
     raise in_progress()
@@ -180,6 +185,19 @@ class IdempotencyStore:
             known = await self._known(conn, Claim(caller, endpoint, key), digest, now)
             # None: pruned between the two statements, the key is free again.
             return known or await self.begin(caller, endpoint, key, body)
+
+    async def finished(self, caller: str, endpoint: str, key: str, body: bytes) -> Replay | None:
+        """The stored answer of the finished request under this key with this
+        body, or None (nothing stored, another body, still running). It only
+        reads: a request refused before it may claim its key (a rate limit)
+        still gets the answer its key's first request got."""
+        async with self.db.connection() as conn:
+            row = await conn.fetchrow(Q.idem_get, caller, endpoint, key)
+        if row is None or row["status"] != "DONE":
+            return None
+        if bytes(row["request_hash"]) != request_hash(body):
+            return None
+        return _replay(row)
 
     async def _known(
         self, conn: asyncpg.Connection, claim: Claim, digest: bytes, now: datetime

@@ -34,20 +34,27 @@ end
 _HIT_LUA = _HIT + "return {count, ttl}\n"
 # The same hit, then EXISTS of further keys, for a batch of gate checks in one
 # command: KEYS come in groups of ARGV[2] (a counter, then its marks), ARGV[1] is
-# the window in ms. Returns {count, pttl_ms, e2, ..., en} per group, concatenated.
-# Groups run in order, so two hits of one counter in a batch count as two calls.
-# Every key must live on one server: a single Redis (on a cluster the keys are in
+# the window in ms. ARGV[3], when not 0, is the place (1 = the first mark) of the
+# mark that spares a call: when it exists the call is not counted (count 0, an
+# allowed hit), e.g. a retry of a request that already reached the database.
+# Returns {count, pttl_ms, e2, ..., en} per group, concatenated. Groups run in
+# order, so two hits of one counter in a batch count as two calls. Every key
+# must live on one server: a single Redis (on a cluster the keys are in
 # different slots, see Cache.hit_and_check).
 _HIT_CHECK_LUA = """
 local window = tonumber(ARGV[1])
 local per = tonumber(ARGV[2])
+local spare = tonumber(ARGV[3] or '0')
 local out = {}
 for i = 1, #KEYS, per do
-  local count = redis.call('INCR', KEYS[i])
-  local ttl = redis.call('PTTL', KEYS[i])
-  if count == 1 or ttl < 0 then
-    redis.call('PEXPIRE', KEYS[i], window)
-    ttl = window
+  local count, ttl = 0, 0
+  if spare == 0 or redis.call('EXISTS', KEYS[i + spare]) == 0 then
+    count = redis.call('INCR', KEYS[i])
+    ttl = redis.call('PTTL', KEYS[i])
+    if count == 1 or ttl < 0 then
+      redis.call('PEXPIRE', KEYS[i], window)
+      ttl = window
+    end
   end
   out[#out + 1] = count
   out[#out + 1] = ttl
@@ -75,7 +82,8 @@ def rate_key(scope: str, subject: str | int, namespace: str = "reservo") -> str:
 
 
 def decide(raw: Any, limit: int) -> Decision:
-    """Turn the script's ``[count, pttl_ms]`` reply into a Decision."""
+    """Turn the script's ``[count, pttl_ms]`` reply into a Decision (count 0: a
+    call the script did not count, allowed)."""
     count, ttl_ms = int(raw[0]), int(raw[1])
     if count <= limit:
         return Decision(allowed=True, remaining=limit - count, retry_after_s=0)

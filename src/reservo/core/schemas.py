@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
@@ -12,6 +13,7 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictInt,
@@ -33,6 +35,34 @@ MAX_ID = 2**63 - 1
 Id = Annotated[StrictInt, Field(ge=1, le=MAX_ID)]
 
 
+# The only spellings a client may send (bodies and query strings alike): an
+# instant is RFC 3339 with its offset (Z or +hh:mm), a date is YYYY-MM-DD. The
+# parser behind them is lenient (a Unix number or a digit string became an
+# instant, a midnight datetime a date), so the text is held to these first.
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})",
+    re.ASCII,
+)
+_ISO_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
+
+
+def _rfc3339(value: Any) -> Any:
+    # A datetime object comes from code, not from a client: it is taken as is.
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or _RFC3339.fullmatch(value) is None:
+        raise ValueError("an instant is RFC 3339 with an offset, e.g. 2026-01-25T08:00:00+07:00")
+    return value
+
+
+def _iso_day(value: Any) -> Any:
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or _ISO_DAY.fullmatch(value) is None:
+        raise ValueError("a date is YYYY-MM-DD")
+    return value
+
+
 def _in_range(value: datetime) -> datetime:
     if not EARLIEST <= value < LATEST:
         raise ValueError(
@@ -41,10 +71,19 @@ def _in_range(value: datetime) -> datetime:
     return value
 
 
+def _day_in_range(value: date) -> date:
+    if not EARLIEST_DAY <= value <= LATEST_DAY:
+        raise ValueError(
+            f"date out of the accepted range [{EARLIEST_DAY.isoformat()}, {LATEST_DAY.isoformat()}]"
+        )
+    return value
+
+
 # An instant with an explicit UTC offset, inside the accepted range.
-Instant = Annotated[AwareDatetime, AfterValidator(_in_range)]
-# A calendar date inside the accepted range.
-Day = Annotated[date, Field(ge=EARLIEST_DAY, le=LATEST_DAY)]
+Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_in_range)]
+# A calendar date inside the accepted range. Validators, not Field bounds: they
+# stay in force where the type is nested in Query(...).
+Day = Annotated[date, BeforeValidator(_iso_day), AfterValidator(_day_in_range)]
 
 
 # Deepest JSON nesting a request may carry (objects and arrays, the body itself

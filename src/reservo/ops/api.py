@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from reservo.core.deadletters import DeadLetter, DeadLetterBox
 from reservo.core.http import (
-    Caller,
+    AdminCaller,
     PathId,
     from_state,
     json_response,
@@ -32,14 +32,13 @@ def render(d: DeadLetter) -> DeadLetterOut:
 
 @router.get("/dead-letters", response_model=DeadLetterPage, responses=PROBLEMS)
 async def list_dead_letters(
-    caller: Caller,
+    caller: AdminCaller,
     request: Request,
     consumer: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
     limit: Limit = DEFAULT_LIMIT,
     after: After = None,
 ) -> JSONResponse:
     """Events consumers rejected, newest first, replayed ones included (`replayedAt`)."""
-    caller.require("admin")
     before = decode_cursor(after, int)[0] if after is not None else None
     letters = await _box(request).page(consumer, before, limit + 1)
     items, nxt = page(letters, limit, lambda d: d.id)
@@ -49,10 +48,9 @@ async def list_dead_letters(
 
 @router.post("/dead-letters/{id}/replay", response_model=Replayed, responses=PROBLEMS)
 async def replay_dead_letter(
-    letter_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    letter_id: Annotated[PathId, Path(alias="id")], caller: AdminCaller, request: Request
 ) -> JSONResponse:
     """Deliver the event again to the consumer that parked it; it is applied at
     most once (the consumer dedupes by event id), so replaying twice is harmless."""
-    caller.require("admin")
     await _box(request).replay(letter_id)
     return json_response(200, Replayed(replayed=True).wire())

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from reservo.core.auth import Principal, verify_webhook
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.http import (
+    AdminCaller,
     Caller,
     IdempotencyKey,
     PathId,
@@ -24,6 +25,7 @@ from reservo.core.http import (
     model_from,
     problem_responses,
     required_key,
+    role_caller,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, validate_key
@@ -60,6 +62,10 @@ PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 svc_of = from_state(RentalService, "rentals")
+# Who may use which route, checked before the request is parsed (core.http.Roles).
+Customer = Annotated[Principal, role_caller("customer")]
+Host = Annotated[Principal, role_caller("host")]
+CustomerOrHost = Annotated[Principal, role_caller("customer", "host")]
 
 
 def render(svc: RentalService, b: Booking) -> dict[str, Any]:
@@ -99,9 +105,8 @@ def render_cars(cars: list[Car]) -> bytes:
 
 @router.post("/cars", status_code=201, response_model=CarOut, responses=PROBLEMS)
 async def create_car(
-    body: CarIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+    body: CarIn, caller: AdminCaller, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
-    caller.require("admin")
     key = validate_key(idempotency_key, required=False)
     svc = svc_of(request)
 
@@ -166,7 +171,7 @@ LEAN_ROUTES = (LeanRoute("GET", "/api/cars", lean_search_cars),)
 
 @router.post("/bookings", status_code=201, response_model=BookingOut, responses=PROBLEMS)
 async def hold(
-    body: BookingIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+    body: BookingIn, caller: Customer, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     caller.require_owner("customer", body.customer_id)
     key = required_key(idempotency_key)
@@ -189,23 +194,22 @@ def _who(caller: Principal, b: Booking, *, customer: bool) -> domain.Canceller:
         return "host"
     if customer and caller.role == "customer" and caller.sub == b.customer_id:
         return "customer"
-    raise DomainError("forbidden", "not your booking")
+    # Somebody else's booking is answered as one that does not exist: a 403
+    # would tell which ids exist.
+    raise DomainError("booking_not_found", f"no booking {b.id}")
 
 
 async def _authorized(
     request: Request, caller: Principal, booking_id: int, *, customer: bool
 ) -> tuple[Booking, domain.Canceller]:
-    if customer:
-        caller.require("customer", "host")
-    else:
-        caller.require("host")
+    """The booking and who acts on it; the route's role rule ran before."""
     b = await svc_of(request).get(booking_id)
     return b, _who(caller, b, customer=customer)
 
 
 @router.get("/bookings/{id}", response_model=BookingOut, responses=PROBLEMS)
 async def get_booking(
-    booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    booking_id: Annotated[PathId, Path(alias="id")], caller: CustomerOrHost, request: Request
 ) -> JSONResponse:
     b, _ = await _authorized(request, caller, booking_id, customer=True)
     return json_response(200, render(svc_of(request), b))
@@ -213,7 +217,7 @@ async def get_booking(
 
 @router.post("/bookings/{id}/cancel", response_model=BookingOut, responses=PROBLEMS)
 async def cancel(
-    booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    booking_id: Annotated[PathId, Path(alias="id")], caller: CustomerOrHost, request: Request
 ) -> JSONResponse:
     """A customer cancelling a CONFIRMED booking >= 72 h before `from` gets 100 %
     of the deposit, >= 24 h 50 %, else 0; the host (or an admin) refunds 100 %.
@@ -225,7 +229,7 @@ async def cancel(
 
 @router.post("/bookings/{id}/pickup", response_model=BookingOut, responses=PROBLEMS)
 async def pickup(
-    booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    booking_id: Annotated[PathId, Path(alias="id")], caller: Host, request: Request
 ) -> JSONResponse:
     """From RESERVO_RENTALS_PICKUP_LEAD_MINUTES before `from` on (409
     `pickup_too_early` before that)."""
@@ -236,7 +240,7 @@ async def pickup(
 
 @router.post("/bookings/{id}/return", response_model=BookingOut, responses=PROBLEMS)
 async def return_car(
-    booking_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    booking_id: Annotated[PathId, Path(alias="id")], caller: Host, request: Request
 ) -> JSONResponse:
     await _authorized(request, caller, booking_id, customer=False)
     svc = svc_of(request)
@@ -309,7 +313,7 @@ def _booking_key(b: Booking) -> tuple[int, int]:
 @router.get("/customers/{customerId}/bookings", response_model=BookingPage, responses=PROBLEMS)
 async def customer_bookings(
     customer_id: Annotated[PathId, Path(alias="customerId")],
-    caller: Caller,
+    caller: Customer,
     request: Request,
     status: Annotated[
         BookingStatus | None,
@@ -336,7 +340,7 @@ async def car_calendar(
     car_id: Annotated[PathId, Path(alias="id")],
     from_: Annotated[Instant, Query(alias="from")],
     to: Annotated[Instant, Query(description="exclusive; at most 366 days after `from`")],
-    caller: Caller,
+    caller: Host,
     request: Request,
 ) -> JSONResponse:
     """What blocks the car during [from, to): its live bookings (HOLD not yet
@@ -344,10 +348,11 @@ async def car_calendar(
     window, in time order. `to` is the customer's end, `bufferUntil` the end of
     the buffer after it (the next trip may start then). Past and dropped bookings
     (COMPLETED, CANCELLED, EXPIRED) block nothing and are not listed. The car's
-    host or an admin (403 for other hosts and roles)."""
-    caller.require("host")
+    host or an admin (403 for other roles; another host's car is 404 car_not_found,
+    as one that does not exist)."""
     car, rows = await svc_of(request).calendar(car_id, from_, to)
-    caller.require_owner("host", car.host_id)
+    if not caller.owns("host", car.host_id):
+        raise DomainError("car_not_found", f"no car {car_id}")
     periods = [model_from(CalendarPeriod, p, from_=p.from_at, to=p.return_at) for p in rows]
     return json_response(200, Calendar(car_id=car_id, periods=periods).wire())
 

@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from reservo.core.auth import Principal
 from reservo.core.errors import validation_error
 from reservo.core.http import (
-    Caller,
     IdempotencyKey,
     PathId,
     from_state,
@@ -21,6 +20,7 @@ from reservo.core.http import (
     json_response,
     model_from,
     problem_responses,
+    role_caller,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, request_hash, validate_key
@@ -46,6 +46,8 @@ PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
 _svc = from_state(Scheduler, "scheduler")
+# Only services (and admin) manage jobs, checked before the request is parsed.
+Service = Annotated[Principal, role_caller("service")]
 JobId = Annotated[PathId, Path(alias="jobId")]
 
 
@@ -76,7 +78,7 @@ def check_payload(payload: dict[str, Any]) -> None:
 
 @router.post("/jobs", status_code=201, response_model=JobCreated, responses=PROBLEMS)
 async def create_job(
-    body: JobIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+    body: JobIn, caller: Service, request: Request, idempotency_key: IdempotencyKey = None
 ) -> Response:
     return await create_job_flow(
         request.app.state, caller, body, idempotency_key, await request.body()
@@ -91,6 +93,8 @@ async def create_job_flow(
     enqueues (scheduler/batch.py), where its job and its key's stored response
     commit in one transaction with the batch's other enqueues; the
     request returns once its job went to Redis after that commit."""
+    # The lean path's role check (FastAPI's is Service), and admin only for a
+    # module's internal categories.
     may_create(caller, state.scheduler, body.category)
     if body.run_at is not None and body.delay_ms is not None:
         raise validation_error("give runAt or delayMs, not both")
@@ -121,20 +125,19 @@ def created(job: Job) -> dict[str, Any]:
     return JobCreated(job_id=job.id, status=job.status, run_at=job.run_at).wire()
 
 
-async def _one_job(caller: Principal, act: Callable[[], Awaitable[Job]]) -> JSONResponse:
-    """What the routes of one job answer: the job as ``act`` leaves it (services only)."""
-    caller.require("service")
+async def _one_job(act: Callable[[], Awaitable[Job]]) -> JSONResponse:
+    """What the routes of one job answer: the job as ``act`` leaves it."""
     return json_response(200, render(await act()))
 
 
 @router.get("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
-async def get_job(job_id: JobId, caller: Caller, request: Request) -> JSONResponse:
-    return await _one_job(caller, lambda: _svc(request).get(job_id))
+async def get_job(job_id: JobId, caller: Service, request: Request) -> JSONResponse:
+    return await _one_job(lambda: _svc(request).get(job_id))
 
 
 @router.delete("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
-async def cancel_job(job_id: JobId, caller: Caller, request: Request) -> JSONResponse:
-    return await _one_job(caller, lambda: _svc(request).cancel_job(job_id))
+async def cancel_job(job_id: JobId, caller: Service, request: Request) -> JSONResponse:
+    return await _one_job(lambda: _svc(request).cancel_job(job_id))
 
 
 Status = Literal["SCHEDULED", "QUEUED", "RUNNING", "DONE", "FAILED", "DEAD", "CANCELLED"]
@@ -145,7 +148,7 @@ Category = Annotated[
 
 @router.get("/jobs", response_model=JobPage, responses=problem_responses(401, 403, 422, 503))
 async def list_jobs(
-    caller: Caller,
+    caller: Service,
     request: Request,
     status: Annotated[Status | None, Query(description="only jobs in this status")] = None,
     category: Category = None,
@@ -154,7 +157,6 @@ async def list_jobs(
 ) -> JSONResponse:
     """Jobs newest first (by id), optionally of one status and/or one category;
     keyset pagination (`next` -> `after`)."""
-    caller.require("service")
     before = decode_cursor(after, int)[0] if after is not None else None
     jobs = await _svc(request).list_jobs(status, category, before, limit + 1)
     items, nxt = page(jobs, limit, lambda j: j.id)
@@ -162,24 +164,24 @@ async def list_jobs(
 
 
 @router.post("/jobs/{jobId}/retry", response_model=JobOut, responses=PROBLEMS)
-async def retry_job(job_id: JobId, caller: Caller, request: Request) -> JSONResponse:
+async def retry_job(job_id: JobId, caller: Service, request: Request) -> JSONResponse:
     """A DEAD or FAILED job runs again now (`SCHEDULED`), with a fresh budget of
     RESERVO_SCHEDULER_MAX_ATTEMPTS attempts; earlier attempts stay counted.
     Any other status is 409 `not_retryable`."""
-    return await _one_job(caller, lambda: _svc(request).retry(job_id))
+    return await _one_job(lambda: _svc(request).retry(job_id))
 
 
 @router.patch("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
 async def reschedule_job(
     job_id: JobId,
     body: RescheduleIn,
-    caller: Caller,
+    caller: Service,
     request: Request,
 ) -> JSONResponse:
     """Moves a job no worker has claimed (SCHEDULED, QUEUED, or FAILED waiting
     for its retry) to `runAt`; it runs then and not at its old time. A RUNNING
     or finished job is 409 `not_cancellable`."""
-    return await _one_job(caller, lambda: _svc(request).reschedule(job_id, body.run_at))
+    return await _one_job(lambda: _svc(request).reschedule(job_id, body.run_at))
 
 
 def render_recurring(r: Recurring) -> dict[str, Any]:
@@ -188,7 +190,7 @@ def render_recurring(r: Recurring) -> dict[str, Any]:
 
 @router.post("/recurring-jobs", status_code=201, response_model=RecurringOut, responses=PROBLEMS)
 async def create_recurring_job(
-    body: RecurringIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+    body: RecurringIn, caller: Service, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     """One job per occurrence of `cron` in `timezone`, created ahead of time by
     the scheduler role. An occurrence in a skipped local hour (DST) runs once at
@@ -216,10 +218,9 @@ async def create_recurring_job(
     responses=problem_responses(401, 403, 404, 422, 503),
 )
 async def delete_recurring_job(
-    recurring_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    recurring_id: Annotated[PathId, Path(alias="id")], caller: Service, request: Request
 ) -> Response:
     """No occurrence after this one is created; jobs already created for
     occurrences that have not run are cancelled (a running one finishes)."""
-    caller.require("service")
     await _svc(request).delete_recurring(recurring_id)
     return Response(status_code=204)

@@ -65,7 +65,7 @@ class JobRequest:
 
     @property
     def caller(self) -> str:
-        return f"{self.principal.role}:{self.principal.sub}"
+        return self.principal.key_owner
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,13 +10,14 @@ from fastapi.responses import JSONResponse
 
 from reservo.core.auth import Principal
 from reservo.core.http import (
-    Caller,
+    AdminCaller,
     IdempotencyKey,
     PathId,
     from_state,
     json_response,
     problem_responses,
     required_key,
+    role_caller,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, request_hash
@@ -24,6 +25,7 @@ from reservo.core.lean import body_route
 from reservo.core.schemas import MAX_ID
 from reservo.wallet.batch import TransferBatch, TransferRequest
 from reservo.wallet.domain import Account, Transfer, may_act_for
+from reservo.wallet.errors import account_not_found
 from reservo.wallet.schemas import (
     AccountIn,
     AccountOut,
@@ -51,30 +53,36 @@ def render_transfer(t: Transfer) -> dict[str, Any]:
     return TransferOut.model_validate(t, from_attributes=True).wire()
 
 
-async def _owned(request: Request, caller: Caller, account_id: int) -> Account:
-    caller.require("bettor")
+# Who may use which route, checked before the request is parsed (core.http.Roles).
+Bettor = Annotated[Principal, role_caller("bettor")]
+Service = Annotated[Principal, role_caller("service")]
+
+
+async def _owned(request: Request, caller: Principal, account_id: int) -> Account:
+    """The account, if the caller may act for it; anyone else's is 404 as one that
+    does not exist."""
     account = await _svc(request).get_account(account_id)
-    may_act_for(caller, account.owner_id)
+    if not may_act_for(caller, account.owner_id):
+        raise account_not_found(account_id)
     return account
 
 
 @router.post("/accounts", status_code=201, response_model=AccountOut, responses=PROBLEMS)
-async def create_account(body: AccountIn, caller: Caller, request: Request) -> JSONResponse:
-    caller.require("admin")
+async def create_account(body: AccountIn, caller: AdminCaller, request: Request) -> JSONResponse:
     account = await _svc(request).create_account(body.owner_id, body.currency)
     return json_response(201, render_account(account))
 
 
 @router.get("/accounts/{id}", response_model=AccountOut, responses=PROBLEMS)
 async def get_account(
-    account_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    account_id: Annotated[PathId, Path(alias="id")], caller: Bettor, request: Request
 ) -> JSONResponse:
     return json_response(200, render_account(await _owned(request, caller, account_id)))
 
 
 async def _idempotent(
     request: Request,
-    caller: Caller,
+    caller: Principal,
     endpoint: str,
     key: str | None,
     run: Callable[[Within[Transfer] | None], Awaitable[Transfer]],
@@ -91,11 +99,10 @@ async def _idempotent(
 async def deposit(
     account_id: Annotated[PathId, Path(alias="id")],
     body: DepositIn,
-    caller: Caller,
+    caller: Service,
     request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    caller.require("service")
     svc = _svc(request)
     return await _idempotent(
         request,
@@ -108,7 +115,7 @@ async def deposit(
 
 @router.post("/transfers", status_code=201, response_model=TransferOut, responses=PROBLEMS)
 async def transfer(
-    body: TransferIn, caller: Caller, request: Request, idempotency_key: IdempotencyKey = None
+    body: TransferIn, caller: Bettor, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     return await transfer_flow(
         request.app.state,
@@ -127,8 +134,8 @@ async def transfer_flow(
     next batch of transfers (wallet/batch.py), where its owner check, its key,
     the transfer and the stored response commit in one transaction with the
     batch's other transfers, so a retry can never move money again."""
+    caller.require("bettor")  # the lean path's role check (FastAPI's is Bettor)
     key = required_key(idempotency_key)
-    caller.require("bettor")
     batch: TransferBatch = state.wallet_transfers
     answer = await batch.submit(
         TransferRequest(
@@ -150,7 +157,7 @@ LEAN_ROUTES = (body_route("POST", "/api/transfers", TransferIn, transfer_flow),)
 @router.get("/accounts/{id}/statement", response_model=StatementOut, responses=PROBLEMS)
 async def statement(
     account_id: Annotated[PathId, Path(alias="id")],
-    caller: Caller,
+    caller: Bettor,
     request: Request,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     before: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,

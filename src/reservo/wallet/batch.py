@@ -129,15 +129,14 @@ class TransferBatch:
             )
             rows = {r["id"]: r for r in read}
             # Before the key, as the one-request flow: the source exists and the
-            # caller may act for it (refusals not stored: who may not act learns
-            # nothing from a retry).
+            # caller may act for it, else 404 either way (refusals not stored:
+            # who may not act learns nothing from a retry).
             allowed: list[int] = []
             for n, item in enumerate(items):
                 source = rows.get(item.source)
                 try:
-                    if source is None:
+                    if source is None or not domain.may_act_for(item.principal, source["owner_id"]):
                         raise account_not_found(item.source)
-                    domain.may_act_for(item.principal, source["owner_id"])
                 except DomainError as err:
                     outcomes[n] = err
                     continue

@@ -62,14 +62,13 @@ class Entry(FromRow):
     created_at: datetime
 
 
-def may_act_for(caller: Principal, owner: int | None) -> None:
+def may_act_for(caller: Principal, owner: int | None) -> bool:
     """A bettor acts for its own accounts, an admin for any. A system account
     (WORLD, HOUSE) has no owner: no sub, whatever its value, acts for it; only an
-    admin may read it (and nobody may move it, see ROUTES). Raises 403."""
-    if owner is None:
-        caller.require("admin")
-    else:
-        caller.require_owner("bettor", owner)
+    admin may read it (and nobody may move it, see ROUTES). The caller answers
+    anyone else's account as one that does not exist (404): a 403 would tell
+    which ids exist."""
+    return caller.is_admin or (owner is not None and caller.owns("bettor", owner))
 
 
 class TransferRefused(Exception):
