@@ -5,9 +5,9 @@ so by default it may not reach what only the inside can reach: loopback,
 link-local (cloud metadata at 169.254.169.254 and fd00:ec2::254), private,
 shared, unspecified, multicast, reserved and documentation ranges, also when
 written as an IPv6 address that carries an IPv4 one (``embedded_ipv4``: mapped,
-translated, compatible, NAT64, 6to4, ISATAP; Teredo's whole range is refused). Credentials in a URL are
-refused outright. An operator allows exceptions with an allow list of host names
-and CIDR networks (``RESERVO_JOBS_HTTP_ALLOW``).
+translated, compatible, NAT64, 6to4, ISATAP; Teredo's whole range is refused).
+Credentials in a URL are refused outright. An operator allows exceptions with
+an allow list of host names and CIDR networks (``RESERVO_JOBS_HTTP_ALLOW``).
 
 The rules decide on addresses; the caller resolves names and must check every
 address a name resolves to, then connect to the checked one.
@@ -113,9 +113,9 @@ def refused_range(ip: IPAddress) -> str | None:
             return why
     if isinstance(ip, ipaddress.IPv6Address):
         for inner in embedded_ipv4(ip):
-            why = refused_range(inner)
-            if why is not None:
-                return f"{why} (it carries {inner})"
+            carried = refused_range(inner)
+            if carried is not None:
+                return f"{carried} (it carries {inner})"
     return None
 
 

@@ -20,7 +20,7 @@ from reservo.core.backoff import backoff_delay
 from reservo.core.loops import run_paced
 from reservo.core.poison import ROW_ERRORS, isolate, report
 from reservo.scheduler import domain, repo
-from reservo.scheduler.domain import Job, JobFailure
+from reservo.scheduler.domain import Job, JobDeferred, JobFailure
 from reservo.scheduler.service import Scheduler
 
 log = structlog.get_logger(__name__)
@@ -283,14 +283,25 @@ class Reaper:
         return len(rows)
 
 
+Outcome = JobFailure | JobDeferred | None
+
+
 class Executor:
     """Takes due ids with a reliable pop into its own processing list, claims
-    them in PostgreSQL, runs the handlers, settles, then acknowledges in Redis."""
+    them in PostgreSQL, runs the handlers, settles, then acknowledges in Redis.
+
+    Each batch runs in a task of its own, and the executor goes on taking jobs
+    while up to ``executor_batch`` of them are in flight: a batch held by one
+    slow call (up to its deadline) never keeps the jobs that fall due meanwhile
+    waiting behind it."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.worker = scheduler.new_worker_id("exec")
         self.running: set[int] = set()
+        # Ids taken and not yet acknowledged, and the tasks working on them.
+        self.in_flight = 0
+        self.batches: set[asyncio.Task[None]] = set()
         self._pairs: list[tuple[str, int]] = []
         self._pairs_at = 0.0
         # False while a step is under way, and after one that failed part-way.
@@ -321,6 +332,10 @@ class Executor:
 
     async def step(self) -> float:
         cfg = self.scheduler.config
+        free = cfg.executor_batch - self.in_flight
+        if free <= 0:  # every slot is busy: wait until a batch is done
+            await asyncio.wait(self.batches, return_when=asyncio.FIRST_COMPLETED)
+            return 0.0
         pairs = await self.pairs()
         if not pairs:
             return cfg.executor_idle_s
@@ -330,9 +345,11 @@ class Executor:
             # that ran in Redis but whose reply was lost with the connection (a
             # cluster master killed). Nothing else hands back a live worker's
             # list, and the loader skips ids Redis still knows: give them back.
+            # (Ids of batches still in flight go back too: they are RUNNING, so
+            # whoever takes them skips them.)
             await self.scheduler.dispatcher.give_back(self.worker, pairs)
         self._clean = False
-        got = await self.scheduler.dispatcher.take(pairs, self.worker, cfg.executor_batch)
+        got = await self.scheduler.dispatcher.take(pairs, self.worker, free)
         if not got:
             category, urgency = pairs[0]  # sleep in Redis on the most urgent queue
             got = await self.scheduler.dispatcher.wait_one(
@@ -343,19 +360,36 @@ class Executor:
                 return 0.0
             # The mover pushes what fell due together: take the rest in the same
             # batch rather than paying a claim and a settle for one job.
-            got += await self.scheduler.dispatcher.take(pairs, self.worker, cfg.executor_batch - 1)
+            got += await self.scheduler.dispatcher.take(pairs, self.worker, free - 1)
+        self._clean = True
+        self._start(got)
+        return 0.0
+
+    def _start(self, got: list[tuple[tuple[str, int], list[int]]]) -> None:
+        taken = sum(len(ids) for _, ids in got)
+        self.in_flight += taken
+        task = asyncio.create_task(self._batch(got, taken))
+        self.batches.add(task)
+        task.add_done_callback(self.batches.discard)
+
+    async def _batch(self, got: list[tuple[tuple[str, int], list[int]]], taken: int) -> None:
         try:
             await self.process(got)
-        except Exception:
+        except Exception as exc:
             # A failed claim or settle (PostgreSQL away, a serialization error)
             # left the batch in our processing list, where nothing would look at
             # it while we are alive: hand it back to the queue. Claimed rows are
             # skipped there (RUNNING) and come back through the reaper.
+            log.warning("scheduler_error", role="executor", error=repr(exc))
             with contextlib.suppress(Exception):
                 await self.scheduler.dispatcher.give_back(self.worker, [pair for pair, _ in got])
-            raise
-        self._clean = True
-        return 0.0
+        finally:
+            self.in_flight -= taken
+
+    async def drain(self) -> None:
+        """Waits for the batches in flight (a clean stop lets them settle)."""
+        while self.batches:
+            await asyncio.gather(*self.batches, return_exceptions=True)
 
     async def process(self, got: list[tuple[tuple[str, int], list[int]]]) -> None:
         cfg, scheduler = self.scheduler.config, self.scheduler
@@ -398,8 +432,9 @@ class Executor:
         try:
             outcomes = await asyncio.gather(*(self._run(job) for job in jobs))
             ran = list(zip(jobs, outcomes, strict=True))
-            done = [(job.id, job.revision) for job, err in ran if not err]
-            failed = [(job, err) for job, err in ran if err]
+            done = [(job.id, job.revision) for job, err in ran if err is None]
+            failed = [(job, err) for job, err in ran if isinstance(err, JobFailure)]
+            deferred = [(job, err) for job, err in ran if isinstance(err, JobDeferred)]
             now = scheduler.clock.now()
             retried: list[repo.Row] = []
             # Each settle statement is atomic on its own (UPDATE + log in one
@@ -454,6 +489,22 @@ class Executor:
                     key=lambda item: item[0].id,
                 )
                 retried = [row for row in rows if row["status"] == domain.FAILED]
+
+                async def defer(batch: Sequence[tuple[Job, JobDeferred]]) -> list[repo.Row]:
+                    return await repo.defer(
+                        conn,
+                        [job.id for job, _ in batch],
+                        [job.revision for job, _ in batch],
+                        [now + timedelta(seconds=why.delay_s) for _, why in batch],
+                    )
+
+                retried += await isolate(
+                    deferred,
+                    defer,
+                    lambda item, exc: self._park(item[0].id, exc),
+                    loop=EXECUTOR,
+                    key=lambda item: item[0].id,
+                )
         finally:
             self.running.difference_update(job.id for job in jobs)
         groups: Groups = defaultdict(list)
@@ -472,13 +523,16 @@ class Executor:
     async def _park(self, job_id: int, exc: BaseException) -> None:
         await _park(self.scheduler, EXECUTOR, job_id, exc)
 
-    async def _run(self, job: Job) -> JobFailure | None:
+    async def _run(self, job: Job) -> Outcome:
         handler = self.scheduler.handlers.get(job.category)
         if handler is None:
             text = f"no handler for category {job.category!r}"
             return JobFailure(text, text)
         try:
             await handler(job)
+        except JobDeferred as exc:
+            log.debug("scheduler_job_deferred", job_id=job.id, reason=str(exc))
+            return exc
         except JobFailure as exc:
             log.info(
                 "scheduler_job_failed",
@@ -541,6 +595,8 @@ async def run(scheduler: Scheduler, stop: asyncio.Event) -> None:
     try:
         await asyncio.gather(*tasks)
     finally:
+        for executor in executors:
+            await executor.drain()
         for mover in movers:
             await mover.release()
         for loader in loaders:
