@@ -64,7 +64,7 @@ async def call(
             return await _exchange(client, method, url, limits.max_response_bytes, **kwargs)
     except TimeoutError as exc:
         raise DeadlineExceeded(
-            f"no complete answer within the {limits.deadline_s:g} s deadline"
+            f"no complete answer within the deadline ({limits.deadline_s:.1f} s)"
         ) from exc
 
 
