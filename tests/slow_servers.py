@@ -23,6 +23,8 @@ class SlowServer:
     def __init__(self, mode: str, size: int = 600, interval_s: float = 1.0) -> None:
         self.mode, self.size, self.interval_s = mode, size, interval_s
         self.sent = 0
+        self.healed = False  # True: every new request gets a 204 at once
+        self.answered = 0  # requests answered 204 once healed
         self.connections = 0
         self.open = 0
         self.max_open = 0
@@ -81,6 +83,11 @@ class SlowServer:
                     self._drip(conn, b"220 " + b"x" * self.size + b"\r\n")
                     return
                 self._read_head(conn)
+                if self.healed:
+                    conn.sendall(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+                    with self._lock:
+                        self.answered += 1
+                    return
                 head = f"HTTP/1.1 200 OK\r\ncontent-length: {self.size}\r\n\r\n"
                 conn.sendall(head.encode())
                 if self.mode == "huge":
