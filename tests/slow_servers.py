@@ -5,9 +5,9 @@ nor a server process under test slows them down, and they count what they did.""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
-import time
 from types import TracebackType
 
 CHUNK = 64 * 1024
@@ -125,4 +125,8 @@ class SlowServer:
             conn.sendall(data[i : i + 1])
             with self._lock:
                 self.sent += 1
-            time.sleep(self.interval_s)
+            # Wait, but notice at once a client that hung up (so ``open`` counts
+            # the connections the client still holds).
+            readable, _, _ = select.select([conn], [], [], self.interval_s)
+            if readable and not conn.recv(4096):
+                return
