@@ -163,6 +163,10 @@ class Settings(BaseSettings):
     notify_http_url: str | None = None
     notify_http_token: str | None = None
     notify_timeout_s: float = 5.0
+    # The whole send (SMTP conversation, or SMS request and answer) ends within
+    # this: the timeout above is per network operation, and a provider that
+    # trickles its replies would otherwise hold the sender for as long as it likes.
+    notify_deadline_s: float = Field(default=30.0, gt=0)
 
     # Appointments.
     appointments_booking_rate_limit: int = 5
@@ -226,7 +230,19 @@ class Settings(BaseSettings):
     # (older ones are skipped, with a log line).
     scheduler_materialisers: int = Field(default=1, ge=0)
     scheduler_recurring_catchup_s: float = Field(default=3600.0, ge=0)
+    # `http` jobs: the timeout is per network operation (connect, one read), so
+    # a destination trickling a byte at a time never trips it; the deadline
+    # bounds the whole call (name lookup to the answer's head). Past it the
+    # attempt failed (retried with backoff like any failed call).
     scheduler_http_timeout_s: float = Field(default=10.0, gt=0)
+    scheduler_http_deadline_s: float = Field(default=30.0, gt=0)
+    # Bytes of a destination's answer read at most; the rest is never read (the
+    # connection is closed): a huge or endless answer costs no memory.
+    scheduler_http_max_response_bytes: int = Field(default=65_536, ge=0)
+    # Calls in flight to one destination (address and port) per worker process;
+    # the jobs beyond it are put back for a second (not an attempt), so slow
+    # destinations cannot take every executor slot from the others.
+    scheduler_http_per_destination: int = Field(default=8, ge=1)
     # Destinations `http` jobs may call although the default policy refuses them
     # (loopback, private, link-local/metadata, reserved ranges; core/egress.py):
     # comma-separated host names, addresses and CIDR networks, e.g.
@@ -258,6 +274,9 @@ class Settings(BaseSettings):
     rentals_gateway_url: str | None = None
     rentals_gateway_token: str | None = None
     rentals_gateway_timeout_s: float = 5.0
+    # A refund (its attempts included) ends within this: the timeout above is per
+    # network operation, which a gateway trickling its answer never trips.
+    rentals_gateway_deadline_s: float = Field(default=30.0, gt=0)
 
     # Wallet: stakes spread over this many house sub-accounts per currency.
     wallet_house_shards: int = Field(default=8, ge=1, le=256)

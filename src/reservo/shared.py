@@ -55,6 +55,7 @@ def channel_from_settings(settings: Settings) -> Channel:
         http_url=settings.notify_http_url,
         http_token=settings.notify_http_token,
         timeout_s=settings.notify_timeout_s,
+        deadline_s=settings.notify_deadline_s,
     )
 
 

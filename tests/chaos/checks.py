@@ -356,7 +356,9 @@ class Checks:
         never_called = [j for j in self.ledger.jobs if keys[str(j)] == 0]
         foreign = [k for k in keys if not k.isdigit() or int(k) not in db]
         repeated = sum(n - 1 for n in keys.values() if n > 1)
-        phantom = [j for j in db if j not in self.ledger.jobs]
+        phantom = [
+            j for j in db if j not in self.ledger.jobs and j not in self.ledger.jobs_elsewhere
+        ]
         return Result(
             "jobs: each accepted job ran, once per job id",
             not not_done

@@ -61,6 +61,8 @@ class Traffic:
 class Ledger:
     """Every request the service accepted, with its ids."""
 
+    # Jobs a scenario sent somewhere else than the recorder on purpose (it checks them).
+    jobs_elsewhere: set[int] = field(default_factory=set)
     appointments: dict[int, int] = field(default_factory=dict)  # appointment -> patient
     appointments_cancelled: set[int] = field(default_factory=set)
     holds: dict[int, int] = field(default_factory=dict)  # booking -> deposit

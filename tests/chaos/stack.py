@@ -144,6 +144,10 @@ class Reservo:
             "RESERVO_RENTALS_GATEWAY_TIMEOUT_S": "3",
             "RESERVO_JOBS_HTTP_ALLOW": "127.0.0.1",
             "RESERVO_SCHEDULER_HTTP_TIMEOUT_S": "3",
+            # A trickling destination is cut after 3 s, at most 4 calls to it per
+            # worker process (the trickling scenario).
+            "RESERVO_SCHEDULER_HTTP_DEADLINE_S": "3",
+            "RESERVO_SCHEDULER_HTTP_PER_DESTINATION": "4",
             # Quick recovery: short caps and leases (every one is a documented setting).
             "RESERVO_OUTBOX_POLL_INTERVAL_S": "0.1",
             "RESERVO_OUTBOX_BACKOFF_MAX_S": "2",

@@ -33,17 +33,20 @@ from tests.chaos.checks import NO_SERVER_ERRORS, Checks, Result
 from tests.chaos.fakes import HttpRecorder, SmtpRecorder
 from tests.chaos.load import (
     ADMIN,
+    SERVICE,
     Client,
     Fixtures,
     Ledger,
     Traffic,
     book_appointment,
     make_fixtures,
+    new_id,
     new_matches,
     post_results,
     run_load,
 )
 from tests.chaos.stack import SLOW_CLIENT_TIMEOUT_S, Infra, Reservo
+from tests.slow_servers import SlowServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(400)]
 
@@ -381,6 +384,62 @@ async def test_smtp_and_gateway_refuse(world: World) -> None:
         f"SMTP server and payment gateway refuse connections {OUTAGE_S:.0f} s",
         fault,
     )
+    assert world.reservo.pids() == pids and all(world.reservo.alive().values())
+    await healed(world)
+
+
+async def test_trickling_destination(world: World) -> None:
+    """Twenty ``http`` jobs to a destination that trickles a byte a second (the
+    stack cuts a call after 3 s and allows 4 calls per worker process to one
+    destination) while urgent jobs to the recorder keep running on time; then
+    the destination heals and the trickling jobs finish too (no DEAD job)."""
+    pids = world.reservo.pids()
+    api = world.reservo.api_urls[0]
+    seen: dict[str, float] = {}
+
+    async def urgent_job_s(http: httpx.AsyncClient) -> float:
+        n = new_id()
+        url = f"http://127.0.0.1:{world.recorder.port}/job/{n}"
+        job = {"category": "http", "urgency": 0, "payload": {"url": url}}
+        r = await http.post(f"{api}/api/jobs", json=job, headers=SERVICE)
+        assert r.status_code == 201, r.text
+        job_id = int(r.json()["jobId"])
+        world.ledger.jobs.add(job_id)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            if (await http.get(f"{api}/api/jobs/{job_id}", headers=SERVICE)).json()[
+                "status"
+            ] == "DONE":
+                break
+            await asyncio.sleep(0.1)
+        return time.monotonic() - t0
+
+    with SlowServer("trickle", size=600) as slow:
+
+        async def fault(w: World) -> None:
+            async with httpx.AsyncClient(timeout=10) as http:
+                for _ in range(20):
+                    job = {"category": "http", "urgency": 9, "payload": {"url": slow.url}}
+                    r = await http.post(f"{api}/api/jobs", json=job, headers=SERVICE)
+                    assert r.status_code == 201, r.text
+                    w.ledger.jobs_elsewhere.add(int(r.json()["jobId"]))
+                await asyncio.sleep(2)  # every executor has a trickling call by now
+                seen["urgent_s"] = max([await urgent_job_s(http) for _ in range(3)])
+                await asyncio.sleep(3)
+            slow.healed = True
+
+        await scenario(
+            world,
+            "trickle",
+            "20 http jobs to a destination trickling 1 byte/s for 7 s, then it answers",
+            fault,
+        )
+    # Urgent jobs to another destination ran on time throughout; never more than
+    # 4 calls per worker process at once to the slow one; every slow job ended
+    # DONE (the checks: nothing DEAD) once the destination healed.
+    assert seen["urgent_s"] < 5, seen
+    assert slow.max_open <= 2 * 4, slow.max_open
+    assert slow.answered >= 20, (slow.answered, slow.connections)
     assert world.reservo.pids() == pids and all(world.reservo.alive().values())
     await healed(world)
 

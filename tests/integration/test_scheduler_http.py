@@ -92,6 +92,28 @@ async def test_inside_destinations_and_credentials_are_422_at_post(
     assert await db.fetchval("SELECT count(*) FROM scheduled_job") == before
 
 
+async def test_every_ipv6_form_carrying_an_inside_ipv4_is_422_at_post(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    before = await db.fetchval("SELECT count(*) FROM scheduled_job")
+    for host in (
+        "::ffff:0:127.0.0.1",  # IPv4-translated (RFC 2765)
+        "::ffff:0:a9fe:a9fe",  # translated 169.254.169.254 (metadata)
+        "::10.0.0.1",  # IPv4-compatible
+        "64:ff9b::7f00:1",  # NAT64
+        "64:ff9b:1::a9fe:a9fe",  # local-use NAT64
+        "2002:a9fe:a9fe::1",  # 6to4
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+        "2a00:1450:4001:80b:0:5efe:127.0.0.1",  # ISATAP
+        "2a00:1450:4001:80b:200:5efe:192.168.1.1",  # ISATAP, global id
+    ):
+        r = await client.post("/api/jobs", json=_job(f"http://[{host}]:8080/hook"), headers=SERVICE)
+        assert r.status_code == 422, (host, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert r.json()["code"] == "destination_not_allowed", (host, r.json())
+    assert await db.fetchval("SELECT count(*) FROM scheduled_job") == before
+
+
 async def test_a_name_resolving_to_loopback_is_refused_when_the_job_runs(
     fresh_database_url: str, base_settings: Settings
 ) -> None:

@@ -47,6 +47,16 @@ REFUSED = [
     "2002:7f00:1::1",  # 6to4 of 127.0.0.1
     "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
     "2001:db8::1",
+    "::ffff:0:127.0.0.1",  # IPv4-translated (RFC 2765) forms
+    "::ffff:0:a9fe:a9fe",
+    "::ffff:0:10.0.0.1",
+    "::169.254.169.254",
+    "64:ff9b::10.0.0.1",
+    "64:ff9b:1::a00:1",  # local-use NAT64, refused whole
+    "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+    "2a00:1450::5efe:127.0.0.1",  # ISATAP, private IPv4 id
+    "2a00:1450::200:5efe:169.254.169.254",  # ISATAP, u/l bit set
+    "2002:808:808::5efe:10.0.0.1",  # public 6to4 in front of an ISATAP id
 ]
 PUBLIC = [
     "8.8.8.8",
@@ -60,6 +70,9 @@ PUBLIC = [
     "2606:4700:4700::1111",
     "2a00:1450:4001:80b::200e",
     "64:ff9b::808:808",  # NAT64 of 8.8.8.8
+    "::ffff:0:8.8.8.8",  # IPv4-translated 8.8.8.8
+    "2002:808:808::1",  # 6to4 of 8.8.8.8
+    "2a00:1450::200:5efe:8.8.8.8",  # ISATAP of 8.8.8.8
 ]
 
 
@@ -179,6 +192,38 @@ ipv6 = st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address)
 def test_mapped_ipv6_forms_get_the_ipv4_decision(ip: ipaddress.IPv4Address) -> None:
     mapped = ipaddress.IPv6Address(f"::ffff:{ip}")
     assert (refused_range(mapped) is None) == (refused_range(ip) is None)
+
+
+# Every IPv6 form carrying an IPv4 address a gateway inside may forward to.
+EMBEDDINGS = {
+    "IPv4-mapped": lambda v4: f"::ffff:{v4}",
+    "IPv4-translated": lambda v4: f"::ffff:0:{v4}",
+    "IPv4-compatible": lambda v4: f"::{v4}",
+    "NAT64": lambda v4: f"64:ff9b::{v4}",
+    "6to4": lambda v4: "2002:{:04x}:{:04x}::1".format(*divmod(int(v4), 1 << 16)),
+    "ISATAP": lambda v4: f"2a00:1450:4001:80b:0:5efe:{v4}",
+    "ISATAP (global)": lambda v4: f"2a00:1450:4001:80b:200:5efe:{v4}",
+}
+
+
+@pytest.mark.parametrize("form", sorted(EMBEDDINGS))
+@given(ipv4)
+def test_every_embedded_ipv4_form_refuses_a_refused_ipv4(
+    form: str, ip: ipaddress.IPv4Address
+) -> None:
+    wrapped = ipaddress.IPv6Address(EMBEDDINGS[form](ip))
+    if refused_range(ip) is not None:
+        assert refused_range(wrapped) is not None, (form, str(wrapped))
+        assert address_refusal(AllowList(), wrapped) is not None
+
+
+@pytest.mark.parametrize("form", sorted(EMBEDDINGS))
+@pytest.mark.parametrize("inside", ["127.0.0.1", "169.254.169.254", "10.0.0.1", "192.168.1.1"])
+def test_every_embedded_form_of_an_inside_address_is_refused_at_the_static_check(
+    form: str, inside: str
+) -> None:
+    url = f"http://[{EMBEDDINGS[form](ipaddress.IPv4Address(inside))}]:8080/hook"
+    assert static_refusal(AllowList(), url) is not None, url
 
 
 @given(ipv4)

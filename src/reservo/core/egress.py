@@ -4,9 +4,10 @@ A URL a caller stores (an ``http`` job) is called later from inside the network,
 so by default it may not reach what only the inside can reach: loopback,
 link-local (cloud metadata at 169.254.169.254 and fd00:ec2::254), private,
 shared, unspecified, multicast, reserved and documentation ranges, also when
-written as an IPv4-mapped, NAT64 or 6to4 IPv6 address. Credentials in a URL are
-refused outright. An operator allows exceptions with an allow list of host names
-and CIDR networks (``RESERVO_JOBS_HTTP_ALLOW``).
+written as an IPv6 address that carries an IPv4 one (``embedded_ipv4``: mapped,
+translated, compatible, NAT64, 6to4, ISATAP; Teredo's whole range is refused).
+Credentials in a URL are refused outright. An operator allows exceptions with
+an allow list of host names and CIDR networks (``RESERVO_JOBS_HTTP_ALLOW``).
 
 The rules decide on addresses; the caller resolves names and must check every
 address a name resolves to, then connect to the checked one.
@@ -59,7 +60,18 @@ _REFUSED: tuple[tuple[IPNetwork, str], ...] = tuple(
         ("ff00::/8", "multicast"),
     )
 )
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# IPv6 forms whose low 32 bits are an IPv4 address a host or gateway forwards
+# to: IPv4-translated (RFC 2765 / 6145 SIIT) and well-known NAT64 (RFC 6052).
+# IPv4-mapped (::ffff:0:0/96) is read by ``unmapped``; IPv4-compatible
+# (::/96) and local NAT64 (64:ff9b:1::/48) are refused whole above.
+_LOW_32_FORMS = (
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),
+    ipaddress.IPv6Network("64:ff9b::/96"),
+)
+# ISATAP (RFC 5214): the interface id is 0000:5efe or 0200:5efe (the u/l bit
+# set for a global IPv4) followed by the IPv4 address, under any /64 prefix.
+_ISATAP_MASK = 0xFDFF_FFFF
+_ISATAP_ID = 0x0000_5EFE
 _LEGACY_V4 = re.compile(r"^[0-9a-fA-Fx.]+$")
 _LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
 _NAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
@@ -73,6 +85,26 @@ def unmapped(ip: IPAddress) -> IPAddress:
     return ip
 
 
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses an IPv6 one carries for a translator, relay or tunnel
+    to forward to, in every form a gateway inside the network may honour: mapped
+    (``::ffff:a.b.c.d``), translated (``::ffff:0:a.b.c.d``), NAT64
+    (``64:ff9b::a.b.c.d``), 6to4 (``2002:AABB:CCDD::``) and ISATAP
+    (``<prefix>::5efe:a.b.c.d``). All of them: a 6to4 prefix may front an ISATAP
+    interface id carrying another address."""
+    found: list[ipaddress.IPv4Address] = []
+    low = ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+    if ip.ipv4_mapped is not None:
+        found.append(ip.ipv4_mapped)
+    if any(ip in net for net in _LOW_32_FORMS):
+        found.append(low)
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if (int(ip) >> 32) & _ISATAP_MASK == _ISATAP_ID:
+        found.append(low)
+    return tuple(found)
+
+
 def refused_range(ip: IPAddress) -> str | None:
     """Why the default policy refuses this address, or None for a public one."""
     ip = unmapped(ip)
@@ -80,11 +112,10 @@ def refused_range(ip: IPAddress) -> str | None:
         if ip.version == net.version and ip in net:
             return why
     if isinstance(ip, ipaddress.IPv6Address):
-        # IPv6 forms that carry an IPv4 address a gateway forwards to.
-        if ip in _NAT64:
-            return refused_range(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-        if ip.sixtofour is not None:
-            return refused_range(ip.sixtofour)
+        for inner in embedded_ipv4(ip):
+            carried = refused_range(inner)
+            if carried is not None:
+                return f"{carried} (it carries {inner})"
     return None
 
 

@@ -9,6 +9,7 @@ downstream.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from email.message import EmailMessage
 from typing import NamedTuple, Protocol
@@ -16,6 +17,8 @@ from typing import NamedTuple, Protocol
 import aiosmtplib
 import httpx
 import structlog
+
+from reservo.core import outbound
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +90,7 @@ class SmtpChannel:
         password: str | None = None,
         starttls: bool = False,
         timeout_s: float = 5.0,
+        deadline_s: float = outbound.DEFAULT_DEADLINE_S,
     ) -> None:
         try:
             email_template.format(user_id=0)
@@ -103,6 +107,9 @@ class SmtpChannel:
         self.password = password
         self.starttls = starttls
         self.timeout_s = timeout_s
+        # aiosmtplib's timeout is per command: a server trickling its replies
+        # would hold the sender for as long as it likes without the deadline.
+        self.deadline_s = deadline_s
         _, _, domain = sender.rpartition("@")
         self._msgid_domain = domain or "reservo.invalid"
 
@@ -123,16 +130,22 @@ class SmtpChannel:
     async def send(self, n: Notification) -> None:
         msg = self.build_message(n)
         try:
-            refused, _ = await aiosmtplib.send(
-                msg,
-                hostname=self.host,
-                port=self.port,
-                username=self.username,
-                password=self.password,
-                # Explicit False: aiosmtplib's default would upgrade opportunistically.
-                start_tls=self.starttls,
-                timeout=self.timeout_s,
-            )
+            async with asyncio.timeout(self.deadline_s):
+                refused, _ = await aiosmtplib.send(
+                    msg,
+                    hostname=self.host,
+                    port=self.port,
+                    username=self.username,
+                    password=self.password,
+                    # Explicit False: aiosmtplib's default would upgrade opportunistically.
+                    start_tls=self.starttls,
+                    timeout=self.timeout_s,
+                )
+        except TimeoutError as exc:  # before OSError, of which it is one
+            raise NotificationError(
+                f"smtp {self.host}:{self.port}: sending event {n.event_id} to {msg['To']} "
+                f"did not finish within the {self.deadline_s:g} s deadline"
+            ) from exc
         except (aiosmtplib.SMTPException, OSError) as exc:
             raise NotificationError(
                 f"smtp {self.host}:{self.port}: sending event {n.event_id} to "
@@ -155,8 +168,16 @@ class HttpChannel:
 
     name = "http"
 
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout_s: float = 5.0,
+        deadline_s: float = outbound.DEFAULT_DEADLINE_S,
+    ) -> None:
         self.url = url
+        # The whole call within the deadline; only an error text is read back.
+        self.limits = outbound.Limits(deadline_s, _ERROR_BODY_MAX * 4)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # One client for the channel's lifetime: reuses connections across sends.
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout_s)
@@ -171,15 +192,20 @@ class HttpChannel:
         if n.phone is not None:  # the SMS goes to the user's own number
             payload["phone"] = n.phone
         try:
-            resp = await self._client.post(
-                self.url, json=payload, headers={"Idempotency-Key": n.event_id}
+            resp = await outbound.call(
+                self._client,
+                "POST",
+                self.url,
+                self.limits,
+                json=payload,
+                headers={"Idempotency-Key": n.event_id},
             )
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise NotificationError(
                 f"http POST {self.url} for event {n.event_id} failed: {type(exc).__name__}: {exc}"
             ) from exc
         if not resp.is_success:
-            snippet = resp.text[:_ERROR_BODY_MAX]
+            snippet = resp.text(_ERROR_BODY_MAX)
             raise NotificationError(
                 f"http POST {self.url} for event {n.event_id} answered "
                 f"{resp.status_code}: {snippet!r}"
@@ -203,6 +229,7 @@ def build_channel(
     http_url: str | None = None,
     http_token: str | None = None,
     timeout_s: float = 5.0,
+    deadline_s: float = outbound.DEFAULT_DEADLINE_S,
 ) -> LogChannel | SmtpChannel | HttpChannel:
     """Keyword names mirror the ``notify_*`` settings so wiring is a straight copy;
     a misconfiguration raises ``ValueError`` at start-up rather than at first send."""
@@ -219,10 +246,13 @@ def build_channel(
                 password=smtp_password,
                 starttls=smtp_starttls,
                 timeout_s=timeout_s,
+                deadline_s=deadline_s,
             )
         case "http":
             if not http_url:
                 raise ValueError("notify channel 'http' needs http_url")
-            return HttpChannel(http_url, token=http_token, timeout_s=timeout_s)
+            return HttpChannel(
+                http_url, token=http_token, timeout_s=timeout_s, deadline_s=deadline_s
+            )
         case _:
             raise ValueError(f"unknown notify channel {kind!r} (expected log, smtp or http)")

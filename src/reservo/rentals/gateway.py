@@ -14,6 +14,7 @@ Neither is ever called inside a database transaction.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from reservo.core import outbound
 from reservo.core.auth import sign_webhook
 from reservo.core.breaker import CircuitBreaker
 from reservo.core.failures import Rejected
@@ -141,7 +143,12 @@ class HttpGateway:
         attempts: int = 3,
         client: httpx.AsyncClient | None = None,
         breaker: CircuitBreaker | None = None,
+        deadline_s: float = outbound.DEFAULT_DEADLINE_S,
     ) -> None:
+        # timeout_s is per network operation; the deadline bounds a whole refund
+        # (every attempt), and each answer is read up to a bounded prefix.
+        self._deadline_s = deadline_s
+        self._limits = outbound.Limits(deadline_s)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = client or httpx.AsyncClient(
             base_url=base_url, timeout=timeout_s, headers=headers
@@ -159,8 +166,11 @@ class HttpGateway:
 
     async def _post(self, booking_id: int, amount: int, reference: str) -> str:
         try:
-            r = await self._client.post(
+            r = await outbound.call(
+                self._client,
+                "POST",
                 "/refunds",
+                self._limits,
                 json={"bookingId": booking_id, "amount": amount, "reference": reference},
                 headers={"Idempotency-Key": reference},
             )
@@ -169,10 +179,11 @@ class HttpGateway:
         if r.status_code >= 500 or r.status_code == 429:
             raise TransientGatewayError(f"gateway answered {r.status_code}")
         if r.status_code >= 400:
-            raise RefundRefused(f"gateway refused the refund: {r.status_code} {r.text[:200]}")
+            raise RefundRefused(f"gateway refused the refund: {r.status_code} {r.text(200)}")
         try:
-            ref = r.json().get("id")
-        except ValueError:
+            body = orjson.loads(r.head)
+            ref = body.get("id") if isinstance(body, dict) else None
+        except orjson.JSONDecodeError:  # also a truncated answer: our reference will do
             ref = None
         return str(ref or reference)
 
@@ -183,6 +194,15 @@ class HttpGateway:
         return await self.breaker.call(self._refund_with_retry, booking_id, amount, reference)
 
     async def _refund_with_retry(self, booking_id: int, amount: int, reference: str) -> str:
+        try:
+            async with asyncio.timeout(self._deadline_s):
+                return await self._attempts_of(booking_id, amount, reference)
+        except TimeoutError as exc:  # transient: counts for the breaker, the relay retries
+            raise TransientGatewayError(
+                f"the refund did not finish within the {self._deadline_s:g} s deadline"
+            ) from exc
+
+    async def _attempts_of(self, booking_id: int, amount: int, reference: str) -> str:
         # Retries are safe: the provider dedupes by the Idempotency-Key.
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self._attempts),
@@ -205,12 +225,13 @@ def build_gateway(
     token: str | None,
     timeout_s: float,
     page_base: str,
+    deadline_s: float = outbound.DEFAULT_DEADLINE_S,
 ) -> PaymentGateway | None:
     """None when no gateway was chosen: nothing is simulated by default."""
     if kind == "http":
         if not url:
             raise RuntimeError("RESERVO_RENTALS_GATEWAY_URL is required with the http gateway")
-        return HttpGateway(url, token, timeout_s)
+        return HttpGateway(url, token, timeout_s, deadline_s=deadline_s)
     if kind == "sandbox":
         return SandboxGateway(webhook_secret, page_base)
     return None

@@ -42,6 +42,7 @@ def setup(shared: Shared) -> Rentals:
         s.rentals_gateway_token,
         s.rentals_gateway_timeout_s,
         page_base=s.rentals_payment_url_base or f"http://{s.http_host}:{s.http_port}",
+        deadline_s=s.rentals_gateway_deadline_s,
     )
     if shared.announce:
         _warn_about_gateway(gateway)

@@ -76,6 +76,16 @@ class JobFailure(Exception):
         self.public, self.detail, self.permanent = public, detail, permanent
 
 
+class JobDeferred(Exception):
+    """The handler did not run the job, for a reason that is not the job's (its
+    destination already has as many calls in flight as it may): it is put back,
+    due again after ``delay_s``, and this claim does not count as an attempt."""
+
+    def __init__(self, reason: str, delay_s: float) -> None:
+        super().__init__(reason)
+        self.delay_s = delay_s
+
+
 def valid_category(category: str) -> bool:
     return bool(CATEGORY.match(category))
 

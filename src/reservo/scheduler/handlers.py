@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 import structlog
 
-from reservo.core import egress
+from reservo.core import egress, outbound
 from reservo.core.errors import DomainError
-from reservo.scheduler.domain import Job, JobFailure
+from reservo.scheduler.domain import Job, JobDeferred, JobFailure
 
 log = structlog.get_logger(__name__)
 
@@ -22,6 +23,10 @@ log = structlog.get_logger(__name__)
 # (JobFailure.detail) goes to the server log (the executor's scheduler_job_failed
 # line) and to the execution log, neither of which the API renders.
 POLICY_ERROR = "destination not allowed by RESERVO_JOBS_HTTP_ALLOW policy"
+# A job whose destination already has its share of calls in flight is put back
+# for this long (not an attempt): short, so a fast destination's burst drains
+# at the pace the destination answers.
+BUSY_DELAY_S = 1.0
 
 
 def call_failed(attempt: int) -> str:
@@ -54,11 +59,26 @@ class HttpHandler:
 
     Destinations follow ``core.egress`` (loopback, private, link-local and the
     like are refused unless ``allow`` lists them): checked when the job is
-    created (URL only, no DNS) and when it runs (every resolved address)."""
+    created (URL only, no DNS) and when it runs (every resolved address).
 
-    def __init__(self, timeout_s: float = 10.0, allow: egress.AllowList | None = None) -> None:
+    A call is bounded as a whole (``limits``: one deadline from the name lookup
+    to the answer's head, and at most a prefix of the answer is read), and one
+    destination (address and port) has at most ``per_destination`` calls in
+    flight in this process: a slow destination's jobs cannot take every
+    executor slot from the jobs of the others (the rest wait, put back)."""
+
+    def __init__(
+        self,
+        timeout_s: float = 10.0,
+        allow: egress.AllowList | None = None,
+        limits: outbound.Limits | None = None,
+        per_destination: int = 8,
+    ) -> None:
         self.timeout_s = timeout_s
         self.allow = allow or egress.AllowList()
+        self.limits = limits or outbound.Limits()
+        self.per_destination = per_destination
+        self._in_flight: Counter[tuple[str, int | None]] = Counter()
         # trust_env=False: no proxy from the environment (a proxy, not us, would
         # pick the address to connect to) and no ~/.netrc credentials added.
         # No keep-alive: pooled connections are keyed by address, and a TLS one
@@ -120,35 +140,55 @@ class HttpHandler:
         p: dict[str, Any] = job.payload
         url = str(p.get("url") or "")
         public = call_failed(job.attempts)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.limits.deadline_s
         try:
-            dest = await self.destination(url)
+            async with asyncio.timeout_at(end):
+                dest = await self.destination(url)
         except DestinationRefused as exc:
             log.warning("scheduler_http_refused", job_id=job.id, reason=str(exc))
             raise JobFailure(POLICY_ERROR, f"refused by policy: {exc}", permanent=True) from exc
         except Exception as exc:  # unknown name, resolver timeout: the same outside
             detail = f"{url.split('?', 1)[0]}: cannot resolve: {exc!r}"
             raise JobFailure(public, detail) from exc
+        key = (dest.url.host, dest.url.port)
+        if self._in_flight[key] >= self.per_destination:
+            raise JobDeferred(f"{dest.shown}: {self.per_destination} calls in flight", BUSY_DELAY_S)
+        self._in_flight[key] += 1
+        try:
+            # What is left of the deadline after the name lookup.
+            limits = replace(self.limits, deadline_s=max(end - loop.time(), 0.001))
+            answer = await self._send(dest, p, job.id, limits)
+        except Exception as exc:  # connect, TLS, deadline, protocol: all the same outside
+            detail = f"{dest.shown} via {dest.url.host}: {exc!r}"
+            raise JobFailure(public, detail) from exc
+        finally:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
+        if not answer.is_success:
+            detail = f"{dest.shown} answered {answer.status_code}"
+            raise JobFailure(public, detail)
+
+    async def _send(
+        self, dest: Destination, p: dict[str, Any], job_id: int, limits: outbound.Limits
+    ) -> outbound.Answer:
         headers = {
             str(k): str(v) for k, v in (p.get("headers") or {}).items() if str(k).lower() != "host"
         }
         headers["Host"] = dest.host_header
-        headers["Idempotency-Key"] = str(job.id)
+        headers["Idempotency-Key"] = str(job_id)
         body = p.get("body")
         extensions = {"sni_hostname": dest.sni_hostname} if dest.sni_hostname else None
-        try:
-            response = await self.client.request(
-                str(p.get("method") or "POST").upper(),
-                dest.url,
-                headers=headers,
-                json=body if body is not None else None,
-                extensions=extensions,
-            )
-        except Exception as exc:  # connect, TLS, timeout, protocol: all the same outside
-            detail = f"{dest.shown} via {dest.url.host}: {exc!r}"
-            raise JobFailure(public, detail) from exc
-        if not 200 <= response.status_code < 300:
-            detail = f"{dest.shown} answered {response.status_code}"
-            raise JobFailure(public, detail)
+        return await outbound.call(
+            self.client,
+            str(p.get("method") or "POST").upper(),
+            dest.url,
+            limits,
+            headers=headers,
+            json=body if body is not None else None,
+            extensions=extensions,
+        )
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -250,6 +250,23 @@ WITH locked AS MATERIALIZED (
 )
 SELECT id, category, urgency, run_at, revision, status FROM failed;
 
+-- name: defer
+-- A claimed job its handler put back without running it (its destination is
+-- busy): not an attempt, so the claim's attempt is given back, and the job is
+-- due again at $3 (not pushed yet: the executor or the loader hands it to
+-- Redis). Pending as before the claim: FAILED when an earlier attempt failed.
+-- Same revision rule as complete; nothing is logged (nothing ran).
+WITH locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+)
+UPDATE scheduled_job j
+   SET status = CASE WHEN j.attempts > 1 THEN 'FAILED' ELSE 'SCHEDULED' END,
+       attempts = j.attempts - 1, run_at = t.run_at, revision = j.revision + 1,
+       pushed = false, worker = NULL
+  FROM unnest($1::bigint[], $2::int[], $3::timestamptz[]) AS t(id, rev, run_at)
+ WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.id = t.id AND j.revision = t.rev
+RETURNING j.id, j.category, j.urgency, j.run_at, j.revision, j.status;
+
 -- name: stale_running
 -- RUNNING rows whose worker stopped heartbeating, ids only (the reaper reaps
 -- them by id, so one row it cannot handle is isolated from the others).

@@ -195,6 +195,13 @@ async def fail(
     )
 
 
+async def defer(
+    conn: asyncpg.Connection, ids: list[int], revisions: list[int], run_ats: list[datetime]
+) -> list[Row]:
+    """Claimed jobs put back unrun, due at ``run_ats``; the claim is no attempt."""
+    return list(await conn.fetch(Q.defer, ids, revisions, run_ats))
+
+
 async def stale_running(conn: asyncpg.Connection, stale_before: datetime, limit: int) -> list[int]:
     return [r["id"] for r in await conn.fetch(Q.stale_running, stale_before, limit)]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reservo.core import outbound
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.egress import parse_allow
@@ -67,7 +68,12 @@ class SchedulerModule(Module):
 
 def setup(shared: Shared) -> SchedulerModule:
     s, scheduler = shared.settings, shared.scheduler
-    http = HttpHandler(s.scheduler_http_timeout_s, parse_allow(s.jobs_http_allow))
+    http = HttpHandler(
+        s.scheduler_http_timeout_s,
+        parse_allow(s.jobs_http_allow),
+        outbound.Limits(s.scheduler_http_deadline_s, s.scheduler_http_max_response_bytes),
+        s.scheduler_http_per_destination,
+    )
     batch = JobBatch(scheduler, shared.idempotency, created)
     return SchedulerModule(
         name="scheduler",

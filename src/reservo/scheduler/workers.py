@@ -21,7 +21,7 @@ from reservo.core.backoff import backoff_delay
 from reservo.core.loops import run_paced
 from reservo.core.poison import ROW_ERRORS, isolate, report
 from reservo.scheduler import domain, repo
-from reservo.scheduler.domain import Job, JobFailure
+from reservo.scheduler.domain import Job, JobDeferred, JobFailure
 from reservo.scheduler.service import Scheduler
 
 log = structlog.get_logger(__name__)
@@ -46,6 +46,10 @@ ERROR_TEXT_MAX = 2000
 BAD_PAYLOAD = "the job's payload is not valid for its category"
 
 MS_PER_S = 1000
+# After the first job of a batch ends, how long the executor waits for more to
+# end before settling them together: one settle for a batch of quick jobs, and a
+# slow job's batch-mates never wait for it.
+WAVE_S = 0.005
 # job_push rows the loader's recovery reads per page (each names the jobs of one
 # POST /api/jobs batch: at most core.batching's 128).
 PUSHES_PAGE = 50
@@ -293,14 +297,26 @@ class Reaper:
         return len(rows)
 
 
+Outcome = JobFailure | JobDeferred | None
+
+
 class Executor:
     """Takes due ids with a reliable pop into its own processing list, claims
-    them in PostgreSQL, runs the handlers, settles, then acknowledges in Redis."""
+    them in PostgreSQL, runs the handlers, settles, then acknowledges in Redis.
+
+    Each batch runs in a task of its own, and the executor goes on taking jobs
+    while up to ``executor_batch`` of them are in flight: a batch held by one
+    slow call (up to its deadline) never keeps the jobs that fall due meanwhile
+    waiting behind it."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.worker = scheduler.new_worker_id("exec")
         self.running: set[int] = set()
+        # Ids taken and not yet acknowledged, and the tasks working on them.
+        self.in_flight = 0
+        self.batches: set[asyncio.Task[None]] = set()
+        self._freed = asyncio.Event()  # set whenever a slot is given back
         self._pairs: list[tuple[str, int]] = []
         self._pairs_at = 0.0
         # False while a step is under way, and after one that failed part-way.
@@ -331,6 +347,11 @@ class Executor:
 
     async def step(self) -> float:
         cfg = self.scheduler.config
+        free = cfg.executor_batch - self.in_flight
+        if free <= 0:  # every slot is busy: wait until a job ends
+            self._freed.clear()
+            await self._freed.wait()
+            return 0.0
         pairs = await self.pairs()
         if not pairs:
             return cfg.executor_idle_s
@@ -340,9 +361,11 @@ class Executor:
             # that ran in Redis but whose reply was lost with the connection (a
             # cluster master killed). Nothing else hands back a live worker's
             # list, and the loader skips ids Redis still knows: give them back.
+            # (Ids of batches still in flight go back too: they are RUNNING, so
+            # whoever takes them skips them.)
             await self.scheduler.dispatcher.give_back(self.worker, pairs)
         self._clean = False
-        got = await self.scheduler.dispatcher.take(pairs, self.worker, cfg.executor_batch)
+        got = await self.scheduler.dispatcher.take(pairs, self.worker, free)
         if not got:
             category, urgency = pairs[0]  # sleep in Redis on the most urgent queue
             got = await self.scheduler.dispatcher.wait_one(
@@ -353,22 +376,52 @@ class Executor:
                 return 0.0
             # The mover pushes what fell due together: take the rest in the same
             # batch rather than paying a claim and a settle for one job.
-            got += await self.scheduler.dispatcher.take(pairs, self.worker, cfg.executor_batch - 1)
+            got += await self.scheduler.dispatcher.take(pairs, self.worker, free - 1)
+        self._clean = True
+        self._start(got)
+        return 0.0
+
+    def _start(self, got: list[tuple[tuple[str, int], list[int]]]) -> None:
+        taken = sum(len(ids) for _, ids in got)
+        self.in_flight += taken
+        task = asyncio.create_task(self._batch(got, taken))
+        self.batches.add(task)
+        task.add_done_callback(self.batches.discard)
+
+    async def _batch(self, got: list[tuple[tuple[str, int], list[int]]], taken: int) -> None:
+        left = [taken]
+
+        def release(n: int) -> None:
+            self.in_flight -= n
+            left[0] -= n
+            self._freed.set()
+
         try:
-            await self.process(got)
-        except Exception:
+            await self.process(got, release)
+        except Exception as exc:
             # A failed claim or settle (PostgreSQL away, a serialization error)
             # left the batch in our processing list, where nothing would look at
             # it while we are alive: hand it back to the queue. Claimed rows are
             # skipped there (RUNNING) and come back through the reaper.
+            log.warning("scheduler_error", role="executor", error=repr(exc))
             with contextlib.suppress(Exception):
                 await self.scheduler.dispatcher.give_back(self.worker, [pair for pair, _ in got])
-            raise
-        self._clean = True
-        return 0.0
+        finally:
+            self.in_flight -= left[0]
+            self._freed.set()
 
-    async def process(self, got: list[tuple[tuple[str, int], list[int]]]) -> None:
-        cfg, scheduler = self.scheduler.config, self.scheduler
+    async def drain(self) -> None:
+        """Waits for the batches in flight (a clean stop lets them settle)."""
+        while self.batches:
+            await asyncio.gather(*self.batches, return_exceptions=True)
+
+    async def process(
+        self, got: list[tuple[tuple[str, int], list[int]]], release: Callable[[int], None]
+    ) -> None:
+        """Claims the batch, runs its jobs and settles them in waves as they
+        end: a job that ends early is settled, acknowledged and its slot freed
+        (``release``) without waiting for the slowest job of its batch."""
+        scheduler = self.scheduler
         where: dict[int, tuple[str, int]] = {job_id: pair for pair, ids in got for job_id in ids}
         now = scheduler.clock.now()
         async with scheduler.db.connection() as conn:
@@ -404,76 +457,115 @@ class Executor:
                 for row in await isolate(missed, status_of, self._park, loop=EXECUTOR):
                     if row["status"] in domain.PENDING and row["run_at"] > now:
                         early.append(row)
+        await self._ack_and_reload(missed, where, early)
+        release(len(missed))
         self.running.update(job.id for job in jobs)
+        runs = {asyncio.create_task(self._run(job)): job for job in jobs}
         try:
-            outcomes = await asyncio.gather(*(self._run(job) for job in jobs))
-            ran = list(zip(jobs, outcomes, strict=True))
-            done = [(job.id, job.revision) for job, err in ran if not err]
-            failed = [(job, err) for job, err in ran if err]
-            now = scheduler.clock.now()
-            retried: list[repo.Row] = []
-            # Each settle statement is atomic on its own (UPDATE + log in one
-            # statement), and jobs are independent: no BEGIN/COMMIT round trips.
-            # A job whose settle fails alone (a constraint its row breaks) is
-            # parked rather than left RUNNING for the reaper to rerun forever.
-            async with scheduler.db.connection() as conn:
-
-                async def complete(batch: Sequence[tuple[int, int]]) -> list[int]:
-                    return await repo.complete(
-                        conn,
-                        [job_id for job_id, _ in batch],
-                        [revision for _, revision in batch],
-                        now,
-                        self.worker,
-                    )
-
-                async def fail(batch: Sequence[tuple[Job, JobFailure]]) -> list[repo.Row]:
-                    retry_ats = [
-                        now
-                        + timedelta(
-                            seconds=backoff_delay(
-                                job.attempts, cfg.backoff_base_s, cfg.backoff_max_s
-                            )
-                        )
-                        for job, _ in batch
-                    ]
-                    return await repo.fail(
-                        conn,
-                        [job.id for job, _ in batch],
-                        [job.revision for job, _ in batch],
-                        [failure.public[:ERROR_TEXT_MAX] for _, failure in batch],
-                        retry_ats,
-                        now,
-                        self.worker,
-                        [failure.detail[:ERROR_TEXT_MAX] for _, failure in batch],
-                        [failure.permanent for _, failure in batch],
-                    )
-
-                await isolate(
-                    done,
-                    complete,
-                    lambda item, exc: self._park(item[0], exc),
-                    loop=EXECUTOR,
-                    key=lambda item: item[0],
-                )
-                rows = await isolate(
-                    failed,
-                    fail,
-                    lambda item, exc: self._park(item[0].id, exc),
-                    loop=EXECUTOR,
-                    key=lambda item: item[0].id,
-                )
-                retried = [row for row in rows if row["status"] == domain.FAILED]
+            pending = set(runs)
+            while pending:
+                ended, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if pending:  # what ends with it is settled with it
+                    more, pending = await asyncio.wait(pending, timeout=WAVE_S)
+                    ended |= more
+                wave = [(runs[task], task.result()) for task in ended]
+                retried = await self._settle(wave)
+                ids = [job.id for job, _ in wave]
+                self.running.difference_update(ids)
+                await self._ack_and_reload(ids, where, retried)
+                release(len(ids))
         finally:
+            for task in runs:
+                task.cancel()
             self.running.difference_update(job.id for job in jobs)
+
+    async def _settle(self, ran: list[tuple[Job, Outcome]]) -> list[repo.Row]:
+        """Marks the jobs that ran DONE, FAILED/DEAD or put back; returns the
+        rows due again (to hand to Redis)."""
+        cfg, scheduler = self.scheduler.config, self.scheduler
+        done = [(job.id, job.revision) for job, err in ran if err is None]
+        failed = [(job, err) for job, err in ran if isinstance(err, JobFailure)]
+        deferred = [(job, err) for job, err in ran if isinstance(err, JobDeferred)]
+        now = scheduler.clock.now()
+        # Each settle statement is atomic on its own (UPDATE + log in one
+        # statement), and jobs are independent: no BEGIN/COMMIT round trips.
+        # A job whose settle fails alone (a constraint its row breaks) is
+        # parked rather than left RUNNING for the reaper to rerun forever.
+        async with scheduler.db.connection() as conn:
+
+            async def complete(batch: Sequence[tuple[int, int]]) -> list[int]:
+                return await repo.complete(
+                    conn,
+                    [job_id for job_id, _ in batch],
+                    [revision for _, revision in batch],
+                    now,
+                    self.worker,
+                )
+
+            async def fail(batch: Sequence[tuple[Job, JobFailure]]) -> list[repo.Row]:
+                retry_ats = [
+                    now
+                    + timedelta(
+                        seconds=backoff_delay(job.attempts, cfg.backoff_base_s, cfg.backoff_max_s)
+                    )
+                    for job, _ in batch
+                ]
+                return await repo.fail(
+                    conn,
+                    [job.id for job, _ in batch],
+                    [job.revision for job, _ in batch],
+                    [failure.public[:ERROR_TEXT_MAX] for _, failure in batch],
+                    retry_ats,
+                    now,
+                    self.worker,
+                    [failure.detail[:ERROR_TEXT_MAX] for _, failure in batch],
+                    [failure.permanent for _, failure in batch],
+                )
+
+            async def defer(batch: Sequence[tuple[Job, JobDeferred]]) -> list[repo.Row]:
+                return await repo.defer(
+                    conn,
+                    [job.id for job, _ in batch],
+                    [job.revision for job, _ in batch],
+                    [now + timedelta(seconds=why.delay_s) for _, why in batch],
+                )
+
+            await isolate(
+                done,
+                complete,
+                lambda item, exc: self._park(item[0], exc),
+                loop=EXECUTOR,
+                key=lambda item: item[0],
+            )
+            rows = await isolate(
+                failed,
+                fail,
+                lambda item, exc: self._park(item[0].id, exc),
+                loop=EXECUTOR,
+                key=lambda item: item[0].id,
+            )
+            back = [row for row in rows if row["status"] == domain.FAILED]
+            back += await isolate(
+                deferred,
+                defer,
+                lambda item, exc: self._park(item[0].id, exc),
+                loop=EXECUTOR,
+                key=lambda item: item[0].id,
+            )
+        return back
+
+    async def _ack_and_reload(
+        self, ids: list[int], where: dict[int, tuple[str, int]], back: list[repo.Row]
+    ) -> None:
+        """Acknowledges ``ids`` in Redis, then hands it the rows due again."""
         groups: Groups = defaultdict(list)
-        for job_id, pair in where.items():
-            groups[pair].append(job_id)
-        await scheduler.dispatcher.ack(self.worker, groups)
-        back = [*retried, *early]
+        for job_id in ids:
+            groups[where[job_id]].append(job_id)
+        if groups:
+            await self.scheduler.dispatcher.ack(self.worker, groups)
         if back:
-            horizon = scheduler.clock.now() + timedelta(seconds=cfg.window_s)
-            await scheduler.dispatcher.load(
+            horizon = self.scheduler.clock.now() + timedelta(seconds=self.scheduler.config.window_s)
+            await self.scheduler.dispatcher.load(
                 (row["id"], row["category"], row["urgency"], domain.ms(row["run_at"]))
                 for row in back
                 if row["run_at"] < horizon
@@ -482,13 +574,16 @@ class Executor:
     async def _park(self, job_id: int, exc: BaseException) -> None:
         await _park(self.scheduler, EXECUTOR, job_id, exc)
 
-    async def _run(self, job: Job) -> JobFailure | None:
+    async def _run(self, job: Job) -> Outcome:
         handler = self.scheduler.handlers.get(job.category)
         if handler is None:
             text = f"no handler for category {job.category!r}"
             return JobFailure(text, text)
         try:
             await handler(job)
+        except JobDeferred as exc:
+            log.debug("scheduler_job_deferred", job_id=job.id, reason=str(exc))
+            return exc
         except JobFailure as exc:
             return _failed(job, exc)
         except ValidationError as exc:
@@ -557,6 +652,8 @@ async def run(scheduler: Scheduler, stop: asyncio.Event) -> None:
     try:
         await asyncio.gather(*tasks)
     finally:
+        for executor in executors:
+            await executor.drain()
         for mover in movers:
             await mover.release()
         for loader in loaders:
