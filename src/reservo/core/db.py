@@ -76,6 +76,11 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     # two statements, before the close is processed, leaves asyncpg consuming it:
     # the next statement fails with this before anything is sent (nothing written).
     asyncpg.exceptions.InternalClientError,
+    # A migration of the release being rolled out changed a table this process has
+    # a prepared statement on (an added column under `RETURNING *`). Outside a
+    # transaction asyncpg prepares it again by itself; inside one it cannot, and
+    # has already dropped the stale statement: a retry succeeds (docs/DEPLOY.md).
+    asyncpg.exceptions.InvalidCachedStatementError,
 )
 
 
