@@ -101,6 +101,7 @@ def http_server_config(
         body_timeout_s=settings.http_body_timeout_s,
         keepalive_timeout_s=settings.http_keepalive_timeout_s,
         max_connections=settings.http_max_connections,
+        max_header_bytes=settings.http_max_header_bytes,
     )
     return ServerConfig(
         app,

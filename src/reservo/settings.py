@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     # Open connections per API process; a new one beyond it is closed at once,
     # before anything is read, so a flood of sockets cannot exhaust descriptors.
     http_max_connections: int = Field(default=1024, ge=1, le=1_000_000)
+    # Request line and headers of one request, at most (431 above it, then close):
+    # httptools sets no bound, so a fast client could otherwise fill memory.
+    http_max_header_bytes: int = Field(default=65_536, ge=1024, le=16_777_216)
 
     db_pool_min: int = 2
     db_pool_max: int = 20

@@ -268,3 +268,33 @@ async def test_reservo_up_serves_with_the_same_limits(
             writer.close()
     finally:
         served.close()
+
+
+@pytest.fixture(scope="module")
+def small_headers(
+    base_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, int]]:
+    yield from _serve(
+        base_settings, tmp_path_factory.mktemp("headers") / "api.log", max_header_bytes="4096"
+    )
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: reservo.test\r\nX-Big: " + b"a" * 50_000,
+        b"GET /healthz?" + b"q" * 50_000,
+        b"GET /healthz HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 5_000,
+    ],
+    ids=["one-huge-value", "huge-request-line", "many-headers"],
+)
+async def test_headers_past_the_cap_are_431_and_closed(
+    small_headers: tuple[str, int], head: bytes
+) -> None:
+    """Sent fast (no timeout helps here): the server stops keeping them at the cap."""
+    raw, _ = await _until_closed(small_headers[1], head, SLACK_S + 5)
+    status, body, _ = _status_and_body(raw)
+    assert status == 431 and body["code"] == "headers_too_large", raw[:300]
+    async with httpx.AsyncClient(base_url=small_headers[0], timeout=10) as http:
+        ok = await http.get("/healthz", headers={"X-Fits": "b" * 3000})
+    assert ok.status_code == 200

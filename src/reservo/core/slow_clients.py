@@ -48,6 +48,7 @@ class HttpLimits:
     body_timeout_s: float = 15.0
     keepalive_timeout_s: int = 5
     max_connections: int = 1024
+    max_header_bytes: int = 65_536
 
 
 class ServerConfig(uvicorn.Config):
@@ -97,6 +98,14 @@ _TIMEOUT_HEAD = (
     + f"content-type: {PROBLEM_JSON}\r\ncontent-length: {len(_TIMEOUT_BODY)}\r\n".encode()
     + b"connection: close\r\n"
 )
+_TOO_LARGE_BODY = orjson.dumps(
+    problem_body(431, "headers_too_large", "the request line and headers are too large")
+)
+_TOO_LARGE_HEAD = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    + f"content-type: {PROBLEM_JSON}\r\ncontent-length: {len(_TOO_LARGE_BODY)}\r\n".encode()
+    + b"connection: close\r\n"
+)
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -115,6 +124,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timeout = limits.header_timeout_s
         self._body_timeout = limits.body_timeout_s
         self._max_connections = limits.max_connections
+        self._max_header_bytes = limits.max_header_bytes
+        self._header_bytes = 0
         self._phase = _FRESH
         self._deadline = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
@@ -144,6 +155,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         elif self._phase == _FRESH:
             self._phase = _HEADERS  # the clock runs from the connection's opening
         super().data_received(data)
+        if self._phase == _HEADERS and not self.transport.is_closing():
+            # httptools keeps a request line and headers in memory until they end
+            # and sets no bound of its own: a fast client could grow them without
+            # limit within the header timeout. (A read that also ended the headers
+            # left this phase: counted bytes stay within one read of the cap.)
+            self._header_bytes += len(data)
+            if self._header_bytes > self._max_header_bytes:
+                metrics.HTTP_SLOW_CLIENTS.labels(phase="header_size").inc()
+                self._answer_and_close(_TOO_LARGE_HEAD, _TOO_LARGE_BODY)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -153,6 +173,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._phase = _BODY
+        self._header_bytes = 0
         self._deadline = self.loop.time() + self._body_timeout
 
     def on_message_complete(self) -> None:
@@ -161,6 +182,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _begin_headers(self) -> None:
         self._phase = _HEADERS
+        self._header_bytes = 0
         self._deadline = self.loop.time() + self._header_timeout
 
     # -- the watchdog -----------------------------------------------------------------
@@ -211,13 +233,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if cycle.response_started:  # answered already (without reading the body)
                 self.transport.close()
                 return
-        self._send_408()
+        self._answer_and_close(_TIMEOUT_HEAD, _TIMEOUT_BODY)
 
-    def _send_408(self) -> None:
-        head = [_TIMEOUT_HEAD]
+    def _answer_and_close(self, status_and_headers: bytes, body: bytes) -> None:
+        head = [status_and_headers]
         for name, value in self.server_state.default_headers:
             head.extend((name, b": ", value, b"\r\n"))
-        head.extend((b"\r\n", _TIMEOUT_BODY))
+        head.extend((b"\r\n", body))
         self.transport.write(b"".join(head))
         if self.transport.get_write_buffer_size():
             self.transport.abort()  # a client that does not read either: drop it
