@@ -6,12 +6,13 @@ through the appointments service, the same use cases as the HTTP API."""
 from __future__ import annotations
 
 from datetime import date
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from reservo.appointments.service import AppointmentService
+from reservo.console import repo
 from reservo.console.session import Session
 from reservo.console.web import (
     SignedIn,
@@ -21,6 +22,7 @@ from reservo.console.web import (
     render_refused,
     site,
 )
+from reservo.core import timezones
 from reservo.core.errors import DomainError, validation_error
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -44,6 +46,26 @@ def _today(request: Request) -> date:
     return site(request).clock.now().date()
 
 
+async def _doctor(request: Request, doctor_id: int | None) -> Any:
+    """The doctor's row (name, zone), None for no or an unknown doctor."""
+    if doctor_id is None:
+        return None
+    async with site(request).db.connection() as conn:
+        return (await repo.doctors_by_id(conn, [doctor_id])).get(doctor_id)
+
+
+def _doctors_today(request: Request, doctor: Any) -> date:
+    """Today in the doctor's zone: the agenda's day when none is asked for (an
+    operator in Paris looking at a doctor in Tokyo sees the doctor's today)."""
+    if doctor is None:
+        return _today(request)
+    try:
+        tz = timezones.zone(doctor["timezone"])
+    except ValueError:  # a zone stored before the rule: the agenda says so
+        return _today(request)
+    return site(request).clock.now().astimezone(tz).date()
+
+
 @router.get("/clinic", response_class=HTMLResponse)
 async def agenda(
     request: Request,
@@ -51,21 +73,20 @@ async def agenda(
     doctor: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     day_text: Annotated[DayText, Query(alias="day")] = None,
 ) -> HTMLResponse:
-    """The form picks a doctor and a day (GET: the page can be bookmarked)."""
-    day, bad_day = parse_day(day_text, _today(request))
+    """The form picks a doctor and a day (GET: the page can be bookmarked); the
+    day defaults to today in the doctor's zone."""
+    row = await _doctor(request, doctor)
+    day, bad_day = parse_day(day_text, _doctors_today(request, row))
+    seen = {"doctor": doctor, "doctor_row": row, "day": day}
     if bad_day is not None:
-        return render(
-            request, "clinic.html", session, 422, doctor=doctor, day=day, slots=[], error=bad_day
-        )
+        return render(request, "clinic.html", session, 422, slots=[], error=bad_day, **seen)
     if doctor is None:
-        return render(request, "clinic.html", session, doctor=None, day=day, slots=[], error=None)
+        return render(request, "clinic.html", session, slots=[], error=None, **seen)
     try:
         slots = await _appointments(request).agenda(doctor, day)
     except DomainError as err:
-        return render_refused(
-            request, "clinic.html", session, err, doctor=doctor, day=day, slots=[]
-        )
-    return render(request, "clinic.html", session, doctor=doctor, day=day, slots=slots, error=None)
+        return render_refused(request, "clinic.html", session, err, slots=[], **seen)
+    return render(request, "clinic.html", session, slots=slots, error=None, **seen)
 
 
 def _cancel_refused(request: Request, session: Session, err: DomainError) -> HTMLResponse:

@@ -93,3 +93,71 @@ WITH expired AS (
 INSERT INTO console_session_revoked (session_id, expires_at)
 VALUES ($1, $2)
 ON CONFLICT (session_id) DO NOTHING;
+
+-- name: find_doctors
+-- Doctors whose name matches the ILIKE pattern $1 (the operator's text with its
+-- wildcards escaped), in name order after the keyset position ($2, $3):
+-- doctor_name_trgm for a selective text, a walk of doctor_name_id otherwise.
+SELECT id, name, timezone, specialty
+  FROM doctor
+ WHERE name ILIKE $1 AND (name, id) > ($2::text, $3::bigint)
+ ORDER BY name, id
+ LIMIT $4;
+
+-- name: doctors_by_id
+-- The doctors of $1 (primary key): their names and zones, for an agenda's
+-- heading, its default day and a patient's list.
+SELECT id, name, timezone, specialty FROM doctor WHERE id = ANY($1::bigint[]);
+
+-- name: find_cars
+-- Cars whose model or city matches the ILIKE pattern $1 (car_model_trgm,
+-- car_city_trgm), in model order after the keyset position ($2, $3).
+SELECT id, plate, model, city, daily_price
+  FROM car
+ WHERE (model ILIKE $1 OR city ILIKE $1) AND (model, id) > ($2::text, $3::bigint)
+ ORDER BY model, id
+ LIMIT $4;
+
+-- name: find_matches
+-- Matches whose home team, away team or external id matches the ILIKE pattern
+-- $1 (a bitmap OR of the three trigram indexes), latest kick-off first, before
+-- the keyset position ($2, $3).
+SELECT id, external_id, home, away, starts_at, result_status, home_score, away_score,
+       settlement_status, settled_bets
+  FROM betting_match
+ WHERE (home ILIKE $1 OR away ILIKE $1 OR external_id ILIKE $1)
+   AND (starts_at, id) < ($2::timestamptz, $3::bigint)
+ ORDER BY starts_at DESC, id DESC
+ LIMIT $4;
+
+-- name: find_contacts
+-- The users whose contact e-mail matches the ILIKE pattern $1
+-- (contact_email_trgm), by user id after $2.
+SELECT user_id
+  FROM contact
+ WHERE email ILIKE $1 AND user_id > $2
+ ORDER BY user_id
+ LIMIT $3;
+
+-- name: people
+-- What reservo holds about each user of $1, in that order: the contact (primary
+-- key), whether they have appointments (appointment_patient_start) and bookings
+-- (booking_customer_created): one index probe each, no count.
+SELECT u.id AS user_id, c.email, c.phone,
+       EXISTS (SELECT 1 FROM appointment a WHERE a.patient_id = u.id) AS patient,
+       EXISTS (SELECT 1 FROM booking b WHERE b.customer_id = u.id) AS customer
+  FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, pos)
+  LEFT JOIN contact c ON c.user_id = u.id
+ ORDER BY u.pos;
+
+-- name: wallet_accounts_of
+-- The customer wallet accounts of each owner of $1 (wallet_account_owner), at
+-- most $2 per owner, oldest first.
+SELECT a.owner_id, a.id, a.currency, a.balance
+  FROM unnest($1::bigint[]) AS u(id)
+ CROSS JOIN LATERAL (SELECT w.owner_id, w.id, w.currency, w.balance
+                       FROM wallet_account w
+                      WHERE w.owner_id = u.id AND w.kind = 'CUSTOMER'
+                      ORDER BY w.id
+                      LIMIT $2) a
+ ORDER BY a.owner_id, a.id;

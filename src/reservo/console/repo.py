@@ -52,3 +52,47 @@ async def revoke_session(
     conn: asyncpg.Connection, session_id: str, expires: datetime, now: datetime
 ) -> None:
     await conn.execute(Q.revoke_session, session_id, expires, now)
+
+
+# -- finding things by name (search.py, people.py) -------------------------------
+
+
+def contains(text: str) -> str:
+    """The ILIKE pattern of names containing ``text`` as typed: its own ``%``,
+    ``_`` and ``\\`` match themselves, never as wildcards."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+async def find_doctors(
+    conn: asyncpg.Connection, text: str, after: tuple[str, int], limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.find_doctors, contains(text), *after, limit))
+
+
+async def doctors_by_id(conn: asyncpg.Connection, ids: list[int]) -> dict[int, Row]:
+    return {r["id"]: r for r in await conn.fetch(Q.doctors_by_id, ids)}
+
+
+async def find_cars(
+    conn: asyncpg.Connection, text: str, after: tuple[str, int], limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.find_cars, contains(text), *after, limit))
+
+
+async def find_matches(
+    conn: asyncpg.Connection, text: str, before: tuple[datetime, int], limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.find_matches, contains(text), *before, limit))
+
+
+async def find_contacts(conn: asyncpg.Connection, text: str, after: int, limit: int) -> list[int]:
+    return [r["user_id"] for r in await conn.fetch(Q.find_contacts, contains(text), after, limit)]
+
+
+async def people(conn: asyncpg.Connection, ids: list[int]) -> list[Row]:
+    return list(await conn.fetch(Q.people, ids))
+
+
+async def wallet_accounts_of(conn: asyncpg.Connection, ids: list[int], cap: int) -> list[Row]:
+    return list(await conn.fetch(Q.wallet_accounts_of, ids, cap))

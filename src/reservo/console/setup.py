@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reservo.console import betting, clinic, deadletters, jobs, overview, rentals, signin
+from reservo.console import (
+    betting,
+    clinic,
+    deadletters,
+    jobs,
+    overview,
+    people,
+    rentals,
+    search,
+    signin,
+)
 from reservo.console.figures import Figures
 from reservo.console.session import Sessions
 from reservo.console.web import Site, static
@@ -48,6 +58,8 @@ def setup(shared: Shared) -> Console:
             betting.router,
             jobs.router,
             deadletters.router,
+            search.router,
+            people.router,
             static,
         ],
         companions=[pulse.run],

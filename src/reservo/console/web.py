@@ -45,6 +45,7 @@ NAV: tuple[NavItem, ...] = (
     NavItem("/console/clinic", "Clinic"),
     NavItem("/console/rentals", "Rentals"),
     NavItem("/console/betting", "Betting"),
+    NavItem("/console/people", "People"),
     NavItem("/console/jobs", "Jobs"),
     NavItem("/console/dead-letters", "Dead letters"),
 )
