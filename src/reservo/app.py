@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -154,3 +155,26 @@ def from_environment() -> FastAPI:
     gc.collect()
     gc.freeze()
     return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document GET /openapi.json serves, without a running service:
+    the graph is built on placeholder settings (nothing connects) because the
+    document depends on the code, not on the deployment."""
+    from reservo.bootstrap import build
+    from reservo.settings import Settings
+
+    placeholder = "openapi-placeholder-secret-0123456789-"
+    settings = Settings(
+        database_url="postgresql://localhost/reservo",
+        redis_url="redis://localhost:6379/0",
+        jwt_secret=placeholder + "jwt",
+        payments_webhook_secret=placeholder + "payments",
+        results_webhook_secret=placeholder + "results",
+    )
+    return create_app(build(settings, announce=False)).openapi()
+
+
+def openapi_text(doc: dict[str, Any]) -> str:
+    """The checked-in form of the document (docs/openapi.json): stable, diffable."""
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

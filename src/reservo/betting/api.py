@@ -22,6 +22,7 @@ from reservo.betting.schemas import (
     MatchPage,
     MatchPatch,
     MatchSummaryOut,
+    ResultIn,
     ResultOut,
     SelectionOut,
     SettlementOut,
@@ -44,7 +45,7 @@ from reservo.core.http import (
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within
-from reservo.core.openapi import raises
+from reservo.core.openapi import raises, raw_body
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
     After,
@@ -281,7 +282,10 @@ async def get_bet(
     status_code=202,
     response_model=Accepted,
     operation_id="receiveMatchResult",
-    openapi_extra=raises("bad_signature", "payload_too_large"),
+    openapi_extra={
+        **raises("bad_signature", "payload_too_large", "match_not_started"),
+        **raw_body(ResultIn),
+    },
 )
 async def match_result(
     request: Request, x_signature: Annotated[str | None, Header(alias="X-Signature")] = None

@@ -37,9 +37,12 @@ from reservo.core.http import IDEMPOTENCY_HEADER, KEY_REQUIRED, Roles, current_p
 log = structlog.get_logger(__name__)
 # The route's own codes, in its `openapi_extra` (read and removed below).
 RAISES = "x-raises"
+# Named schemas an operation brings along (raw_body), moved to components.
+SCHEMAS = "x-schemas"
 BEARER = "bearerAuth"
 # Where one of these statuses is sent, Retry-After says when to try again.
 _RETRY_AFTER_CODES = frozenset(("rate_limited", "unavailable", "request_in_progress"))
+_REPLAYED = "The stored answer to an earlier request with the same Idempotency-Key"
 _KEY_SCHEMA = {"type": "string", "pattern": "^[\\x21-\\x7e]{1,255}$"}
 _RETRY_AFTER = {
     "description": "Seconds to wait before trying again",
@@ -76,6 +79,19 @@ def raises(*codes: str) -> dict[str, Any]:
     return {RAISES: list(codes)}
 
 
+def raw_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` of a route that reads its body raw (a signed webhook: the
+    signature covers the bytes): the body's model, documented as a named schema
+    as if FastAPI had parsed it, so a generator makes the same class of it."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    named = {**schema.pop("$defs", {}), model.__name__: schema}
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": ref}}},
+        SCHEMAS: named,
+    }
+
+
 def finish(doc: dict[str, Any], routes: Iterable[BaseRoute], api_prefix: str) -> dict[str, Any]:
     """Complete FastAPI's document in place: the bearer scheme, one Problem schema
     every error response refers to, each operation's own statuses and codes."""
@@ -86,11 +102,14 @@ def finish(doc: dict[str, Any], routes: Iterable[BaseRoute], api_prefix: str) ->
         BEARER: {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
     }
     seen: set[str] = set()
+    answered: set[str] = set()
     for route in _documented(routes):
-        for method in sorted(route.methods):
+        for method in sorted(route.methods or ()):
             op = doc["paths"][route.path_format][method.lower()]
-            _finish_operation(op, route, api_prefix)
+            schemas.update(op.pop(SCHEMAS, {}))
+            answered |= _finish_operation(op, route, api_prefix)
             _unique_id(op, seen)
+    components["examples"] = _problem_examples(answered)
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     return doc
@@ -120,9 +139,10 @@ def _problem_schemas() -> dict[str, Any]:
     return {**defs, "Problem": schema}
 
 
-def _finish_operation(op: dict[str, Any], route: RouteContext, api_prefix: str) -> None:
+def _finish_operation(op: dict[str, Any], route: RouteContext, api_prefix: str) -> set[str]:
+    """Security, parameters and problem responses of one operation; its codes."""
     facts = _Facts(route.dependant)
-    codes = set(op.pop(RAISES, ())) | facts.codes(route.path.startswith(api_prefix))
+    codes = set(op.pop(RAISES, ())) | facts.codes((route.path or "").startswith(api_prefix))
     if facts.authenticated:
         op["security"] = [{BEARER: []}]
     for param in op.get("parameters", ()):
@@ -132,30 +152,43 @@ def _finish_operation(op: dict[str, Any], route: RouteContext, api_prefix: str) 
     responses = op.setdefault("responses", {})
     for status in [s for s in responses if int(s) >= 400]:
         del responses[status]
+    if facts.idempotent and "201" in responses:
+        # A retry with the same key gets the stored answer again, as 200.
+        responses["200"] = {**responses["201"], "description": _REPLAYED}
     by_status: dict[int, list[str]] = {}
     for code in sorted(codes):
         by_status.setdefault(status_of(code), []).append(code)
     for status, group in sorted(by_status.items()):
         responses[str(status)] = _problem_response(status, group)
+    op["responses"] = dict(sorted(responses.items()))
+    return codes
 
 
 def _problem_response(status: int, codes: list[str]) -> dict[str, Any]:
-    examples = {
-        code: {
-            "summary": problem_title(code),
-            "value": problem_body(status, code, problem_title(code).lower()),
-        }
-        for code in codes
-    }
     response: dict[str, Any] = {
         "description": ", ".join(f"`{code}`" for code in codes),
         "content": {
-            PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}, "examples": examples}
+            PROBLEM_JSON: {
+                "schema": {"$ref": "#/components/schemas/Problem"},
+                # One example per code the operation can answer with this status.
+                "examples": {c: {"$ref": f"#/components/examples/{c}"} for c in codes},
+            }
         },
     }
     if _RETRY_AFTER_CODES.intersection(codes):
         response["headers"] = {"Retry-After": _RETRY_AFTER}
     return response
+
+
+def _problem_examples(codes: Iterable[str]) -> dict[str, Any]:
+    """components/examples: each code's problem body, once for every operation."""
+    return {
+        code: {
+            "summary": problem_title(code),
+            "value": problem_body(status_of(code), code, problem_title(code).lower()),
+        }
+        for code in sorted(codes)
+    }
 
 
 class _Facts:

@@ -30,7 +30,7 @@ from reservo.core.http import (
 )
 from reservo.core.idempotency import Within, validate_key
 from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson
-from reservo.core.openapi import raises
+from reservo.core.openapi import raises, raw_body
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
     After,
@@ -316,11 +316,8 @@ async def process_webhook(request: Request, raw: bytes, signature: str | None) -
     response_model=WebhookOut,
     operation_id="receivePayment",
     openapi_extra={
-        **raises("bad_signature", "payload_too_large"),
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": WebhookIn.model_json_schema()}},
-        },
+        **raises("bad_signature", "payload_too_large", "booking_not_found"),
+        **raw_body(WebhookIn),
     },
 )
 async def payment_webhook(
