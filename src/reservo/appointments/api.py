@@ -427,7 +427,14 @@ async def reschedule(
     status_code=201,
     response_model=WaitlistOut,
     operation_id="joinWaitlist",
-    openapi_extra=raises("slot_not_found", "slot_available", "already_waiting", "already_booked"),
+    openapi_extra=raises(
+        "slot_not_found",
+        "slot_available",
+        "already_waiting",
+        "already_booked",
+        "slot_in_past",
+        "slot_not_open",
+    ),
 )
 async def join_waitlist(
     slot_id: Annotated[PathId, Path(alias="slotId")],
