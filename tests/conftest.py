@@ -28,6 +28,7 @@ from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.migrate import migrate
 from reservo.settings import Settings
+from tests.openapi_audit import ProblemAudit
 from tests.redis_cluster import LocalCluster, RedisTarget
 
 # Throwaway secrets of this test run (a deployment must set its own: settings.py).
@@ -175,7 +176,11 @@ async def container(base_settings: Settings, clock: OffsetClock) -> AsyncIterato
 async def client(container: Container) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(container, owns_container=False)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+    # Every problem answered must be one the OpenAPI document lists for that operation.
+    hooks = {"response": [ProblemAudit(app)]}
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://reservo.test", event_hooks=hooks
+    ) as c:
         yield c
 
 

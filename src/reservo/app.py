@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -24,12 +26,25 @@ from reservo.core.http import (
     install_metrics,
 )
 from reservo.core.lean import LeanLayer
+from reservo.core.openapi import finish, install_pages
+
+TITLE = "reservo"
 
 
 class ReservoAPI(FastAPI):
     """FastAPI with the lean path (core/lean.py) in front of its middleware stack."""
 
     lean: LeanLayer | None = None
+    _finished: dict[str, Any] | None = None
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document, finished once (core/openapi.py): security, problem
+        responses per operation, required Idempotency-Keys. FastAPI makes a new
+        one whenever routes were added since (the lean path asks early)."""
+        doc = super().openapi()
+        if doc is not self._finished:
+            self._finished = finish(doc, self.routes, "/api/")
+        return doc
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.lean is not None:
@@ -53,7 +68,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
             await container.close()
 
     app = ReservoAPI(
-        title="reservo",
+        title=TITLE,
         # No trailing-slash redirects: Starlette builds their Location from the
         # request's Host header, which the caller chooses. A path is served as
         # written or answers 404.
@@ -65,6 +80,9 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         # OpenTelemetry; with FastAPI's native hooks on, every request looked the
         # global tracer, meter and logger providers up only to find them unset.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # Served by install_pages from packaged assets, not FastAPI's CDN pages.
+        docs_url=None,
+        redoc_url=None,
     )
     metrics.BUILD_INFO.labels(__version__).set(1)
     app.state.container = container
@@ -95,11 +113,13 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
             partial(FastAPI.__call__, app), lean, app, container.settings.max_body_bytes
         )
 
-    @app.get("/healthz", tags=["operations"])
+    install_pages(app, TITLE)
+
+    @app.get("/healthz", tags=["operations"], operation_id="getHealth")
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
-    @app.get("/readyz", tags=["operations"])
+    @app.get("/readyz", tags=["operations"], operation_id="getReadiness")
     async def readyz() -> JSONResponse:
         checks = await container.ready()
         ok = all(checks.values())
@@ -111,7 +131,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
             body["replicas"] = container.db.replicas.status()
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics", tags=["operations"], response_class=Response)
+    @app.get("/metrics", tags=["operations"], response_class=Response, operation_id="getMetrics")
     async def metrics_endpoint() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
@@ -135,3 +155,26 @@ def from_environment() -> FastAPI:
     gc.collect()
     gc.freeze()
     return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document GET /openapi.json serves, without a running service:
+    the graph is built on placeholder settings (nothing connects) because the
+    document depends on the code, not on the deployment."""
+    from reservo.bootstrap import build
+    from reservo.settings import Settings
+
+    placeholder = "openapi-placeholder-secret-0123456789-"
+    settings = Settings(
+        database_url="postgresql://localhost/reservo",
+        redis_url="redis://localhost:6379/0",
+        jwt_secret=placeholder + "jwt",
+        payments_webhook_secret=placeholder + "payments",
+        results_webhook_secret=placeholder + "results",
+    )
+    return create_app(build(settings, announce=False)).openapi()
+
+
+def openapi_text(doc: dict[str, Any]) -> str:
+    """The checked-in form of the document (docs/openapi.json): stable, diffable."""
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

@@ -322,6 +322,23 @@ def show_config() -> None:
         typer.echo(f"{env_name(name)}={value}  # {source}")
 
 
+@app.command("openapi")
+def show_openapi(
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout")
+    ] = None,
+) -> None:
+    """Print the OpenAPI document (what GET /openapi.json serves). Regenerate the
+    checked-in copy with `reservo openapi -o docs/openapi.json`."""
+    from reservo.app import openapi_document, openapi_text
+
+    text = openapi_text(openapi_document())
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+
+
 class _Server(uvicorn.Server):
     """uvicorn re-raises the stopping signal once the server has shut down. Here that
     would kill the process (SIGTERM) or cancel it (SIGINT) before the workers have

@@ -168,9 +168,9 @@ async def test_one_user_racing_under_two_roles_moves_money_once(
 ANYONE = {
     ("GET", "/api/doctors/{doctorId}/slots"),
     ("GET", "/api/cars"),
-    ("GET", "/api/cars/{id}/quote"),
+    ("GET", "/api/cars/{carId}/quote"),
     ("GET", "/api/matches"),
-    ("GET", "/api/matches/{id}"),
+    ("GET", "/api/matches/{matchId}"),
 }
 
 

@@ -1,7 +1,7 @@
 """One bad row never stops the scheduler. Rows written before the run_at rule
 (the database's CHECK is dropped here to write them, as an older version could)
 are parked by whichever loop meets them - loader, executor, reaper - and every
-other job still runs; GET /api/jobs/{id} reads the parked row again."""
+other job still runs; GET /api/jobs/{jobId} reads the parked row again."""
 
 from __future__ import annotations
 

@@ -18,12 +18,12 @@ from reservo.appointments.schemas import (
     AppointmentIn,
     AppointmentOut,
     AppointmentPage,
+    AppointmentRescheduleIn,
     ContactIn,
     ContactOut,
     DoctorIn,
     RepeatingScheduleOut,
     RescheduledOut,
-    RescheduleIn,
     ScheduleIn,
     ScheduleOut,
     SlotOut,
@@ -39,12 +39,12 @@ from reservo.core.http import (
     Caller,
     IdempotencyKey,
     PathId,
+    RequiredIdempotencyKey,
     from_state,
     idempotency_store,
     json_bytes,
     json_response,
     model_from,
-    problem_responses,
     required_key,
     role_caller,
     run_idempotent,
@@ -52,6 +52,7 @@ from reservo.core.http import (
 )
 from reservo.core.idempotency import IdempotencyStore, Within, validate_key
 from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson
+from reservo.core.openapi import raises
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
     After,
@@ -63,7 +64,6 @@ from reservo.core.pagination import (
 from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY, MAX_ID, Day
 
 router = APIRouter(prefix="/api", tags=["appointments"])
-PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 _svc = from_state(AppointmentService, "appointments")
@@ -79,7 +79,13 @@ def render(appt: Appointment) -> dict[str, Any]:
     return AppointmentOut.model_validate(appt, from_attributes=True).wire()
 
 
-@router.post("/doctors", status_code=201, response_model=DoctorOut, responses=PROBLEMS)
+@router.post(
+    "/doctors",
+    status_code=201,
+    response_model=DoctorOut,
+    operation_id="createDoctor",
+    openapi_extra=raises(),
+)
 async def create_doctor(body: DoctorIn, caller: AdminCaller, request: Request) -> JSONResponse:
     doctor = await _svc(request).create_doctor(body.name, body.timezone, body.specialty)
     out = DoctorOut(
@@ -92,7 +98,8 @@ async def create_doctor(body: DoctorIn, caller: AdminCaller, request: Request) -
     "/doctors/{doctorId}/schedules",
     status_code=201,
     response_model=ScheduleOut | RepeatingScheduleOut,
-    responses=PROBLEMS,
+    operation_id="createSchedule",
+    openapi_extra=raises("doctor_not_found", "unknown_timezone"),
 )
 async def create_schedule(
     doctor_id: DoctorId,
@@ -124,7 +131,12 @@ async def create_schedule(
     return json_response(201, ScheduleOut(created=created, skipped=skipped).wire())
 
 
-@router.get("/doctors/{doctorId}/slots", response_model=list[SlotOut], responses=PROBLEMS)
+@router.get(
+    "/doctors/{doctorId}/slots",
+    response_model=list[SlotOut],
+    operation_id="listDoctorSlots",
+    openapi_extra=raises("doctor_not_found", "unknown_timezone"),
+)
 async def list_slots(
     doctor_id: DoctorId,
     day: Annotated[Day, Query(alias="date")],
@@ -134,9 +146,26 @@ async def list_slots(
     return json_bytes(200, await _svc(request).list_slots(doctor_id, day))
 
 
-@router.post("/appointments", status_code=201, response_model=AppointmentOut, responses=PROBLEMS)
+@router.post(
+    "/appointments",
+    status_code=201,
+    response_model=AppointmentOut,
+    operation_id="bookAppointment",
+    openapi_extra=raises(
+        "slot_not_found",
+        "slot_full",
+        "already_booked",
+        "patient_busy",
+        "slot_in_past",
+        "slot_not_open",
+        "rate_limited",
+    ),
+)
 async def book(
-    body: AppointmentIn, caller: Patient, request: Request, idempotency_key: IdempotencyKey = None
+    body: AppointmentIn,
+    caller: Patient,
+    request: Request,
+    idempotency_key: RequiredIdempotencyKey = None,
 ) -> JSONResponse:
     return await book_flow(
         _svc(request),
@@ -249,16 +278,30 @@ async def _owned(request: Request, caller: Principal, appointment_id: int) -> Ap
     return appt
 
 
-@router.get("/appointments/{id}", response_model=AppointmentOut, responses=PROBLEMS)
+@router.get(
+    "/appointments/{appointmentId}",
+    response_model=AppointmentOut,
+    operation_id="getAppointment",
+    openapi_extra=raises("appointment_not_found"),
+)
 async def get_appointment(
-    appointment_id: Annotated[PathId, Path(alias="id")], caller: Patient, request: Request
+    appointment_id: Annotated[PathId, Path(alias="appointmentId")],
+    caller: Patient,
+    request: Request,
 ) -> JSONResponse:
     return json_response(200, render(await _owned(request, caller, appointment_id)))
 
 
-@router.delete("/appointments/{id}", response_model=AppointmentOut, responses=PROBLEMS)
+@router.delete(
+    "/appointments/{appointmentId}",
+    response_model=AppointmentOut,
+    operation_id="cancelAppointment",
+    openapi_extra=raises("appointment_not_found", "slot_in_past"),
+)
 async def cancel(
-    appointment_id: Annotated[PathId, Path(alias="id")], caller: Patient, request: Request
+    appointment_id: Annotated[PathId, Path(alias="appointmentId")],
+    caller: Patient,
+    request: Request,
 ) -> JSONResponse:
     await _owned(request, caller, appointment_id)
     return json_response(200, render(await _svc(request).cancel(appointment_id)))
@@ -284,7 +327,10 @@ def _position(cursor: str | None) -> tuple[datetime, int] | None:
 
 
 @router.get(
-    "/patients/{patientId}/appointments", response_model=AppointmentPage, responses=PROBLEMS
+    "/patients/{patientId}/appointments",
+    response_model=AppointmentPage,
+    operation_id="listPatientAppointments",
+    openapi_extra=raises(),
 )
 async def list_patient_appointments(
     patient_id: PatientId,
@@ -313,9 +359,14 @@ def _agenda_slot(s: domain.AgendaSlot) -> AgendaSlot:
     )
 
 
-@router.get("/doctors/{id}/agenda", response_model=Agenda, responses=PROBLEMS)
+@router.get(
+    "/doctors/{doctorId}/agenda",
+    response_model=Agenda,
+    operation_id="getDoctorAgenda",
+    openapi_extra=raises("doctor_not_found", "unknown_timezone"),
+)
 async def doctor_agenda(
-    doctor_id: Annotated[PathId, Path(alias="id")],
+    doctor_id: Annotated[PathId, Path(alias="doctorId")],
     day: Annotated[Day, Query(alias="date")],
     caller: Doctor,
     request: Request,
@@ -333,17 +384,27 @@ def render_rescheduled(appt: Appointment) -> dict[str, Any]:
 
 
 @router.post(
-    "/appointments/{id}/reschedule",
+    "/appointments/{appointmentId}/reschedule",
     status_code=200,
     response_model=RescheduledOut,
-    responses=PROBLEMS,
+    operation_id="rescheduleAppointment",
+    openapi_extra=raises(
+        "appointment_not_found",
+        "not_reschedulable",
+        "slot_not_found",
+        "slot_full",
+        "already_booked",
+        "patient_busy",
+        "slot_in_past",
+        "slot_not_open",
+    ),
 )
 async def reschedule(
-    appointment_id: Annotated[PathId, Path(alias="id")],
-    body: RescheduleIn,
+    appointment_id: Annotated[PathId, Path(alias="appointmentId")],
+    body: AppointmentRescheduleIn,
     caller: Patient,
     request: Request,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: RequiredIdempotencyKey = None,
 ) -> JSONResponse:
     """Move a BOOKED appointment to another slot: the new appointment is booked and
     the old one cancelled in one transaction (both or neither), and the old seat
@@ -362,10 +423,21 @@ async def reschedule(
 
 
 @router.post(
-    "/slots/{id}/waitlist", status_code=201, response_model=WaitlistOut, responses=PROBLEMS
+    "/slots/{slotId}/waitlist",
+    status_code=201,
+    response_model=WaitlistOut,
+    operation_id="joinWaitlist",
+    openapi_extra=raises(
+        "slot_not_found",
+        "slot_available",
+        "already_waiting",
+        "already_booked",
+        "slot_in_past",
+        "slot_not_open",
+    ),
 )
 async def join_waitlist(
-    slot_id: Annotated[PathId, Path(alias="id")],
+    slot_id: Annotated[PathId, Path(alias="slotId")],
     body: WaitlistIn,
     caller: Patient,
     request: Request,
@@ -392,10 +464,14 @@ async def join_waitlist(
 
 
 @router.delete(
-    "/slots/{id}/waitlist/{patientId}", status_code=204, response_class=Response, responses=PROBLEMS
+    "/slots/{slotId}/waitlist/{patientId}",
+    status_code=204,
+    response_class=Response,
+    operation_id="leaveWaitlist",
+    openapi_extra=raises("slot_not_found", "not_waiting"),
 )
 async def leave_waitlist(
-    slot_id: Annotated[PathId, Path(alias="id")],
+    slot_id: Annotated[PathId, Path(alias="slotId")],
     patient_id: PatientId,
     caller: Patient,
     request: Request,
@@ -406,7 +482,12 @@ async def leave_waitlist(
     return Response(status_code=204)
 
 
-@router.put("/patients/{patientId}/contact", response_model=ContactOut, responses=PROBLEMS)
+@router.put(
+    "/patients/{patientId}/contact",
+    response_model=ContactOut,
+    operation_id="setPatientContact",
+    openapi_extra=raises(),
+)
 async def put_contact(
     patient_id: PatientId,
     body: ContactIn,

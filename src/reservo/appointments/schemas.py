@@ -132,7 +132,7 @@ class Agenda(ApiModel):
     slots: list[AgendaSlot]
 
 
-class RescheduleIn(ApiModel):
+class AppointmentRescheduleIn(ApiModel):
     slot_id: Id
 
 

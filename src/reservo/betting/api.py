@@ -22,6 +22,7 @@ from reservo.betting.schemas import (
     MatchPage,
     MatchPatch,
     MatchSummaryOut,
+    ResultIn,
     ResultOut,
     SelectionOut,
     SettlementOut,
@@ -34,17 +35,17 @@ from reservo.core.errors import DomainError
 from reservo.core.http import (
     AdminCaller,
     Caller,
-    IdempotencyKey,
     PathId,
+    RequiredIdempotencyKey,
     from_state,
     json_response,
     model_from,
-    problem_responses,
     required_key,
     role_caller,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within
+from reservo.core.openapi import raises, raw_body
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
     After,
@@ -56,7 +57,6 @@ from reservo.core.pagination import (
 )
 
 router = APIRouter(prefix="/api", tags=["betting"])
-PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
 _svc = from_state(BettingService, "betting")
@@ -122,7 +122,13 @@ async def _own_account(svc: BettingService, caller: Principal, account_id: int) 
         raise DomainError("account_not_found", f"no account {account_id}")
 
 
-@router.post("/matches", status_code=201, response_model=MatchOut, responses=PROBLEMS)
+@router.post(
+    "/matches",
+    status_code=201,
+    response_model=MatchOut,
+    operation_id="createMatch",
+    openapi_extra=raises("match_exists"),
+)
 async def create_match(body: MatchIn, caller: AdminCaller, request: Request) -> JSONResponse:
     match = await _svc(request).create_match(
         body.external_id,
@@ -134,9 +140,14 @@ async def create_match(body: MatchIn, caller: AdminCaller, request: Request) -> 
     return json_response(201, render_match(match))
 
 
-@router.get("/matches/{id}", response_model=MatchOut, responses=PROBLEMS)
+@router.get(
+    "/matches/{matchId}",
+    response_model=MatchOut,
+    operation_id="getMatch",
+    openapi_extra=raises("match_not_found"),
+)
 async def get_match(
-    match_id: Annotated[PathId, Path(alias="id")], caller: Caller, request: Request
+    match_id: Annotated[PathId, Path(alias="matchId")], caller: Caller, request: Request
 ) -> JSONResponse:
     return json_response(200, render_match(await _svc(request).get_match(match_id)))
 
@@ -147,7 +158,9 @@ def _match_key(m: Match) -> tuple[int, int]:
     return time_key(m.starts_at, m.id)
 
 
-@router.get("/matches", response_model=MatchPage, responses=PROBLEMS)
+@router.get(
+    "/matches", response_model=MatchPage, operation_id="listMatches", openapi_extra=raises()
+)
 async def list_matches(
     caller: Caller,
     request: Request,
@@ -164,16 +177,21 @@ async def list_matches(
     after: After = None,
 ) -> JSONResponse:
     """Matches of one status, soonest first (startsAt, then id). Items are matches
-    without `settlement.pendingBets` (GET /api/matches/{id} counts it)."""
+    without `settlement.pendingBets` (GET /api/matches/{matchId} counts it)."""
     matches = await _svc(request).list_matches(status, time_cursor(after), limit + 1)
     items, nxt = page(matches, limit, _match_key)
     body = MatchPage(items=[render_match_summary(m) for m in items], next=nxt)
     return json_response(200, body.wire())
 
 
-@router.patch("/matches/{id}", response_model=MatchOut, responses=PROBLEMS)
+@router.patch(
+    "/matches/{matchId}",
+    response_model=MatchOut,
+    operation_id="updateMatch",
+    openapi_extra=raises("match_not_found", "match_closed"),
+)
 async def update_match(
-    match_id: Annotated[PathId, Path(alias="id")],
+    match_id: Annotated[PathId, Path(alias="matchId")],
     body: MatchPatch,
     caller: AdminCaller,
     request: Request,
@@ -187,9 +205,14 @@ async def update_match(
     return json_response(200, render_match(match))
 
 
-@router.get("/accounts/{id}/bets", response_model=BetPage, responses=PROBLEMS)
+@router.get(
+    "/accounts/{accountId}/bets",
+    response_model=BetPage,
+    operation_id="listAccountBets",
+    openapi_extra=raises("account_not_found"),
+)
 async def account_bets(
-    account_id: Annotated[PathId, Path(alias="id")],
+    account_id: Annotated[PathId, Path(alias="accountId")],
     caller: Bettor,
     request: Request,
     status: Annotated[Literal["PENDING", "WON", "LOST", "VOID"] | None, Query()] = None,
@@ -208,9 +231,22 @@ async def account_bets(
     return json_response(200, body.wire())
 
 
-@router.post("/bets", status_code=201, response_model=BetOut, responses=PROBLEMS)
+@router.post(
+    "/bets",
+    status_code=201,
+    response_model=BetOut,
+    operation_id="placeBet",
+    openapi_extra=raises(
+        "account_not_found",
+        "match_not_found",
+        "insufficient_funds",
+        "odds_changed",
+        "match_closed",
+        "market_suspended",
+    ),
+)
 async def place_bet(
-    body: BetIn, caller: Bettor, request: Request, idempotency_key: IdempotencyKey = None
+    body: BetIn, caller: Bettor, request: Request, idempotency_key: RequiredIdempotencyKey = None
 ) -> JSONResponse:
     key = required_key(idempotency_key)
     svc = _svc(request)
@@ -226,9 +262,14 @@ async def place_bet(
     return await run_idempotent_route(request, caller, "POST /api/bets", key, place, render_bet)
 
 
-@router.get("/bets/{id}", response_model=BetOut, responses=PROBLEMS)
+@router.get(
+    "/bets/{betId}",
+    response_model=BetOut,
+    operation_id="getBet",
+    openapi_extra=raises("bet_not_found"),
+)
 async def get_bet(
-    bet_id: Annotated[PathId, Path(alias="id")], caller: Bettor, request: Request
+    bet_id: Annotated[PathId, Path(alias="betId")], caller: Bettor, request: Request
 ) -> JSONResponse:
     bet = await _svc(request).get_bet(bet_id)
     if not caller.owns("bettor", bet.owner_id):  # somebody else's: as if none
@@ -240,7 +281,11 @@ async def get_bet(
     "/webhooks/match-results",
     status_code=202,
     response_model=Accepted,
-    responses=PROBLEMS,
+    operation_id="receiveMatchResult",
+    openapi_extra={
+        **raises("bad_signature", "payload_too_large", "match_not_started"),
+        **raw_body(ResultIn),
+    },
 )
 async def match_result(
     request: Request, x_signature: Annotated[str | None, Header(alias="X-Signature")] = None

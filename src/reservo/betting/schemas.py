@@ -122,7 +122,7 @@ class SettlementSummaryOut(ApiModel):
 @dataclass(frozen=True)
 class MatchSummaryOut(_MatchFields):
     """A match as lists show it: the match without ``settlement.pendingBets``,
-    which counts the match's open bets (GET /api/matches/{id} has it); counting
+    which counts the match's open bets (GET /api/matches/{matchId} has it); counting
     them for every match of a page would cost a page what its matches' bets cost."""
 
     settlement: SettlementSummaryOut

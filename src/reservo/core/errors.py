@@ -8,7 +8,6 @@ constraint name -> (code, detail). Core's own codes are in ``CORE_CODES``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from http import HTTPStatus
 from typing import Any, TypeVar
 
 import asyncpg
@@ -35,6 +34,11 @@ CORE_CODES: dict[str, int] = {
     "headers_too_large": 431,  # the HTTP server: request line and headers too large
     "not_replayable": 409,
     "not_cancellable": 409,  # rentals bookings and scheduler jobs
+    # The framework's own answers (core/http.py): a known path, another method;
+    # any other HTTP error; an exception nobody expected.
+    "method_not_allowed": 405,
+    "http_error": 400,
+    "internal_error": 500,
 }
 
 _STATUS_BY_CODE: dict[str, int] = dict(CORE_CODES)
@@ -95,14 +99,30 @@ def validation_error(
     return DomainError(code, detail, status=422, extra={"errors": errors or []})
 
 
+# Where a problem type's page is served (app.py): a relative URI reference, so
+# it resolves against whichever host the client called.
+PROBLEM_PAGES = "/problems/"
+
+
+def problem_type(code: str) -> str:
+    return PROBLEM_PAGES + code
+
+
+def problem_title(code: str) -> str:
+    """The problem's name ("Slot full"), not the HTTP reason phrase: the status
+    says that already, and several problems share one status."""
+    return code.replace("_", " ").capitalize()
+
+
+def declared_codes() -> dict[str, int]:
+    """Every declared code and its status (core's and the registered modules')."""
+    return dict(_STATUS_BY_CODE)
+
+
 def problem_body(status: int, code: str, detail: str, **extra: Any) -> dict[str, Any]:
-    try:
-        title = HTTPStatus(status).phrase
-    except ValueError:
-        title = "Error"
     body: dict[str, Any] = {
-        "type": f"https://reservo.dev/problems/{code.replace('_', '-')}",
-        "title": title,
+        "type": problem_type(code),
+        "title": problem_title(code),
         "status": status,
         "detail": detail,
         "code": code,

@@ -31,7 +31,9 @@ from reservo.core.idempotency import (
 from reservo.core.schemas import MAX_ID, JsonRefused, read_json
 
 T = TypeVar("T")
-# An id in a path (`Annotated[PathId, Path(alias="id")]`).
+# An id in a path (`Annotated[PathId, Path(alias="bookingId")]`): one name per
+# collection on every route (`{bookingId}`, never `{id}`), so a generated client
+# has one parameter name for one thing.
 PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 log = structlog.get_logger(__name__)
@@ -41,24 +43,6 @@ def json_bytes(status: int, body: bytes, headers: dict[str, str] | None = None) 
     """A response with already-serialised JSON, typed like ``json_response``."""
     media = PROBLEM_JSON if status >= 400 else "application/json"
     return Response(body, status_code=status, media_type=media, headers=headers)
-
-
-_PHRASES = {
-    400: "Bad request",
-    401: "Unauthenticated",
-    403: "Forbidden",
-    404: "Not found",
-    409: "Conflict",
-    413: "Payload too large",
-    422: "Validation error",
-    429: "Rate limited",
-    503: "Unavailable",
-}
-
-
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries documenting a route's problem+json answers."""
-    return {s: {"description": _PHRASES[s], "content": {PROBLEM_JSON: {}}} for s in statuses}
 
 
 def from_state(kind: type[T], name: str) -> Callable[[Request], T]:
@@ -343,7 +327,10 @@ def _replaying(messages: list[Message], receive: Receive) -> Receive:
 
 
 async def current_principal(
-    request: Request, authorization: Annotated[str | None, Header()] = None
+    request: Request,
+    # Out of the OpenAPI document: the bearer security scheme stands for it there
+    # (core/openapi.py), which is how generators and Swagger UI send a token.
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Principal:
     # async on purpose: a sync dependency would be run in the thread pool, a thread
     # hop per request for a few microseconds of HMAC.
@@ -443,9 +430,23 @@ async def _release_quietly(store: IdempotencyStore, claim: Claim) -> None:
         log.warning("idempotency_release_failed", error=repr(exc))
 
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+# In the header's schema, read and removed by core/openapi.py: `required: true`.
+KEY_REQUIRED = "x-key-required"
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", description="1-255 visible ASCII characters"),
+    Header(alias=IDEMPOTENCY_HEADER, description="1-255 visible ASCII characters"),
+]
+# The key of a route that refuses a request without it (it calls required_key).
+# Optional to FastAPI all the same: its absence is the route's 400
+# `idempotency_key_required`, in the order the route checks it, not a 422.
+RequiredIdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias=IDEMPOTENCY_HEADER,
+        description="1-255 visible ASCII characters; required",
+        json_schema_extra={KEY_REQUIRED: True},
+    ),
 ]
 
 

@@ -14,13 +14,12 @@ from reservo.core.http import (
     PathId,
     from_state,
     json_response,
-    problem_responses,
 )
+from reservo.core.openapi import raises
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.ops.schemas import DeadLetterOut, DeadLetterPage, Replayed
 
 router = APIRouter(prefix="/api/ops", tags=["operations"])
-PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
 _box = from_state(DeadLetterBox, "dead_letters")
@@ -30,7 +29,12 @@ def render(d: DeadLetter) -> DeadLetterOut:
     return DeadLetterOut(**asdict(d))
 
 
-@router.get("/dead-letters", response_model=DeadLetterPage, responses=PROBLEMS)
+@router.get(
+    "/dead-letters",
+    response_model=DeadLetterPage,
+    operation_id="listDeadLetters",
+    openapi_extra=raises(),
+)
 async def list_dead_letters(
     caller: AdminCaller,
     request: Request,
@@ -46,9 +50,14 @@ async def list_dead_letters(
     return json_response(200, body.wire())
 
 
-@router.post("/dead-letters/{id}/replay", response_model=Replayed, responses=PROBLEMS)
+@router.post(
+    "/dead-letters/{deadLetterId}/replay",
+    response_model=Replayed,
+    operation_id="replayDeadLetter",
+    openapi_extra=raises("not_found", "not_replayable"),
+)
 async def replay_dead_letter(
-    letter_id: Annotated[PathId, Path(alias="id")], caller: AdminCaller, request: Request
+    letter_id: Annotated[PathId, Path(alias="deadLetterId")], caller: AdminCaller, request: Request
 ) -> JSONResponse:
     """Deliver the event again to the consumer that parked it; it is applied at
     most once (the consumer dedupes by event id), so replaying twice is harmless."""

@@ -20,16 +20,17 @@ from reservo.core.http import (
     Caller,
     IdempotencyKey,
     PathId,
+    RequiredIdempotencyKey,
     from_state,
     json_response,
     model_from,
-    problem_responses,
     required_key,
     role_caller,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, validate_key
 from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson
+from reservo.core.openapi import raises, raw_body
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
     After,
@@ -58,7 +59,6 @@ from reservo.rentals.schemas import Car as CarOut
 from reservo.rentals.service import RentalService
 
 router = APIRouter(prefix="/api", tags=["rentals"])
-PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 429, 503)
 
 
 svc_of = from_state(RentalService, "rentals")
@@ -103,7 +103,13 @@ def render_cars(cars: list[Car]) -> bytes:
 # -- cars ----------------------------------------------------------------------
 
 
-@router.post("/cars", status_code=201, response_model=CarOut, responses=PROBLEMS)
+@router.post(
+    "/cars",
+    status_code=201,
+    response_model=CarOut,
+    operation_id="createCar",
+    openapi_extra=raises("plate_taken"),
+)
 async def create_car(
     body: CarIn, caller: AdminCaller, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
@@ -118,7 +124,7 @@ async def create_car(
     return await run_idempotent_route(request, caller, "POST /api/cars", key, create, render_car)
 
 
-@router.get("/cars", response_model=list[CarOut], responses=PROBLEMS)
+@router.get("/cars", response_model=list[CarOut], operation_id="searchCars", openapi_extra=raises())
 async def search_cars(
     city: Annotated[City, Query()],
     from_: Annotated[Instant, Query(alias="from")],
@@ -169,9 +175,20 @@ LEAN_ROUTES = (LeanRoute("GET", "/api/cars", lean_search_cars),)
 # -- bookings ------------------------------------------------------------------
 
 
-@router.post("/bookings", status_code=201, response_model=BookingOut, responses=PROBLEMS)
+@router.post(
+    "/bookings",
+    status_code=201,
+    response_model=BookingOut,
+    operation_id="holdCar",
+    openapi_extra=raises(
+        "car_not_found", "car_unavailable", "rate_limited", "payment_gateway_unconfigured"
+    ),
+)
 async def hold(
-    body: BookingIn, caller: Customer, request: Request, idempotency_key: IdempotencyKey = None
+    body: BookingIn,
+    caller: Customer,
+    request: Request,
+    idempotency_key: RequiredIdempotencyKey = None,
 ) -> JSONResponse:
     caller.require_owner("customer", body.customer_id)
     key = required_key(idempotency_key)
@@ -207,17 +224,27 @@ async def _authorized(
     return b, _who(caller, b, customer=customer)
 
 
-@router.get("/bookings/{id}", response_model=BookingOut, responses=PROBLEMS)
+@router.get(
+    "/bookings/{bookingId}",
+    response_model=BookingOut,
+    operation_id="getBooking",
+    openapi_extra=raises("booking_not_found"),
+)
 async def get_booking(
-    booking_id: Annotated[PathId, Path(alias="id")], caller: CustomerOrHost, request: Request
+    booking_id: Annotated[PathId, Path(alias="bookingId")], caller: CustomerOrHost, request: Request
 ) -> JSONResponse:
     b, _ = await _authorized(request, caller, booking_id, customer=True)
     return json_response(200, render(svc_of(request), b))
 
 
-@router.post("/bookings/{id}/cancel", response_model=BookingOut, responses=PROBLEMS)
+@router.post(
+    "/bookings/{bookingId}/cancel",
+    response_model=BookingOut,
+    operation_id="cancelBooking",
+    openapi_extra=raises("booking_not_found", "not_cancellable"),
+)
 async def cancel(
-    booking_id: Annotated[PathId, Path(alias="id")], caller: CustomerOrHost, request: Request
+    booking_id: Annotated[PathId, Path(alias="bookingId")], caller: CustomerOrHost, request: Request
 ) -> JSONResponse:
     """A customer cancelling a CONFIRMED booking >= 72 h before `from` gets 100 %
     of the deposit, >= 24 h 50 %, else 0; the host (or an admin) refunds 100 %.
@@ -227,9 +254,14 @@ async def cancel(
     return json_response(200, render(svc, await svc.cancel(booking_id, by)))
 
 
-@router.post("/bookings/{id}/pickup", response_model=BookingOut, responses=PROBLEMS)
+@router.post(
+    "/bookings/{bookingId}/pickup",
+    response_model=BookingOut,
+    operation_id="pickUpCar",
+    openapi_extra=raises("booking_not_found", "invalid_state", "pickup_too_early"),
+)
 async def pickup(
-    booking_id: Annotated[PathId, Path(alias="id")], caller: Host, request: Request
+    booking_id: Annotated[PathId, Path(alias="bookingId")], caller: Host, request: Request
 ) -> JSONResponse:
     """From RESERVO_RENTALS_PICKUP_LEAD_MINUTES before `from` on (409
     `pickup_too_early` before that)."""
@@ -238,9 +270,14 @@ async def pickup(
     return json_response(200, render(svc, await svc.pick_up(booking_id)))
 
 
-@router.post("/bookings/{id}/return", response_model=BookingOut, responses=PROBLEMS)
+@router.post(
+    "/bookings/{bookingId}/return",
+    response_model=BookingOut,
+    operation_id="returnCar",
+    openapi_extra=raises("booking_not_found", "invalid_state"),
+)
 async def return_car(
-    booking_id: Annotated[PathId, Path(alias="id")], caller: Host, request: Request
+    booking_id: Annotated[PathId, Path(alias="bookingId")], caller: Host, request: Request
 ) -> JSONResponse:
     await _authorized(request, caller, booking_id, customer=False)
     svc = svc_of(request)
@@ -277,12 +314,10 @@ async def process_webhook(request: Request, raw: bytes, signature: str | None) -
 @router.post(
     "/payments/webhook",
     response_model=WebhookOut,
-    responses=PROBLEMS,
+    operation_id="receivePayment",
     openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": WebhookIn.model_json_schema()}},
-        }
+        **raises("bad_signature", "payload_too_large", "booking_not_found"),
+        **raw_body(WebhookIn),
     },
 )
 async def payment_webhook(
@@ -310,7 +345,12 @@ def _booking_key(b: Booking) -> tuple[int, int]:
     return time_key(b.created_at, b.id)
 
 
-@router.get("/customers/{customerId}/bookings", response_model=BookingPage, responses=PROBLEMS)
+@router.get(
+    "/customers/{customerId}/bookings",
+    response_model=BookingPage,
+    operation_id="listCustomerBookings",
+    openapi_extra=raises(),
+)
 async def customer_bookings(
     customer_id: Annotated[PathId, Path(alias="customerId")],
     caller: Customer,
@@ -319,14 +359,14 @@ async def customer_bookings(
         BookingStatus | None,
         Query(
             description="only bookings of this status; a HOLD past its expiry is EXPIRED "
-            "(as GET /api/bookings/{id} shows it) even before a job flipped it"
+            "(as GET /api/bookings/{bookingId} shows it) even before a job flipped it"
         ),
     ] = None,
     limit: Limit = DEFAULT_LIMIT,
     after: After = None,
 ) -> JSONResponse:
     """The customer's bookings, newest first (createdAt, then id), as
-    GET /api/bookings/{id} shows each. The customer themself or an admin; anyone
+    GET /api/bookings/{bookingId} shows each. The customer themself or an admin; anyone
     else is 403 whether the customer has bookings or not."""
     caller.require_owner("customer", customer_id)
     svc = svc_of(request)
@@ -335,9 +375,14 @@ async def customer_bookings(
     return json_response(200, {"items": [render(svc, b) for b in items], "next": nxt})
 
 
-@router.get("/cars/{id}/calendar", response_model=Calendar, responses=PROBLEMS)
+@router.get(
+    "/cars/{carId}/calendar",
+    response_model=Calendar,
+    operation_id="getCarCalendar",
+    openapi_extra=raises("car_not_found"),
+)
 async def car_calendar(
-    car_id: Annotated[PathId, Path(alias="id")],
+    car_id: Annotated[PathId, Path(alias="carId")],
     from_: Annotated[Instant, Query(alias="from")],
     to: Annotated[Instant, Query(description="exclusive; at most 366 days after `from`")],
     caller: Host,
@@ -357,9 +402,14 @@ async def car_calendar(
     return json_response(200, Calendar(car_id=car_id, periods=periods).wire())
 
 
-@router.get("/cars/{id}/quote", response_model=QuoteOut, responses=PROBLEMS)
+@router.get(
+    "/cars/{carId}/quote",
+    response_model=QuoteOut,
+    operation_id="getCarQuote",
+    openapi_extra=raises("car_not_found"),
+)
 async def car_quote(
-    car_id: Annotated[PathId, Path(alias="id")],
+    car_id: Annotated[PathId, Path(alias="carId")],
     from_: Annotated[Instant, Query(alias="from")],
     to: Annotated[Instant, Query()],
     caller: Caller,

@@ -19,12 +19,12 @@ from reservo.core.http import (
     json_bytes,
     json_response,
     model_from,
-    problem_responses,
     role_caller,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, request_hash, validate_key
 from reservo.core.lean import body_route
+from reservo.core.openapi import raises
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.scheduler.batch import JobBatch, JobRequest
 from reservo.scheduler.domain import Job, Recurring
@@ -33,16 +33,15 @@ from reservo.scheduler.schemas import (
     JobIn,
     JobOut,
     JobPage,
+    JobRescheduleIn,
     RecurringIn,
     RecurringOut,
-    RescheduleIn,
 )
 from reservo.scheduler.service import Scheduler
 
 router = APIRouter(prefix="/api", tags=["jobs"])
 # Payloads live in PostgreSQL; keep them small.
 MAX_PAYLOAD_BYTES = 64 * 1024
-PROBLEMS = problem_responses(401, 403, 404, 409, 422, 503)
 
 
 _svc = from_state(Scheduler, "scheduler")
@@ -76,7 +75,13 @@ def check_payload(payload: dict[str, Any]) -> None:
         raise validation_error(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
 
 
-@router.post("/jobs", status_code=201, response_model=JobCreated, responses=PROBLEMS)
+@router.post(
+    "/jobs",
+    status_code=201,
+    response_model=JobCreated,
+    operation_id="createJob",
+    openapi_extra=raises("unknown_category", "destination_not_allowed"),
+)
 async def create_job(
     body: JobIn, caller: Service, request: Request, idempotency_key: IdempotencyKey = None
 ) -> Response:
@@ -130,12 +135,22 @@ async def _one_job(act: Callable[[], Awaitable[Job]]) -> JSONResponse:
     return json_response(200, render(await act()))
 
 
-@router.get("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
+@router.get(
+    "/jobs/{jobId}",
+    response_model=JobOut,
+    operation_id="getJob",
+    openapi_extra=raises("job_not_found"),
+)
 async def get_job(job_id: JobId, caller: Service, request: Request) -> JSONResponse:
     return await _one_job(lambda: _svc(request).get(job_id))
 
 
-@router.delete("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
+@router.delete(
+    "/jobs/{jobId}",
+    response_model=JobOut,
+    operation_id="cancelJob",
+    openapi_extra=raises("job_not_found", "not_cancellable"),
+)
 async def cancel_job(job_id: JobId, caller: Service, request: Request) -> JSONResponse:
     return await _one_job(lambda: _svc(request).cancel_job(job_id))
 
@@ -146,7 +161,7 @@ Category = Annotated[
 ]
 
 
-@router.get("/jobs", response_model=JobPage, responses=problem_responses(401, 403, 422, 503))
+@router.get("/jobs", response_model=JobPage, operation_id="listJobs", openapi_extra=raises())
 async def list_jobs(
     caller: Service,
     request: Request,
@@ -163,7 +178,12 @@ async def list_jobs(
     return json_response(200, JobPage(items=[out(j) for j in items], next=nxt).wire())
 
 
-@router.post("/jobs/{jobId}/retry", response_model=JobOut, responses=PROBLEMS)
+@router.post(
+    "/jobs/{jobId}/retry",
+    response_model=JobOut,
+    operation_id="retryJob",
+    openapi_extra=raises("job_not_found", "not_retryable"),
+)
 async def retry_job(job_id: JobId, caller: Service, request: Request) -> JSONResponse:
     """A DEAD or FAILED job runs again now (`SCHEDULED`), with a fresh budget of
     RESERVO_SCHEDULER_MAX_ATTEMPTS attempts; earlier attempts stay counted.
@@ -171,10 +191,15 @@ async def retry_job(job_id: JobId, caller: Service, request: Request) -> JSONRes
     return await _one_job(lambda: _svc(request).retry(job_id))
 
 
-@router.patch("/jobs/{jobId}", response_model=JobOut, responses=PROBLEMS)
+@router.patch(
+    "/jobs/{jobId}",
+    response_model=JobOut,
+    operation_id="rescheduleJob",
+    openapi_extra=raises("job_not_found", "not_cancellable"),
+)
 async def reschedule_job(
     job_id: JobId,
-    body: RescheduleIn,
+    body: JobRescheduleIn,
     caller: Service,
     request: Request,
 ) -> JSONResponse:
@@ -188,7 +213,13 @@ def render_recurring(r: Recurring) -> dict[str, Any]:
     return model_from(RecurringOut, r, next_run_at=r.next_at).wire()
 
 
-@router.post("/recurring-jobs", status_code=201, response_model=RecurringOut, responses=PROBLEMS)
+@router.post(
+    "/recurring-jobs",
+    status_code=201,
+    response_model=RecurringOut,
+    operation_id="createRecurringJob",
+    openapi_extra=raises("unknown_category", "destination_not_allowed"),
+)
 async def create_recurring_job(
     body: RecurringIn, caller: Service, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
@@ -212,13 +243,14 @@ async def create_recurring_job(
 
 
 @router.delete(
-    "/recurring-jobs/{id}",
+    "/recurring-jobs/{recurringJobId}",
     status_code=204,
     response_class=Response,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    operation_id="deleteRecurringJob",
+    openapi_extra=raises("recurring_job_not_found"),
 )
 async def delete_recurring_job(
-    recurring_id: Annotated[PathId, Path(alias="id")], caller: Service, request: Request
+    recurring_id: Annotated[PathId, Path(alias="recurringJobId")], caller: Service, request: Request
 ) -> Response:
     """No occurrence after this one is created; jobs already created for
     occurrences that have not run are cancelled (a running one finishes)."""

@@ -17,7 +17,7 @@ from reservo.scheduler.domain import Job, JobDeferred, JobFailure
 
 log = structlog.get_logger(__name__)
 
-# What GET /api/jobs/{id} shows. One text for every way a call can fail
+# What GET /api/jobs/{jobId} shows. One text for every way a call can fail
 # (refused connection, timeout, unknown name, any non-2xx answer): telling them
 # apart would let a caller map which hosts and ports exist behind us. The detail
 # (JobFailure.detail) goes to the server log (the executor's scheduler_job_failed

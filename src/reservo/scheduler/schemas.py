@@ -103,7 +103,7 @@ class JobPage(ApiModel):
     next: str | None
 
 
-class RescheduleIn(ApiModel):
+class JobRescheduleIn(ApiModel):
     """PATCH /api/jobs/{jobId}: the new time (a past one means now)."""
 
     run_at: Instant

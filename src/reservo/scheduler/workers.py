@@ -40,7 +40,7 @@ REAP_BATCH = 1000
 QUEUES_REFRESH_S = 0.5
 # The longest error text stored on a job row (the public and the detailed one).
 ERROR_TEXT_MAX = 2000
-# What GET /api/jobs/{id} shows of a failure the handler did not word itself
+# What GET /api/jobs/{jobId} shows of a failure the handler did not word itself
 # (JobFailure.public): an exception's text may carry SQL, addresses or other
 # people's data. The exception goes to the log and to job_execution.error.
 BAD_PAYLOAD = "the job's payload is not valid for its category"

@@ -11,17 +11,17 @@ from fastapi.responses import JSONResponse
 from reservo.core.auth import Principal
 from reservo.core.http import (
     AdminCaller,
-    IdempotencyKey,
     PathId,
+    RequiredIdempotencyKey,
     from_state,
     json_response,
-    problem_responses,
     required_key,
     role_caller,
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, request_hash
 from reservo.core.lean import body_route
+from reservo.core.openapi import raises
 from reservo.core.schemas import MAX_ID
 from reservo.wallet.batch import TransferBatch, TransferRequest
 from reservo.wallet.domain import Account, Transfer, may_act_for
@@ -38,7 +38,6 @@ from reservo.wallet.schemas import (
 from reservo.wallet.service import WalletService
 
 router = APIRouter(prefix="/api", tags=["wallet"])
-PROBLEMS = problem_responses(400, 401, 403, 404, 409, 422, 503)
 
 
 _svc = from_state(WalletService, "wallet")
@@ -67,15 +66,26 @@ async def _owned(request: Request, caller: Principal, account_id: int) -> Accoun
     return account
 
 
-@router.post("/accounts", status_code=201, response_model=AccountOut, responses=PROBLEMS)
+@router.post(
+    "/accounts",
+    status_code=201,
+    response_model=AccountOut,
+    operation_id="createAccount",
+    openapi_extra=raises(),
+)
 async def create_account(body: AccountIn, caller: AdminCaller, request: Request) -> JSONResponse:
     account = await _svc(request).create_account(body.owner_id, body.currency)
     return json_response(201, render_account(account))
 
 
-@router.get("/accounts/{id}", response_model=AccountOut, responses=PROBLEMS)
+@router.get(
+    "/accounts/{accountId}",
+    response_model=AccountOut,
+    operation_id="getAccount",
+    openapi_extra=raises("account_not_found"),
+)
 async def get_account(
-    account_id: Annotated[PathId, Path(alias="id")], caller: Bettor, request: Request
+    account_id: Annotated[PathId, Path(alias="accountId")], caller: Bettor, request: Request
 ) -> JSONResponse:
     return json_response(200, render_account(await _owned(request, caller, account_id)))
 
@@ -94,14 +104,18 @@ async def _idempotent(
 
 
 @router.post(
-    "/accounts/{id}/deposits", status_code=201, response_model=TransferOut, responses=PROBLEMS
+    "/accounts/{accountId}/deposits",
+    status_code=201,
+    response_model=TransferOut,
+    operation_id="depositToAccount",
+    openapi_extra=raises("account_not_found", "duplicate_reference", "balance_out_of_range"),
 )
 async def deposit(
-    account_id: Annotated[PathId, Path(alias="id")],
+    account_id: Annotated[PathId, Path(alias="accountId")],
     body: DepositIn,
     caller: Service,
     request: Request,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: RequiredIdempotencyKey = None,
 ) -> JSONResponse:
     svc = _svc(request)
     return await _idempotent(
@@ -113,9 +127,24 @@ async def deposit(
     )
 
 
-@router.post("/transfers", status_code=201, response_model=TransferOut, responses=PROBLEMS)
+@router.post(
+    "/transfers",
+    status_code=201,
+    response_model=TransferOut,
+    operation_id="createTransfer",
+    openapi_extra=raises(
+        "account_not_found",
+        "insufficient_funds",
+        "currency_mismatch",
+        "same_account",
+        "balance_out_of_range",
+    ),
+)
 async def transfer(
-    body: TransferIn, caller: Bettor, request: Request, idempotency_key: IdempotencyKey = None
+    body: TransferIn,
+    caller: Bettor,
+    request: Request,
+    idempotency_key: RequiredIdempotencyKey = None,
 ) -> JSONResponse:
     return await transfer_flow(
         request.app.state,
@@ -154,9 +183,14 @@ async def transfer_flow(
 LEAN_ROUTES = (body_route("POST", "/api/transfers", TransferIn, transfer_flow),)
 
 
-@router.get("/accounts/{id}/statement", response_model=StatementOut, responses=PROBLEMS)
+@router.get(
+    "/accounts/{accountId}/statement",
+    response_model=StatementOut,
+    operation_id="getAccountStatement",
+    openapi_extra=raises("account_not_found"),
+)
 async def statement(
-    account_id: Annotated[PathId, Path(alias="id")],
+    account_id: Annotated[PathId, Path(alias="accountId")],
     caller: Bettor,
     request: Request,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
