@@ -35,6 +35,7 @@ from reservo.core.auth import (
     unauthenticated,
     user_id,
 )
+from reservo.core.loops import pause
 from reservo.core.schemas import MAX_ID
 
 log = structlog.get_logger(__name__)
@@ -121,25 +122,25 @@ class KeySet:
         min_interval_s while the provider fails (requests go on with the last set)."""
         while not stop.is_set():
             ok = await self.refresh()
-            wait = self.refresh_s if ok else min(self.refresh_s, self.min_interval_s)
-            try:
-                await asyncio.wait_for(stop.wait(), wait)
-            except TimeoutError:
-                continue
+            await pause(stop, self.refresh_s if ok else min(self.refresh_s, self.min_interval_s))
 
     async def _fetch(self) -> bool:
         try:
             document = await self._download()
             keys = parse_jwks(document)
-        except (httpx.HTTPError, ValueError) as exc:
+        except Exception as exc:
+            # Whatever goes wrong (network, TLS, an odd URL, a broken document),
+            # the requests waiting on this fetch and the refresh loop go on with
+            # the last good set; the next fetch may succeed.
             log.warning("jwks_fetch_failed", url=self.url, error=str(exc) or repr(exc))
             return False
         gone = self.keys.keys() - keys.keys()
+        if keys.keys() != self.keys.keys():  # a rotation (or the first set): worth a line
+            log.info("jwks_keys", url=self.url, kids=sorted(keys), retired=sorted(gone))
         self.keys = keys
         if gone:
             for forget in self.on_removed:
                 forget()
-        log.info("jwks_fetched", url=self.url, kids=sorted(keys))
         return True
 
     async def _download(self) -> bytes:
