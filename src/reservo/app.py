@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 
+import structlog
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -21,6 +22,8 @@ from reservo.core.http import install_body_limit, install_error_handlers, instal
 from reservo.core.jwks import Provider, ProviderConfig, provider_from
 from reservo.core.lean import LeanLayer
 from reservo.settings import Settings
+
+log = structlog.get_logger(__name__)
 
 
 class ReservoAPI(FastAPI):
@@ -123,6 +126,14 @@ def identity_provider(settings: Settings) -> Provider | None:
     """The identity provider whose tokens the API takes (RESERVO_JWT_JWKS_URL), if any."""
     if settings.jwt_jwks_url is None:
         return None
+    if settings.jwt_issuer is None or settings.jwt_audience is None:
+        # Allowed (some providers put no aud in access tokens), but then a token
+        # the provider issued for any of its applications opens this API.
+        log.warning(
+            "jwt_provider_unpinned",
+            warning="set RESERVO_JWT_ISSUER and RESERVO_JWT_AUDIENCE: without them any token "
+            "of the provider's keys is taken, whichever application it was issued for",
+        )
     audiences = (settings.jwt_audience or "").split(",")
     return provider_from(
         ProviderConfig(
