@@ -426,6 +426,11 @@ async def test_a_flood_of_unknown_kids_is_one_fetch(
         assert await flood() == [REFUSED] * 150
         assert jwks.fetches == 1
     async with provider_api(base_settings, jwks, jwt_jwks_min_interval_s=0.1) as api:
+        # An alg no provider key signs with never asks for the set.
+        odd = _hs256(b"x" * 32, claims(), "made-up")
+        odd = odd.replace(odd.split(".")[0], _b64(b'{"alg":"HS512","kid":"made-up"}'))
+        assert await _status(api, odd) == REFUSED
+        assert jwks.fetches == 1
         made_up = [RSA_1.sign(claims(), kid=f"made-up-{i}") for i in range(3)]
         assert await _status(api, made_up[0]) == REFUSED
         assert jwks.fetches == 2

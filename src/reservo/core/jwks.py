@@ -234,6 +234,8 @@ class Provider:
         ``UnknownKey`` for a kid the set does not hold (the caller may refresh
         the set and try again)."""
         kid, alg = header.get("kid"), header.get("alg")
+        if alg not in ALGORITHMS:  # no key could verify it: not worth a fetch either
+            raise unauthenticated(f"invalid token: alg {alg!r} is not accepted")
         if not isinstance(kid, str) or not kid:
             raise unauthenticated("invalid token: no kid in its header")
         key = self.keys.keys.get(kid)
