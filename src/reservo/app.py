@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+import structlog
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -25,10 +26,13 @@ from reservo.core.http import (
     install_json_intake,
     install_metrics,
 )
+from reservo.core.jwks import Provider, ProviderConfig, provider_from
 from reservo.core.lean import LeanLayer
 from reservo.core.openapi import finish, install_pages
+from reservo.settings import Settings
 
 TITLE = "reservo"
+log = structlog.get_logger(__name__)
 
 
 class ReservoAPI(FastAPI):
@@ -61,6 +65,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
             await container.db.connect()
         stop = asyncio.Event()
         companions = [asyncio.ensure_future(run(stop)) for run in container.companions()]
+        if provider is not None:  # the key set, fetched now and kept fresh
+            companions.append(asyncio.ensure_future(provider.keys.run(stop)))
         yield
         stop.set()
         await asyncio.gather(*companions, return_exceptions=True)
@@ -88,10 +94,13 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     app.state.container = container
     app.state.clock = container.clock
     app.state.jwt_secret = container.settings.jwt_secret
+    provider = identity_provider(container.settings)
     app.state.tokens = TokenVerifier(
         container.settings.jwt_secret,
         container.settings.token_cache_size,
         container.settings.jwt_max_lifetime_s,
+        provider,
+        accept_hs256=container.settings.jwt_accept_hs256,
     )
     app.state.idempotency = container.idempotency
     for module in container.modules:  # what each module's routes read
@@ -139,11 +148,38 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     return app
 
 
+def identity_provider(settings: Settings) -> Provider | None:
+    """The identity provider whose tokens the API takes (RESERVO_JWT_JWKS_URL), if any."""
+    if settings.jwt_jwks_url is None:
+        return None
+    if settings.jwt_issuer is None or settings.jwt_audience is None:
+        # Allowed (some providers put no aud in access tokens), but then a token
+        # the provider issued for any of its applications opens this API.
+        log.warning(
+            "jwt_provider_unpinned",
+            warning="set RESERVO_JWT_ISSUER and RESERVO_JWT_AUDIENCE: without them any token "
+            "of the provider's keys is taken, whichever application it was issued for",
+        )
+    audiences = (settings.jwt_audience or "").split(",")
+    return provider_from(
+        ProviderConfig(
+            jwks_url=settings.jwt_jwks_url,
+            issuer=settings.jwt_issuer,
+            audiences=tuple(a.strip() for a in audiences if a.strip()),
+            role_claim=settings.jwt_role_claim,
+            sub_claim=settings.jwt_sub_claim,
+            role_map=settings.jwt_role_map,
+            refresh_s=settings.jwt_jwks_refresh_s,
+            min_interval_s=settings.jwt_jwks_min_interval_s,
+            timeout_s=settings.jwt_jwks_timeout_s,
+        )
+    )
+
+
 def from_environment() -> FastAPI:
     """uvicorn factory for `reservo api`: each API process builds its own graph."""
     from reservo.bootstrap import build
     from reservo.core.logging import configure
-    from reservo.settings import Settings
 
     settings = Settings()
     configure(settings.log_level, settings.log_json)

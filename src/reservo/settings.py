@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from reservo.core.auth import ROLES
 from reservo.core.egress import parse_allow
 
 # What a deployment must set, by setting name, with what each one protects.
@@ -99,6 +100,35 @@ class Settings(BaseSettings):
     # iat, and from now whatever iat says: a leaked or carelessly minted token
     # must not open the API for months. `reservo token` stays within it.
     jwt_max_lifetime_s: int = Field(default=24 * 3600, ge=60, le=366 * 86400)
+    # An identity provider (Keycloak, Auth0, Entra, Cognito, ...): its tokens
+    # (RS256, ES256, EdDSA, ...) are verified against the keys it publishes at
+    # this JWKS URL (core/jwks.py). None: reservo's own HS256 tokens only.
+    jwt_jwks_url: str | None = None
+    # Checked when set: the token's iss must equal it, its aud must contain one of
+    # these (comma-separated). A provider serves many applications: without the
+    # audience, a token issued for another of them would open this API.
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    # Where a provider's token holds the role (a string or a list: the first that
+    # maps wins) and the user id: a claim name, or a dotted path into nested
+    # claims ("realm_access.roles"). The user id must be reservo's (a positive
+    # 64-bit integer): a provider's own subject (a UUID, an e-mail) is refused.
+    jwt_role_claim: str = "role"
+    jwt_sub_claim: str = "sub"
+    # The provider's role names -> reservo's, e.g. {"clinic-admin": "admin"}.
+    # When set, only the names it lists count; empty: the names are reservo's own.
+    jwt_role_map: dict[str, str] = Field(default_factory=dict)
+    # With a JWKS URL, reservo's own HS256 tokens (RESERVO_JWT_SECRET, `reservo
+    # token`) are refused unless this is true: one trust root, the provider's.
+    jwt_accept_hs256: bool = False
+    # The key set is fetched at start and every this often (a provider rotates
+    # its keys well ahead of using a new one) ...
+    jwt_jwks_refresh_s: float = Field(default=300.0, ge=10, le=86_400)
+    # ... and on a token naming a kid it does not hold, at most once per this
+    # long (per API process): a flood of made-up kids is not a flood of fetches.
+    # A failed fetch keeps the last good set, and is tried again this often.
+    jwt_jwks_min_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
+    jwt_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
     # Serve the hottest routes' common requests without FastAPI's per-request work
     # (core/lean.py); same answers. False serves everything through FastAPI.
     lean_paths: bool = True
@@ -303,6 +333,26 @@ class Settings(BaseSettings):
     # The largest potential payout a bet may have, in minor units (default
     # 10,000,000.00): above it the bet is refused (422 at the stake).
     betting_max_payout: int = Field(default=1_000_000_000, ge=1, le=2**63 - 1)
+
+    @field_validator("jwt_role_map")
+    @classmethod
+    def _reservo_roles(cls, value: dict[str, str]) -> dict[str, str]:
+        wrong = sorted(role for role in value.values() if role not in ROLES)
+        if wrong:
+            raise ValueError(f"maps to unknown role(s) {', '.join(wrong)}; one of {sorted(ROLES)}")
+        return value
+
+    @field_validator("jwt_jwks_url", "jwt_issuer", "jwt_audience")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        return value.strip() or None if value is not None else None
+
+    @field_validator("jwt_jwks_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("https://", "http://")):
+            raise ValueError("must be an http(s) URL")
+        return value
 
     @field_validator("jobs_http_allow")
     @classmethod

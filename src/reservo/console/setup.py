@@ -67,8 +67,6 @@ def setup(shared: Shared) -> Console:
             "console": Site(
                 sessions=sessions,
                 clock=shared.clock,
-                jwt_secret=settings.jwt_secret,
-                jwt_max_lifetime_s=settings.jwt_max_lifetime_s,
                 db=shared.db,
             ),
             "console_figures": figures,

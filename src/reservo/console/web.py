@@ -78,8 +78,6 @@ class Site:
 
     sessions: Sessions
     clock: Clock
-    jwt_secret: str
-    jwt_max_lifetime_s: int
     db: Database  # where signed-out sessions are recorded
 
 

@@ -9,9 +9,10 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import jwt
 from jwt.algorithms import HMACAlgorithm
@@ -191,14 +192,6 @@ def decode_token(
     return _verify(secret, bearer(authorization), now, max_lifetime_s)[0]
 
 
-def verify_with_expiry(
-    secret: str, token: str, now: datetime, max_lifetime_s: int
-) -> tuple[Principal, int | float]:
-    """The caller named by a token and its ``exp`` (Unix seconds), by the same
-    checks as every API request (the console's sign-in caps its session at ``exp``)."""
-    return _verify(secret, token, now, max_lifetime_s)
-
-
 def _verify(
     secret: str, token: str, now: datetime, max_lifetime_s: int
 ) -> tuple[Principal, int | float]:
@@ -225,6 +218,33 @@ def _verify(
     return _principal(claims, now, max_lifetime_s), exp
 
 
+class UnknownKey(DomainError):
+    """A token signed by a key the identity provider's set does not hold (yet): a
+    401, unless the caller refreshes the set (an await) and the key turns up."""
+
+    def __init__(self, kid: str) -> None:
+        super().__init__(
+            "unauthenticated",
+            f"invalid token: unknown kid {kid!r}",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        self.kid = kid
+
+
+class IdentityProvider(Protocol):
+    """Tokens of an identity provider (core/jwks.py), beside reservo's HS256 ones."""
+
+    def header(self, token: str) -> dict[str, Any]: ...
+
+    def verify(
+        self, token: str, header: dict[str, Any], now: datetime, max_lifetime_s: int
+    ) -> tuple[Principal, int | float]: ...
+
+    async def refresh_for(self, kid: str) -> None: ...
+
+    def on_keys_removed(self, forget: Callable[[], None]) -> None: ...
+
+
 class TokenVerifier:
     """Verifies bearer tokens, remembering the verified ones by their raw string
     until their ``exp``.
@@ -238,6 +258,13 @@ class TokenVerifier:
     A refused token is never cached (every refusal decodes again), and the cache
     holds at most ``max_entries`` tokens: when full, the oldest entry goes
     (insertion order), so memory is bounded whatever tokens callers send.
+
+    With an identity ``provider``, its tokens are verified against its key set,
+    and reservo's own HS256 tokens only when ``accept_hs256``. A token naming a
+    key the set lacks raises ``UnknownKey``: ``verify`` stays synchronous (the
+    HS256 path pays no await), and an async caller awaits ``learn`` and retries.
+    When a key leaves the set, every remembered token is forgotten, so a token of
+    a retired key is refused from that moment, not at its exp.
     """
 
     def __init__(
@@ -245,6 +272,9 @@ class TokenVerifier:
         secret: str,
         max_entries: int = 10_000,
         max_lifetime_s: int = DEFAULT_MAX_LIFETIME_S,
+        provider: IdentityProvider | None = None,
+        *,
+        accept_hs256: bool = True,
     ) -> None:
         if max_entries < 0:
             raise ValueError("max_entries must be >= 0")
@@ -256,6 +286,11 @@ class TokenVerifier:
         # token -> (principal, exp, earliest moment the token is acceptable)
         self._verified: dict[str, tuple[Principal, int | float, int | float]] = {}
         self._key = _hmac_key(secret)
+        self.provider = provider
+        # Without a provider, HS256 is the only kind of token there is.
+        self.accept_hs256 = accept_hs256 or provider is None
+        if provider is not None:
+            provider.on_keys_removed(self._verified.clear)
 
     def __len__(self) -> int:
         return len(self._verified)
@@ -272,11 +307,7 @@ class TokenVerifier:
                 return principal
             del self._verified[token]
             raise unauthenticated("token expired" if exp <= now_s else _TOO_LONG)
-        claims = None if self._key is None else _minted_claims(self._key, token)
-        if claims is not None:
-            principal, exp = _principal(claims, now, self.max_lifetime_s), claims["exp"]
-        else:
-            principal, exp = _verify(self.secret, token, now, self.max_lifetime_s)
+        principal, exp = self.decode(token, now)
         if self.max_entries:
             if len(self._verified) >= self.max_entries:
                 # The oldest insertion goes: O(1), and a flood of distinct valid
@@ -285,6 +316,39 @@ class TokenVerifier:
             # exp passed the lifetime check, so it is a number near now.
             self._verified[token] = (principal, exp, exp - self.max_lifetime_s)
         return principal
+
+    def decode(self, token: str, now: datetime) -> tuple[Principal, int | float]:
+        """The caller named by a token and its ``exp`` (Unix seconds), every check
+        made afresh (no cache)."""
+        if self.provider is None:
+            return self._decode_hs256(token, now)
+        header = self.provider.header(token)
+        if header.get("alg") == "HS256":
+            if not self.accept_hs256:
+                raise unauthenticated("invalid token: HS256 tokens are not accepted here")
+            return self._decode_hs256(token, now)
+        return self.provider.verify(token, header, now, self.max_lifetime_s)
+
+    def _decode_hs256(self, token: str, now: datetime) -> tuple[Principal, int | float]:
+        claims = None if self._key is None else _minted_claims(self._key, token)
+        if claims is not None:
+            return _principal(claims, now, self.max_lifetime_s), claims["exp"]
+        return _verify(self.secret, token, now, self.max_lifetime_s)
+
+    async def learn(self, unknown: UnknownKey) -> None:
+        """Refresh the provider's key set for the kid a token named (rate limited:
+        at most one fetch per interval, shared by every request waiting)."""
+        if self.provider is not None:
+            await self.provider.refresh_for(unknown.kid)
+
+    async def checked(self, token: str, now: datetime) -> tuple[Principal, int | float]:
+        """``decode``, fetching the provider's keys once for an unknown kid (the
+        console's sign-in, which caps its session at the token's exp)."""
+        try:
+            return self.decode(token, now)
+        except UnknownKey as unknown:
+            await self.learn(unknown)
+            return self.decode(token, now)
 
 
 _TOO_LONG = "token lifetime exceeds the maximum"
@@ -325,10 +389,19 @@ def _principal(claims: dict[str, Any], now: datetime, max_lifetime_s: int) -> Pr
     role, sub = claims.get("role"), claims.get("sub")
     if not isinstance(role, str) or role not in ROLES:
         raise unauthenticated("token has an unknown role")
-    # Length first: int() of thousands of digits raises instead of answering.
-    if not isinstance(sub, str) or len(sub) > 19 or not _SUB.fullmatch(sub) or int(sub) > MAX_SUB:
+    user = user_id(sub) if isinstance(sub, str) else None
+    if user is None:
         raise unauthenticated("token sub must be a user id in [1, 2^63-1]")
-    return Principal(sub=int(sub), role=role)
+    return Principal(sub=user, role=role)
+
+
+def user_id(text: str) -> int | None:
+    """The user id ``text`` spells canonically (a decimal in [1, 2^63-1]), or None."""
+    # Length first: int() of thousands of digits raises instead of answering.
+    if len(text) > 19 or not _SUB.fullmatch(text):
+        return None
+    value = int(text)
+    return value if value <= MAX_SUB else None
 
 
 def sign_webhook(secret: str, body: bytes, t: int | None = None) -> str:

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reservo.core import metrics
-from reservo.core.auth import Principal, TokenVerifier
+from reservo.core.auth import Principal, TokenVerifier, UnknownKey
 from reservo.core.clock import Clock
 from reservo.core.errors import PROBLEM_JSON, DomainError, problem_body, validation_error
 from reservo.core.idempotency import (
@@ -336,7 +336,14 @@ async def current_principal(
     # hop per request for a few microseconds of HMAC.
     tokens: TokenVerifier = request.app.state.tokens
     clock: Clock = request.app.state.clock
-    return tokens.principal(authorization, clock.now())
+    try:
+        return tokens.principal(authorization, clock.now())
+    except UnknownKey as unknown:
+        # An identity provider's key not in the set yet (a rotation): the set is
+        # fetched again (rate limited, shared by every request), then one retry.
+        # The lean path never awaits this: it hands such a request to this route.
+        await tokens.learn(unknown)
+        return tokens.principal(authorization, clock.now())
 
 
 Caller = Annotated[Principal, Depends(current_principal)]
