@@ -14,6 +14,7 @@ import pytest
 
 from reservo.betting.events import RESULT_TOPIC
 from reservo.bootstrap import Container
+from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.failures import Rejected, is_transient
 from reservo.core.transport.base import Event
@@ -27,7 +28,7 @@ from tests.betting_helpers import (
     post_result,
     result_body,
 )
-from tests.conftest import auth, token
+from tests.conftest import JWT_SECRET, auth
 from tests.integration.test_betting_flow import balance, drain
 
 LONG = {"1X2": {"HOME": "1000", "DRAW": "1000", "AWAY": "1000"}}
@@ -135,7 +136,10 @@ async def test_final_result_before_kick_off_is_refused_and_stores_nothing(
         "inbox": 1,
         "payouts": 1,
     }
-    later = {"Authorization": f"Bearer {token('bettor', owner, ttl_s=3 * 86_400)}"}
+    # A token minted by the server's (moved) clock: one valid for days from now
+    # would pass the server's clock but not the maximum token lifetime.
+    minted = mint_token(JWT_SECRET, "bettor", owner, timedelta(hours=1), clock.now())
+    later = {"Authorization": f"Bearer {minted}"}
     got = await client.get(f"/api/accounts/{account}", headers=later)
     assert got.json()["balance"] == 900 + 180
 
