@@ -507,18 +507,21 @@ async def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
     ``timeout_s``? A TCP connect is not enough: a frozen broker's kernel still
     accepts connections. Every bootstrap broker is asked at once, on a connection
     of its own (no client: no background metadata task, no log line per probe)."""
-    asks = {asyncio.ensure_future(_ask_metadata(a)) for a in bootstrap.split(",")}
+    asks = [asyncio.ensure_future(_ask_metadata(a)) for a in bootstrap.split(",")]
+    waiting = set(asks)
     try:
         async with asyncio.timeout(timeout_s):
-            while asks:
-                done, asks = await asyncio.wait(asks, return_when=asyncio.FIRST_COMPLETED)
-                if any(ask.exception() is None for ask in done):
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if any(not ask.exception() for ask in done):
                     return True
     except TimeoutError:
         pass
     finally:
-        for ask in asks:
+        for ask in waiting:
             ask.cancel()
+        # Every outcome collected: no task left to warn about its error later.
+        await asyncio.gather(*asks, return_exceptions=True)
     return False
 
 
