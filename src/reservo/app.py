@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 import structlog
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -20,6 +20,7 @@ from reservo import __version__
 from reservo.bootstrap import Container
 from reservo.core import metrics
 from reservo.core.auth import TokenVerifier
+from reservo.core.graceful import STATE_KEY, Drain, draining
 from reservo.core.http import (
     install_body_limit,
     install_error_handlers,
@@ -58,8 +59,10 @@ class ReservoAPI(FastAPI):
 
 
 def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
+    drain = Drain(container.settings.http_drain_s)
+
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Drain]]:
         # Start anyway when PostgreSQL is away: requests answer 503 until it is back.
         with contextlib.suppress(Exception):
             await container.db.connect()
@@ -67,7 +70,10 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         companions = [asyncio.ensure_future(run(stop)) for run in container.companions()]
         if provider is not None:  # the key set, fetched now and kept fresh
             companions.append(asyncio.ensure_future(provider.keys.run(stop)))
-        yield
+        drain.install()
+        # In the lifespan state: the server's connections read it (core/slow_clients.py).
+        yield {STATE_KEY: drain}
+        drain.uninstall()
         stop.set()
         await asyncio.gather(*companions, return_exceptions=True)
         if owns_container:
@@ -124,21 +130,30 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
 
     install_pages(app, TITLE)
 
+    # HEAD too: some probes and uptime checkers send it.
     @app.get("/healthz", tags=["operations"], operation_id="getHealth")
+    @app.head("/healthz", tags=["operations"], operation_id="headHealth")
     async def healthz() -> dict[str, str]:
+        """Liveness: the process answers. It never looks at a dependency, so an
+        outage never gets a healthy process restarted."""
         return {"status": "ok", "version": __version__}
 
     @app.get("/readyz", tags=["operations"], operation_id="getReadiness")
-    async def readyz() -> JSONResponse:
-        checks = await container.ready()
-        ok = all(checks.values())
-        body: dict[str, object] = {"ready": ok, "checks": checks}
-        if checks["postgres"]:
+    @app.head("/readyz", tags=["operations"], operation_id="headReadiness")
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness: 503 while PostgreSQL does not answer or the process drains
+        before stopping; Redis and Kafka down only make it ``degraded``."""
+        if draining(request.scope.get("state", {})):
+            body = {"ready": False, "status": "draining", "checks": {}}
+            return JSONResponse(body, status_code=503)
+        report = await container.ready()
+        body = {"ready": report.ready, "status": report.status, "checks": report.checks}
+        if report.checks["postgres"] == "up":
             with contextlib.suppress(Exception):  # detail only: never fails readiness
                 body["backlog"] = await container.backlog()
         if container.db.replicas is not None:  # detail only: reads fall back to the primary
             body["replicas"] = container.db.replicas.status()
-        return JSONResponse(body, status_code=200 if ok else 503)
+        return JSONResponse(body, status_code=200 if report.ready else 503)
 
     @app.get("/metrics", tags=["operations"], response_class=Response, operation_id="getMetrics")
     async def metrics_endpoint() -> Response:

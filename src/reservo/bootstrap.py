@@ -28,6 +28,7 @@ from reservo.core import errors
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
 from reservo.core.db import Database, Queries
+from reservo.core.health import Check, Readiness, Report
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.module import Module, Role
 from reservo.core.notifications import NotificationConsumer
@@ -163,11 +164,21 @@ class Container(Shared):
             for closer in m.closers:
                 await closer()
 
-    async def ready(self) -> dict[str, bool]:
-        checks = {"postgres": await self.db.ping(), "redis": await self.gate.ping()}
-        if self.settings.kafka_bootstrap:
-            checks["kafka"] = await broker_answers(self.settings.kafka_bootstrap)
-        return checks
+    @functools.cached_property
+    def readiness(self) -> Readiness:
+        """Serving needs PostgreSQL; Redis fails open and Kafka waits behind the
+        outbox, so either one down only degrades the service."""
+        s = self.settings
+        checks = [Check("postgres", self.db.ping, True), Check("redis", self.gate.ping, False)]
+        if s.kafka_bootstrap:
+            # Its own budget, inside the check's: the metadata round trip, not the
+            # connect, is what proves the broker answers.
+            kafka = functools.partial(broker_answers, s.kafka_bootstrap, s.ready_timeout_s)
+            checks.append(Check("kafka", kafka, False))
+        return Readiness(checks, timeout_s=s.ready_timeout_s, cache_s=s.ready_cache_s)
+
+    async def ready(self) -> Report:
+        return await self.readiness.report()
 
     async def backlog(self) -> dict[str, float]:
         """Work waiting, for /readyz: an outage shows here as a growing backlog

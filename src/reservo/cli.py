@@ -109,6 +109,8 @@ def http_server_config(
         host=host or settings.http_host,
         port=port or settings.http_port,
         loop="uvloop",
+        # After the drain (core/graceful.py): how long requests in flight may finish.
+        timeout_graceful_shutdown=settings.http_shutdown_timeout_s,
         **kwargs,
     )
 

@@ -58,6 +58,18 @@ class Settings(BaseSettings):
     # Request line and headers of one request, at most (431 above it, then close):
     # httptools sets no bound, so a fast client could otherwise fill memory.
     http_max_header_bytes: int = Field(default=65_536, ge=1024, le=16_777_216)
+    # Graceful stop (core/graceful.py). On SIGTERM an API process keeps serving for
+    # http_drain_s while /readyz answers 503, so the load balancer stops sending it
+    # requests before it stops accepting; 0 stops at once (SIGINT always does).
+    http_drain_s: float = Field(default=5.0, ge=0, le=600)
+    # Then requests in flight get this long to finish before they are cancelled
+    # (keep drain + this under the orchestrator's kill deadline: 30 s in Kubernetes).
+    http_shutdown_timeout_s: float = Field(default=20.0, gt=0, le=3600)
+    # Readiness (core/health.py): each dependency's check gets this long (under a
+    # Kubernetes probe's default 1 s timeout), and an answer is reused this long, so
+    # a flood of probes costs the dependencies one check per period per process.
+    ready_timeout_s: float = Field(default=0.8, gt=0, le=30)
+    ready_cache_s: float = Field(default=1.0, ge=0, le=60)
 
     db_pool_min: int = 2
     db_pool_max: int = 20

@@ -227,7 +227,8 @@ async def healed(w: World, bound_s: float = 20) -> None:
                 continue
             bodies = [r.json() for r in seen if isinstance(r, httpx.Response)]
             if (
-                all(b.get("ready") for b in bodies)
+                # "ok": ready and nothing degraded (Redis and Kafka answer too).
+                all(b.get("status") == "ok" for b in bodies)
                 and all(
                     b["backlog"]["outboxPending"] == 0
                     and b["backlog"]["deadEvents"] == 0

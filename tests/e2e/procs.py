@@ -35,6 +35,9 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
             "RESERVO_PAYMENTS_WEBHOOK_SECRET": settings.payments_webhook_secret,
             "RESERVO_RESULTS_WEBHOOK_SECRET": settings.results_webhook_secret,
             "RESERVO_LOG_LEVEL": "WARNING",
+            # Stop at once on SIGTERM: tests end many servers, and nothing balances
+            # them (the drain has its own test, tests/e2e/test_graceful_stop.py).
+            "RESERVO_HTTP_DRAIN_S": "0",
         }
     )
     if settings.rentals_payment_gateway is not None:

@@ -40,6 +40,19 @@ HTTP_CONNECTIONS_REFUSED = Counter(
     "reservo_http_connections_refused_total",
     "Connections closed at once because the process had RESERVO_HTTP_MAX_CONNECTIONS open",
 )
+# Readiness (core/health.py): what each process's last check found. Under several
+# API processes the lowest wins, so one process that cannot reach it shows.
+DEPENDENCY_UP = Gauge(
+    "reservo_dependency_up",
+    "1 when the dependency answered the last readiness check in time",
+    ["dependency"],
+    multiprocess_mode="livemin",
+)
+HTTP_DRAINING = Gauge(
+    "reservo_http_draining",
+    "1 once SIGTERM began the drain: /readyz answers 503 while requests are still served",
+    multiprocess_mode="livemax",
+)
 BOOKINGS = Counter("reservo_bookings_total", "Successful bookings", ["module"])
 CANCELLATIONS = Counter("reservo_cancellations_total", "Successful cancellations", ["module"])
 CONFLICTS = Counter(

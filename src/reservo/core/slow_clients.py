@@ -20,7 +20,9 @@ then nothing is held until the client goes away, and it accepts every connection
   counts against the client: the deadline restarts once the server is ready;
 * beyond ``max_connections`` open connections in the process, a new connection is
   closed at once, before anything is read: the descriptor is freed immediately and
-  a load balancer or client retries elsewhere.
+  a load balancer or client retries elsewhere;
+* while the process drains before stopping (core/graceful.py), every answer closes
+  its connection, so no kept-alive connection is left idle to be cut at the stop.
 
 Idle kept-alive connections are closed by uvicorn after ``keepalive_timeout_s``."""
 
@@ -37,9 +39,11 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
+from uvicorn.supervisors import Multiprocess
 
 from reservo.core import metrics
 from reservo.core.errors import PROBLEM_JSON, problem_body
+from reservo.core.graceful import draining
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +77,26 @@ class ServerConfig(uvicorn.Config):
 def serve(config: ServerConfig) -> None:
     """Run the server in this process, or under uvicorn's supervisor with
     ``config.workers`` processes sharing one socket (what ``uvicorn.run`` does)."""
-    from uvicorn.supervisors import Multiprocess
-
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):
         if config.workers > 1:
-            Multiprocess(config, sockets=[config.bind_socket()]).run()
+            _Supervisor(config, sockets=[config.bind_socket()]).run()
         else:
             server.run()
     if config.workers == 1 and not server.started:
         sys.exit(STARTUP_FAILURE)  # e.g. the port is taken (uvicorn logged why)
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's supervisor of ``--workers N``. It closes its own copy of the
+    listening socket before it stops the workers, so the port closes when the last
+    worker stops accepting (after its drain), not when the supervisor exits after
+    them: connections queued on the socket meanwhile would be reset unanswered."""
+
+    def terminate_all(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
 
 
 # What the watchdog measures: the first request not begun yet (no byte seen),
@@ -172,6 +186,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        if self.cycle is not None and draining(self.app_state):
+            self.cycle.keep_alive = False  # answered with Connection: close
         self._phase = _BODY
         self._header_bytes = 0
         self._deadline = self.loop.time() + self._body_timeout

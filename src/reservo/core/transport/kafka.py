@@ -31,14 +31,15 @@ commit means redelivery; handlers dedupe.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import Counter
 
 from reservo.core.backoff import backoff_delay
@@ -502,21 +503,35 @@ class KafkaConsumerRunner:
 
 
 async def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
-    """Readiness: does any bootstrap broker accept a connection? Cheap enough for
-    /readyz (no client, no metadata round trip)."""
-    for address in bootstrap.split(","):
-        host, _, port = address.strip().rpartition(":")
-        try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host or "127.0.0.1", int(port)), timeout_s
-            )
-        except (OSError, TimeoutError, ValueError):
-            continue
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return True
+    """Readiness: does a bootstrap broker answer a metadata request within
+    ``timeout_s``? A TCP connect is not enough: a frozen broker's kernel still
+    accepts connections. Every bootstrap broker is asked at once, on a connection
+    of its own (no client: no background metadata task, no log line per probe)."""
+    asks = [asyncio.ensure_future(_ask_metadata(a)) for a in bootstrap.split(",")]
+    waiting = set(asks)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if any(not ask.exception() for ask in done):
+                    return True
+    except TimeoutError:
+        pass
+    finally:
+        for ask in waiting:
+            ask.cancel()
+        # Every outcome collected: no task left to warn about its error later.
+        await asyncio.gather(*asks, return_exceptions=True)
     return False
+
+
+async def _ask_metadata(address: str) -> None:
+    host, _, port = address.strip().rpartition(":")
+    conn = await create_conn(host or "127.0.0.1", int(port), client_id="reservo-readiness")
+    try:
+        await conn.send(MetadataRequest([]))  # no topic: the broker list, small anywhere
+    finally:
+        conn.close()
 
 
 async def group_lag(
