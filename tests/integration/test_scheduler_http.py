@@ -171,7 +171,9 @@ async def test_closed_port_and_401_look_the_same_through_the_api(
         assert a["attempts"] == b["attempts"] == 2
         assert a["lastError"] == b["lastError"] == call_failed(2)
         for body in (a, b):
-            assert "401" not in str(body) and str(closed) not in str(body)
+            # Its times are left out: a timestamp may hold "401" by chance.
+            shown = str({k: v for k, v in body.items() if not k.endswith("At")})
+            assert "401" not in shown and str(closed) not in shown
         # Operators keep the detail: the execution log (not rendered by the API).
         sched = stack.container.scheduler
         assert "401" in (await sched.executions(unauthorized))[0]["error"]
