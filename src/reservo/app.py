@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -15,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from reservo import __version__
 from reservo.bootstrap import Container
-from reservo.core import metrics
+from reservo.core import metrics, tracing
 from reservo.core.auth import TokenVerifier
 from reservo.core.http import (
     install_body_limit,
@@ -24,14 +25,23 @@ from reservo.core.http import (
     install_metrics,
 )
 from reservo.core.lean import LeanLayer
+from reservo.core.tracing import TracedRequests
 
 
 class ReservoAPI(FastAPI):
-    """FastAPI with the lean path (core/lean.py) in front of its middleware stack."""
+    """FastAPI with the lean path (core/lean.py) in front of its middleware stack,
+    and every request's trace and request id (core/tracing.py) in front of both."""
 
     lean: LeanLayer | None = None
+    traced: TracedRequests | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.traced is not None:
+            await self.traced(scope, receive, send)
+        else:
+            await self.dispatch(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.lean is not None:
             await self.lean(scope, receive, send)
         else:
@@ -51,6 +61,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         await asyncio.gather(*companions, return_exceptions=True)
         if owns_container:
             await container.close()
+            # The spans still buffered, before the process ends (a blocking flush).
+            await asyncio.to_thread(tracing.shutdown)
 
     app = ReservoAPI(
         title="reservo",
@@ -61,9 +73,10 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Never double-book, never double-spend, never lose an event.",
-        # reservo exports Prometheus metrics (core/metrics.py) and configures no
-        # OpenTelemetry; with FastAPI's native hooks on, every request looked the
-        # global tracer, meter and logger providers up only to find them unset.
+        # reservo exports Prometheus metrics (core/metrics.py) and makes its own
+        # spans (core/tracing.py: one per request, only when an exporter is
+        # configured); with FastAPI's native hooks on, every request looked the
+        # global tracer, meter and logger providers up, most often to find them unset.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     metrics.BUILD_INFO.labels(__version__).set(1)
@@ -94,6 +107,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         app.lean = LeanLayer(
             partial(FastAPI.__call__, app), lean, app, container.settings.max_body_bytes
         )
+
+    app.traced = TracedRequests(app.dispatch, access_log=container.settings.access_log)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
@@ -127,6 +142,7 @@ def from_environment() -> FastAPI:
 
     settings = Settings()
     configure(settings.log_level, settings.log_json)
+    tracing.setup(os.environ, "reservo-api")
     app = create_app(build(settings))
     # What the process built so far (modules, the app, its OpenAPI models) lives
     # as long as the process: moved out of the collector's reach, so that a full
