@@ -19,6 +19,7 @@ import typer
 import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
 from reservo import __version__
 from reservo.bootstrap import ALL, BACKGROUND_ROLES, declared_consumers
@@ -96,12 +97,12 @@ def _settings(*, secrets: bool = True, service: str | None = None) -> Settings:
     return settings
 
 
-def _say(settings: Settings, event: str, text: str, **fields: Any) -> None:
+def _say(settings: Settings, event: str, text: str, warn: bool = False, **fields: Any) -> None:
     """What a server command tells its operator: a log line when the logs are
     JSON (every line of the process is one JSON object), else ``text`` on the
     console."""
     if settings.log_json:
-        log.info(event, **fields)
+        (log.warning if warn else log.info)(event, message=Text.from_markup(text).plain, **fields)
     else:
         console.print(text, soft_wrap=True)
 
@@ -282,6 +283,7 @@ def up(
                 f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
                 f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
                 "never use them in production[/yellow]",
+                warn=True,
                 secrets=generated,
             )
     data_dir = Path(settings.data_dir).resolve()
