@@ -40,6 +40,9 @@ async def kafka_app(
             "database_url": kafka_database_url,
             "kafka_bootstrap": kafka_bootstrap,
             "kafka_idempotence": False,  # Tansu's memory store has no idempotent producer
+            # Its own Redis keys: the ids of this database's slots are also the
+            # session database's, whose slot filters must not see these bookings.
+            "redis_namespace": f"{base_settings.redis_namespace}-ktrace-{uuid.uuid4().hex[:6]}",
         }
     )
     container = build(settings, OffsetClock())
