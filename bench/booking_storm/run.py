@@ -8,6 +8,12 @@ slot is overbooked or out of step with its appointments.
 
     python bench/booking_storm/run.py --duration 30
     python bench/booking_storm/run.py --duration 10 --workers 1,2,3 --connections 64,128,256
+    python bench/booking_storm/run.py --duration 10 --tracing off,on  # CPU per attempt
+
+``--tracing on`` runs the API and the worker with OpenTelemetry spans on (the
+standard OTEL_* variables: an OTLP/HTTP endpoint, a parent-based trace-id ratio
+sampler at ``--sampling``, 1 % by default), exporting to a local sink that reads
+and discards what it is sent; ``off`` is the default (ids only, no exporter).
 
 Exits 1 on any 5xx, overbooking or counter mismatch.
 """
@@ -16,9 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import http.server
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +67,7 @@ class RunResult:
     outbox_pending_after_10s: int
     errors_logged: int
     cpu: dict[str, float]
+    tracing: str = "off"
 
     @property
     def failures(self) -> list[str]:
@@ -155,9 +166,20 @@ def one_run(
     connections: int,
     files: dict[str, Path],
     profile_out: Path | None,
+    tracing: str = "off",
+    sink: str | None = None,
 ) -> RunResult:
     hot, hot_capacity, warm = benchlib.run_async(prepare_slots(ds))
     env = {"RESERVO_DB_POOL_MAX": str(opts.pool_max)} if opts.pool_max else {}
+    if tracing == "on":
+        assert sink is not None
+        env.update(
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": sink,
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": str(opts.sampling),
+            }
+        )
     with benchlib.Reservo(workers, env) as rv:
         url = rv.base
         if opts.warmup > 0:
@@ -206,8 +228,36 @@ def one_run(
         created_201=res.count("201"),
         errors_logged=len(errors),
         cpu=cpu.figures(res.requests, res.wrk_cpu_s),
+        tracing=tracing,
         **facts,
     )
+
+
+class _Discard(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that reads every export and keeps nothing."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def otlp_sink() -> Iterator[str]:
+    """A local OTLP/HTTP endpoint (its base URL) that discards what it gets."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Discard)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def describe(r: RunResult) -> str:
@@ -215,7 +265,7 @@ def describe(r: RunResult) -> str:
     split = ", ".join(f"{k}: {n} ({100 * n / total:.1f}%)" for k, n in r.statuses.items())
     errs = f"  socket errors {r.socket_errors}" if r.socket_errors else ""
     return (
-        f"workers={r.workers} wrk -t{r.threads} -c{r.connections}: "
+        f"tracing {r.tracing}, workers={r.workers} wrk -t{r.threads} -c{r.connections}: "
         f"{r.attempts_per_s:,.0f} attempts/s ({r.requests:,} in total), "
         f"p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max {r.max_ms:.0f} ms{errs}\n"
         f"  statuses: {split}\n"
@@ -227,6 +277,29 @@ def describe(r: RunResult) -> str:
         f"PSS {r.peak_pss_mb:.0f} MB  {r.peak_rss_by_process_mb}\n"
         f"  {benchlib.describe_cpu(r.cpu)}"
     )
+
+
+def tracing_table(
+    configs: list[tuple[int, int, int]], results: list[RunResult], sampling: float
+) -> None:
+    """reservo's CPU per attempt with tracing off and on, side by side (medians)."""
+    print(f"\nreservo CPU per attempt, tracing off and on ({100 * sampling:g} % sampled):")
+    print("workers  wrk          off ms/req  on ms/req  on/off")
+    for w, t, c in configs:
+        cpu = {
+            mode: benchlib.median(
+                [
+                    r.cpu["cpu_ms_per_req_reservo"]
+                    for r in results
+                    if (r.workers, r.threads, r.connections, r.tracing) == (w, t, c, mode)
+                ]
+            )
+            for mode in ("off", "on")
+        }
+        print(
+            f"{w:>7}  -t{t} -c{c:<4}  {cpu['off']:>10.3f}  {cpu['on']:>9.3f}"
+            f"  {100 * (cpu['on'] / max(cpu['off'], 1e-9) - 1):+6.1f} %"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--days", type=int, default=14)
     p.add_argument("--fresh", action="store_true", help="reload the slots even if present")
     benchlib.add_ceiling_option(p)
+    p.add_argument(
+        "--tracing",
+        default="off",
+        help="off, on, or off,on: OpenTelemetry spans exported to a local sink (on) or not",
+    )
+    p.add_argument("--sampling", type=float, default=0.01, help="trace ratio when tracing is on")
     p.add_argument("--json", type=Path, help="append every run's figures to this file")
     p.add_argument("--drop-db", action="store_true", help="drop the database at the end")
     opts = p.parse_args(argv)
@@ -267,21 +346,38 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"minted {2 * opts.patients:,} patient tokens in {time.perf_counter() - started:.1f} s")
 
-    configs, results, ceilings = benchlib.sweep(
-        opts,
-        "booking_storm",
-        lambda w, t, c, prof: one_run(ds, opts, w, t, c, files, prof),
-        describe,
-        lambda r: r.attempts_per_s,
-    )
+    modes = [m.strip() for m in opts.tracing.split(",") if m.strip()]
+    if not modes or set(modes) - {"off", "on"}:
+        p.error("--tracing takes off, on or off,on")
+    results: list[RunResult] = []
+    ceilings: list[benchlib.Ceiling | None] = []
+    with otlp_sink() as sink:
+        for mode in modes:
+            configs, got, ceiling = benchlib.sweep(
+                opts,
+                "booking_storm",
+                lambda w, t, c, prof, mode=mode: one_run(
+                    ds, opts, w, t, c, files, prof, mode, sink
+                ),
+                describe,
+                lambda r: r.attempts_per_s,
+            )
+            results += got
+            ceilings += ceiling
+    if len(modes) > 1:
+        tracing_table(configs, results, opts.sampling)
 
     print(f"\nmedians over {opts.runs} run(s) of {opts.duration:.0f} s:")
     print(
-        "workers  wrk        attempts/s  p50 ms  p99 ms  201  409%   429%  5xx  RSS MB"
+        "tracing  workers  wrk        attempts/s  p50 ms  p99 ms  201  409%   429%  5xx  RSS MB"
         "  reservo CPU ms/req  est. alone/s"
     )
-    for w, t, c in configs:
-        rs = [r for r in results if (r.workers, r.threads, r.connections) == (w, t, c)]
+    for (w, t, c), mode in [(config, mode) for mode in modes for config in configs]:
+        rs = [
+            r
+            for r in results
+            if (r.workers, r.threads, r.connections, r.tracing) == (w, t, c, mode)
+        ]
         med = benchlib.median
         pct = [
             med([100 * r.statuses.get(k, 0) / max(1, r.requests) for r in rs])
@@ -289,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         n5xx = sum(n for r in rs for k, n in r.statuses.items() if k.startswith("5"))
         print(
-            f"{w:>7}  -t{t} -c{c:<4} {med([r.attempts_per_s for r in rs]):>9,.0f}  "
+            f"{mode:<7}  {w:>7}  -t{t} -c{c:<4} {med([r.attempts_per_s for r in rs]):>9,.0f}  "
             f"{med([r.p50_ms for r in rs]):>6.1f}  {med([r.p99_ms for r in rs]):>6.1f}  "
             f"{med([r.created_201 for r in rs]):>3.0f}  {pct[0]:>5.1f}  {pct[1]:>5.1f}  "
             f"{n5xx:>3}  {med([r.peak_rss_mb for r in rs]):>6.0f}"

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -18,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from reservo import __version__
 from reservo.bootstrap import Container
-from reservo.core import metrics
+from reservo.core import metrics, tracing
 from reservo.core.auth import TokenVerifier
 from reservo.core.graceful import STATE_KEY, Drain, draining
 from reservo.core.http import (
@@ -30,6 +31,7 @@ from reservo.core.http import (
 from reservo.core.jwks import Provider, ProviderConfig, provider_from
 from reservo.core.lean import LeanLayer
 from reservo.core.openapi import finish, install_pages
+from reservo.core.tracing import TracedRequests
 from reservo.settings import Settings
 
 TITLE = "reservo"
@@ -37,7 +39,8 @@ log = structlog.get_logger(__name__)
 
 
 class ReservoAPI(FastAPI):
-    """FastAPI with the lean path (core/lean.py) in front of its middleware stack."""
+    """FastAPI with the lean path (core/lean.py) in front of its middleware stack,
+    and every request's trace and request id (core/tracing.py) in front of both."""
 
     lean: LeanLayer | None = None
     _finished: dict[str, Any] | None = None
@@ -51,7 +54,15 @@ class ReservoAPI(FastAPI):
             self._finished = finish(doc, self.routes, "/api/")
         return doc
 
+    traced: TracedRequests | None = None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.traced is not None:
+            await self.traced(scope, receive, send)
+        else:
+            await self.dispatch(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.lean is not None:
             await self.lean(scope, receive, send)
         else:
@@ -78,6 +89,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         await asyncio.gather(*companions, return_exceptions=True)
         if owns_container:
             await container.close()
+            # The spans still buffered, before the process ends (a blocking flush).
+            await asyncio.to_thread(tracing.shutdown)
 
     app = ReservoAPI(
         title=TITLE,
@@ -88,9 +101,10 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Never double-book, never double-spend, never lose an event.",
-        # reservo exports Prometheus metrics (core/metrics.py) and configures no
-        # OpenTelemetry; with FastAPI's native hooks on, every request looked the
-        # global tracer, meter and logger providers up only to find them unset.
+        # reservo exports Prometheus metrics (core/metrics.py) and makes its own
+        # spans (core/tracing.py: one per request, only when an exporter is
+        # configured); with FastAPI's native hooks on, every request looked the
+        # global tracer, meter and logger providers up, most often to find them unset.
         telemetry={"tracing": False, "metrics": False, "logs": False},
         # Served by install_pages from packaged assets, not FastAPI's CDN pages.
         docs_url=None,
@@ -129,6 +143,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         )
 
     install_pages(app, TITLE)
+    app.traced = TracedRequests(app.dispatch, access_log=container.settings.access_log)
 
     # HEAD too: some probes and uptime checkers send it.
     @app.get("/healthz", tags=["operations"], operation_id="getHealth")
@@ -198,6 +213,7 @@ def from_environment() -> FastAPI:
 
     settings = Settings()
     configure(settings.log_level, settings.log_json)
+    tracing.setup(os.environ, "reservo-api")
     app = create_app(build(settings))
     # What the process built so far (modules, the app, its OpenAPI models) lives
     # as long as the process: moved out of the collector's reach, so that a full

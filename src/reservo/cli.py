@@ -14,13 +14,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import structlog
 import typer
 import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
 from reservo import __version__
 from reservo.bootstrap import ALL, BACKGROUND_ROLES, declared_consumers
+from reservo.core import tracing
 from reservo.core.logging import configure as configure_logging
 from reservo.core.slow_clients import HttpLimits, ServerConfig, serve
 from reservo.settings import Settings, SettingsError, check_secrets, env_name
@@ -33,6 +36,7 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database administration.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 console = Console(stderr=True)
+log = structlog.get_logger("reservo.cli")
 # What `reservo up` runs: every background role and every consumer the modules
 # subscribed (Container.all_roles()), whatever the transport.
 UP_ROLES = (ALL,)
@@ -78,7 +82,7 @@ def _read_settings() -> Settings:
         _refuse(f"{where}: {error['msg']}")
 
 
-def _settings(*, secrets: bool = True) -> Settings:
+def _settings(*, secrets: bool = True, service: str | None = None) -> Settings:
     """The environment's settings, refused in one line when a secret the service
     trusts is missing or weak (``secrets`` False: the demo fills them first)."""
     settings = _read_settings()
@@ -88,7 +92,19 @@ def _settings(*, secrets: bool = True) -> Settings:
         except SettingsError as exc:
             _refuse(str(exc))
     configure_logging(settings.log_level, settings.log_json)
+    if service is not None:  # a process that serves or works: its spans, if configured
+        tracing.setup(os.environ, service)
     return settings
+
+
+def _say(settings: Settings, event: str, text: str, warn: bool = False, **fields: Any) -> None:
+    """What a server command tells its operator: a log line when the logs are
+    JSON (every line of the process is one JSON object), else ``text`` on the
+    console."""
+    if settings.log_json:
+        (log.warning if warn else log.info)(event, message=Text.from_markup(text).plain, **fields)
+    else:
+        console.print(text, soft_wrap=True)
 
 
 def http_server_config(
@@ -198,7 +214,7 @@ def worker(
     """Run background roles (outbox relay, maintenance, consumers...) until SIGINT/SIGTERM."""
     from reservo.bootstrap import build, run_workers
 
-    settings = _settings()
+    settings = _settings(service="reservo-worker")
     wanted = [r.strip() for r in roles.split(",") if r.strip()]
 
     async def main() -> None:
@@ -225,6 +241,7 @@ def worker(
             await run_workers(container, wanted, stop)
         finally:
             await container.close()
+            await asyncio.to_thread(tracing.shutdown)
 
     asyncio.run(main())
 
@@ -251,7 +268,7 @@ def up(
 ) -> None:
     """Everything in one command: embedded PostgreSQL/Redis when no URL is set,
     migrations, the API and every worker. Ctrl-C stops it all cleanly."""
-    settings = _settings(secrets=not demo)
+    settings = _settings(secrets=not demo, service="reservo")
     if port is not None:
         settings = settings.model_copy(update={"http_port": port})
     if demo:
@@ -263,11 +280,14 @@ def up(
         except SettingsError as exc:
             _refuse(str(exc))
         if generated:
-            console.print(
+            _say(
+                settings,
+                "demo_secrets_generated",
                 f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
                 f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
                 "never use them in production[/yellow]",
-                soft_wrap=True,
+                warn=True,
+                secrets=generated,
             )
     data_dir = Path(settings.data_dir).resolve()
     if (
@@ -280,18 +300,24 @@ def up(
         from reservo.core.embedded import EmbeddedPostgres, EmbeddedRedis
 
         if not settings.database_url:
-            console.print(f"starting embedded PostgreSQL in {data_dir / 'postgres'} ...")
+            _say(
+                settings,
+                "starting_postgres",
+                f"starting embedded PostgreSQL in {data_dir / 'postgres'} ...",
+            )
             pg = stack.enter_context(EmbeddedPostgres(data_dir))
             settings = settings.model_copy(update={"database_url": pg.url})
         if not settings.redis_url:
-            console.print(f"starting embedded Redis in {data_dir / 'redis'} ...")
+            _say(settings, "starting_redis", f"starting embedded Redis in {data_dir / 'redis'} ...")
             rd = stack.enter_context(EmbeddedRedis(data_dir))
             # The embedded Redis is a single server, whatever RESERVO_REDIS_CLUSTER says.
             settings = settings.model_copy(update={"redis_url": rd.url, "redis_cluster": False})
         if kafka and not settings.kafka_bootstrap:
             from reservo.core.embedded import EmbeddedKafka
 
-            console.print("starting embedded Kafka broker (Tansu, in-memory) ...")
+            _say(
+                settings, "starting_kafka", "starting embedded Kafka broker (Tansu, in-memory) ..."
+            )
             broker = stack.enter_context(EmbeddedKafka(data_dir))
             # Tansu's memory store has no idempotent producer (no InitProducerId).
             settings = settings.model_copy(
@@ -362,11 +388,13 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
 
     assert settings.database_url
     applied = await migrate(settings.database_url)
-    console.print(f"migrations: {len(applied)} applied")
+    _say(settings, "migrations_applied", f"migrations: {len(applied)} applied", count=len(applied))
     container = build(settings)
     if demo:
         ids = await demo_data.load(container)
-        console.print(f"demo data: doctors {ids} with 14 days of slots")
+        _say(
+            settings, "demo_loaded", f"demo data: doctors {ids} with 14 days of slots", doctors=ids
+        )
     server = _Server(
         http_server_config(create_app(container, owns_container=False), settings, lifespan="on")
     )
@@ -374,14 +402,22 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     workers = asyncio.create_task(run_workers(container, UP_ROLES, stop))
     base = f"http://{settings.http_host}:{settings.http_port}"
     redis_kind = " (cluster)" if settings.redis_cluster else ""
-    console.print(
+    gateway = settings.rentals_payment_gateway or "none (refunds wait)"
+    _say(
+        settings,
+        "reservo_up",
         f"[bold green]reservo is up[/bold green]: API {base}  docs {base}/docs  "
         f"metrics {base}/metrics\n  PostgreSQL {settings.database_url}\n"
         f"  Redis {settings.redis_url}{redis_kind}\n"
         f"  Kafka {settings.kafka_bootstrap or '(local transport)'}"
-        f"\n  payment gateway: {settings.rentals_payment_gateway or 'none (refunds wait)'}"
+        f"\n  payment gateway: {gateway}"
         f"\n  admin token: reservo token --role admin "
-        f"--sub 1\n  Ctrl-C stops everything."
+        f"--sub 1\n  Ctrl-C stops everything.",
+        api=base,
+        postgres=settings.database_url,
+        redis=f"{settings.redis_url}{redis_kind}",
+        kafka=settings.kafka_bootstrap or "(local transport)",
+        payment_gateway=gateway,
     )
     try:
         await server.serve()  # returns on SIGINT/SIGTERM (uvicorn's own handlers)
@@ -389,7 +425,8 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         stop.set()
         await workers
         await container.close()
-        console.print("reservo stopped")
+        _say(settings, "reservo_stopped", "reservo stopped")
+        await asyncio.to_thread(tracing.shutdown)
 
 
 if __name__ == "__main__":

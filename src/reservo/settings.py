@@ -412,6 +412,11 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
     log_json: bool = True
+    # One log line per HTTP request (method, route, status, duration, request id).
+    # Off by default: at thousands of requests a second the lines cost more CPU
+    # than the cheap requests themselves; the request id is on every line a
+    # request logs anyway (core/tracing.py).
+    access_log: bool = False
 
     @property
     def replica_urls(self) -> list[str]:

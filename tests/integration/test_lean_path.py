@@ -77,6 +77,8 @@ def _shape(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
     headers = dict(r.headers)
     # Ids of the two runs may differ in length: the length must be the body's.
     assert int(headers.pop("content-length")) == len(r.content)
+    # Every answer echoes its request id (core/tracing.py), a new one per request.
+    assert len(headers.pop("x-request-id")) == 32
     return r.status_code, mask(body), headers
 
 

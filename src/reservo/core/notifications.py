@@ -19,7 +19,7 @@ from uuid import UUID
 
 import structlog
 
-from reservo.core import contacts
+from reservo.core import contacts, tracing
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.notify import Channel, Notification, NotificationError
@@ -104,11 +104,23 @@ class NotificationConsumer:
             async with self._sending:
                 for i in indexes:
                     event, n = messages[i]
+                    # Each send in its event's trace, under the request id that
+                    # caused it (a batch mixes events of many requests).
+                    send = tracing.start(
+                        f"notify {self.channel.name}",
+                        "internal",
+                        tracing.parent_for(event.traceparent),
+                        {"messaging.message.id": n.event_id},
+                        event.request_id,
+                    )
                     try:
                         await self.channel.send(n)
                     except NotificationError as exc:
+                        send.fail(exc)
                         await self._record_failed(event, n, exc)
                         raise
+                    finally:
+                        send.end()
                     sent.append(i)
 
         try:

@@ -18,7 +18,7 @@ import aiosmtplib
 import httpx
 import structlog
 
-from reservo.core import outbound
+from reservo.core import outbound, tracing
 
 log = structlog.get_logger(__name__)
 
@@ -124,6 +124,10 @@ class SmtpChannel:
         local = _MSGID_UNSAFE.sub("_", n.event_id) or "empty"
         msg["Message-ID"] = f"<notify.{local}@{self._msgid_domain}>"
         msg["X-Reservo-Event-Id"] = n.event_id
+        # The trace and request the message belongs to (core/tracing.py): a mail
+        # system that traces, or a person reading the headers, can follow it back.
+        for name, value in tracing.outgoing_headers().items():
+            msg[name] = value
         msg.set_content(n.body)
         return msg
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from reservo.core import tracing
+
 # What the service keeps of an answer it only inspects (an error text, a JSON
 # reference): far more than either needs.
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024
@@ -58,14 +60,32 @@ async def call(
     **kwargs: Any,
 ) -> Answer:
     """Sends the request and reads the answer's head within ``limits``. Raises
-    DeadlineExceeded past the deadline, httpx errors as usual otherwise."""
-    try:
-        async with asyncio.timeout(limits.deadline_s):
-            return await _exchange(client, method, url, limits.max_response_bytes, **kwargs)
-    except TimeoutError as exc:
-        raise DeadlineExceeded(
-            f"no complete answer within the deadline ({limits.deadline_s:.1f} s)"
-        ) from exc
+    DeadlineExceeded past the deadline, httpx errors as usual otherwise. The call
+    is a client span of the current trace (a new trace outside any), and carries
+    its ``traceparent`` and the current ``X-Request-ID``."""
+    target = httpx.URL(url)
+    with tracing.span(
+        method,
+        "client",
+        attributes={
+            "http.request.method": method,
+            "server.address": target.host,
+            "server.port": target.port or (443 if target.scheme == "https" else 80),
+        },
+    ) as span:
+        headers = httpx.Headers(kwargs.pop("headers", None))
+        headers.update(tracing.outgoing_headers())
+        try:
+            async with asyncio.timeout(limits.deadline_s):
+                answer = await _exchange(
+                    client, method, url, limits.max_response_bytes, headers=headers, **kwargs
+                )
+        except TimeoutError as exc:
+            raise DeadlineExceeded(
+                f"no complete answer within the deadline ({limits.deadline_s:.1f} s)"
+            ) from exc
+        span.set("http.response.status_code", answer.status_code)
+        return answer
 
 
 async def _exchange(

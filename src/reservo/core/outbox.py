@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from reservo.core import metrics
+from reservo.core import metrics, tracing
 from reservo.core.backoff import backoff_delay
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
@@ -31,9 +31,19 @@ OUTAGE_BACKOFF_MAX_S = 5.0
 async def emit(
     conn: asyncpg.Connection, topic: str, key: str | None, payload: dict[str, Any], now: datetime
 ) -> uuid.UUID:
-    """Write an event in the current transaction; it leaves only if that commits."""
+    """Write an event in the current transaction; it leaves only if that commits.
+    It carries the current trace and request id along (core/tracing.py)."""
     event_id = uuid.uuid4()
-    await conn.execute(Q.outbox_insert, event_id, topic, key, payload, now)
+    await conn.execute(
+        Q.outbox_insert,
+        event_id,
+        topic,
+        key,
+        payload,
+        now,
+        tracing.current_traceparent(),
+        tracing.current_request_id(),
+    )
     return event_id
 
 
@@ -74,7 +84,16 @@ class OutboxRelay:
 
     async def _deliver(self, rows: list[asyncpg.Record]) -> list[BaseException | None]:
         events = [
-            Event(r["event_id"], r["topic"], r["key"], r["payload"], r["created_at"]) for r in rows
+            Event(
+                r["event_id"],
+                r["topic"],
+                r["key"],
+                r["payload"],
+                r["created_at"],
+                r["traceparent"],
+                r["request_id"],
+            )
+            for r in rows
         ]
         return await self.transport.deliver(events)
 

@@ -142,9 +142,11 @@ SELECT count(*) AS {table} FROM gone;
 SELECT ctid FROM idempotency_key WHERE created_at < $1 ORDER BY created_at;
 
 -- name: outbox_insert
--- An event to publish, written in the caller's transaction.
-INSERT INTO outbox (event_id, topic, key, payload, created_at, available_at)
-VALUES ($1, $2, $3, $4, $5, $5);
+-- An event to publish, written in the caller's transaction, with the trace
+-- context and request id it was emitted in (NULL outside any).
+INSERT INTO outbox (event_id, topic, key, payload, created_at, available_at, traceparent,
+                    request_id)
+VALUES ($1, $2, $3, $4, $5, $5, $6, $7);
 
 -- name: outbox_claim
 -- Lease a batch; SKIP LOCKED lets several relays share the backlog without
@@ -158,7 +160,8 @@ UPDATE outbox o
          LIMIT $1
          FOR UPDATE SKIP LOCKED) c
  WHERE o.id = c.id AND o.created_at = c.created_at
-RETURNING o.id, o.event_id, o.topic, o.key, o.payload, o.created_at, o.attempts;
+RETURNING o.id, o.event_id, o.topic, o.key, o.payload, o.created_at, o.attempts,
+          o.traceparent, o.request_id;
 
 -- name: outbox_done
 -- Events the transport acknowledged.

@@ -17,6 +17,10 @@ class Event:
     key: str | None
     payload: dict[str, Any]
     created_at: datetime
+    # The trace and request the event was emitted in (core/tracing.py): the
+    # consumers' work on it continues that trace, under that request id.
+    traceparent: str | None = None
+    request_id: str | None = None
 
 
 Handler = Callable[[Event], Awaitable[None]]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -42,6 +43,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import Counter
 
+from reservo.core import tracing
 from reservo.core.backoff import backoff_delay
 from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
@@ -209,6 +211,7 @@ class KafkaTransport:
                         event.topic,
                         to_cloudevent(event, self.source),
                         key=None if event.key is None else event.key.encode(),
+                        headers=trace_headers(event),
                     )
                 )
             except Exception as exc:
@@ -416,7 +419,7 @@ class KafkaConsumerRunner:
         """All of a partition's records through the batch handler; False (nothing
         applied) sends them down the one-by-one path, which retries and parks."""
         try:
-            events = [from_cloudevent(r.value) for r in records]
+            events = [traced(from_cloudevent(r.value), r) for r in records]
         except ValueError:
             return False  # the one-by-one path parks the malformed record
         try:
@@ -440,24 +443,36 @@ class KafkaConsumerRunner:
         if handler is None:
             return
         try:
-            event = from_cloudevent(record.value)
+            event = traced(from_cloudevent(record.value), record)
         except ValueError as exc:  # retrying cannot fix a malformed record
             await self._park(record, None, exc, attempts=1)
             return
-        try:
-            await retry_async(
-                lambda: handler(event),
-                name=f"kafka_consumer.{self.consumer}",
-                attempts=self.quick_retries,
-                base_s=self.backoff_base_s,
-                max_s=self.backoff_max_s,
-                retry_if=is_transient,
-            )
-        except Exception as exc:
-            if is_transient(exc):
-                raise  # not the event's fault: the partition waits and reads it again
-            await self._park(record, event, exc, attempts=1)
-            return
+        # The handler's work, its log lines and its outbound calls in the event's trace.
+        with tracing.handling(
+            event.traceparent,
+            event.request_id,
+            f"{record.topic} process",
+            {
+                "messaging.system": "kafka",
+                "messaging.destination.name": record.topic,
+                "messaging.consumer.group.name": self.group_id,
+                "messaging.message.id": str(event.id),
+            },
+        ):
+            try:
+                await retry_async(
+                    lambda: handler(event),
+                    name=f"kafka_consumer.{self.consumer}",
+                    attempts=self.quick_retries,
+                    base_s=self.backoff_base_s,
+                    max_s=self.backoff_max_s,
+                    retry_if=is_transient,
+                )
+            except Exception as exc:
+                if is_transient(exc):
+                    raise  # not the event's fault: the partition waits and reads it again
+                await self._park(record, event, exc, attempts=1)
+                return
         KAFKA_CONSUMED.labels(consumer=self.consumer, topic=record.topic).inc()
 
     async def _park(
@@ -500,6 +515,41 @@ class KafkaConsumerRunner:
                 record.topic + DLT_SUFFIX, record.value, key=record.key, headers=headers
             )
         PARKED.labels(consumer=self.consumer, topic=record.topic).inc()
+
+
+# -- trace context --------------------------------------------------------------------
+# Beside the envelope, in the record's headers: ``traceparent`` (W3C Trace
+# Context, as the Kafka instrumentations of OpenTelemetry read it) and
+# ``x-request-id``, so a consumer that is not reservo's can follow them too.
+
+
+def trace_headers(event: Event) -> list[tuple[str, bytes]] | None:
+    """The record headers of the event's trace and request id (None: neither)."""
+    traceparent = tracing.publishing(
+        event.traceparent,
+        f"{event.topic} publish",
+        {"messaging.system": "kafka", "messaging.destination.name": event.topic},
+    )
+    headers = []
+    if traceparent is not None:
+        headers.append(("traceparent", traceparent.encode("ascii")))
+    if event.request_id is not None:
+        headers.append(("x-request-id", event.request_id.encode("ascii")))
+    return headers or None
+
+
+def traced(event: Event, record: ConsumerRecord[Any, Any]) -> Event:
+    """The event with the trace context and request id its record's headers carry
+    (a header that is not valid is ignored, as a traceparent must be)."""
+    traceparent = request_id = None
+    for name, value in record.headers or ():
+        if name == "traceparent" and tracing.parse_traceparent(value) is not None:
+            traceparent = value.decode("ascii")
+        elif name == "x-request-id" and tracing.valid_request_id(value):
+            request_id = value.decode("ascii")
+    if traceparent is None and request_id is None:
+        return event
+    return replace(event, traceparent=traceparent, request_id=request_id)
 
 
 async def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:

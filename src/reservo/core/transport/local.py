@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from reservo.core import metrics
+from reservo.core import metrics, tracing
 from reservo.core.failures import is_transient
 from reservo.core.ordering import by_key_in_order
 from reservo.core.transport.base import Event, Subscriptions
@@ -41,7 +41,19 @@ class LocalTransport:
         retry: BaseException | None = None
         for sub in self.subscriptions.for_topic(event.topic):
             try:
-                await sub.handler(event)
+                # The handler's work, its log lines and its outbound calls in the
+                # event's trace, under the request id that caused it.
+                with tracing.handling(
+                    event.traceparent,
+                    event.request_id,
+                    f"{event.topic} process",
+                    {
+                        "messaging.destination.name": event.topic,
+                        "messaging.consumer.group.name": sub.consumer,
+                        "messaging.message.id": str(event.id),
+                    },
+                ):
+                    await sub.handler(event)
                 continue
             except Exception as exc:
                 failure: BaseException = exc

@@ -1,0 +1,289 @@
+"""Traces and request ids end to end (core/tracing.py), through HTTP: the
+request id accepted or made and echoed (on the lean path and FastAPI's), a bad
+one refused; the trace of a booking followed by an in-memory span exporter from
+its POST through the outbox and the consumer to its confirmation notification;
+the request id on the log lines of the request and of the consumer's work."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import asyncpg
+import httpx
+import orjson
+import pytest
+import structlog
+
+from reservo.app import create_app
+from reservo.bootstrap import Container, build
+from reservo.core import tracing
+from reservo.core.clock import OffsetClock
+from reservo.core.logging import configure
+from reservo.settings import Settings
+from tests.conftest import auth, new_id
+from tests.helpers import ADMIN, make_slots
+from tests.integration.test_outbox import drain
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+HEX32 = re.compile(r"[0-9a-f]{32}")
+
+
+# ------------------------------------------------------------------ request ids
+
+
+async def test_request_id_is_echoed_on_the_lean_path_and_fastapis(
+    client: httpx.AsyncClient,
+) -> None:
+    _, slots = await make_slots(client)
+    given = f"req-{uuid.uuid4()}"
+    # The lean path's hottest route (a booking) and FastAPI's routes.
+    patient = new_id()
+    r = await client.post(
+        "/api/appointments",
+        json={"slotId": slots[0]["id"], "patientId": patient},
+        headers={
+            **auth("patient", patient),
+            "Idempotency-Key": str(uuid.uuid4()),
+            "X-Request-ID": "abc.DEF_1:2+3/4=5@6-7",
+        },
+    )
+    assert r.status_code == 201 and r.headers["x-request-id"] == "abc.DEF_1:2+3/4=5@6-7"
+    r = await client.get("/healthz", headers={"X-Request-ID": given})
+    assert r.headers["x-request-id"] == given
+    # An error answer echoes it too.
+    r = await client.get("/api/appointments/999999999", headers={**ADMIN, "X-Request-ID": given})
+    assert r.status_code == 404 and r.headers["x-request-id"] == given
+
+
+async def test_a_request_without_an_id_gets_a_new_one_each_time(client: httpx.AsyncClient) -> None:
+    ids = {(await client.get("/healthz")).headers["x-request-id"] for _ in range(5)}
+    assert len(ids) == 5 and all(HEX32.fullmatch(i) for i in ids)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["x" * 129, "has space", "semi;colon", 'quote"', "new\\nline", "<script>", "é"],
+)
+async def test_a_bad_request_id_is_refused_and_nothing_changes(
+    client: httpx.AsyncClient, db: asyncpg.Connection, bad: str
+) -> None:
+    r = await client.post(
+        "/api/doctors",
+        json={"name": f"Dr. {bad!r}", "timezone": "UTC"},
+        headers={**ADMIN, "X-Request-ID": bad.encode("utf-8")},
+    )
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["code"] == "invalid_request_id"
+    assert HEX32.fullmatch(r.headers["x-request-id"])  # a fresh one, to find the refusal by
+    assert await db.fetchval("SELECT count(*) FROM doctor WHERE name = $1", f"Dr. {bad!r}") == 0
+
+
+async def test_a_bad_traceparent_starts_a_new_trace(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    _, slots = await make_slots(client)
+    patient = new_id()
+    r = await client.post(
+        "/api/appointments",
+        json={"slotId": slots[0]["id"], "patientId": patient},
+        headers={
+            **auth("patient", patient),
+            "Idempotency-Key": str(uuid.uuid4()),
+            "traceparent": f"00-{'0' * 32}-00f067aa0ba902b7-01",
+        },
+    )
+    assert r.status_code == 201, r.text  # the standard: ignore it, never refuse
+    row = await db.fetchrow(
+        "SELECT traceparent FROM outbox WHERE payload->>'appointmentId' = $1", str(r.json()["id"])
+    )
+    got = tracing.parse_traceparent(row["traceparent"])
+    assert got is not None and got.trace_id != "0" * 32
+
+
+# ------------------------------------------------------------- one trace, spans
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """Spans recorded in memory, as an OTLP exporter would get them."""
+    sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="opentelemetry-sdk")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+
+
+def _hex(n: int, width: int) -> str:
+    return f"{n:0{width}x}"
+
+
+@pytest.mark.parametrize("incoming", [None, PARENT], ids=["started", "accepted"])
+async def test_one_trace_from_a_bookings_post_to_its_confirmation(
+    client: httpx.AsyncClient,
+    container: Container,
+    db: asyncpg.Connection,
+    spans: Any,
+    incoming: str | None,
+) -> None:
+    _, slots = await make_slots(client)
+    patient = new_id()
+    headers = {**auth("patient", patient), "Idempotency-Key": str(uuid.uuid4())}
+    if incoming:
+        headers["traceparent"] = incoming
+    r = await client.post(
+        "/api/appointments", json={"slotId": slots[0]["id"], "patientId": patient}, headers=headers
+    )
+    assert r.status_code == 201, r.text
+    await drain(container.relay)
+    sent = await db.fetchval(
+        "SELECT count(*) FROM notification WHERE recipient = $1 AND status = 'SENT'", patient
+    )
+    assert sent == 1
+
+    finished = spans.get_finished_spans()
+    server = [
+        s
+        for s in finished
+        if s.name == "POST /api/appointments"
+        and s.attributes.get("http.response.status_code") == 201
+    ]
+    assert server, [s.name for s in finished]
+    trace_id = server[-1].context.trace_id
+    if incoming:
+        assert _hex(trace_id, 32) == TRACE_ID
+        assert _hex(server[-1].parent.span_id, 16) == "00f067aa0ba902b7"
+    ours = [s for s in finished if s.context.trace_id == trace_id]
+    by_id = {s.context.span_id: s for s in ours}
+    names = [s.name for s in ours]
+    consume = [
+        s
+        for s in ours
+        if s.name == "appointments.booked.v1 process"
+        and s.attributes.get("messaging.consumer.group.name") == "notifications"
+    ]
+    notify = [s for s in ours if s.name == "notify log"]
+    assert len(consume) == 1 and len(notify) == 1, names
+    # POST -> consumer (through the outbox row) -> notification, one chain.
+    assert consume[0].parent.span_id == server[-1].context.span_id
+    assert notify[0].parent.span_id == consume[0].context.span_id
+    assert by_id[consume[0].parent.span_id] is server[-1]
+    # The outbox row carried the request's context.
+    row = await db.fetchrow(
+        "SELECT traceparent, request_id FROM outbox WHERE payload->>'appointmentId' = $1",
+        str(r.json()["id"]),
+    )
+    ctx = tracing.parse_traceparent(row["traceparent"])
+    assert ctx is not None and ctx.trace_id == _hex(trace_id, 32)
+    assert row["request_id"] == r.headers["x-request-id"]
+
+
+# -------------------------------------------------------------------- log lines
+
+
+@pytest.fixture
+def json_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """The process's logging as `reservo` configures it (JSON lines on stderr),
+    read back line by line; the test session's logging restored afterwards."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    configure("INFO", json=True)
+    # Not cached: loggers first used here must not keep this test's stderr.
+    structlog.configure(cache_logger_on_first_use=False)
+    read = 0
+
+    def lines() -> list[dict[str, Any]]:
+        nonlocal read
+        text = stderr.getvalue()
+        new, read = text[read:], len(text)
+        return [orjson.loads(line) for line in new.splitlines() if line.strip()]
+
+    try:
+        yield lines
+    finally:
+        structlog.configure(**saved)
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in handlers:
+            root.addHandler(h)
+        root.setLevel(level)
+        logging.captureWarnings(False)
+        sys.excepthook = sys.__excepthook__
+        threading.excepthook = threading.__excepthook__
+
+
+@pytest.fixture
+async def logged(base_settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
+    """An app with one log line per request."""
+    container = build(base_settings.model_copy(update={"access_log": True}), OffsetClock())
+    app = create_app(container, owns_container=False)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+        yield c, container
+    await container.close()
+
+
+async def test_request_id_on_the_log_lines_of_the_request_and_of_its_events(
+    logged: tuple[httpx.AsyncClient, Container],
+    json_logs: Callable[[], list[dict[str, Any]]],
+) -> None:
+    client, container = logged
+    _, slots = await make_slots(client)
+    json_logs()  # forget the set-up's lines
+    patient, rid = new_id(), f"booking-{uuid.uuid4()}"
+    r = await client.post(
+        "/api/appointments",
+        json={"slotId": slots[0]["id"], "patientId": patient},
+        headers={
+            **auth("patient", patient),
+            "Idempotency-Key": str(uuid.uuid4()),
+            "X-Request-ID": rid,
+            "traceparent": PARENT,
+        },
+    )
+    assert r.status_code == 201, r.text
+    await drain(container.relay)
+    lines = json_logs()
+    mine = [line for line in lines if line.get("request_id") == rid]
+    request = [line for line in mine if line["event"] == "request"]
+    assert len(request) == 1 and request[0]["status"] == 201, lines
+    assert request[0]["route"] == "/api/appointments"
+    # The consumer's work on the booking's event: the notification it sent.
+    sent = [line for line in mine if line["event"] == "notification"]
+    assert len(sent) == 1 and sent[0]["user_id"] == patient, lines
+    assert all(line["trace_id"] == TRACE_ID for line in mine)
+
+
+async def test_stdlib_loggers_and_exceptions_are_one_json_line_each(
+    json_logs: Callable[[], list[dict[str, Any]]],
+) -> None:
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        logging.getLogger("asyncpg.pool").exception("a library's failure")
+    logging.getLogger("uvicorn.error").warning("Started server process [%d]", 42)
+    lines = json_logs()
+    failure = next(line for line in lines if line["event"] == "a library's failure")
+    assert failure["logger"] == "asyncpg.pool" and failure["level"] == "error"
+    assert "ValueError: boom" in failure["exception"]
+    started = next(line for line in lines if line["event"] == "Started server process [42]")
+    assert started["logger"] == "uvicorn.error" and started["level"] == "warning"
