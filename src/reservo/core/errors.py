@@ -31,6 +31,7 @@ CORE_CODES: dict[str, int] = {
     "request_in_progress": 409,
     "payload_too_large": 413,
     "request_timeout": 408,  # the HTTP server: a slow client (core/slow_clients.py)
+    "invalid_request_id": 400,  # core/tracing.py: a malformed X-Request-ID, before any route
     "headers_too_large": 431,  # the HTTP server: request line and headers too large
     "not_replayable": 409,
     "not_cancellable": 409,  # rentals bookings and scheduler jobs

@@ -206,7 +206,9 @@ class _Facts:
         self.idempotent = any(p.alias == IDEMPOTENCY_HEADER for d in deps for p in d.header_params)
 
     def codes(self, touches_database: bool) -> set[str]:
-        out: set[str] = set()
+        # Every request passes core/tracing.py first, which refuses a malformed
+        # X-Request-ID before any route runs.
+        out: set[str] = {"invalid_request_id"}
         if self.authenticated:
             out.add("unauthenticated")
         if self.role_rule:
