@@ -262,6 +262,7 @@ def wire(shared: Shared, modules: Sequence[Module]) -> None:
     roles: list[str] = []
     for m in modules:
         errors.register(m.errors, m.constraints)
+        shared.events.add(m.events)
         for c in m.consumes:
             shared.subscriptions.add(c.consumer, c.topics, c.handler, c.batch)
         for job in m.jobs:
@@ -322,7 +323,12 @@ async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -
     if c.settings.kafka_bootstrap:
         for consumer in consumers:
             runner = consumer_from_settings(
-                c.settings, consumer, c.subscriptions.for_consumer(consumer), c.db, c.clock
+                c.settings,
+                consumer,
+                c.subscriptions.for_consumer(consumer),
+                c.db,
+                c.clock,
+                c.events,
             )
             tasks.append(runner.run(stop))
     log.info("workers_started", roles=roles)
