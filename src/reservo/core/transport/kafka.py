@@ -5,9 +5,10 @@ its aggregate's stream (``<module>.<aggregate>.v1``, core/contract.py), keyed by
 ``event.key`` (the aggregate id, so one aggregate stays ordered in one
 partition), on the CloudEvents Kafka binding in binary mode (envelope.py). A
 batch is sent as a whole (send all, then await all acknowledgements) and a row
-is reported delivered only once the broker acked its record (``acks=all``). aiokafka keeps at most one batch in flight per partition,
-so a retried batch cannot overtake a later one: per-key order holds even without
-the idempotent producer (which Tansu's in-memory store does not support).
+is reported delivered only once the broker acked its record (``acks=all``).
+aiokafka keeps at most one batch in flight per partition, so a retried batch
+cannot overtake a later one: per-key order holds even without the idempotent
+producer (which Tansu's in-memory store does not support).
 
 Consuming (``KafkaConsumerRunner``): one consumer group per consumer name
 (``<prefix>.<consumer>``) calls the SAME handlers the local transport calls.
