@@ -17,6 +17,7 @@ from reservo import __version__
 from reservo.bootstrap import Container
 from reservo.core import metrics
 from reservo.core.auth import TokenVerifier
+from reservo.core.contract import asyncapi_text
 from reservo.core.http import install_body_limit, install_error_handlers, install_metrics
 from reservo.core.lean import LeanLayer
 
@@ -97,6 +98,13 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         if container.db.replicas is not None:  # detail only: reads fall back to the primary
             body["replicas"] = container.db.replicas.status()
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    # The event contract (AsyncAPI 3), made from what the modules declare.
+    events_doc = asyncapi_text(container.events, __version__)
+
+    @app.get("/asyncapi.json", tags=["operations"], include_in_schema=False)
+    async def asyncapi_document() -> Response:
+        return Response(events_doc, media_type="application/json")
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
     async def metrics_endpoint() -> Response:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from reservo import core_modules
+from reservo import __version__, core_modules
 from reservo.appointments import setup as appointments
 from reservo.appointments.service import AppointmentService
 from reservo.betting import setup as betting
@@ -27,6 +27,7 @@ from reservo.betting.settlement import Settlement
 from reservo.core import errors
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
+from reservo.core.contract import asyncapi_text
 from reservo.core.db import Database, Queries
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.module import Module, Role
@@ -297,6 +298,11 @@ def _declared() -> Container:
 def declared_consumers() -> tuple[str, ...]:
     """The consumer roles the modules subscribe."""
     return tuple(_declared().consumer_roles())
+
+
+def declared_asyncapi() -> str:
+    """The AsyncAPI document of the events the modules declare (docs/asyncapi.json)."""
+    return asyncapi_text(_declared().events, __version__)
 
 
 def declared_background_roles() -> tuple[str, ...]:

@@ -15,6 +15,7 @@ An event not in the registry (tests, tools) keeps its name as topic and type."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -103,7 +104,7 @@ class EventRegistry:
         return self.current(ce_type.removeprefix(TYPE_PREFIX))
 
 
-def asyncapi(registry: EventRegistry, version: str, source: str) -> dict[str, Any]:
+def asyncapi(registry: EventRegistry, version: str) -> dict[str, Any]:
     """The AsyncAPI 3.0 document of every declared event: one channel per stream
     (topic), one message per event, its payload schema, key and an example, and
     the CloudEvents binary-mode headers each record carries."""
@@ -136,7 +137,7 @@ def asyncapi(registry: EventRegistry, version: str, source: str) -> dict[str, An
             ],
         }
         for s in of_stream:
-            messages[_ident(s.name)] = _message(s, source)
+            messages[_ident(s.name)] = _message(s)
     return {
         "asyncapi": "3.0.0",
         "info": {
@@ -159,7 +160,7 @@ def asyncapi(registry: EventRegistry, version: str, source: str) -> dict[str, An
     }
 
 
-def _message(s: EventSpec, source: str) -> dict[str, Any]:
+def _message(s: EventSpec) -> dict[str, Any]:
     return {
         "name": s.name,
         "title": s.name,
@@ -179,7 +180,7 @@ def _message(s: EventSpec, source: str) -> dict[str, Any]:
                 "headers": {
                     "ce_specversion": "1.0",
                     "ce_id": "3f2b6e0e-8b8e-4c41-9d4f-0c8c1c6f6a10",
-                    "ce_source": source,
+                    "ce_source": "/reservo",
                     "ce_type": s.type,
                     "ce_time": "2030-01-06T09:00:00Z",
                     "ce_partitionkey": _example_key(s.key, s.example),
@@ -225,3 +226,8 @@ def _ident(name: str) -> str:
 
 def _example_key(pattern: str, example: dict[str, Any]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: str(example.get(m.group(1), m.group(1))), pattern)
+
+
+def asyncapi_text(registry: EventRegistry, version: str) -> str:
+    """The document as checked in (docs/asyncapi.json) and served: a stable text."""
+    return json.dumps(asyncapi(registry, version), indent=2, ensure_ascii=False) + "\n"
