@@ -283,7 +283,7 @@ async def main() -> None:
             if settled_at is not None:
                 pending = await conn.fetchrow(
                     """SELECT count(*) FILTER (WHERE topic = 'wallet.payout.requested.v1') AS pay,
-                              count(*) FILTER (WHERE topic = 'betting.bets.settled.v1') AS note
+                              count(*) FILTER (WHERE topic = 'betting.match.bets-settled.v1') AS note
                          FROM outbox WHERE status = 'PENDING'"""
                 )
                 if paid_at is None and pending["pay"] == 0:
@@ -313,7 +313,7 @@ async def main() -> None:
     )
     notes = await conn.fetchval(
         """SELECT coalesce(sum(jsonb_array_length(payload->'bets')), 0) FROM outbox
-            WHERE topic = 'betting.bets.settled.v1' AND status = 'DONE'"""
+            WHERE topic = 'betting.match.bets-settled.v1' AND status = 'DONE'"""
     )
     total = max(settled_at or 0, paid_at or 0, notified_at or 0)
     disk = await conn.fetchrow(
