@@ -282,9 +282,11 @@ async def main() -> None:
                 settled_at = now
             if settled_at is not None:
                 pending = await conn.fetchrow(
-                    """SELECT count(*) FILTER (WHERE topic = 'wallet.payout.requested.v1') AS pay,
-                              count(*) FILTER (WHERE topic = 'betting.match.bets-settled.v1') AS note
-                         FROM outbox WHERE status = 'PENDING'"""
+                    """SELECT count(*) FILTER (WHERE topic = $1) AS pay,
+                              count(*) FILTER (WHERE topic = $2) AS note
+                         FROM outbox WHERE status = 'PENDING'""",
+                    "wallet.account.payouts-requested.v1",
+                    "betting.match.bets-settled.v1",
                 )
                 if paid_at is None and pending["pay"] == 0:
                     paid_at = now

@@ -48,7 +48,7 @@ def by_bucket(items: Sequence[Payout], house_shards: int) -> dict[int, list[Payo
 
 
 def payout_request(items: Sequence[Payout], shard: int) -> dict[str, Any]:
-    """The payload of ``wallet.payout.requested.v1``: a chunk of credits."""
+    """The payload of ``PAYOUT_REQUESTED``: credits of one account bucket."""
     return {
         "shard": shard,
         "items": [
