@@ -149,7 +149,7 @@ async def check(hot: list[int]) -> dict[str, int]:
             "overbooked_slots": await conn.fetchval(_OVERBOOKED),
             "mismatched_slots": await conn.fetchval(_MISMATCHED),
             "outbox_events": await conn.fetchval(
-                "SELECT count(*) FROM outbox WHERE topic = 'appointments.booked.v1'"
+                "SELECT count(*) FROM outbox WHERE topic = 'appointments.appointment.booked.v1'"
             ),
             "appointments_total": await conn.fetchval("SELECT count(*) FROM appointment"),
             "outbox_pending_after_10s": pending,

@@ -282,9 +282,11 @@ async def main() -> None:
                 settled_at = now
             if settled_at is not None:
                 pending = await conn.fetchrow(
-                    """SELECT count(*) FILTER (WHERE topic = 'wallet.payout.requested.v1') AS pay,
-                              count(*) FILTER (WHERE topic = 'betting.bets.settled.v1') AS note
-                         FROM outbox WHERE status = 'PENDING'"""
+                    """SELECT count(*) FILTER (WHERE topic = $1) AS pay,
+                              count(*) FILTER (WHERE topic = $2) AS note
+                         FROM outbox WHERE status = 'PENDING'""",
+                    "wallet.account.payouts-requested.v1",
+                    "betting.match.bets-settled.v1",
                 )
                 if paid_at is None and pending["pay"] == 0:
                     paid_at = now
@@ -313,7 +315,7 @@ async def main() -> None:
     )
     notes = await conn.fetchval(
         """SELECT coalesce(sum(jsonb_array_length(payload->'bets')), 0) FROM outbox
-            WHERE topic = 'betting.bets.settled.v1' AND status = 'DONE'"""
+            WHERE topic = 'betting.match.bets-settled.v1' AND status = 'DONE'"""
     )
     total = max(settled_at or 0, paid_at or 0, notified_at or 0)
     disk = await conn.fetchrow(

@@ -21,6 +21,7 @@ from reservo import __version__
 from reservo.bootstrap import Container
 from reservo.core import metrics, tracing
 from reservo.core.auth import TokenVerifier
+from reservo.core.contract import asyncapi_text
 from reservo.core.graceful import STATE_KEY, Drain, draining
 from reservo.core.http import (
     install_body_limit,
@@ -169,6 +170,13 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         if container.db.replicas is not None:  # detail only: reads fall back to the primary
             body["replicas"] = container.db.replicas.status()
         return JSONResponse(body, status_code=200 if report.ready else 503)
+
+    # The event contract (AsyncAPI 3), made from what the modules declare.
+    events_doc = asyncapi_text(container.events, __version__)
+
+    @app.get("/asyncapi.json", tags=["operations"], include_in_schema=False)
+    async def asyncapi_document() -> Response:
+        return Response(events_doc, media_type="application/json")
 
     @app.get("/metrics", tags=["operations"], response_class=Response, operation_id="getMetrics")
     async def metrics_endpoint() -> Response:

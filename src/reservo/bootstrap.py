@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from reservo import core_modules
+from reservo import __version__, core_modules
 from reservo.appointments import setup as appointments
 from reservo.appointments.service import AppointmentService
 from reservo.betting import setup as betting
@@ -27,6 +27,7 @@ from reservo.betting.settlement import Settlement
 from reservo.core import errors
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
+from reservo.core.contract import asyncapi_text
 from reservo.core.db import Database, Queries
 from reservo.core.health import Check, Readiness, Report
 from reservo.core.idempotency import IdempotencyStore
@@ -273,6 +274,7 @@ def wire(shared: Shared, modules: Sequence[Module]) -> None:
     roles: list[str] = []
     for m in modules:
         errors.register(m.errors, m.constraints)
+        shared.events.add(m.events)
         for c in m.consumes:
             shared.subscriptions.add(c.consumer, c.topics, c.handler, c.batch)
         for job in m.jobs:
@@ -311,6 +313,11 @@ def declared_consumers() -> tuple[str, ...]:
     return tuple(_declared().consumer_roles())
 
 
+def declared_asyncapi() -> str:
+    """The AsyncAPI document of the events the modules declare (docs/asyncapi.json)."""
+    return asyncapi_text(_declared().events, __version__)
+
+
 def declared_background_roles() -> tuple[str, ...]:
     """The background roles the modules offer (relay, maintenance, scheduler...)."""
     return tuple(_declared().background_roles())
@@ -335,7 +342,12 @@ async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -
     if c.settings.kafka_bootstrap:
         for consumer in consumers:
             runner = consumer_from_settings(
-                c.settings, consumer, c.subscriptions.for_consumer(consumer), c.db, c.clock
+                c.settings,
+                consumer,
+                c.subscriptions.for_consumer(consumer),
+                c.db,
+                c.clock,
+                c.events,
             )
             tasks.append(runner.run(stop))
     log.info("workers_started", roles=roles)

@@ -340,6 +340,22 @@ def _embedded_servers_installed() -> None:
         )
 
 
+@app.command("asyncapi")
+def show_asyncapi(
+    out: Annotated[
+        Path | None, typer.Option(help="write it to this file (docs/asyncapi.json)")
+    ] = None,
+) -> None:
+    """Print (or write) the AsyncAPI document of the events: what /asyncapi.json serves."""
+    from reservo.bootstrap import declared_asyncapi
+
+    text = declared_asyncapi()
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text)
+
+
 @app.command("config")
 def show_config() -> None:
     """Print the effective settings (secrets masked) and where each came from."""

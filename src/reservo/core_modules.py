@@ -43,7 +43,7 @@ def outbox(shared: Shared) -> Outbox:
     s = shared.settings
     # Kafka when configured; otherwise the relay runs the handlers in-process.
     transport: Transport = (
-        transport_from_settings(s, shared.subscriptions.topics)
+        transport_from_settings(s, shared.subscriptions.topics, shared.events)
         if s.kafka_bootstrap
         else LocalTransport(
             shared.subscriptions, LocalDeadLetters(shared.db, shared.clock, s.kafka_source)
@@ -59,6 +59,7 @@ def outbox(shared: Shared) -> Outbox:
         backoff_max_s=s.outbox_backoff_max_s,
         poll_interval_s=s.outbox_poll_interval_s,
         pipelined=bool(s.kafka_bootstrap),
+        events=shared.events,
     )
 
     async def maintenance(stop: asyncio.Event) -> None:

@@ -8,10 +8,11 @@ values for core (core never imports ``reservo.settings``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock
+from reservo.core.contract import EventRegistry
 from reservo.core.db import Database
 from reservo.core.idempotency import IdempotencyStore
 from reservo.core.notify import Channel, build_channel
@@ -38,6 +39,9 @@ class Shared:
     # every module's ``consumes`` once all are built (transports and the
     # dead-letter replay read it).
     subscriptions: Subscriptions
+    # Every event the modules declare (filled by the composition root like the
+    # subscriptions): the Kafka transports read each event's topic off it.
+    events: EventRegistry = field(default_factory=EventRegistry)
     # Log the start-up warnings (off when the graph is built only to read it).
     announce: bool = True
 
@@ -62,6 +66,7 @@ def channel_from_settings(settings: Settings) -> Channel:
 def transport_from_settings(
     settings: Settings,
     topics: Callable[[], Iterable[str]],
+    events: EventRegistry,
     *,
     request_timeout_ms: int | None = None,
     client_id: str = "reservo-relay",
@@ -73,13 +78,14 @@ def transport_from_settings(
         topics=topics,
         partitions=settings.kafka_partitions,
         replication_factor=settings.kafka_replication_factor,
-        topic_partitions=settings.kafka_topic_partitions,
+        topic_partitions=_by_stream(settings, events),
         idempotence=settings.kafka_idempotence,
         linger_ms=settings.kafka_linger_ms,
         request_timeout_ms=(
             settings.kafka_request_timeout_ms if request_timeout_ms is None else request_timeout_ms
         ),
         client_id=client_id,
+        events=events,
     )
 
 
@@ -89,6 +95,7 @@ def consumer_from_settings(
     subscriptions: dict[str, Subscription],
     db: Database,
     clock: Clock,
+    events: EventRegistry,
 ) -> KafkaConsumerRunner:
     assert settings.kafka_bootstrap, "RESERVO_KAFKA_BOOTSTRAP is not set"
     return KafkaConsumerRunner(
@@ -100,7 +107,7 @@ def consumer_from_settings(
         group_prefix=settings.kafka_group_prefix,
         partitions=settings.kafka_partitions,
         replication_factor=settings.kafka_replication_factor,
-        topic_partitions=settings.kafka_topic_partitions,
+        topic_partitions=_by_stream(settings, events),
         quick_retries=settings.kafka_consumer_quick_retries,
         backoff_base_s=settings.kafka_consumer_backoff_base_s,
         backoff_max_s=settings.kafka_consumer_backoff_max_s,
@@ -111,4 +118,12 @@ def consumer_from_settings(
         request_timeout_ms=settings.kafka_request_timeout_ms,
         concurrency=settings.kafka_consumer_concurrency,
         batch_handlers={t: sub.batch for t, sub in subscriptions.items() if sub.batch is not None},
+        events=events,
+        source=settings.kafka_source,
     )
+
+
+def _by_stream(settings: Settings, events: EventRegistry) -> dict[str, int]:
+    """RESERVO_KAFKA_TOPIC_PARTITIONS by topic; an event's name (old or new)
+    stands for its stream, so a setting written for the old topics still holds."""
+    return {events.stream(name): n for name, n in settings.kafka_topic_partitions.items()}

@@ -124,7 +124,7 @@ async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
                 "SELECT balance FROM wallet_account WHERE id = $1", account
             ) == before[account] + sum(b["payout"] for b in mine)
         notes = await db.fetchval(
-            "SELECT count(*) FROM notification WHERE topic = 'betting.bets.settled.v1'"
+            "SELECT count(*) FROM notification WHERE topic = 'betting.match.bets-settled.v1'"
         )
         assert notes == BETS
     finally:

@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from reservo.appointments import events
 from reservo.core.clock import OffsetClock
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN, book, make_doctor, make_slots
@@ -84,13 +85,25 @@ async def test_reschedule_moves_the_booking_atomically(
     await assert_slot_invariant(db, [slots[0]["id"], slots[2]["id"]])
     assert await booked(db, slots[0]["id"]) == set()
     assert await booked(db, slots[2]["id"]) == {patient}
-    assert await topics(db, f"appointment:{new['id']}") == ["appointments.rescheduled.v1"]
+    # One appointment's life, one key (its first appointment's): the move is
+    # ordered after the booking on the same partition.
+    chain = f"appointment:{old['id']}"
+    assert await topics(db, chain) == [events.BOOKED, events.RESCHEDULED]
+    assert await topics(db, f"appointment:{new['id']}") == []
     # A retry with the same key replays the answer and moves nothing again.
     again = await reschedule(client, old["id"], slots[2]["id"], me, idem)
     assert again.status_code == 200 and again.json() == new
     # An admin may move it too (adjacent slot: the old one no longer blocks).
     moved = await reschedule(client, new["id"], slots[3]["id"], ADMIN)
     assert moved.status_code == 200 and moved.json()["rescheduledFrom"] == new["id"]
+    cancelled = await client.delete(f"/api/appointments/{moved.json()['id']}", headers=me)
+    assert cancelled.status_code == 200, cancelled.text
+    assert await topics(db, chain) == [
+        events.BOOKED,
+        events.RESCHEDULED,
+        events.RESCHEDULED,
+        events.CANCELLED,
+    ]
 
 
 async def test_a_refused_reschedule_changes_nothing(
@@ -254,10 +267,11 @@ async def test_a_freed_seat_goes_to_the_first_free_waiting_patient(
     won = await db.fetchval(
         "SELECT id FROM appointment WHERE slot_id = $1 AND patient_id = $2", slot, second
     )
-    assert await topics(db, f"appointment:{won}") == ["appointments.waitlist_booked.v1"]
+    assert await topics(db, f"appointment:{won}") == [events.WAITLIST_BOOKED]
     skipped = await db.fetch(
-        "SELECT payload FROM outbox WHERE key = $1 AND topic = 'appointments.waitlist_skipped.v1'",
+        "SELECT payload FROM outbox WHERE key = $1 AND topic = $2",
         f"slot:{slot}",
+        events.WAITLIST_SKIPPED,
     )
     assert [orjson.loads(r["payload"])["patientId"] for r in skipped] == [busy]
     # The winner sees it in their list; the next freed seat goes to the third.

@@ -115,7 +115,7 @@ async def test_result_posted_twice_settles_once_and_pays_once(
     # One notification per settled bet, sent once, though the result came twice.
     sent = await db.fetch(
         "SELECT recipient, subject, status FROM notification"
-        " WHERE topic = 'betting.bets.settled.v1' AND recipient = ANY($1) ORDER BY recipient",
+        " WHERE topic = 'betting.match.bets-settled.v1' AND recipient = ANY($1) ORDER BY recipient",
         [w_owner, l_owner, a_owner],
     )
     assert sorted((r["recipient"], r["status"]) for r in sent) == sorted(

@@ -21,6 +21,7 @@ from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
 from reservo.settings import Settings
+from reservo.wallet import PAYOUT_REQUESTED
 from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
 from tests.integration.test_betting_flow import drain
 
@@ -240,14 +241,15 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         "SELECT sum(balance) FROM wallet_account WHERE id = ANY($1)", [a for a, _ in accounts]
     )
     payload = await db.fetchval(
-        "SELECT payload FROM outbox"
-        " WHERE topic = 'wallet.payout.requested.v1' AND key LIKE $1 LIMIT 1",
-        f"match:{match['id']}:%",
+        "SELECT payload FROM outbox WHERE topic = $1"
+        " AND (payload->'items'->0->>'accountId')::bigint = ANY($2) LIMIT 1",
+        PAYOUT_REQUESTED,
+        [a for a, _ in accounts],
     )
     await container.payouts.handle(
         Event(
             uuid.uuid4(),
-            "wallet.payout.requested.v1",
+            PAYOUT_REQUESTED,
             "dup",
             orjson_loads(payload),
             datetime.now(UTC),

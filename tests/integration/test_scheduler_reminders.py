@@ -71,7 +71,8 @@ async def test_reminder_handler_emits_one_notification_event(
     await container.appointments.remind(job)
     await container.appointments.remind(job)  # a rerun sends nothing more
     events = await db.fetch(
-        "SELECT payload FROM outbox WHERE topic = 'appointments.reminder.v1' AND key = $1",
+        "SELECT payload FROM outbox WHERE topic = $1 AND key = $2",
+        "appointments.appointment.reminder-due.v1",
         f"appointment:{appt['id']}",
     )
     assert len(events) == 1

@@ -21,7 +21,7 @@ from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
 from reservo.settings import Settings
-from reservo.wallet import repo
+from reservo.wallet import PAYOUT_REQUESTED, repo
 from tests.betting_helpers import (
     ADMIN,
     SERVICE,
@@ -148,7 +148,7 @@ async def test_one_bettor_who_cannot_be_paid_blocks_no_other_and_is_replayed_onc
     async with own.db.connection() as conn:
         row = await conn.fetchrow(
             "SELECT event_id, topic, key, payload, created_at FROM outbox WHERE topic = $1",
-            "wallet.payout.requested.v1",
+            PAYOUT_REQUESTED,
         )
     await own.payouts.handle(Event(row[0], row[1], row[2], row[3], row[4]))
     await drain(own)

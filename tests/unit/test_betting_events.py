@@ -18,7 +18,7 @@ def test_each_bet_gets_the_uuid5_message_id_of_its_event() -> None:
         uuid.uuid4(),
         events.BETS_SETTLED,
         "match:1:0",
-        events.settled_payload(1, rows),
+        events.settled_payload(1, "m-1", rows),
         datetime.now(UTC),
     )
     sent = events.notifications(event)
@@ -35,7 +35,7 @@ def test_message_ids_equal_uuid5_over_a_chunk_of_bet_ids() -> None:
         uuid.uuid4(),
         events.BETS_SETTLED,
         "match:1:0",
-        events.settled_payload(1, [(i, 1, 2, "LOST", 0) for i in ids]),
+        events.settled_payload(1, "m-1", [(i, 1, 2, "LOST", 0) for i in ids]),
         datetime.now(UTC),
     )
     assert [n.event_id for n in events.notifications(event)] == [

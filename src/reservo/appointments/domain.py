@@ -39,6 +39,9 @@ class Appointment(FromRow):
     created_at: datetime
     # Set on the appointment a reschedule created: the one it replaced.
     rescheduled_from: int | None = None
+    # The first appointment of its reschedule chain (None: itself); its events'
+    # key, so a whole chain stays in order on one partition.
+    lineage_id: int | None = None
 
 
 @dataclass(frozen=True)

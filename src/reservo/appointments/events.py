@@ -6,17 +6,22 @@ from datetime import datetime
 from typing import Any
 
 from reservo.appointments.domain import Appointment
+from reservo.core.contract import EventSpec
 from reservo.core.notify import Notification
 from reservo.core.transport.base import Event
 
-BOOKED = "appointments.booked.v1"
-CANCELLED = "appointments.cancelled.v1"
-REMINDER = "appointments.reminder.v1"
-RESCHEDULED = "appointments.rescheduled.v1"
+# An appointment's whole life, under one key: the first appointment of its
+# reschedule chain (a reschedule books a new appointment in place of the old).
+APPOINTMENT_STREAM = "appointments.appointment.v1"
+WAITLIST_STREAM = "appointments.waitlist.v1"
+BOOKED = "appointments.appointment.booked.v1"
+CANCELLED = "appointments.appointment.cancelled.v1"
+REMINDER = "appointments.appointment.reminder-due.v1"
+RESCHEDULED = "appointments.appointment.rescheduled.v1"
 # A seat freed and went to the first patient of the slot's waitlist who was free.
-WAITLIST_BOOKED = "appointments.waitlist_booked.v1"
+WAITLIST_BOOKED = "appointments.appointment.booked-from-waitlist.v1"
 # A seat freed, but that waiting patient holds another appointment at that time.
-WAITLIST_SKIPPED = "appointments.waitlist_skipped.v1"
+WAITLIST_SKIPPED = "appointments.waitlist.patient-skipped.v1"
 # Drops the cached slot lists a booking, cancellation or move changed (durably:
 # what the request could not drop after its commit).
 SLOT_LISTS_CONSUMER = "appointments-slot-lists"
@@ -24,11 +29,21 @@ SLOT_LIST_CHANGES = (BOOKED, CANCELLED, RESCHEDULED)
 TOPICS = (BOOKED, CANCELLED, REMINDER, RESCHEDULED, WAITLIST_BOOKED, WAITLIST_SKIPPED)
 
 
+def key(appt: Appointment) -> str:
+    """One aggregate, one key: the chain a reschedule continues keeps the key
+    of its first appointment, so "moved" never overtakes "booked"."""
+    return f"appointment:{appt.lineage_id or appt.id}"
+
+
+def waitlist_key(slot_id: int) -> str:
+    return f"slot:{slot_id}"
+
+
 def payload(appt: Appointment) -> dict[str, Any]:
     seat = skipped_payload(
         appt.slot_id, appt.patient_id, appt.doctor_id, appt.start_at, appt.end_at
     )
-    return {"appointmentId": appt.id, **seat}
+    return {"appointmentId": appt.id, "firstAppointmentId": appt.lineage_id or appt.id, **seat}
 
 
 def rescheduled_payload(appt: Appointment, old: Appointment) -> dict[str, Any]:
@@ -97,3 +112,107 @@ def notifications(event: Event) -> list[Notification]:
         int(p["patientId"]), subject.format(**fields), body.format(**fields), str(event.id)
     )
     return [message]
+
+
+# -- the contract (core/contract.py): what a subscriber may rely on ---------------
+
+_ID = {"type": "integer", "minimum": 1}
+_TIME = {"type": "string", "format": "date-time"}
+_SEAT = {
+    "slotId": _ID,
+    "patientId": _ID,
+    "doctorId": _ID,
+    "startAt": _TIME,
+    "endAt": _TIME,
+}
+_APPOINTMENT = {
+    "appointmentId": {**_ID, "description": "This appointment."},
+    "firstAppointmentId": {
+        **_ID,
+        "description": "The first appointment of its reschedule chain (the key's id).",
+    },
+    **_SEAT,
+}
+_EXAMPLE = {
+    "appointmentId": 42,
+    "firstAppointmentId": 42,
+    "slotId": 7,
+    "patientId": 1001,
+    "doctorId": 3,
+    "startAt": "2030-01-07T09:00:00+00:00",
+    "endAt": "2030-01-07T09:30:00+00:00",
+}
+
+
+def _schema(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": sorted(properties),
+        "properties": properties,
+        "additionalProperties": True,
+    }
+
+
+def _appointment_event(name: str, formerly: str, summary: str) -> EventSpec:
+    return EventSpec(
+        name=name,
+        stream=APPOINTMENT_STREAM,
+        summary=summary,
+        key="appointment:{firstAppointmentId}",
+        key_doc="the first appointment of the reschedule chain: one appointment's "
+        "whole life (booking, moves, reminder, cancel) in order",
+        schema=_schema(_APPOINTMENT),
+        example=_EXAMPLE,
+        formerly=(formerly,),
+    )
+
+
+CONTRACT = (
+    _appointment_event(BOOKED, "appointments.booked.v1", "A patient booked a seat."),
+    _appointment_event(CANCELLED, "appointments.cancelled.v1", "An appointment was cancelled."),
+    _appointment_event(
+        REMINDER, "appointments.reminder.v1", "An appointment is due (the reminder time came)."
+    ),
+    _appointment_event(
+        WAITLIST_BOOKED,
+        "appointments.waitlist_booked.v1",
+        "A freed seat was booked for the first free patient of the slot's waitlist.",
+    ),
+    EventSpec(
+        name=RESCHEDULED,
+        stream=APPOINTMENT_STREAM,
+        summary="An appointment was moved: appointmentId is the new one, rescheduledFrom "
+        "the one it replaced (now cancelled).",
+        key="appointment:{firstAppointmentId}",
+        key_doc="the first appointment of the reschedule chain, the key of the "
+        "replaced appointment's events too",
+        schema=_schema(
+            {
+                **_APPOINTMENT,
+                "rescheduledFrom": {**_ID, "description": "The appointment it replaced."},
+                "previousStartAt": _TIME,
+            }
+        ),
+        example={
+            **_EXAMPLE,
+            "appointmentId": 43,
+            "slotId": 8,
+            "startAt": "2030-01-08T09:00:00+00:00",
+            "endAt": "2030-01-08T09:30:00+00:00",
+            "rescheduledFrom": 42,
+            "previousStartAt": "2030-01-07T09:00:00+00:00",
+        },
+        formerly=("appointments.rescheduled.v1",),
+    ),
+    EventSpec(
+        name=WAITLIST_SKIPPED,
+        stream=WAITLIST_STREAM,
+        summary="A seat freed, but the first waiting patient holds another appointment "
+        "then: skipped, and off that waitlist.",
+        key="slot:{slotId}",
+        key_doc="the slot whose waitlist it is: one waitlist's turns in order",
+        schema=_schema(_SEAT),
+        example={k: v for k, v in _EXAMPLE.items() if k in _SEAT},
+        formerly=("appointments.waitlist_skipped.v1",),
+    ),
+)

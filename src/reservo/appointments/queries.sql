@@ -82,7 +82,7 @@ WITH appt AS (
     UPDATE appointment SET status = 'CANCELLED', cancelled_at = $2
      WHERE id = $1 AND status = 'BOOKED' AND lower(period) > $2
     RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
-              upper(period) AS end_at, created_at
+              upper(period) AS end_at, created_at, lineage_id
 ), released AS (
     UPDATE time_slot SET booked_count = booked_count - 1
       FROM appt WHERE time_slot.id = appt.slot_id
@@ -104,7 +104,7 @@ UPDATE appointment a SET reminder_sent_at = $2
   FROM time_slot s
  WHERE a.id = $1 AND s.id = a.slot_id AND a.status = 'BOOKED' AND a.reminder_sent_at IS NULL
 RETURNING a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
-          upper(a.period) AS end_at, a.created_at, s.doctor_id;
+          upper(a.period) AS end_at, a.created_at, s.doctor_id, a.lineage_id;
 
 -- name: patient_appointments
 -- A patient's appointments soonest first, after a keyset position (start, id):
@@ -148,8 +148,13 @@ SELECT id FROM time_slot WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPD
 UPDATE time_slot SET booked_count = booked_count - 1 WHERE id = $1 RETURNING doctor_id;
 
 -- name: set_rescheduled_from
--- Link a reschedule's new appointment to the one it replaced.
-UPDATE appointment SET rescheduled_from = $2 WHERE id = $1;
+-- Link a reschedule's new appointment to the one it replaced, and to the first
+-- appointment of the chain (its events' key). Returns that first appointment.
+UPDATE appointment
+   SET rescheduled_from = $2,
+       lineage_id = (SELECT coalesce(lineage_id, id) FROM appointment WHERE id = $2)
+ WHERE id = $1
+RETURNING lineage_id;
 
 -- name: join_waitlist
 -- Only a full, open, future slot has a waitlist, and not for a patient holding a

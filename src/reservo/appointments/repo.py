@@ -118,8 +118,10 @@ async def release_seat(conn: asyncpg.Connection, slot_id: int) -> int:
     return doctor_id
 
 
-async def set_rescheduled_from(conn: asyncpg.Connection, appointment_id: int, old: int) -> None:
-    await conn.execute(Q.set_rescheduled_from, appointment_id, old)
+async def set_rescheduled_from(conn: asyncpg.Connection, appointment_id: int, old: int) -> int:
+    """Returns the first appointment of the chain (the events' key)."""
+    lineage: int = await conn.fetchval(Q.set_rescheduled_from, appointment_id, old)
+    return lineage
 
 
 async def join_waitlist(

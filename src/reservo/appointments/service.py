@@ -322,7 +322,7 @@ class AppointmentService:
                 if row is None:
                     raise await self._refusal(conn, slot_id, patient_id, now)
                 appt = Appointment.from_row(row)
-                await emit(conn, events.BOOKED, f"appointment:{appt.id}", events.payload(appt), now)
+                await emit(conn, events.BOOKED, events.key(appt), events.payload(appt), now)
                 # Same transaction: the booking and its reminder commit together.
                 await self._remind_later(conn, appt, now)
                 if within is not None:
@@ -399,9 +399,7 @@ class AppointmentService:
             row = await repo.cancel(conn, appointment_id, now)
             if row is not None:
                 appt = Appointment.from_row(row)
-                await emit(
-                    conn, events.CANCELLED, f"appointment:{appt.id}", events.payload(appt), now
-                )
+                await emit(conn, events.CANCELLED, events.key(appt), events.payload(appt), now)
                 reminder = await repo.reminder_job_of(conn, appointment_id)
                 if self.scheduler is not None and reminder is not None:
                     await self.scheduler.cancel(reminder, conn=conn)
@@ -430,9 +428,7 @@ class AppointmentService:
             row = await repo.mark_reminded(conn, appointment_id, now)
             if row is not None:
                 appt = Appointment.from_row(row)
-                await emit(
-                    conn, events.REMINDER, f"appointment:{appt.id}", events.payload(appt), now
-                )
+                await emit(conn, events.REMINDER, events.key(appt), events.payload(appt), now)
 
     # -- second release: lists ----------------------------------------------------
 
@@ -514,12 +510,14 @@ class AppointmentService:
             row = await repo.book(conn, slot_id, old.patient_id, now)
             if row is None:
                 raise await self._refusal(conn, slot_id, old.patient_id, now)
-            await repo.set_rescheduled_from(conn, row["id"], old.id)
-            appt = dataclasses.replace(Appointment.from_row(row), rescheduled_from=old.id)
+            lineage = await repo.set_rescheduled_from(conn, row["id"], old.id)
+            appt = dataclasses.replace(
+                Appointment.from_row(row), rescheduled_from=old.id, lineage_id=lineage
+            )
             await emit(
                 conn,
                 events.RESCHEDULED,
-                f"appointment:{appt.id}",
+                events.key(appt),
                 events.rescheduled_payload(appt, old),
                 now,
             )
@@ -629,7 +627,7 @@ class AppointmentService:
                     await emit(
                         conn,
                         events.WAITLIST_BOOKED,
-                        f"appointment:{appt.id}",
+                        events.key(appt),
                         events.payload(appt),
                         now,
                     )
@@ -640,7 +638,7 @@ class AppointmentService:
             await emit(
                 conn,
                 events.WAITLIST_SKIPPED,
-                f"slot:{slot_id}",
+                events.waitlist_key(slot_id),
                 events.skipped_payload(
                     slot_id,
                     first["patient_id"],

@@ -69,6 +69,7 @@ def setup(shared: Shared) -> Appointments:
         },
         errors=ERRORS,
         constraints=CONSTRAINTS,
+        events=events.CONTRACT,
         notifications={topic: events.notifications for topic in events.TOPICS},
         state={"appointments": service},
     )

@@ -6,16 +6,24 @@ import hashlib
 import uuid
 from typing import Any
 
+from reservo.core.contract import EventSpec
 from reservo.core.notify import Notification
 from reservo.core.transport.base import Event
 
-# The result webhook publishes here (key = the match's external id).
-RESULT_TOPIC = "matches.result.v1"
+# A match's result and its settlement, in order on one stream under one key.
+STREAM = "betting.match.v1"
+# The result webhook publishes this (key: match_key of the match's external id).
+RESULT_TOPIC = "betting.match.result-reported.v1"
 # One event per settlement chunk, one item (notification) per settled bet.
-BETS_SETTLED = "betting.bets.settled.v1"
+BETS_SETTLED = "betting.match.bets-settled.v1"
 SETTLEMENT_CONSUMER = "betting.settlement"
 
 _RESULT_NS = uuid.UUID("1b7f3f0c-7d5e-4a8e-9a51-5b0c2f0e6a11")
+
+
+def match_key(external_id: str) -> str:
+    """One aggregate, one key: a match's result and every chunk of its settlement."""
+    return f"match:{external_id}"
 
 
 def result_event_id(provider_event_id: str) -> uuid.UUID:
@@ -24,11 +32,12 @@ def result_event_id(provider_event_id: str) -> uuid.UUID:
     return uuid.uuid5(_RESULT_NS, provider_event_id)
 
 
-def settled_payload(match_id: int, rows: list[Any]) -> dict[str, Any]:
+def settled_payload(match_id: int, external_id: str, rows: list[Any]) -> dict[str, Any]:
     """``rows``: settle_bets' (id, account_id, owner_id, status, payout), read by
     position (by name cost a third more at 5,000 rows a chunk)."""
     return {
         "matchId": match_id,
+        "matchExternalId": external_id,
         "bets": [
             {"betId": i, "ownerId": o, "accountId": a, "status": s, "payout": p}
             for i, a, o, s, p in rows
@@ -66,3 +75,80 @@ def _uuid5_text(sha1: bytes) -> str:
     b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
     h = b.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+# -- the contract (core/contract.py): what a subscriber may rely on ---------------
+
+_KEY_DOC = "the match (its external id): its result, then its settlement, in order"
+CONTRACT = (
+    EventSpec(
+        name=RESULT_TOPIC,
+        stream=STREAM,
+        summary="A match's result, as the results provider reported it (webhook, or an "
+        "admin by hand); the settlement consumer settles the match's bets.",
+        key="match:{matchExternalId}",
+        key_doc=_KEY_DOC,
+        schema={
+            "type": "object",
+            "required": ["matchExternalId", "status", "providerEventId"],
+            "properties": {
+                "matchExternalId": {"type": "string"},
+                "status": {"enum": ["CANCELLED", "FINISHED"]},
+                "homeScore": {"type": ["integer", "null"], "minimum": 0},
+                "awayScore": {"type": ["integer", "null"], "minimum": 0},
+                "providerEventId": {"type": "string"},
+            },
+            "additionalProperties": True,
+        },
+        example={
+            "matchExternalId": "m-2030-0107-1",
+            "status": "FINISHED",
+            "homeScore": 2,
+            "awayScore": 1,
+            "providerEventId": "prov-88412",
+        },
+        formerly=("matches.result.v1",),
+    ),
+    EventSpec(
+        name=BETS_SETTLED,
+        stream=STREAM,
+        summary="A chunk of a match's bets was settled (one item per bet).",
+        key="match:{matchExternalId}",
+        key_doc=_KEY_DOC,
+        schema={
+            "type": "object",
+            "required": ["matchId", "matchExternalId", "bets"],
+            "properties": {
+                "matchId": {"type": "integer", "minimum": 1},
+                "matchExternalId": {"type": "string"},
+                "bets": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["betId", "ownerId", "accountId", "status", "payout"],
+                        "properties": {
+                            "betId": {"type": "integer", "minimum": 1},
+                            "ownerId": {"type": "integer", "minimum": 1},
+                            "accountId": {"type": "integer", "minimum": 1},
+                            "status": {"enum": ["LOST", "VOID", "WON"]},
+                            "payout": {
+                                "type": ["integer", "null"],
+                                "minimum": 0,
+                                "description": "Minor units.",
+                            },
+                        },
+                    },
+                },
+            },
+            "additionalProperties": True,
+        },
+        example={
+            "matchId": 9,
+            "matchExternalId": "m-2030-0107-1",
+            "bets": [
+                {"betId": 501, "ownerId": 3001, "accountId": 77, "status": "WON", "payout": 2500}
+            ],
+        },
+        formerly=("betting.bets.settled.v1",),
+    ),
+)

@@ -79,7 +79,7 @@ class ResultIntake:
         event = Event(
             events.result_event_id(result.provider_event_id),
             events.RESULT_TOPIC,
-            result.match_external_id,
+            events.match_key(result.match_external_id),
             payload,
             now,
         )

@@ -143,7 +143,8 @@ RETURNING id;
 
 -- name: match_result
 -- A match's result and settlement status, read by each settlement chunk.
-SELECT result_status, home_score, away_score, settlement_status FROM betting_match WHERE id = $1;
+SELECT result_status, home_score, away_score, settlement_status, external_id
+  FROM betting_match WHERE id = $1;
 
 -- name: grade_chunk
 -- Claim up to $2 pending legs of the match after bet $7 (SKIP LOCKED: several

@@ -88,7 +88,7 @@ class FallbackResender:
                     Event(
                         events.result_event_id(payload["providerEventId"]),
                         events.RESULT_TOPIC,
-                        payload["matchExternalId"],
+                        events.match_key(payload["matchExternalId"]),
                         payload,
                         row["created_at"],
                     )

@@ -10,7 +10,6 @@ back and is done again by whoever resumes (the consumer redelivery or the sweepe
 from __future__ import annotations
 
 import asyncio
-import zlib
 from typing import Any
 
 import asyncpg
@@ -89,7 +88,7 @@ class Settlement:
         return None
 
     async def handle(self, event: Event) -> None:
-        """Consumer-group handler of ``matches.result.v1``."""
+        """Consumer-group handler of the match results (``RESULT_TOPIC``)."""
         if event.topic != events.RESULT_TOPIC:
             return
         async with self.db.transaction() as conn:
@@ -144,18 +143,25 @@ class Settlement:
                 for bet_id, account_id, _, status, payout in settled
                 if payout
             ]
-            # One key per house sub-account: chunks of a match are independent (each
-            # bet is paid once whatever the order), so they are applied in parallel,
-            # but never two at once on the same house row.
-            shard = zlib.crc32(str(bet_ids[0]).encode()) % self.house_shards
-            key = f"match:{match_id}:{shard}"
-            if credits:
+            # The credits by account bucket, one event each, keyed by it: an
+            # account's payouts stay in order, and each bucket's house
+            # sub-account pays them (never two events at once on one house row).
+            for shard, items in wallet.by_bucket(credits, self.house_shards).items():
                 await emit(
-                    conn, wallet.PAYOUT_REQUESTED, key, wallet.payout_request(credits, shard), now
+                    conn,
+                    wallet.PAYOUT_REQUESTED,
+                    wallet.payouts_key(shard),
+                    wallet.payout_request(items, shard),
+                    now,
                 )
             if settled:
+                external_id = result["external_id"]
                 await emit(
-                    conn, events.BETS_SETTLED, key, events.settled_payload(match_id, settled), now
+                    conn,
+                    events.BETS_SETTLED,
+                    events.match_key(external_id),
+                    events.settled_payload(match_id, external_id, settled),
+                    now,
                 )
             await repo.add_progress(conn, match_id, len(bet_ids))
         metrics.BETS_SETTLED.inc(len(bet_ids))

@@ -45,6 +45,7 @@ def setup(shared: Shared) -> Betting:
         producer = transport_from_settings(
             s,
             lambda: [events.RESULT_TOPIC],
+            shared.events,
             request_timeout_ms=int(s.betting_publish_timeout_s * MS_PER_S),
             client_id="reservo-results-webhook",
         )
@@ -95,6 +96,7 @@ def setup(shared: Shared) -> Betting:
         },
         errors=ERRORS,
         constraints=CONSTRAINTS,
+        events=events.CONTRACT,
         notifications={events.BETS_SETTLED: events.notifications},
         state={"betting": service, "results": results},
     )

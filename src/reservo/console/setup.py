@@ -39,7 +39,9 @@ def setup(shared: Shared) -> Console:
         shared.clock,
         pulse,
         shared.subscriptions.consumers,
-        lambda consumer: sorted(shared.subscriptions.for_consumer(consumer)),
+        # Its Kafka topics: the streams of its events, and (this release) the
+        # topics of their old names, whose lag the upgrade's drain watches.
+        lambda consumer: _topics(shared, consumer),
         settings.kafka_bootstrap,
         settings.kafka_group_prefix,
     )
@@ -72,3 +74,8 @@ def setup(shared: Shared) -> Console:
             "console_figures": figures,
         },
     )
+
+
+def _topics(shared: Shared, consumer: str) -> list[str]:
+    names = shared.subscriptions.for_consumer(consumer)
+    return shared.events.streams(names) + shared.events.former_topics(names)

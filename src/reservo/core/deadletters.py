@@ -4,7 +4,7 @@ park here)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from uuid import UUID
 
@@ -14,6 +14,7 @@ import structlog
 
 from reservo.core import metrics
 from reservo.core.clock import Clock
+from reservo.core.contract import EventRegistry
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
 from reservo.core.failures import Rejected, is_transient
@@ -103,8 +104,16 @@ class DeadLetterBox:
     the same handler (which dedupes by event id through its inbox: a replay is
     applied at most once, however often it is asked for)."""
 
-    def __init__(self, db: Database, clock: Clock, subscriptions: Subscriptions) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        subscriptions: Subscriptions,
+        events: EventRegistry | None = None,
+    ) -> None:
         self.db, self.clock, self.subscriptions = db, clock, subscriptions
+        # A letter parked under an event's old name replays under its new one.
+        self.events = events or EventRegistry()
 
     async def page(
         self, consumer: str | None, before_id: int | None, limit: int
@@ -135,7 +144,8 @@ class DeadLetterBox:
                 raise DomainError("not_found", f"no dead letter {letter_id}")
         try:
             event = from_cloudevent(bytes(row["value"]))
-            subscription = self.subscriptions.for_consumer(row["consumer"]).get(row["topic"])
+            event = replace(event, topic=self.events.current(event.topic))
+            subscription = self.subscriptions.for_consumer(row["consumer"]).get(event.topic)
             if subscription is None:
                 raise Rejected(f"{row['consumer']} no longer consumes {row['topic']}")
             await subscription.handler(event)

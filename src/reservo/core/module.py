@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from reservo.core.contract import EventSpec
 from reservo.core.lean import LeanRoute
 from reservo.core.notify import Notification
 from reservo.core.transport.base import BatchHandler, Event, Handler
@@ -80,6 +81,9 @@ class Module:
     errors: Mapping[str, int] = field(default_factory=dict)
     # constraint name -> (code, detail): a refused write becomes that DomainError.
     constraints: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # The events it emits (or takes in and republishes): name, topic, key and
+    # payload schema (core/contract.py); the AsyncAPI document is made of these.
+    events: Sequence[EventSpec] = ()
     # topic -> renderer: the notifications the module's events become.
     notifications: Mapping[str, Renderer] = field(default_factory=dict)
     # What its routes read from ``request.app.state`` (name -> object).

@@ -16,6 +16,7 @@ import structlog
 from reservo.core import metrics, tracing
 from reservo.core.backoff import backoff_delay
 from reservo.core.clock import Clock
+from reservo.core.contract import EventRegistry
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
 from reservo.core.failures import is_transient
@@ -60,8 +61,13 @@ class OutboxRelay:
         backoff_max_s: float = 60.0,
         poll_interval_s: float = 0.2,
         pipelined: bool = False,
+        events: EventRegistry | None = None,
     ) -> None:
         self.db, self.transport, self.clock = db, transport, clock
+        # Rows written under an event's old name (pending at the upgrade, or
+        # written by a process of the release before during a rolling one) go
+        # out under its new name: no event is lost to a rename.
+        self.events = events or EventRegistry()
         self.batch_size, self.lease_s = batch_size, lease_s
         self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
         self.poll_interval_s, self.pipelined = poll_interval_s, pipelined
@@ -83,10 +89,11 @@ class OutboxRelay:
         return list(rows)
 
     async def _deliver(self, rows: list[asyncpg.Record]) -> list[BaseException | None]:
+        name = self.events.current
         events = [
             Event(
                 r["event_id"],
-                r["topic"],
+                name(r["topic"]),
                 r["key"],
                 r["payload"],
                 r["created_at"],

@@ -16,5 +16,5 @@ class Ops(Module):
 
 
 def setup(shared: Shared) -> Ops:
-    box = DeadLetterBox(shared.db, shared.clock, shared.subscriptions)
+    box = DeadLetterBox(shared.db, shared.clock, shared.subscriptions, shared.events)
     return Ops(name="ops", dead_letters=box, routers=[router], state={"dead_letters": box})

@@ -8,17 +8,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from reservo.core.contract import EventSpec
 from reservo.core.notify import Notification
 from reservo.core.transport.base import Event
 from reservo.rentals.domain import Booking
 
+# A booking's whole life (hold, payment, trip, refund) on one stream, one key.
+STREAM = "rentals.booking.v1"
 HELD = "rentals.booking.held.v1"
 CONFIRMED = "rentals.booking.confirmed.v1"
 EXPIRED = "rentals.booking.expired.v1"
 CANCELLED = "rentals.booking.cancelled.v1"
 PICKED_UP = "rentals.booking.picked-up.v1"
 RETURNED = "rentals.booking.returned.v1"
-REFUND_REQUESTED = "rentals.refund.requested.v1"
+REFUND_REQUESTED = "rentals.booking.refund-requested.v1"
 STATUS_TOPICS = (HELD, CONFIRMED, EXPIRED, CANCELLED, PICKED_UP, RETURNED)
 TOPICS = (*STATUS_TOPICS, REFUND_REQUESTED)
 BY_STATUS = {
@@ -97,3 +100,99 @@ def notifications(event: Event) -> list[Notification]:
     if event.topic in (CONFIRMED, CANCELLED) and p["hostId"] != p["customerId"]:
         recipients.append(int(p["hostId"]))
     return [Notification(r, subject, body, str(event.id)) for r in recipients]
+
+
+# -- the contract (core/contract.py): what a subscriber may rely on ---------------
+
+_ID = {"type": "integer", "minimum": 1}
+_MONEY = {"type": "integer", "minimum": 0, "description": "Minor units."}
+_TIME = {"type": "string", "format": "date-time"}
+_BOOKING_SCHEMA = {
+    "type": "object",
+    "required": [
+        "bookingId",
+        "carId",
+        "customerId",
+        "hostId",
+        "status",
+        "from",
+        "to",
+        "depositAmount",
+        "refundAmount",
+    ],
+    "properties": {
+        "bookingId": _ID,
+        "carId": _ID,
+        "customerId": _ID,
+        "hostId": _ID,
+        "status": {"enum": sorted(BY_STATUS)},
+        "from": _TIME,
+        "to": _TIME,
+        "depositAmount": _MONEY,
+        "refundAmount": {**_MONEY, "type": ["integer", "null"]},
+    },
+    "additionalProperties": True,
+}
+_BOOKING_EXAMPLE = {
+    "bookingId": 12,
+    "carId": 5,
+    "customerId": 2001,
+    "hostId": 2002,
+    "status": "HOLD",
+    "from": "2030-01-07T10:00:00+00:00",
+    "to": "2030-01-09T10:00:00+00:00",
+    "depositAmount": 15000,
+    "refundAmount": None,
+}
+_KEY_DOC = "the booking: its whole life (hold, payment, trip, refunds) in order"
+_SUMMARIES = {
+    HELD: "A car was held for a customer; the deposit is due.",
+    CONFIRMED: "The deposit was paid: the booking is confirmed.",
+    EXPIRED: "The hold lapsed unpaid.",
+    CANCELLED: "The booking was cancelled (refundAmount: what goes back).",
+    PICKED_UP: "The trip started.",
+    RETURNED: "The car came back: the trip is completed.",
+}
+
+
+def _status_event(status: str, name: str) -> EventSpec:
+    return EventSpec(
+        name=name,
+        stream=STREAM,
+        summary=_SUMMARIES[name],
+        key="booking:{bookingId}",
+        key_doc=_KEY_DOC,
+        schema=_BOOKING_SCHEMA,
+        example={**_BOOKING_EXAMPLE, "status": status},
+    )
+
+
+CONTRACT = (
+    *(_status_event(status, name) for status, name in BY_STATUS.items()),
+    EventSpec(
+        name=REFUND_REQUESTED,
+        stream=STREAM,
+        summary="Money goes back to the customer (a cancel, or a payment that came "
+        "late or too large); the refund consumer pays it.",
+        key="booking:{bookingId}",
+        key_doc=_KEY_DOC,
+        schema={
+            "type": "object",
+            "required": ["bookingId", "customerId", "amount", "reason"],
+            "properties": {
+                "bookingId": _ID,
+                "customerId": _ID,
+                "amount": {**_MONEY, "minimum": 1},
+                "reason": {"type": "string"},
+            },
+            "additionalProperties": True,
+        },
+        example={
+            "bookingId": 12,
+            "customerId": 2001,
+            "amount": 15000,
+            "reason": "cancelled by the customer",
+        },
+        formerly=("rentals.refund.requested.v1",),
+    ),
+)

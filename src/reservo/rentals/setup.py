@@ -84,6 +84,7 @@ def setup(shared: Shared) -> Rentals:
         },
         errors=ERRORS,
         constraints=CONSTRAINTS,
+        events=events.CONTRACT,
         notifications={topic: events.notifications for topic in events.TOPICS},
         state={"rentals": service},
         closers=[gateway.aclose] if gateway is not None else [],

@@ -4,7 +4,7 @@ This is the public facade other modules use (betting debits stakes and requests
 payouts through it); they never import the wallet's internals."""
 
 from reservo.wallet.domain import Account, bet_reference, house_shard
-from reservo.wallet.events import PAYOUT_REQUESTED, payout_request
+from reservo.wallet.events import PAYOUT_REQUESTED, by_bucket, payout_request, payouts_key
 from reservo.wallet.service import Payout, get_account_in_tx, house_account_in_tx, transfer_in_tx
 
 __all__ = [
@@ -12,9 +12,11 @@ __all__ = [
     "Account",
     "Payout",
     "bet_reference",
+    "by_bucket",
     "get_account_in_tx",
     "house_account_in_tx",
     "house_shard",
     "payout_request",
+    "payouts_key",
     "transfer_in_tx",
 ]

@@ -11,19 +11,44 @@ import asyncpg
 
 from reservo.core import deadletters, inbox
 from reservo.core.clock import Clock
+from reservo.core.contract import EventSpec
 from reservo.core.db import Database
 from reservo.core.failures import Rejected, is_transient
 from reservo.core.transport.base import Event
 from reservo.wallet import domain
 from reservo.wallet.service import Payout, pay_many_in_tx
 
-PAYOUT_REQUESTED = "wallet.payout.requested.v1"
+# An account's credits, in order: every payout event of one account carries the
+# key of its bucket (see ``bucket``).
+STREAM = "wallet.account.v1"
+PAYOUT_REQUESTED = "wallet.account.payouts-requested.v1"
 TOPICS = (PAYOUT_REQUESTED,)
 CONSUMER = "wallet.payouts"
 
 
+def bucket(account_id: int, house_shards: int) -> int:
+    """The bucket of an account: a payout event holds the credits of one bucket,
+    keyed by it, so every payout of one account carries the same key (one
+    partition, in order) whatever match or chunk it comes from. The bucket is
+    also the house sub-account that pays it (the one that took the stakes): two
+    events of one key never run at once, so neither do two on one house row."""
+    return domain.house_shard(account_id, house_shards)
+
+
+def payouts_key(bucket: int) -> str:
+    return f"accounts:{bucket}"
+
+
+def by_bucket(items: Sequence[Payout], house_shards: int) -> dict[int, list[Payout]]:
+    """A chunk's credits split by bucket (in their order within each)."""
+    out: dict[int, list[Payout]] = {}
+    for p in items:
+        out.setdefault(bucket(p.account_id, house_shards), []).append(p)
+    return dict(sorted(out.items()))
+
+
 def payout_request(items: Sequence[Payout], shard: int) -> dict[str, Any]:
-    """The payload of ``wallet.payout.requested.v1``: a chunk of credits."""
+    """The payload of ``PAYOUT_REQUESTED``: credits of one account bucket."""
     return {
         "shard": shard,
         "items": [
@@ -122,3 +147,54 @@ def _readable(item: Payout, exc: Exception) -> Exception:
         refused = domain.credit_refused(item.account_id, item.amount)
         return Rejected(f"{refused.code}: {refused.detail}")
     return exc
+
+
+# -- the contract (core/contract.py): what a subscriber may rely on ---------------
+
+CONTRACT = (
+    EventSpec(
+        name=PAYOUT_REQUESTED,
+        stream=STREAM,
+        summary="Credits to pay (bet payouts and refunds), all of one account bucket; "
+        "each (kind, reference, account) is paid once.",
+        key="accounts:{shard}",
+        key_doc="the bucket of the credited accounts (accountId mod "
+        "RESERVO_WALLET_HOUSE_SHARDS): every payout of one account carries the same "
+        "key, so an account's credits stay in order",
+        schema={
+            "type": "object",
+            "required": ["shard", "items"],
+            "properties": {
+                "shard": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "The bucket: every item's accountId mod the shard count.",
+                },
+                "items": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["kind", "reference", "accountId", "amount"],
+                        "properties": {
+                            "kind": {"enum": ["PAYOUT", "REFUND"]},
+                            "reference": {"type": "string"},
+                            "accountId": {"type": "integer", "minimum": 1},
+                            "amount": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "description": "Minor units.",
+                            },
+                        },
+                    },
+                },
+            },
+            "additionalProperties": True,
+        },
+        example={
+            "shard": 5,
+            "items": [{"kind": "PAYOUT", "reference": "bet:501", "accountId": 77, "amount": 2500}],
+        },
+        formerly=("wallet.payout.requested.v1",),
+    ),
+)

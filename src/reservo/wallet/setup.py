@@ -34,6 +34,7 @@ def setup(shared: Shared) -> Wallet:
         routers=[router],
         lean=LEAN_ROUTES,
         consumes=[Consumes(events.CONSUMER, [events.PAYOUT_REQUESTED], payouts.handle)],
+        events=events.CONTRACT,
         errors=ERRORS,
         constraints=CONSTRAINTS,
         state={"wallet": service, "wallet_transfers": transfers},

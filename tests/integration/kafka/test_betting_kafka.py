@@ -1,5 +1,5 @@
 """Betting over a real Kafka-protocol broker: the webhook publishes the result to
-``matches.result.v1``, the ``betting.settlement`` consumer group settles it, payouts
+``betting.match.result-reported.v1``, the ``betting.settlement`` consumer group settles it, payouts
 travel through Kafka to the wallet. The same providerEventId also arriving
 through the fallback table settles once."""
 

@@ -16,10 +16,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from reservo.core.clock import OffsetClock
+from reservo.core.contract import TYPE_PREFIX
 from reservo.core.db import Database
 from reservo.core.embedded import EmbeddedKafka
 from reservo.core.inbox import once_many
 from reservo.core.outbox import OutboxRelay
+from reservo.core.transport.envelope import from_record
 from reservo.core.transport.kafka import KafkaConsumerRunner
 from tests.integration.kafka.conftest import Background, unique_topic
 from tests.integration.kafka.helpers import (
@@ -49,19 +51,25 @@ async def test_events_published_once_and_consumed_once_in_order_per_key(
     await wait_until(lambda: _all_done(kdb, topic, 600), 30, "relay to publish everything")
 
     records = await read_topic(kafka_bootstrap, topic)
-    envelopes = [orjson.loads(rec.value) for rec in records]
-    ids = Counter(uuid.UUID(e["id"]) for e in envelopes)
+    # CloudEvents binary mode: the attributes in headers, the payload as value.
+    envelopes = [from_record(rec.headers, rec.value) for rec in records]
+    ids = Counter(e.id for e in envelopes)
     assert set(ids) == {eid for eid, _, _ in written}
     assert max(ids.values()) == 1  # published once each
-    env = envelopes[0]
-    assert env["specversion"] == "1.0" and env["type"] == topic
-    assert env["source"] == "/reservo" and env["datacontenttype"] == "application/json"
-    assert env["subject"] == env["data"]["key"] and "time" in env
+    headers = dict(records[0].headers)
+    assert (
+        headers["ce_specversion"] == b"1.0"
+        and headers["ce_type"] == TYPE_PREFIX.encode() + topic.encode()
+    )
+    assert headers["ce_source"] == b"/reservo" and headers["content-type"] == b"application/json"
+    assert orjson.loads(records[0].value) == envelopes[0].payload
     # One key lives in one partition, in the order it was written.
     by_key: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     for rec, e in zip(records, envelopes, strict=True):
-        assert rec.key == e["subject"].encode()
-        by_key[e["subject"]].append((rec.partition, rec.offset, e["data"]["seq"]))
+        assert (
+            e.key is not None and rec.key == e.key.encode() == dict(rec.headers)["ce_partitionkey"]
+        )
+        by_key[e.key].append((rec.partition, rec.offset, e.payload["seq"]))
     for key, items in by_key.items():
         assert len({p for p, _, _ in items}) == 1, key
         assert [s for _, _, s in sorted(items)] == list(range(len(items))), key
@@ -126,7 +134,7 @@ async def test_broker_down_mid_run_relay_retries_nothing_lost_and_resumes(
         applied = await effects(kdb, consumer)
         assert sorted(e for e, _, _ in applied) == sorted(e for e, _, _ in first + second)
         on_new_broker = Counter(
-            uuid.UUID(orjson.loads(r.value)["id"]) for r in await read_topic(bootstrap, topic)
+            from_record(r.headers, r.value).id for r in await read_topic(bootstrap, topic)
         )
         assert set(on_new_broker) == {e for e, _, _ in second}
         assert max(on_new_broker.values()) == 1
@@ -199,7 +207,7 @@ async def test_two_relays_in_parallel_publish_no_duplicates(
     published = [t for t in transports if t._producer is not None]
     assert len(published) == 2  # both relays really took part
     ids = Counter(
-        uuid.UUID(orjson.loads(r.value)["id"]) for r in await read_topic(kafka_bootstrap, topic)
+        from_record(r.headers, r.value).id for r in await read_topic(kafka_bootstrap, topic)
     )
     assert set(ids) == {e for e, _, _ in written}
     assert max(ids.values()) == 1
@@ -245,6 +253,8 @@ async def test_poison_event_is_parked_and_the_partition_moves_on(
     assert sorted(r.value for r in dlt) == sorted(
         [b"{not json", _value_of(await read_topic(kafka_bootstrap, topic), poison)]
     )
+    # The poison record's dead-letter copy keeps its CloudEvents headers.
+    assert {from_record(r.headers, r.value).id for r in dlt if r.value != b"{not json"} == {poison}
 
 
 async def test_a_transient_failure_is_retried_past_any_budget_and_never_parked(
@@ -290,8 +300,8 @@ async def _calls_over(calls: Counter[uuid.UUID], event_id: uuid.UUID, n: int) ->
 
 def _value_of(records: list[Any], event_id: uuid.UUID) -> bytes:
     for r in records:
-        with contextlib.suppress(orjson.JSONDecodeError):
-            if orjson.loads(r.value)["id"] == str(event_id):
+        with contextlib.suppress(ValueError):
+            if from_record(r.headers, r.value).id == event_id:
                 return bytes(r.value)
     raise AssertionError("not found")
 

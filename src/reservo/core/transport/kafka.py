@@ -1,13 +1,14 @@
 """Kafka transport: the outbox relay publishes, consumer-group runners consume.
 
 Publishing (``KafkaTransport``): every claimed outbox row becomes one record on
-``event.topic`` (``<module>.<event>.v1``), keyed by ``event.key`` (the aggregate
-id, so one aggregate stays ordered in one partition), with a CloudEvents 1.0
-JSON envelope as value. A batch is sent as a whole (send all, then await all
-acknowledgements) and a row is reported delivered only once the broker acked its
-record (``acks=all``). aiokafka keeps at most one batch in flight per partition,
-so a retried batch cannot overtake a later one: per-key order holds even without
-the idempotent producer (which Tansu's in-memory store does not support).
+its aggregate's stream (``<module>.<aggregate>.v1``, core/contract.py), keyed by
+``event.key`` (the aggregate id, so one aggregate stays ordered in one
+partition), on the CloudEvents Kafka binding in binary mode (envelope.py). A
+batch is sent as a whole (send all, then await all acknowledgements) and a row
+is reported delivered only once the broker acked its record (``acks=all``).
+aiokafka keeps at most one batch in flight per partition, so a retried batch
+cannot overtake a later one: per-key order holds even without the idempotent
+producer (which Tansu's in-memory store does not support).
 
 Consuming (``KafkaConsumerRunner``): one consumer group per consumer name
 (``<prefix>.<consumer>``) calls the SAME handlers the local transport calls.
@@ -47,6 +48,7 @@ from reservo.core import tracing
 from reservo.core.backoff import backoff_delay
 from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
+from reservo.core.contract import EventRegistry
 from reservo.core.db import Database, Queries
 from reservo.core.failures import is_transient
 from reservo.core.loops import pause
@@ -59,7 +61,7 @@ from reservo.core.transport.base import (
     Handler,
     TransportUnavailable,
 )
-from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
+from reservo.core.transport.envelope import from_record, to_cloudevent, to_record
 
 log = structlog.get_logger(__name__)
 Q = Queries.load("reservo.core")
@@ -131,8 +133,11 @@ class KafkaTransport:
         request_timeout_ms: int = 30_000,
         breaker: CircuitBreaker | None = None,
         client_id: str = "reservo-relay",
+        events: EventRegistry | None = None,
     ) -> None:
         self.bootstrap, self.source = bootstrap, source
+        # Which topic (stream) and CloudEvents type each event name has.
+        self.events = events or EventRegistry()
         self.partitions, self.replication_factor = partitions, replication_factor
         self.topic_partitions = topic_partitions or {}
         self.idempotence, self.linger_ms = idempotence, linger_ms
@@ -148,7 +153,7 @@ class KafkaTransport:
     async def start(self) -> None:
         """Connect and create the start-up topics (``deliver`` also does it lazily)."""
         await self._ensure_producer()
-        await self._ensure_topics(self._startup_topics())
+        await self._ensure_topics(self.events.streams(self._startup_topics()))
 
     async def stop(self) -> None:
         if self._producer is not None:
@@ -196,7 +201,7 @@ class KafkaTransport:
             return [TransportUnavailable(str(exc))] * n
         try:
             producer = await self._ensure_producer()
-            await self._ensure_topics({e.topic for e in events})
+            await self._ensure_topics(self.events.streams(e.topic for e in events))
         except Exception as exc:  # broker unreachable: nothing was sent
             self._broker_failed()
             log.warning("kafka_unavailable", error=repr(exc))
@@ -205,13 +210,14 @@ class KafkaTransport:
         # Send everything first (records go to per-partition batches), then await all acks.
         pending: list[asyncio.Future[Any] | BaseException] = []
         for i, event in enumerate(events):
+            headers, value = to_record(event, self.source, self.events.type_of(event.topic))
             try:
                 pending.append(
                     await producer.send(
-                        event.topic,
-                        to_cloudevent(event, self.source),
+                        self.events.stream(event.topic),
+                        value,
                         key=None if event.key is None else event.key.encode(),
-                        headers=trace_headers(event),
+                        headers=[*headers, *(trace_headers(event) or ())],
                     )
                 )
             except Exception as exc:
@@ -274,10 +280,13 @@ class KafkaConsumerRunner:
         request_timeout_ms: int = 30_000,
         concurrency: int = 16,
         batch_handlers: dict[str, BatchHandler] | None = None,
+        events: EventRegistry | None = None,
+        source: str = "/reservo",
     ) -> None:
         if not handlers:
             raise ValueError(f"consumer {consumer!r} has no topics")
         self.bootstrap, self.consumer, self.handlers = bootstrap, consumer, handlers
+        self.events, self.source = events or EventRegistry(), source
         self.batch_handlers = batch_handlers or {}
         self.db, self.clock = db, clock
         self.group_id = f"{group_prefix}.{consumer}"
@@ -311,8 +320,11 @@ class KafkaConsumerRunner:
                 await pause(stop, backoff_delay(failures, RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S))
 
     async def _session(self, stop: asyncio.Event) -> None:
-        topics = sorted(self.handlers)
-        all_topics = topics + ([t + DLT_SUFFIX for t in topics] if self.dead_letter_topic else [])
+        # The streams of the events it handles, and for one release the topics
+        # their old names had (records published before the upgrade).
+        streams = self.events.streams(self.handlers)
+        topics = streams + self.events.former_topics(self.handlers)
+        all_topics = streams + ([t + DLT_SUFFIX for t in streams] if self.dead_letter_topic else [])
         await ensure_topics(
             self.bootstrap,
             all_topics,
@@ -371,8 +383,7 @@ class KafkaConsumerRunner:
         (the events promise order per aggregate, their key, not per partition; and
         one handler transaction per event is commit-latency bound). A record without
         a key is its own group. Commit up to the first record not finished."""
-        batch = self.batch_handlers.get(tp.topic)
-        if batch is not None and await self._try_batch(batch, tp, records):
+        if self.batch_handlers and await self._try_batch(tp, records):
             await self._commit(consumer, tp, records[-1].offset + 1)
             return
         failed: list[tuple[int, BaseException]] = []
@@ -413,15 +424,27 @@ class KafkaConsumerRunner:
             # Partition moved to another member meanwhile: it will redeliver, handlers dedupe.
             log.warning("kafka_commit_failed", consumer=self.consumer, error=repr(exc))
 
-    async def _try_batch(
-        self, batch: BatchHandler, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]
-    ) -> bool:
-        """All of a partition's records through the batch handler; False (nothing
-        applied) sends them down the one-by-one path, which retries and parks."""
+    def _event(self, record: ConsumerRecord[Any, Any]) -> Event:
+        """The record's event under its current name (ValueError: malformed)."""
+        event = from_record(record.headers, record.value)
+        name = self.events.current(event.topic)
+        return event if name == event.topic else replace(event, topic=name)
+
+    async def _try_batch(self, tp: TopicPartition, records: list[ConsumerRecord[Any, Any]]) -> bool:
+        """A partition's records through the batch handler, when one batch handler
+        takes every event of them this consumer handles (the others are not its
+        business); False (nothing applied) sends them down the one-by-one path,
+        which retries and parks."""
         try:
-            events = [traced(from_cloudevent(r.value), r) for r in records]
+            events = [traced(e, r) for r in records if (e := self._event(r)).topic in self.handlers]
         except ValueError:
             return False  # the one-by-one path parks the malformed record
+        batches = {
+            id(self.batch_handlers.get(e.topic)): self.batch_handlers.get(e.topic) for e in events
+        }
+        batch = next(iter(batches.values()), None)
+        if len(batches) != 1 or batch is None:
+            return False
         try:
             async with self._slots:
                 await batch(events)
@@ -439,19 +462,19 @@ class KafkaConsumerRunner:
         return True
 
     async def _handle(self, record: ConsumerRecord[Any, Any]) -> None:
-        handler = self.handlers.get(record.topic)
-        if handler is None:
-            return
         try:
-            event = traced(from_cloudevent(record.value), record)
+            event = traced(self._event(record), record)
         except ValueError as exc:  # retrying cannot fix a malformed record
             await self._park(record, None, exc, attempts=1)
+            return
+        handler = self.handlers.get(event.topic)
+        if handler is None:  # another event of the stream: not this consumer's
             return
         # The handler's work, its log lines and its outbound calls in the event's trace.
         with tracing.handling(
             event.traceparent,
             event.request_id,
-            f"{record.topic} process",
+            f"{event.topic} process",
             {
                 "messaging.system": "kafka",
                 "messaging.destination.name": record.topic,
@@ -495,24 +518,28 @@ class KafkaConsumerRunner:
             await conn.execute(
                 Q.dead_letter_insert,
                 self.consumer,
-                record.topic,
+                record.topic if event is None else event.topic,
                 record.partition,
                 record.offset,
                 None if event is None else event.id,
                 None if record.key is None else record.key.decode(errors="replace"),
-                record.value or b"",
+                # At rest, the structured envelope (the record's headers are not
+                # kept): what the replay reads, whichever transport parked it.
+                (record.value or b"") if event is None else to_cloudevent(event, self.source),
                 repr(exc)[:2000],
                 attempts,
                 self.clock.now(),
             )
         if self._dlt is not None:
             headers = [
+                *(record.headers or ()),
                 ("reservo-consumer", self.consumer.encode()),
                 ("reservo-error", repr(exc)[:500].encode()),
                 ("reservo-offset", str(record.offset).encode()),
             ]
+            topic = record.topic if event is None else self.events.stream(event.topic)
             await self._dlt.send_and_wait(
-                record.topic + DLT_SUFFIX, record.value, key=record.key, headers=headers
+                topic + DLT_SUFFIX, record.value, key=record.key, headers=headers
             )
         PARKED.labels(consumer=self.consumer, topic=record.topic).inc()
 
