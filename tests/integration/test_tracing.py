@@ -175,7 +175,7 @@ async def test_one_trace_from_a_bookings_post_to_its_confirmation(
     consume = [
         s
         for s in ours
-        if s.name == "appointments.booked.v1 process"
+        if s.name == "appointments.appointment.booked.v1 process"
         and s.attributes.get("messaging.consumer.group.name") == "notifications"
     ]
     notify = [s for s in ours if s.name == "notify log"]

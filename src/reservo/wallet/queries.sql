@@ -37,10 +37,13 @@ SELECT id FROM wallet_account
 
 -- name: open_system_account
 -- One more sub-account of a kind (WORLD, HOUSE) and currency, every other one
--- being full to its range. Two openers at once: one wins, the other finds it.
+-- being full to its range for a change of $4 (room $5). Two openers at once: one
+-- wins, the other finds it. The room is looked at again here: an opener that found
+-- none before another's new sub-account committed must not open a second one.
 INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
 SELECT NULL::bigint, $2::text, $1::text, max(shard) + 1, $3::timestamptz
   FROM wallet_account WHERE kind = $1 AND kind <> 'CUSTOMER' AND currency = $2
+HAVING NOT bool_or(balance::numeric + $4::numeric BETWEEN -$5::numeric AND $5::numeric)
 ON CONFLICT (kind, currency, shard) WHERE kind <> 'CUSTOMER' DO NOTHING;
 
 -- name: get_account

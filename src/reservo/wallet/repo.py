@@ -41,9 +41,9 @@ async def system_account_with_room(
 
 
 async def open_system_account(
-    conn: asyncpg.Connection, kind: str, currency: str, now: datetime
+    conn: asyncpg.Connection, kind: str, currency: str, now: datetime, delta: int, room: int
 ) -> None:
-    await conn.execute(Q.open_system_account, kind, currency, now)
+    await conn.execute(Q.open_system_account, kind, currency, now, delta, room)
 
 
 async def get_account(conn: asyncpg.Connection, account_id: int) -> Row | None:

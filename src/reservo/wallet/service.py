@@ -109,7 +109,7 @@ async def system_account_in_tx(
         if await repo.system_account(conn, kind, currency, 0) is None:
             await repo.ensure_system_accounts(conn, currency, shards, now)
         else:
-            await repo.open_system_account(conn, kind, currency, now)
+            await repo.open_system_account(conn, kind, currency, now, delta, domain.SYSTEM_ROOM)
     raise DomainError("unavailable", f"no {kind} sub-account of {currency} has room; retry")
 
 
