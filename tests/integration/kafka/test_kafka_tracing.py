@@ -74,10 +74,13 @@ async def test_traceparent_and_request_id_in_come_out_in_the_records_headers(
     for _ in range(50):
         if await container.relay.run_once() == 0:
             break
+    # Binary-mode CloudEvents: the event's name in ce_type, the payload alone as the value.
+    booked = f"dev.reservo.{appointment_events.BOOKED}".encode()
     records = [
         rec
-        for rec in await read_topic(kafka_bootstrap, appointment_events.BOOKED)
-        if orjson.loads(rec.value)["data"]["appointmentId"] == r.json()["id"]
+        for rec in await read_topic(kafka_bootstrap, appointment_events.APPOINTMENT_STREAM)
+        if dict(rec.headers).get("ce_type") == booked
+        and orjson.loads(rec.value)["appointmentId"] == r.json()["id"]
     ]
     assert len(records) == 1
     headers = dict(records[0].headers)
