@@ -745,3 +745,70 @@ async def test_notification_failed_send_is_kept_pending_then_sent_once(
     await consumer.handle_many(batch)  # redelivered once more: nothing is sent again
     assert channel.rows_during_send == [0, 0, 1, 1, 1, 1]
     assert await rows() == [("SENT", 2, None)] * 2
+
+
+class _FailingOnceTransport:
+    """Fails the first delivery of the events whose ``seq`` is in ``fail`` (a
+    transient failure: a broker that timed out), and the rest of that key's events
+    in the same delivery (as Kafka does: one batch in flight per partition, and the
+    ones queued behind an expired batch expire too); delivers everything else and
+    records the order in which each key's events went out."""
+
+    def __init__(self, fail: set[int]) -> None:
+        self.fail = set(fail)
+        self.sent: dict[str, list[int]] = defaultdict(list)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def deliver(self, events: Sequence[Event]) -> list[BaseException | None]:
+        results: list[BaseException | None] = []
+        stuck: set[str | None] = set()
+        for e in events:
+            seq = e.payload["seq"]
+            if seq in self.fail or e.key in stuck:
+                self.fail.discard(seq)
+                stuck.add(e.key)
+                results.append(TimeoutError("the broker did not acknowledge in time"))
+            else:
+                self.sent[e.key or ""].append(seq)
+                results.append(None)
+        return results
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+async def test_a_failed_event_keeps_its_keys_later_events_behind_it(
+    own_db: Database, clock: OffsetClock, pipelined: bool
+) -> None:
+    """A key's first events fail once (retried after a backoff): the key's later
+    events, in the same batch's successors and in a batch claimed meanwhile, wait
+    for them; other keys go on."""
+    topic = "test.key-order.v1"
+    await _emit_keyed(own_db, clock, topic, 300, keys=3)
+    transport = _FailingOnceTransport(fail={0, 1, 60})
+    relay = OutboxRelay(
+        own_db,
+        transport,
+        clock,
+        batch_size=50,
+        backoff_base_s=0.05,
+        backoff_max_s=0.1,
+        poll_interval_s=0.01,
+        pipelined=pipelined,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    try:
+        for _ in range(400):
+            if sum(len(v) for v in transport.sent.values()) == 300:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
+    assert sum(len(v) for v in transport.sent.values()) == 300
+    for key, seqs in transport.sent.items():
+        assert seqs == sorted(seqs), f"{key} out of order"

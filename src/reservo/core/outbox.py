@@ -86,7 +86,9 @@ class OutboxRelay:
             rows = await conn.fetch(
                 Q.outbox_claim, self.batch_size, self.clock.now(), float(self.lease_s)
             )
-        return list(rows)
+        # In the order they were written: an UPDATE's RETURNING follows its join's
+        # plan, not the subquery's ORDER BY, and a key's events must go out in order.
+        return sorted(rows, key=lambda r: r["id"])
 
     async def _deliver(self, rows: list[asyncpg.Record]) -> list[BaseException | None]:
         name = self.events.current
@@ -169,10 +171,18 @@ class OutboxRelay:
                     if self.pipelined and len(rows) == self.batch_size:  # a backlog
                         prefetch = asyncio.create_task(self._claim())  # claim the next now
                     results = await self._deliver(rows) if rows else []
+                    # Something of this batch goes out again later: the next batch
+                    # (claimed meanwhile) must not overtake it, so it is handed back,
+                    # and this one is settled before the next claim, which then
+                    # keeps each failed row's key behind it (outbox_claim).
+                    failed = any(err is not None for err in results)
+                    if failed and prefetch is not None:
+                        await self._hand_back(prefetch)
+                        prefetch = None
                     if settling is not None:
                         await settling
                         settling = None
-                    if rows and self.pipelined:
+                    if rows and self.pipelined and not failed:
                         settling = asyncio.create_task(self._settle(rows, results))
                     elif rows:
                         await self._settle(rows, results)
@@ -194,11 +204,14 @@ class OutboxRelay:
                     await settling
             if prefetch is not None:  # claimed, never sent: the lease would hold them back
                 with contextlib.suppress(Exception):
-                    rows = await prefetch
-                    async with self.db.connection() as conn:
-                        await conn.execute(
-                            Q.outbox_release, [r["id"] for r in rows], self.clock.now()
-                        )
+                    await self._hand_back(prefetch)
+
+    async def _hand_back(self, claimed: asyncio.Task[list[asyncpg.Record]]) -> None:
+        """Release a claimed batch that was never sent, without spending an attempt."""
+        rows = await claimed
+        if rows:
+            async with self.db.connection() as conn:
+                await conn.execute(Q.outbox_release, [r["id"] for r in rows], self.clock.now())
 
 
 def _unless_done(task: asyncio.Task[None] | None) -> asyncio.Task[None] | None:

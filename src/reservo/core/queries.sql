@@ -150,13 +150,20 @@ VALUES ($1, $2, $3, $4, $5, $5, $6, $7);
 
 -- name: outbox_claim
 -- Lease a batch; SKIP LOCKED lets several relays share the backlog without
--- taking the same rows, and the lease returns rows of a crashed relay.
+-- taking the same rows, and the lease returns rows of a crashed relay. A row
+-- whose key has an earlier event that failed and waits for its retry stays
+-- behind it, so a key's events go out in the order they were written (the
+-- partial index outbox_failed_key makes that one probe of an empty index while
+-- nothing fails).
 UPDATE outbox o
    SET locked_until = $2::timestamptz + make_interval(secs => $3), attempts = o.attempts + 1
-  FROM (SELECT id, created_at FROM outbox
-         WHERE status = 'PENDING' AND available_at <= $2
-           AND (locked_until IS NULL OR locked_until < $2)
-         ORDER BY id
+  FROM (SELECT p.id, p.created_at FROM outbox p
+         WHERE p.status = 'PENDING' AND p.available_at <= $2
+           AND (p.locked_until IS NULL OR p.locked_until < $2)
+           AND NOT EXISTS (SELECT 1 FROM outbox f
+                            WHERE f.status = 'PENDING' AND f.last_error IS NOT NULL
+                              AND f.key = p.key AND f.id < p.id)
+         ORDER BY p.id
          LIMIT $1
          FOR UPDATE SKIP LOCKED) c
  WHERE o.id = c.id AND o.created_at = c.created_at
