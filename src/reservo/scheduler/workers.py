@@ -492,7 +492,8 @@ class Executor:
             jobs = await isolate(list(where), claim, self._park, loop=EXECUTOR, one=claim_one)
             claimed = {job.id for job in jobs}
             missed = [job_id for job_id in where if job_id not in claimed]
-            early, held = [], []
+            early: list[repo.Row] = []
+            held: list[repo.Row] = []
             if missed:
                 # Not claimable: settled, cancelled, running elsewhere, parked
                 # (skip them), not due yet by our clock (a stale copy: load it
