@@ -126,12 +126,6 @@ class Dispatch:
                     break
         return out
 
-    async def take_from(self, c: str, u: int, worker: str, n: int) -> list[int]:
-        """Reliable pop of up to n ids of one (category, urgency)."""
-        k = self.keys
-        ids = await self._take(keys=[k.queue(c, u), k.processing(c, u, worker)], args=[n])
-        return [int(i) for i in ids]
-
     async def put_back(self, worker: str, groups: dict[tuple[str, int], list[int]]) -> None:
         """Ids this worker took but may not run now (paused category) go back
         to the consumer end of their queues, each group's first id taken first."""

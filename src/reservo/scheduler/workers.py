@@ -416,7 +416,8 @@ class Executor:
                 if n == 0:
                     wait_s = min(wait_s, wait)
                     continue
-            ids = await d.take_from(c, u, self.worker, n)
+            got = await d.take([(c, u)], self.worker, n)
+            ids = got[0][1] if got else []
             if rate is not None and len(ids) < n:
                 await d.tokens(c, rate, self.scheduler.burst(rate), 0, n - len(ids))
             if ids:
