@@ -275,6 +275,14 @@ class Settings(BaseSettings):
     # (older ones are skipped, with a log line).
     scheduler_materialisers: int = Field(default=1, ge=0)
     scheduler_recurring_catchup_s: float = Field(default=3600.0, ge=0)
+    # Paused categories and rate limits (table job_category): how long each
+    # worker process trusts what it read (a pause holds at once anyway: the
+    # claim reads the table; a new rate applies everywhere within this), and
+    # how many seconds of its rate a category may start at once after idling
+    # (its token bucket's size, one job at least): small, so the rate holds
+    # over short windows too.
+    scheduler_category_refresh_s: float = Field(default=1.0, gt=0, le=60)
+    scheduler_rate_burst_s: float = Field(default=0.1, gt=0, le=60)
     # `http` jobs: the timeout is per network operation (connect, one read), so
     # a destination trickling a byte at a time never trips it; the deadline
     # bounds the whole call (name lookup to the answer's head). Past it the

@@ -1,5 +1,6 @@
 """The jobs page: counts per status, Redis's queues per category and urgency,
-the job list (filtered by status and category, newest first, keyset pages), a
+the categories (pause/resume, rate limit, bulk retry of their DEAD jobs), the
+job list (filtered by status and category, newest first, keyset pages), a
 job's executions with its retry and cancel buttons, and the recurring jobs.
 Every read and action is the scheduler's use case (``request.app.state.scheduler``)
 that the Delayed jobs API calls; only the capped status counts are the
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from reservo.console.figures import Figures
@@ -25,6 +26,9 @@ PAGE = 50
 RECURRING_SHOWN = 50
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 Before = Annotated[int | None, Query(ge=1, le=2**63 - 1)]
+CategoryName = Annotated[
+    str, Path(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$")
+]
 
 
 def _scheduler(request: Request) -> Scheduler:
@@ -53,6 +57,7 @@ async def _jobs_page(
     before: int | None = None,
     error: str | None = None,
     code: int = 200,
+    retried: int | None = None,
 ) -> HTMLResponse:
     problems = [error] if error else []
     if status and status not in STATUSES:
@@ -76,6 +81,8 @@ async def _jobs_page(
         chosen_category=category,
         all_statuses=STATUSES,
         recurring=await svc.list_recurring(None, RECURRING_SHOWN),
+        categories=await svc.overview(),
+        retried=retried,
         **await _counts(request),
     )
 
@@ -87,8 +94,9 @@ async def jobs(
     status: Annotated[str, Query(max_length=20)] = "",
     category: Annotated[str, Query(max_length=64)] = "",
     before: Before = None,
+    retried: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
 ) -> HTMLResponse:
-    return await _jobs_page(request, session, status, category, before)
+    return await _jobs_page(request, session, status, category, before, retried=retried)
 
 
 @router.get("/jobs/counts", response_class=HTMLResponse)
@@ -153,3 +161,65 @@ async def delete_recurring(request: Request, session: Verified, recurring_id: Jo
     except DomainError as err:
         return await _jobs_page(request, session, error=err.detail, code=err.status)
     return RedirectResponse("/console/jobs", status_code=303)
+
+
+# -- categories: pause/resume, rate limit, bulk retry of DEAD jobs -----------------------
+
+
+async def _category_act(
+    request: Request, session: Verified, act: Callable[[], Awaitable[object]]
+) -> Response:
+    """Runs a category use case of the scheduler; a refusal is shown on the jobs page."""
+    try:
+        await act()
+    except DomainError as err:
+        return await _jobs_page(request, session, error=err.detail, code=err.status)
+    return RedirectResponse("/console/jobs#categories-h", status_code=303)
+
+
+@router.post("/job-categories/{category}/pause", response_model=None)
+async def pause(request: Request, session: Verified, category: CategoryName) -> Response:
+    """POST /api/job-categories/{category}/pause's use case."""
+    return await _category_act(request, session, lambda: _scheduler(request).pause(category, True))
+
+
+@router.post("/job-categories/{category}/resume", response_model=None)
+async def resume(request: Request, session: Verified, category: CategoryName) -> Response:
+    """POST /api/job-categories/{category}/resume's use case."""
+    return await _category_act(request, session, lambda: _scheduler(request).pause(category, False))
+
+
+@router.post("/job-categories/{category}/rate-limit", response_model=None)
+async def rate_limit(
+    request: Request,
+    session: Verified,
+    category: CategoryName,
+    per_second: Annotated[str, Form(max_length=40)] = "",
+) -> Response:
+    """PUT /api/job-categories/{category}/rate-limit's use case; an empty
+    field removes the limit."""
+    raw = per_second.strip()
+    try:
+        # NaN and infinity too are refused by the use case's range check.
+        rate = float(raw) if raw else None
+    except ValueError:
+        return await _jobs_page(
+            request, session, error=f"{raw!r} is not a number of jobs per second.", code=422
+        )
+    svc = _scheduler(request)
+    return await _category_act(request, session, lambda: svc.set_rate(category, rate))
+
+
+@router.post("/jobs/retry-dead", response_model=None)
+async def retry_dead(
+    request: Request,
+    session: Verified,
+    category: Annotated[str, Form(max_length=64)] = "",
+) -> Response:
+    """POST /api/jobs/retry's use case: every DEAD job (of one category, when
+    given) runs again now, each once even when two operators press it."""
+    try:
+        n = await _scheduler(request).retry_dead(category or None)
+    except DomainError as err:
+        return await _jobs_page(request, session, error=err.detail, code=err.status)
+    return RedirectResponse(f"/console/jobs?retried={n}#categories-h", status_code=303)

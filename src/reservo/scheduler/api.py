@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from reservo.core.auth import Principal
 from reservo.core.errors import validation_error
 from reservo.core.http import (
+    AdminCaller,
     IdempotencyKey,
     PathId,
     from_state,
@@ -26,14 +27,21 @@ from reservo.core.idempotency import Within, request_hash, validate_key
 from reservo.core.lean import body_route
 from reservo.core.openapi import raises
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.scheduler import domain
 from reservo.scheduler.batch import JobBatch, JobRequest
 from reservo.scheduler.domain import Job, Recurring
 from reservo.scheduler.schemas import (
+    BulkRetried,
+    BulkRetryIn,
+    CategoryOut,
+    CategoryPaused,
     JobCreated,
     JobIn,
     JobOut,
     JobPage,
     JobRescheduleIn,
+    RateLimitIn,
+    RateLimitOut,
     RecurringIn,
     RecurringOut,
 )
@@ -256,3 +264,84 @@ async def delete_recurring_job(
     occurrences that have not run are cancelled (a running one finishes)."""
     await _svc(request).delete_recurring(recurring_id)
     return Response(status_code=204)
+
+
+# -- categories: pause, rate limit, overview; bulk retry -----------------------------
+
+CategoryName = Annotated[
+    str, Path(alias="category", min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$")
+]
+
+
+def _paused(c: domain.Category) -> JSONResponse:
+    return json_response(200, CategoryPaused(category=c.category, paused=c.paused).wire())
+
+
+@router.post(
+    "/job-categories/{category}/pause",
+    response_model=CategoryPaused,
+    operation_id="pauseJobCategory",
+    openapi_extra=raises(),
+)
+async def pause_category(category: CategoryName, caller: AdminCaller, request: Request) -> Response:
+    """The category's jobs stop starting in every worker process: due ones wait
+    (none is lost, none runs, none is failed); jobs already running finish.
+    Any category name may be paused, also one no job has yet."""
+    return _paused(await _svc(request).pause(category, True))
+
+
+@router.post(
+    "/job-categories/{category}/resume",
+    response_model=CategoryPaused,
+    operation_id="resumeJobCategory",
+    openapi_extra=raises(),
+)
+async def resume_category(
+    category: CategoryName, caller: AdminCaller, request: Request
+) -> Response:
+    """The jobs that waited run, in due order (within about a second)."""
+    return _paused(await _svc(request).pause(category, False))
+
+
+@router.put(
+    "/job-categories/{category}/rate-limit",
+    response_model=RateLimitOut,
+    operation_id="setJobCategoryRateLimit",
+    openapi_extra=raises(),
+)
+async def set_rate_limit(
+    category: CategoryName, body: RateLimitIn, caller: AdminCaller, request: Request
+) -> Response:
+    """At most `perSecond` jobs of the category start per second, across every
+    worker process (`null` removes the limit). 422 below 0.001 or above 100,000."""
+    c = await _svc(request).set_rate(category, body.per_second)
+    return json_response(200, RateLimitOut(category=c.category, per_second=c.per_second).wire())
+
+
+@router.get(
+    "/job-categories",
+    response_model=list[CategoryOut],
+    operation_id="listJobCategories",
+    openapi_extra=raises(),
+)
+async def list_categories(caller: Service, request: Request) -> Response:
+    """Every category (with a handler, with jobs, or paused/limited): whether it
+    is paused, its rate limit, and its jobs due now, running and dead."""
+    return json_response(
+        200, [model_from(CategoryOut, c).wire() for c in await _svc(request).overview()]
+    )
+
+
+@router.post(
+    "/jobs/retry",
+    response_model=BulkRetried,
+    operation_id="retryDeadJobs",
+    openapi_extra=raises(),
+)
+async def retry_dead_jobs(body: BulkRetryIn, caller: AdminCaller, request: Request) -> Response:
+    """Every DEAD job (of `category` when given) runs again now, each with a
+    fresh budget of attempts, as POST /api/jobs/{jobId}/retry does one. Two
+    requests at once share the jobs: each is retried once, and the sum of
+    their `retried` is the number of DEAD jobs."""
+    retried = await _svc(request).retry_dead(body.category)
+    return json_response(200, BulkRetried(retried=retried).wire())

@@ -41,6 +41,8 @@ class Dispatch:
         self._requeue = client.register_script(lua.REQUEUE)
         self._release = client.register_script(lua.RELEASE)
         self._extend = client.register_script(lua.EXTEND)
+        self._put_back = client.register_script(lua.PUT_BACK)
+        self._tokens = client.register_script(lua.TOKENS)
 
     # -- loading -----------------------------------------------------------------
 
@@ -123,6 +125,28 @@ class Dispatch:
                 if left <= 0:
                     break
         return out
+
+    async def put_back(self, worker: str, groups: dict[tuple[str, int], list[int]]) -> None:
+        """Ids this worker took but may not run now (paused category) go back
+        to the consumer end of their queues, each group's first id taken first."""
+        k = self.keys
+        await pipeline(
+            self.r,
+            [
+                ScriptCall(self._put_back, [k.processing(c, u, worker), k.queue(c, u)], ids)
+                for (c, u), ids in groups.items()
+            ],
+        )
+
+    async def tokens(
+        self, category: str, rate: float, capacity: float, want: int, back: int = 0
+    ) -> tuple[int, float]:
+        """Up to ``want`` tokens of the category's bucket (every worker's), after
+        giving back ``back`` unused ones: (granted, seconds until the next one)."""
+        got, wait_ms = await self._tokens(
+            keys=[self.keys.bucket(category)], args=[repr(rate), repr(capacity), want, back]
+        )
+        return int(got), int(wait_ms) / 1000
 
     async def wait_one(
         self, c: str, u: int, worker: str, timeout_s: float

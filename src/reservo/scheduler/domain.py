@@ -86,6 +86,25 @@ class JobDeferred(Exception):
         self.delay_s = delay_s
 
 
+# A category's rate limit, in jobs started per second across every worker:
+# below one a day and a half is not a limit but a stop (pause it instead);
+# above what a scheduler drains (docs/BENCHMARKS.md, ~18,000/s) means nothing.
+MIN_RATE, MAX_RATE = 0.001, 100_000.0
+
+
+@dataclass(frozen=True)
+class Category(FromRow):
+    """An operator's settings of one category (job_category; no row: running,
+    unlimited) and, for the overview, its jobs due now, running and dead."""
+
+    category: str
+    paused: bool
+    per_second: float | None
+    due: int = 0
+    running: int = 0
+    dead: int = 0
+
+
 def valid_category(category: str) -> bool:
     return bool(CATEGORY.match(category))
 
@@ -249,6 +268,11 @@ class Keys:
 
     def alive(self, worker: str) -> str:
         return f"{self.ns}:sched:alive:{worker}"
+
+    def bucket(self, category: str) -> str:
+        # The category's token bucket (its rate limit), shared by every worker;
+        # a hash tag of its own (one key per script call).
+        return f"{self.ns}:{{sched-rate:{category}}}:bucket"
 
 
 def pair(category: str, urgency: int) -> str:

@@ -103,3 +103,61 @@ EXTEND = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
+
+# KEYS: processing, queue. ARGV: ids, the first due first. Ids this worker took
+# but may not run now (their category is paused: the claim refused them) go
+# back to the consumer end of their queue, the first due taken first, and stay
+# known (they are still in this pipeline). One pass over the processing list,
+# as ACK; an id no longer in it is not pushed. Returns how many went back.
+PUT_BACK = """
+local back, found = {}, {}
+for i = 1, #ARGV do back[ARGV[i]] = true end
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+local keep = {}
+for i = 1, #items do
+  if back[items[i]] then found[items[i]] = true else keep[#keep + 1] = items[i] end
+end
+if #keep == #items then return 0 end
+redis.call('DEL', KEYS[1])
+for i = 1, #keep, 1000 do
+  redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep)))
+end
+local n = 0
+for i = #ARGV, 1, -1 do
+  if found[ARGV[i]] then
+    redis.call('RPUSH', KEYS[2], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+# KEYS: a category's bucket. ARGV: rate (tokens per second), capacity, tokens
+# wanted, tokens given back (taken earlier, not used: the queue had fewer jobs).
+# A token bucket on Redis' clock, shared by every worker process: it fills at
+# `rate` up to `capacity` (a new bucket starts full), and hands out whole
+# tokens. Returns {tokens granted, ms until the next whole token (0 when all
+# wanted were granted)}. The key expires once idle for long enough to have
+# filled up anyway, so an expired bucket starts as the old one would be.
+TOKENS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local rate, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local want, back = tonumber(ARGV[3]), tonumber(ARGV[4])
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens, at = tonumber(b[1]), tonumber(b[2])
+if tokens == nil or at == nil then tokens, at = cap, now end
+if now > at then
+  tokens = tokens + (now - at) * rate / 1000000
+  at = now
+end
+tokens = math.min(cap, tokens + back)
+local got = math.min(want, math.floor(tokens))
+tokens = tokens - got
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.9f', tokens),
+           'at', string.format('%.0f', at))
+redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(60, 2 * cap / rate) * 1000))
+local wait = 0
+if got < want then wait = math.ceil((1 - tokens) * 1000 / rate) end
+return {got, wait}
+"""

@@ -60,8 +60,11 @@ SELECT * FROM scheduled_job WHERE id = $1;
 DELETE FROM scheduled_job WHERE id = ANY($1::bigint[]);
 
 -- name: status_of
--- Where a batch of jobs stands (why an executor could not claim them).
-SELECT id, status, run_at, category, urgency FROM scheduled_job WHERE id = ANY($1::bigint[]);
+-- Where a batch of jobs stands (why an executor could not claim them), and
+-- whether their category is paused (they then wait in Redis's due queue).
+SELECT j.id, j.status, j.run_at, j.category, j.urgency, coalesce(c.paused, false) AS paused
+  FROM scheduled_job j LEFT JOIN job_category c ON c.category = j.category
+ WHERE j.id = ANY($1::bigint[]);
 
 -- name: mark_pushed
 -- Only rows still pending with the run_at that was pushed; a claimed or
@@ -162,9 +165,12 @@ UPDATE scheduled_job
 -- so of two workers holding the same id only one gets it back. Rows are locked
 -- in id order (as in complete/fail) so two batch statements never deadlock,
 -- and tested after the lock (the latest version): see mark_pushed for why the
--- tests are not in the locking scan. The columns are Job's fields, in order.
+-- tests are not in the locking scan. A job of a paused category (job_category,
+-- migration 0044) is never claimed: this statement reads the paused categories
+-- itself (once, a scan of a table of a few rows), so a pause holds in every
+-- process whatever it has cached. The columns are Job's fields, in order.
 WITH locked AS MATERIALIZED (
-    SELECT id, status, run_at FROM scheduled_job
+    SELECT id, status, run_at, category FROM scheduled_job
      WHERE id = ANY($1::bigint[])
      ORDER BY id FOR UPDATE
 )
@@ -173,7 +179,8 @@ UPDATE scheduled_job j
        worker = $3, heartbeat_at = $2, started_at = $2, finished_at = NULL
  WHERE j.id = ANY(ARRAY(
          SELECT id FROM locked
-          WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at <= $2))
+          WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at <= $2
+            AND category <> ALL (ARRAY(SELECT category FROM job_category WHERE paused))))
 RETURNING j.id, j.category, j.urgency, j.run_at, j.payload, j.status, j.attempts,
           j.max_attempts, j.revision, j.idempotency_key, j.created_at, j.started_at,
           j.finished_at, j.last_error, j.worker;
@@ -460,3 +467,77 @@ RETURNING *;
 -- Moves the cursor past the occurrences just created; only from the value this
 -- materialiser read (a cursor never goes back).
 UPDATE recurring_job SET next_at = $3 WHERE id = $1 AND next_at = $2;
+
+-- name: retry_dead
+-- POST /api/jobs/retry {status: DEAD, category?}: the next $4 DEAD jobs after
+-- the id $3 (this request's cursor: each job is visited once per request, so
+-- one that dies again meanwhile is not retried twice), optionally of category
+-- $5, retried as `retry` does. SKIP LOCKED: two operators pressing it together
+-- share the jobs instead of waiting for each other, and a row is updated only
+-- by whoever locked it while it was DEAD, so each job is retried once. Index
+-- scheduled_job_status_id (status, id): a range scan from the cursor.
+WITH locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job
+     WHERE status = 'DEAD' AND id > $3 AND ($5::text IS NULL OR category = $5)
+     ORDER BY id
+     LIMIT $4
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduled_job j
+   SET status = 'SCHEDULED', run_at = $1, max_attempts = j.attempts + $2,
+       revision = j.revision + 1, pushed = false, worker = NULL, finished_at = NULL
+ WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.status = 'DEAD'
+RETURNING *;
+
+-- name: set_paused
+-- POST /api/job-categories/{category}/pause and /resume.
+INSERT INTO job_category (category, paused, updated_at) VALUES ($1, $2, $3)
+ON CONFLICT (category) DO UPDATE SET paused = $2, updated_at = $3
+RETURNING category, paused, per_second;
+
+-- name: set_rate
+-- PUT /api/job-categories/{category}/rate-limit: jobs per second, NULL for none.
+INSERT INTO job_category (category, per_second, updated_at) VALUES ($1, $2, $3)
+ON CONFLICT (category) DO UPDATE SET per_second = $2, updated_at = $3
+RETURNING category, paused, per_second;
+
+-- name: category_rules
+-- What every executor reads at most once a second: the paused categories and
+-- the rate limits (a few rows).
+SELECT category, paused, per_second FROM job_category WHERE paused OR per_second IS NOT NULL;
+
+-- name: category_overview
+-- GET /api/job-categories: every category declared ($1), with jobs (a skip
+-- scan of scheduled_job_category_id: one index probe per category, however
+-- many jobs) or with a row in job_category; its pause and rate limit; its jobs
+-- due (pending with run_at <= $2: index scheduled_job_pending), running
+-- (scheduled_job_running) and dead (scheduled_job_status_id). Each count reads
+-- only the rows it counts, never DONE or future jobs.
+WITH RECURSIVE seen AS (
+    (SELECT category FROM scheduled_job ORDER BY category LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.category FROM scheduled_job j WHERE j.category > s.category
+             ORDER BY j.category LIMIT 1)
+      FROM seen s
+     WHERE s.category IS NOT NULL
+), names AS (
+    SELECT unnest($1::text[]) AS category
+    UNION SELECT category FROM seen WHERE category IS NOT NULL
+    UNION SELECT category FROM job_category
+), due AS (
+    SELECT category, count(*) AS n FROM scheduled_job
+     WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at <= $2
+     GROUP BY category
+), running AS (
+    SELECT category, count(*) AS n FROM scheduled_job WHERE status = 'RUNNING' GROUP BY category
+), dead AS (
+    SELECT category, count(*) AS n FROM scheduled_job WHERE status = 'DEAD' GROUP BY category
+)
+SELECT n.category, coalesce(c.paused, false) AS paused, c.per_second,
+       coalesce(due.n, 0) AS due, coalesce(running.n, 0) AS running, coalesce(dead.n, 0) AS dead
+  FROM names n
+  LEFT JOIN job_category c ON c.category = n.category
+  LEFT JOIN due ON due.category = n.category
+  LEFT JOIN running ON running.category = n.category
+  LEFT JOIN dead ON dead.category = n.category
+ ORDER BY n.category;

@@ -10,7 +10,7 @@ import asyncpg
 
 from reservo.core.db import Queries
 from reservo.core.schemas import MAX_ID
-from reservo.scheduler.domain import Job, Recurring
+from reservo.scheduler.domain import Category, Job, Recurring
 
 Q = Queries.load("reservo.scheduler")
 
@@ -267,6 +267,47 @@ async def retry(conn: asyncpg.Connection, job_id: int, now: datetime, budget: in
 async def reschedule(conn: asyncpg.Connection, job_id: int, run_at: datetime) -> Job | None:
     row = await conn.fetchrow(Q.reschedule, job_id, run_at)
     return None if row is None else to_job(row)
+
+
+async def retry_dead(
+    conn: asyncpg.Connection,
+    now: datetime,
+    budget: int,
+    after: int,
+    limit: int,
+    category: str | None,
+) -> list[Job]:
+    """Up to ``limit`` DEAD jobs with ids above ``after`` (of ``category``
+    when given) retried like ``retry``; rows another request holds are skipped."""
+    rows = await conn.fetch(Q.retry_dead, now, budget, after, limit, category)
+    return [to_job(r) for r in rows]
+
+
+# -- categories: pause, rate limit, overview ---------------------------------------------
+
+
+async def set_paused(
+    conn: asyncpg.Connection, category: str, paused: bool, now: datetime
+) -> Category:
+    return Category.from_row(await conn.fetchrow(Q.set_paused, category, paused, now))
+
+
+async def set_rate(
+    conn: asyncpg.Connection, category: str, per_second: float | None, now: datetime
+) -> Category:
+    return Category.from_row(await conn.fetchrow(Q.set_rate, category, per_second, now))
+
+
+async def category_rules(conn: asyncpg.Connection) -> list[Category]:
+    return [Category.from_row(r) for r in await conn.fetch(Q.category_rules)]
+
+
+async def category_overview(
+    conn: asyncpg.Connection, declared: Sequence[str], now: datetime
+) -> list[Category]:
+    return [
+        Category.from_row(r) for r in await conn.fetch(Q.category_overview, list(declared), now)
+    ]
 
 
 # -- recurring jobs -------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, HttpUrl
 
 from reservo.core.schemas import ApiModel, Instant
 from reservo.core.timezones import Zone
+from reservo.scheduler.domain import MAX_RATE, MIN_RATE
 
 MAX_DELAY_MS = 5 * 366 * 24 * 3600 * 1000
 
@@ -126,3 +127,49 @@ class RecurringOut(ApiModel):
     cron: str
     timezone: str
     next_run_at: datetime | None
+
+
+class CategoryPaused(ApiModel):
+    """POST /api/job-categories/{category}/pause and /resume."""
+
+    category: str
+    paused: bool
+
+
+class RateLimitIn(ApiModel):
+    """PUT /api/job-categories/{category}/rate-limit: jobs started per second
+    across every worker process; null removes the limit."""
+
+    per_second: float | None = Field(
+        ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False, strict=True, examples=[50]
+    )
+
+
+class RateLimitOut(ApiModel):
+    category: str
+    per_second: float | None
+
+
+class CategoryOut(ApiModel):
+    """A category's pause, rate limit, and its jobs due now (waiting to run),
+    running and dead."""
+
+    category: str
+    paused: bool
+    per_second: float | None
+    due: int
+    running: int
+    dead: int
+
+
+class BulkRetryIn(ApiModel):
+    """POST /api/jobs/retry: every DEAD job (of ``category`` when given)."""
+
+    status: Literal["DEAD"]
+    category: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$"
+    )
+
+
+class BulkRetried(ApiModel):
+    retried: int

@@ -28,8 +28,9 @@ from reservo.core.poison import isolate
 from reservo.core.reads import read_one
 from reservo.core.redis import Client
 from reservo.scheduler import domain, repo
+from reservo.scheduler.categories import CategoryRules
 from reservo.scheduler.dispatch import Dispatch
-from reservo.scheduler.domain import Job, Keys, Recurring
+from reservo.scheduler.domain import Category, Job, Keys, Recurring
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +79,12 @@ class Config:
     recurring_catchup_s: float = 3600.0
     recurring_batch: int = 100
     recurring_per_pass: int = 1000
+    # Categories (pause, rate limit): how long an executor trusts what it read
+    # of job_category; a rate limit's burst, in seconds of its rate (at least one
+    # job); DEAD jobs a bulk retry updates per transaction.
+    category_refresh_s: float = 1.0
+    rate_burst_s: float = 0.1
+    retry_batch: int = 1000
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,13 @@ class _Window:
         )
 
 
+def _check_category(category: str) -> None:
+    if not domain.valid_category(category):
+        raise validation_error(
+            f"{category[:80]!r} is not a category name (a-z, 0-9, '.', '_', '-')"
+        )
+
+
 class Scheduler:
     """Public facade. Handlers must be idempotent: a job whose worker died is run again."""
 
@@ -106,6 +120,7 @@ class Scheduler:
         self.redis = client
         self.keys = Keys(ns)
         self.dispatcher = Dispatch(client, self.keys)
+        self.categories = CategoryRules(db, config.category_refresh_s)
         self.handlers: dict[str, Handler] = {}
         self.checks: dict[str, Check] = {}
         self.payloads: dict[str, type[BaseModel]] = {}
@@ -400,6 +415,66 @@ class Scheduler:
             raise DomainError(code, f"job {job_id} is {current.status}: {why}")
         await self.dispatch([job])
         return job
+
+    async def retry_dead(self, category: str | None) -> int:
+        """Every DEAD job (of ``category`` when given) runs again now, as
+        ``retry`` does one; returns how many this call retried. Pages of
+        ``retry_batch`` jobs in id order, each its own transaction, each
+        dispatched after its commit. Requests running together share the jobs
+        (queries.sql, retry_dead): each is retried by exactly one of them."""
+        if category is not None:
+            _check_category(category)
+        after, retried = 0, 0
+        while True:
+            async with self.db.transaction() as conn:
+                jobs = await repo.retry_dead(
+                    conn,
+                    self.clock.now(),
+                    self.config.max_attempts,
+                    after,
+                    self.config.retry_batch,
+                    category,
+                )
+            await self.dispatch(jobs)
+            retried += len(jobs)
+            if len(jobs) < self.config.retry_batch:
+                return retried
+            after = max(job.id for job in jobs)
+
+    # -- categories ----------------------------------------------------------------
+
+    async def pause(self, category: str, paused: bool) -> Category:
+        """Pauses (or resumes) a category in every worker process: its jobs
+        wait in their due order, none runs and none is failed; on resume they
+        run in that order. Jobs already running finish."""
+        _check_category(category)
+        async with self.db.connection() as conn:
+            got = await repo.set_paused(conn, category, paused, self.clock.now())
+        self.categories.forget()
+        return got
+
+    async def set_rate(self, category: str, per_second: float | None) -> Category:
+        """At most ``per_second`` jobs of the category start per second, across
+        every worker process (None: no limit)."""
+        _check_category(category)
+        if per_second is not None and not domain.MIN_RATE <= per_second <= domain.MAX_RATE:
+            raise validation_error(
+                f"perSecond must be between {domain.MIN_RATE} and {domain.MAX_RATE:g}, or null"
+            )
+        async with self.db.connection() as conn:
+            got = await repo.set_rate(conn, category, per_second, self.clock.now())
+        self.categories.forget()
+        return got
+
+    async def overview(self) -> list[Category]:
+        """Every category with a handler here, with jobs or with settings: its
+        pause, rate limit and jobs due, running and dead."""
+        async with self.db.connection() as conn:
+            return await repo.category_overview(conn, sorted(self.handlers), self.clock.now())
+
+    def burst(self, per_second: float) -> float:
+        """A rate limit's bucket size: ``rate_burst_s`` of its rate, one job at least."""
+        return max(1.0, per_second * self.config.rate_burst_s)
 
     # -- recurring jobs ------------------------------------------------------------
 

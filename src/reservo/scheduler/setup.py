@@ -47,6 +47,8 @@ def config_from(settings: Settings) -> Config:
         reaper_period_s=settings.scheduler_reaper_period_s,
         materialisers=settings.scheduler_materialisers,
         recurring_catchup_s=settings.scheduler_recurring_catchup_s,
+        category_refresh_s=settings.scheduler_category_refresh_s,
+        rate_burst_s=settings.scheduler_rate_burst_s,
     )
 
 

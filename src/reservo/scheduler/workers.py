@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from collections import defaultdict
@@ -21,6 +22,7 @@ from reservo.core.backoff import backoff_delay
 from reservo.core.loops import run_paced
 from reservo.core.poison import ROW_ERRORS, isolate, report
 from reservo.scheduler import domain, repo
+from reservo.scheduler.categories import Rules
 from reservo.scheduler.domain import Job, JobDeferred, JobFailure
 from reservo.scheduler.service import Scheduler
 
@@ -46,6 +48,8 @@ ERROR_TEXT_MAX = 2000
 BAD_PAYLOAD = "the job's payload is not valid for its category"
 
 MS_PER_S = 1000
+# The shortest sleep in Redis (BLMOVE): its timeout 0 would mean forever.
+MIN_WAIT_S = 0.005
 # After the first job of a batch ends, how long the executor waits for more to
 # end before settling them together: one settle for a batch of quick jobs, and a
 # slow job's batch-mates never wait for it.
@@ -352,8 +356,8 @@ class Executor:
             self._freed.clear()
             await self._freed.wait()
             return 0.0
-        pairs = await self.pairs()
-        if not pairs:
+        every = await self.pairs()
+        if not every:
             return cfg.executor_idle_s
         if not self._clean:
             # The last step failed part-way (Redis or PostgreSQL away): ids it
@@ -363,23 +367,63 @@ class Executor:
             # list, and the loader skips ids Redis still knows: give them back.
             # (Ids of batches still in flight go back too: they are RUNNING, so
             # whoever takes them skips them.)
-            await self.scheduler.dispatcher.give_back(self.worker, pairs)
+            await self.scheduler.dispatcher.give_back(self.worker, every)
+        # A paused category's due jobs wait in its queues, in due order.
+        rules = await self.scheduler.categories.current()
+        pairs = [p for p in every if p[0] not in rules.paused]
+        if not pairs:
+            return cfg.executor_idle_s
         self._clean = False
-        got = await self.scheduler.dispatcher.take(pairs, self.worker, free)
+        got, wait_s = await self._take(pairs, rules, free)
         if not got:
-            category, urgency = pairs[0]  # sleep in Redis on the most urgent queue
+            free_pairs = [p for p in pairs if p[0] not in rules.limits]
+            if not free_pairs:  # only rate-limited queues: back at their next token
+                self._clean = True
+                return min(cfg.executor_idle_s, wait_s)
+            # Sleep in Redis on the most urgent unlimited queue, no longer than
+            # until a limited one has a token again (BLMOVE's 0 would be forever).
+            category, urgency = free_pairs[0]
             got = await self.scheduler.dispatcher.wait_one(
-                category, urgency, self.worker, cfg.executor_idle_s
+                category, urgency, self.worker, max(MIN_WAIT_S, min(cfg.executor_idle_s, wait_s))
             )
             if not got:
                 self._clean = True
                 return 0.0
             # The mover pushes what fell due together: take the rest in the same
             # batch rather than paying a claim and a settle for one job.
-            got += await self.scheduler.dispatcher.take(pairs, self.worker, free - 1)
+            more, _ = await self._take(pairs, rules, free - 1)
+            got += more
         self._clean = True
         self._start(got)
         return 0.0
+
+    async def _take(
+        self, pairs: list[tuple[str, int]], rules: Rules, free: int
+    ) -> tuple[list[tuple[tuple[str, int], list[int]]], float]:
+        """Reliable pop of up to ``free`` ids, most urgent queues first; from a
+        rate-limited category only as many as its bucket grants (tokens taken
+        first, those the queue had no job for given back at once: a job never
+        starts without one). Returns the ids and, when a bucket ran dry, how
+        long until it has a token again (else infinity)."""
+        d, out, wait_s = self.scheduler.dispatcher, [], math.inf
+        for c, u in pairs:
+            if free <= 0:
+                break
+            rate, n = rules.limits.get(c), free
+            if rate is not None:
+                burst = self.scheduler.burst(rate)
+                n, wait = await d.tokens(c, rate, burst, min(free, math.ceil(burst)))
+                if n == 0:
+                    wait_s = min(wait_s, wait)
+                    continue
+            got = await d.take([(c, u)], self.worker, n)
+            ids = got[0][1] if got else []
+            if rate is not None and len(ids) < n:
+                await d.tokens(c, rate, self.scheduler.burst(rate), 0, n - len(ids))
+            if ids:
+                out.append(((c, u), ids))
+                free -= len(ids)
+        return out, wait_s
 
     def _start(self, got: list[tuple[tuple[str, int], list[int]]]) -> None:
         taken = sum(len(ids) for _, ids in got)
@@ -449,16 +493,23 @@ class Executor:
             jobs = await isolate(list(where), claim, self._park, loop=EXECUTOR, one=claim_one)
             claimed = {job.id for job in jobs}
             missed = [job_id for job_id in where if job_id not in claimed]
-            early = []
+            early: list[repo.Row] = []
+            held: list[repo.Row] = []
             if missed:
                 # Not claimable: settled, cancelled, running elsewhere, parked
-                # (skip them) or not due yet by our clock (a stale copy): put
-                # those back.
+                # (skip them), not due yet by our clock (a stale copy: load it
+                # again) or of a paused category (back to its queue, to wait;
+                # so is one resumed since the claim, which read it paused).
                 for row in await isolate(missed, status_of, self._park, loop=EXECUTOR):
-                    if row["status"] in domain.PENDING and row["run_at"] > now:
-                        early.append(row)
-        await self._ack_and_reload(missed, where, early)
+                    if row["status"] not in domain.PENDING:
+                        continue
+                    (early if row["run_at"] > now else held).append(row)
+        await self._hold(held, where)
+        gone = {row["id"] for row in held}
+        await self._ack_and_reload([i for i in missed if i not in gone], where, early)
         release(len(missed))
+        # Started in due order: after a pause, the backlog runs oldest first.
+        jobs.sort(key=lambda job: (job.run_at, job.id))
         self.running.update(job.id for job in jobs)
         runs = {asyncio.create_task(self._run(job)): job for job in jobs}
         try:
@@ -570,6 +621,18 @@ class Executor:
                 for row in back
                 if row["run_at"] < horizon
             )
+
+    async def _hold(self, held: list[repo.Row], where: dict[int, tuple[str, int]]) -> None:
+        """Jobs the claim refused because their category is paused go back to
+        the consumer end of their queues (still known to Redis), first due
+        first, and this process stops taking that category at once."""
+        if not held:
+            return
+        groups: Groups = defaultdict(list)
+        for row in sorted(held, key=lambda r: (r["run_at"], r["id"])):
+            groups[where[row["id"]]].append(row["id"])
+        await self.scheduler.dispatcher.put_back(self.worker, groups)
+        self.scheduler.categories.paused_seen({row["category"] for row in held if row["paused"]})
 
     async def _park(self, job_id: int, exc: BaseException) -> None:
         await _park(self.scheduler, EXECUTOR, job_id, exc)
