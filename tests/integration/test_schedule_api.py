@@ -207,6 +207,7 @@ async def test_sao_paulo_schedule_is_three_hours_behind_utc_and_listed_by_local_
             "capacity",
             "bookedCount",
             "available",
+            "overbookedCount",
         }
         assert s["doctorId"] == doctor
         assert (s["capacity"], s["bookedCount"], s["available"]) == (1, 0, 1)

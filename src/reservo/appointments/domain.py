@@ -33,12 +33,14 @@ class Appointment(FromRow):
     slot_id: int
     patient_id: int
     doctor_id: int
-    status: str  # BOOKED | CANCELLED
+    status: str  # BOOKED | CANCELLED | NO_SHOW
     start_at: datetime
     end_at: datetime
     created_at: datetime
     # Set on the appointment a reschedule created: the one it replaced.
     rescheduled_from: int | None = None
+    # A staff booking beyond the slot's capacity (counted in overbooked_count).
+    overbooked: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class ScheduleRule:
     end_time: time
     slot_minutes: int
     capacity: int
+    # Seats staff may book beyond capacity (POST /api/appointments with overbook).
+    overbook_limit: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ class AgendaEntry:
     id: int
     patient_id: int
     status: str
+    overbooked: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,8 @@ class AgendaSlot:
     opens_at: datetime
     capacity: int
     booked_count: int
+    overbook_limit: int
+    overbooked_count: int
     appointments: tuple[AgendaEntry, ...]
 
 
@@ -189,6 +196,7 @@ class RepeatingSchedule:
             row["end_time"],
             row["slot_minutes"],
             row["capacity"],
+            row["overbook_limit"],
         )
         return build(cls, row, rule=rule)
 
@@ -198,3 +206,32 @@ class RepeatingSchedule:
         if first > until:
             return None
         return replace(self.rule, start_date=first, end_date=until)
+
+
+# No-shows counted by the policy are those of slots that started this long ago at
+# most (the contract's "N no-shows within 90 days").
+NO_SHOW_WINDOW = timedelta(days=90)
+
+
+@dataclass(frozen=True)
+class NoShowPolicy:
+    """A patient with ``limit`` no-shows within NO_SHOW_WINDOW cannot book for
+    ``block_days`` from the start of the last of them."""
+
+    limit: int = 3
+    block_days: int = 30
+
+    def counted_since(self, now: datetime, cleared_at: datetime | None) -> datetime:
+        """No-shows of slots starting after this count: the window, or the
+        admin's last clearing when later."""
+        since = now - NO_SHOW_WINDOW
+        return since if cleared_at is None else max(since, cleared_at)
+
+
+@dataclass(frozen=True)
+class NoShowStanding:
+    """A patient's no-shows as the console shows them."""
+
+    counted: int  # what the policy counts now
+    total: int
+    blocked_until: datetime | None

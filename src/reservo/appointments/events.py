@@ -17,18 +17,21 @@ RESCHEDULED = "appointments.rescheduled.v1"
 WAITLIST_BOOKED = "appointments.waitlist_booked.v1"
 # A seat freed, but that waiting patient holds another appointment at that time.
 WAITLIST_SKIPPED = "appointments.waitlist_skipped.v1"
+# The slot's doctor (or an admin) marked a started appointment as missed.
+NO_SHOW = "appointments.no_show.v1"
 # Drops the cached slot lists a booking, cancellation or move changed (durably:
 # what the request could not drop after its commit).
 SLOT_LISTS_CONSUMER = "appointments-slot-lists"
 SLOT_LIST_CHANGES = (BOOKED, CANCELLED, RESCHEDULED)
-TOPICS = (BOOKED, CANCELLED, REMINDER, RESCHEDULED, WAITLIST_BOOKED, WAITLIST_SKIPPED)
+TOPICS = (BOOKED, CANCELLED, REMINDER, RESCHEDULED, WAITLIST_BOOKED, WAITLIST_SKIPPED, NO_SHOW)
 
 
 def payload(appt: Appointment) -> dict[str, Any]:
     seat = skipped_payload(
         appt.slot_id, appt.patient_id, appt.doctor_id, appt.start_at, appt.end_at
     )
-    return {"appointmentId": appt.id, **seat}
+    extra = {"overbooked": True} if appt.overbooked else {}
+    return {"appointmentId": appt.id, **seat, **extra}
 
 
 def rescheduled_payload(appt: Appointment, old: Appointment) -> dict[str, Any]:
@@ -84,7 +87,19 @@ _MESSAGES = {
         "Appointment for {start} cancelled",
         "Your appointment #{appointmentId} at {start} was cancelled.",
     ),
+    NO_SHOW: (
+        "Missed appointment at {start}",
+        "Your appointment #{appointmentId} with doctor #{doctorId} at {start} was marked "
+        "as missed. Repeated missed appointments block online booking for a while.",
+    ),
 }
+# A waiting patient skipped because the no-show policy blocks their bookings.
+_SKIPPED_BLOCKED = (
+    "A place freed up at {start}, but your booking is blocked",
+    "A place freed up in slot #{slotId} with doctor #{doctorId} at {start}, but "
+    "booking is blocked for you after missed appointments, so it went to the next "
+    "patient and you left that waitlist.",
+)
 
 
 def notifications(event: Event) -> list[Notification]:
@@ -93,6 +108,8 @@ def notifications(event: Event) -> list[Notification]:
     if "previousStartAt" in p:
         fields["previous"] = _when(p["previousStartAt"])
     subject, body = _MESSAGES[event.topic]
+    if p.get("reason") == "no_show_limit":
+        subject, body = _SKIPPED_BLOCKED
     message = Notification(
         int(p["patientId"]), subject.format(**fields), body.format(**fields), str(event.id)
     )
