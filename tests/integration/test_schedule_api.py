@@ -369,7 +369,10 @@ async def test_owner_and_admin_read_an_appointment(client: httpx.AsyncClient) ->
     patient = new_id()
     made = await book(client, slots[0]["id"], patient)
     appt = made.json()
-    assert set(appt) == {"id", "slotId", "patientId", "status", "startAt", "endAt", "createdAt"}
+    assert set(appt) == {
+        *("id", "slotId", "patientId", "status", "startAt", "endAt", "createdAt", "overbooked")
+    }
+    assert appt["overbooked"] is False
     assert (appt["slotId"], appt["patientId"], appt["status"]) == (
         slots[0]["id"],
         patient,
