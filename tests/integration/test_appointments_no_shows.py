@@ -5,6 +5,7 @@ waitlist; an admin clears it), on the lean booking path too."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from contextvars import ContextVar
 from datetime import datetime, timedelta
@@ -20,8 +21,13 @@ from tests.conftest import new_id
 from tests.helpers import make_slots
 from tests.integration.test_appointments_concurrency import codes, together
 from tests.integration.test_appointments_errors import auth_at, problem
-from tests.integration.test_appointments_overbooking import assert_counters_match
+from tests.integration.test_appointments_overbooking import (
+    assert_counters_match,
+    make_overbookable,
+    overbook,
+)
 from tests.integration.test_appointments_reschedule_waitlist import wait
+from tests.integration.test_console_domain_pages import signed_in
 
 # Moves the app's clock for one request's task only (httpx's ASGI transport runs
 # the app in the caller's task): two requests racing on one row can then each
@@ -252,8 +258,8 @@ async def test_clearing_forgets_the_earlier_no_shows(
     assert (
         await client.delete(f"/api/patients/{patient}/no-shows", headers=admin)
     ).status_code == 204
-    # A fourth no-show, of a slot that started before the clearing, does not
-    # block again: the no-shows up to the clearing are forgiven.
+    # A fourth no-show does not block again: those marked up to the clearing
+    # are forgiven.
     assert (await no_show(client, appts[3]["id"], admin)).status_code == 200
     assert (await book_at(client, clock, later[0]["id"], patient)).status_code == 201
     # Clearing a patient who has none is fine too.
@@ -305,3 +311,50 @@ async def test_a_blocked_patient_on_a_waitlist_is_skipped(
         patient,
     )
     assert reason == "no_show_limit"
+
+
+async def test_the_console_shows_a_patients_no_shows_and_the_overbooked_seats(
+    client: httpx.AsyncClient, clock: OffsetClock
+) -> None:
+    await signed_in(client)  # by today's clock: the session outlives what follows
+    doctor, day, slots = await make_overbookable(client, capacity=1, limit=2)
+    patient = new_id()
+    appts = [(await book_at(client, clock, s["id"], patient)).json() for s in slots[:3]]
+    extra = await overbook(client, slots[3]["id"], new_id(), auth_at(clock, "doctor", doctor))
+    assert extra.status_code == 201
+    later = _skew.set(timedelta(days=3))  # the doctor marks them once the slots started
+    try:
+        for appt in appts:
+            r = await no_show(client, appt["id"], auth_at(clock, "doctor", doctor))
+            assert r.status_code == 200
+    finally:
+        _skew.reset(later)
+
+    page = await client.get("/console/clinic/appointments", params={"patient": patient})
+    assert page.status_code == 200, page.text
+    standing = re.search(r'<p class="card" id="no-shows">(.*?)</p>', page.text, re.S)
+    assert standing is not None
+    assert "<strong>3</strong> counted" in standing[1] and "3 in all" in standing[1]
+    assert "Booking blocked until" in standing[1]
+    assert page.text.count("<td>NO_SHOW</td>") == 3
+
+    agenda = await client.get("/console/clinic", params={"doctor": doctor, "day": day.isoformat()})
+    assert agenda.status_code == 200
+    card = re.search(
+        rf'<article class="card slot" id="slot-{slots[3]["id"]}">(.*?)</article>', agenda.text, re.S
+    )
+    assert card is not None
+    assert "<strong>1/2</strong> overbooked seats" in card[1]
+    assert f'<tr id="appointment-{extra.json()["id"]}">' in card[1]
+    assert "BOOKED · overbooked" in card[1]
+
+    # Cleared by an admin (after the marking): the page says so.
+    later = _skew.set(timedelta(days=3, minutes=1))
+    try:
+        admin = auth_at(clock, "admin", 1)
+        r = await client.delete(f"/api/patients/{patient}/no-shows", headers=admin)
+    finally:
+        _skew.reset(later)
+    assert r.status_code == 204
+    page = await client.get("/console/clinic/appointments", params={"patient": patient})
+    assert "Not blocked." in page.text and "<strong>0</strong> counted" in page.text

@@ -215,17 +215,12 @@ NO_SHOW_WINDOW = timedelta(days=90)
 
 @dataclass(frozen=True)
 class NoShowPolicy:
-    """A patient with ``limit`` no-shows within NO_SHOW_WINDOW cannot book for
-    ``block_days`` from the start of the last of them."""
+    """A patient with ``limit`` no-shows within NO_SHOW_WINDOW (by the slots'
+    start; those marked before an admin's clearing do not count) cannot book
+    for ``block_days`` from the start of the last of them."""
 
     limit: int = 3
     block_days: int = 30
-
-    def counted_since(self, now: datetime, cleared_at: datetime | None) -> datetime:
-        """No-shows of slots starting after this count: the window, or the
-        admin's last clearing when later."""
-        since = now - NO_SHOW_WINDOW
-        return since if cleared_at is None else max(since, cleared_at)
 
 
 @dataclass(frozen=True)

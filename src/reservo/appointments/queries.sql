@@ -315,27 +315,28 @@ RETURNING cleared_at;
 -- name: apply_no_show_policy
 -- Blocks the patient (row locked by lock_patient_policy) for $4 days from their
 -- last no-show when they have at least $3 no-shows of slots starting after $2
--- (90 days ago, or the last clearing); never shortens a block. Walks
--- appointment_patient_start.
+-- (90 days ago) and marked after $5 (the admin's last clearing, NULL: none);
+-- never shortens a block. Walks appointment_patient_start.
 UPDATE patient_block b
    SET blocked_until = greatest(b.blocked_until, n.last_at + make_interval(days => $4::int))
   FROM (SELECT count(*) AS n, max(lower(a.period)) AS last_at FROM appointment a
-         WHERE a.patient_id = $1 AND lower(a.period) > $2 AND a.status = 'NO_SHOW') n
+         WHERE a.patient_id = $1 AND lower(a.period) > $2 AND a.status = 'NO_SHOW'
+           AND ($5::timestamptz IS NULL OR a.no_show_at > $5::timestamptz)) n
  WHERE b.patient_id = $1 AND n.n >= $3
 RETURNING b.blocked_until;
 
 -- name: clear_no_shows
--- An admin's override: the block ends now and earlier no-shows stop counting.
+-- An admin's override: the block ends now and the no-shows marked so far stop
+-- counting.
 INSERT INTO patient_block (patient_id, blocked_until, cleared_at) VALUES ($1, NULL, $2)
 ON CONFLICT (patient_id) DO UPDATE SET blocked_until = NULL, cleared_at = $2;
 
 -- name: no_show_standing
 -- What the console shows of a patient: no-shows counted by the policy at $2
--- (slots starting after 90 days ago and after the last clearing), all their
+-- (slots starting within 90 days, marked after the last clearing), all their
 -- no-shows, and the block in force.
-SELECT count(*) FILTER (WHERE lower(a.period) > greatest($2::timestamptz - interval '90 days',
-                                                         coalesce(b.cleared_at, '-infinity')))
-         AS counted,
+SELECT count(*) FILTER (WHERE lower(a.period) > $2::timestamptz - interval '90 days'
+                          AND (b.cleared_at IS NULL OR a.no_show_at > b.cleared_at)) AS counted,
        count(*) AS total,
        (SELECT blocked_until FROM patient_block WHERE patient_id = $1
            AND blocked_until > $2) AS blocked_until

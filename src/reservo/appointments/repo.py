@@ -216,10 +216,15 @@ async def lock_patient_policy(conn: asyncpg.Connection, patient_id: int) -> date
 
 
 async def apply_no_show_policy(
-    conn: asyncpg.Connection, patient_id: int, since: datetime, limit: int, block_days: int
+    conn: asyncpg.Connection,
+    patient_id: int,
+    since: datetime,
+    policy: tuple[int, int],
+    cleared_at: datetime | None,
 ) -> datetime | None:
+    """``policy``: the limit and the block's days."""
     blocked_until: datetime | None = await conn.fetchval(
-        Q.apply_no_show_policy, patient_id, since, limit, block_days
+        Q.apply_no_show_policy, patient_id, since, *policy, cleared_at
     )
     return blocked_until
 

@@ -415,14 +415,14 @@ class AppointmentService:
         return await repo.apply_no_show_policy(
             conn,
             patient_id,
-            self.no_shows.counted_since(now, cleared_at),
-            self.no_shows.limit,
-            self.no_shows.block_days,
+            now - domain.NO_SHOW_WINDOW,
+            (self.no_shows.limit, self.no_shows.block_days),
+            cleared_at,
         )
 
     async def clear_no_shows(self, patient_id: int) -> None:
-        """The admin's override: unblocked now, and the no-shows so far no longer
-        count towards the next block."""
+        """The admin's override: unblocked now, and the no-shows marked so far no
+        longer count towards the next block."""
         async with self.db.transaction() as conn:
             await repo.clear_no_shows(conn, patient_id, self.clock.now())
 
