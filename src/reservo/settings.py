@@ -238,6 +238,12 @@ class Settings(BaseSettings):
     # How often a worker's "appointments" role extends repeating schedules
     # (idempotent; any number of workers may run it).
     appointments_schedule_interval_s: float = Field(default=600.0, gt=0)
+    # The no-show policy: a patient with NO_SHOW_LIMIT no-shows of slots that
+    # started within 90 days cannot book (nor reschedule, nor join a waitlist) for
+    # NO_SHOW_BLOCK_DAYS from the last of them; an admin may lift it. Applied
+    # when a no-show is marked, so the booking statement only probes one row.
+    appointments_no_show_limit: int = Field(default=3, ge=1, le=1000)
+    appointments_no_show_block_days: int = Field(default=30, ge=1, le=3650)
 
     # Scheduler (delayed jobs): only jobs due within the window live in Redis.
     scheduler_window_s: float = Field(default=300.0, gt=0)

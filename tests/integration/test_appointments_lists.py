@@ -62,7 +62,9 @@ async def test_a_patients_appointments_soonest_first_in_keyset_pages(
     assert [a["id"] for a in cancelled.json()["items"]] == [ids[2]]
     assert cancelled.json()["next"] is None
     first = booked.json()["items"][0]
-    assert set(first) == {"id", "slotId", "patientId", "status", "startAt", "endAt", "createdAt"}
+    assert set(first) == {
+        *("id", "slotId", "patientId", "status", "startAt", "endAt", "createdAt", "overbooked")
+    }
 
 
 async def test_the_patient_list_is_an_index_scan_without_a_sort(db: asyncpg.Connection) -> None:
@@ -151,12 +153,15 @@ async def test_a_doctors_agenda_holds_every_slot_of_the_day_with_its_appointment
     assert body["doctorId"] == doctor and body["date"] == day.isoformat()
     assert [s["id"] for s in body["slots"]] == [s["id"] for s in slots]  # full ones too
     s0, s1 = body["slots"][0], body["slots"][1]
+    ordinary = {"overbooked": False}
     assert s0["appointments"] == [
-        {"id": first.json()["id"], "patientId": a, "status": "CANCELLED"},
-        {"id": second.json()["id"], "patientId": b, "status": "BOOKED"},
+        {"id": first.json()["id"], "patientId": a, "status": "CANCELLED", **ordinary},
+        {"id": second.json()["id"], "patientId": b, "status": "BOOKED", **ordinary},
     ]
     assert (s0["capacity"], s0["bookedCount"], s0["available"]) == (1, 1, 0)
-    assert s1["appointments"] == [{"id": full.json()["id"], "patientId": a, "status": "BOOKED"}]
+    assert s1["appointments"] == [
+        {"id": full.json()["id"], "patientId": a, "status": "BOOKED", **ordinary}
+    ]
     assert body["slots"][2]["appointments"] == []
     assert {"id", "doctorId", "startAt", "endAt", "opensAt", "capacity", "bookedCount"} <= set(s0)
     # An admin sees it too; a day without slots is an empty agenda.

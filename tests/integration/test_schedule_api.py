@@ -207,6 +207,7 @@ async def test_sao_paulo_schedule_is_three_hours_behind_utc_and_listed_by_local_
             "capacity",
             "bookedCount",
             "available",
+            "overbookedCount",
         }
         assert s["doctorId"] == doctor
         assert (s["capacity"], s["bookedCount"], s["available"]) == (1, 0, 1)
@@ -368,7 +369,10 @@ async def test_owner_and_admin_read_an_appointment(client: httpx.AsyncClient) ->
     patient = new_id()
     made = await book(client, slots[0]["id"], patient)
     appt = made.json()
-    assert set(appt) == {"id", "slotId", "patientId", "status", "startAt", "endAt", "createdAt"}
+    assert set(appt) == {
+        *("id", "slotId", "patientId", "status", "startAt", "endAt", "createdAt", "overbooked")
+    }
+    assert appt["overbooked"] is False
     assert (appt["slotId"], appt["patientId"], appt["status"]) == (
         slots[0]["id"],
         patient,

@@ -42,6 +42,7 @@ def _wire(row: asyncpg.Record) -> dict[str, Any]:
         "capacity": row["capacity"],
         "bookedCount": row["booked_count"],
         "available": row["capacity"] - row["booked_count"],
+        "overbookedCount": row["overbooked_count"],
     }
 
 
@@ -71,8 +72,8 @@ async def test_postgres_writes_the_wire_form_byte_for_byte(
     )
     assert r.status_code == 200
     rows = await db.fetch(
-        "SELECT id, doctor_id, start_at, end_at, capacity, booked_count FROM time_slot"
-        " WHERE doctor_id = $1 ORDER BY start_at",
+        "SELECT id, doctor_id, start_at, end_at, capacity, booked_count, overbooked_count"
+        " FROM time_slot WHERE doctor_id = $1 ORDER BY start_at",
         doctor,
     )
     assert r.content == orjson.dumps([_wire(row) for row in rows])

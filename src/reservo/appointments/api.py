@@ -70,6 +70,8 @@ _svc = from_state(AppointmentService, "appointments")
 # Who may use which route, checked before the request is parsed (core.http.Roles).
 Patient = Annotated[Principal, role_caller("patient")]
 Doctor = Annotated[Principal, role_caller("doctor")]
+# Booking: patients for themselves; the slot's doctor only to overbook.
+PatientOrDoctor = Annotated[Principal, role_caller("patient", "doctor")]
 DoctorId = Annotated[PathId, Path(alias="doctorId")]
 PatientId = Annotated[PathId, Path(alias="patientId")]
 
@@ -120,6 +122,7 @@ async def create_schedule(
         body.end_time,
         body.slot_minutes,
         body.capacity,
+        body.overbook_limit,
     )
     if body.to is None:
         schedule_id, created, skipped = await _svc(request).create_repeating_schedule(
@@ -159,14 +162,29 @@ async def list_slots(
         "slot_in_past",
         "slot_not_open",
         "rate_limited",
+        "overbook_limit",
+        "no_show_limit",
     ),
 )
 async def book(
     body: AppointmentIn,
-    caller: Patient,
+    caller: PatientOrDoctor,
     request: Request,
     idempotency_key: RequiredIdempotencyKey = None,
 ) -> JSONResponse:
+    """A patient books a seat for themself (Idempotency-Key required). With
+    `"overbook": true` the slot's doctor or an admin books a patient beyond the
+    slot's capacity, up to its `overbookLimit` (409 `overbook_limit` when none is
+    left); such a booking always takes an overbooked seat. Patients get 403."""
+    if body.overbook:
+        return await overbook_flow(
+            _svc(request),
+            idempotency_store(request),
+            caller,
+            body,
+            idempotency_key,
+            await request.body(),
+        )
     return await book_flow(
         _svc(request),
         idempotency_store(request),
@@ -214,10 +232,34 @@ async def book_flow(
         return await run_idempotent(store, caller, endpoint, key, raw, book_once, render)
 
 
+async def overbook_flow(
+    svc: AppointmentService,
+    store: IdempotencyStore,
+    caller: Principal,
+    body: AppointmentIn,
+    idempotency_key: str | None,
+    raw: bytes,
+) -> JSONResponse:
+    """A staff booking beyond capacity. Never on the lean path: its body has the
+    ``overbook`` key, which the lean path hands to FastAPI, so the role check
+    here is the only way to an overbooked seat."""
+    if not caller.is_admin and caller.role != "doctor":
+        raise DomainError("forbidden", "only the slot's doctor or an admin may overbook")
+    key = required_key(idempotency_key)
+    doctor = None if caller.is_admin else caller.sub
+
+    async def overbook_once(within: Within[Appointment] | None) -> Appointment:
+        return await svc.overbook(body.slot_id, body.patient_id, doctor, within)
+
+    endpoint = "POST /api/appointments"
+    return await run_idempotent(store, caller, endpoint, key, raw, overbook_once, render)
+
+
 # --- the lean path (reservo.core.lean): the two hottest routes without FastAPI's
 # per-request work. Anything not in the common shape goes to the routes above.
 
 _DAY_QUERY = re.compile(rb"date=([0-9]{4}-[0-9]{2}-[0-9]{2})", re.ASCII)
+# Exactly these keys: a body with "overbook" (whatever its value) goes to FastAPI.
 _BOOK_KEYS = frozenset(("slotId", "patientId"))
 
 
@@ -336,7 +378,7 @@ async def list_patient_appointments(
     patient_id: PatientId,
     caller: Patient,
     request: Request,
-    status: Annotated[Literal["BOOKED", "CANCELLED"] | None, Query()] = None,
+    status: Annotated[Literal["BOOKED", "CANCELLED", "NO_SHOW"] | None, Query()] = None,
     limit: Limit = DEFAULT_LIMIT,
     after: After = None,
 ) -> JSONResponse:
@@ -397,6 +439,7 @@ def render_rescheduled(appt: Appointment) -> dict[str, Any]:
         "patient_busy",
         "slot_in_past",
         "slot_not_open",
+        "no_show_limit",
     ),
 )
 async def reschedule(
@@ -434,6 +477,7 @@ async def reschedule(
         "already_booked",
         "slot_in_past",
         "slot_not_open",
+        "no_show_limit",
     ),
 )
 async def join_waitlist(
@@ -499,3 +543,40 @@ async def put_contact(
     caller.require_owner("patient", patient_id)
     c = await _svc(request).set_contact(patient_id, body.email, body.phone)
     return json_response(200, ContactOut(patient_id=c.user_id, email=c.email, phone=c.phone).wire())
+
+
+# -- third release ----------------------------------------------------------------------
+
+
+@router.post(
+    "/appointments/{appointmentId}/no-show",
+    response_model=AppointmentOut,
+    operation_id="markNoShow",
+    openapi_extra=raises("appointment_not_found", "not_started", "not_booked"),
+)
+async def mark_no_show(
+    appointment_id: Annotated[PathId, Path(alias="appointmentId")],
+    caller: Doctor,
+    request: Request,
+) -> JSONResponse:
+    """The patient did not come: BOOKED -> NO_SHOW, after the slot's start (409
+    `not_started` before, `not_booked` when not BOOKED). The slot's doctor or an
+    admin; another doctor's appointment is 404. A patient with too many no-shows
+    is blocked from booking (409 `no_show_limit`) for a while."""
+    doctor = None if caller.is_admin else caller.sub
+    appt = await _svc(request).mark_no_show(appointment_id, doctor)
+    return json_response(200, render(appt))
+
+
+@router.delete(
+    "/patients/{patientId}/no-shows",
+    status_code=204,
+    response_class=Response,
+    operation_id="clearNoShows",
+    openapi_extra=raises(),
+)
+async def clear_no_shows(patient_id: PatientId, caller: AdminCaller, request: Request) -> Response:
+    """An admin lifts the patient's no-show block; the no-shows so far stop
+    counting towards the next one."""
+    await _svc(request).clear_no_shows(patient_id)
+    return Response(status_code=204)

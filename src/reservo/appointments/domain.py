@@ -33,7 +33,7 @@ class Appointment(FromRow):
     slot_id: int
     patient_id: int
     doctor_id: int
-    status: str  # BOOKED | CANCELLED
+    status: str  # BOOKED | CANCELLED | NO_SHOW
     start_at: datetime
     end_at: datetime
     created_at: datetime
@@ -42,6 +42,8 @@ class Appointment(FromRow):
     # The first appointment of its reschedule chain (None: itself); its events'
     # key, so a whole chain stays in order on one partition.
     lineage_id: int | None = None
+    # A staff booking beyond the slot's capacity (counted in overbooked_count).
+    overbooked: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class ScheduleRule:
     end_time: time
     slot_minutes: int
     capacity: int
+    # Seats staff may book beyond capacity (POST /api/appointments with overbook).
+    overbook_limit: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class AgendaEntry:
     id: int
     patient_id: int
     status: str
+    overbooked: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,8 @@ class AgendaSlot:
     opens_at: datetime
     capacity: int
     booked_count: int
+    overbook_limit: int
+    overbooked_count: int
     appointments: tuple[AgendaEntry, ...]
 
 
@@ -192,6 +199,7 @@ class RepeatingSchedule:
             row["end_time"],
             row["slot_minutes"],
             row["capacity"],
+            row["overbook_limit"],
         )
         return build(cls, row, rule=rule)
 
@@ -201,3 +209,27 @@ class RepeatingSchedule:
         if first > until:
             return None
         return replace(self.rule, start_date=first, end_date=until)
+
+
+# No-shows counted by the policy are those of slots that started this long ago at
+# most (the contract's "N no-shows within 90 days").
+NO_SHOW_WINDOW = timedelta(days=90)
+
+
+@dataclass(frozen=True)
+class NoShowPolicy:
+    """A patient with ``limit`` no-shows within NO_SHOW_WINDOW (by the slots'
+    start; those marked before an admin's clearing do not count) cannot book
+    for ``block_days`` from the start of the last of them."""
+
+    limit: int = 3
+    block_days: int = 30
+
+
+@dataclass(frozen=True)
+class NoShowStanding:
+    """A patient's no-shows as the console shows them."""
+
+    counted: int  # what the policy counts now
+    total: int
+    blocked_until: datetime | None

@@ -17,6 +17,11 @@ ERRORS = by_status(
         "already_waiting",
         # The doctor's stored zone breaks the zone rule (written before it).
         "unknown_timezone",
+        # Third release: staff overbooking and no-shows.
+        "overbook_limit",
+        "no_show_limit",
+        "not_started",
+        "not_booked",
     ],
 )
 

@@ -22,11 +22,13 @@ RESCHEDULED = "appointments.appointment.rescheduled.v1"
 WAITLIST_BOOKED = "appointments.appointment.booked-from-waitlist.v1"
 # A seat freed, but that waiting patient holds another appointment at that time.
 WAITLIST_SKIPPED = "appointments.waitlist.patient-skipped.v1"
+# The slot's doctor (or an admin) marked a started appointment as missed.
+NO_SHOW = "appointments.appointment.no-show.v1"
 # Drops the cached slot lists a booking, cancellation or move changed (durably:
 # what the request could not drop after its commit).
 SLOT_LISTS_CONSUMER = "appointments-slot-lists"
 SLOT_LIST_CHANGES = (BOOKED, CANCELLED, RESCHEDULED)
-TOPICS = (BOOKED, CANCELLED, REMINDER, RESCHEDULED, WAITLIST_BOOKED, WAITLIST_SKIPPED)
+TOPICS = (BOOKED, CANCELLED, REMINDER, RESCHEDULED, WAITLIST_BOOKED, WAITLIST_SKIPPED, NO_SHOW)
 
 
 def key(appt: Appointment) -> str:
@@ -43,7 +45,13 @@ def payload(appt: Appointment) -> dict[str, Any]:
     seat = skipped_payload(
         appt.slot_id, appt.patient_id, appt.doctor_id, appt.start_at, appt.end_at
     )
-    return {"appointmentId": appt.id, "firstAppointmentId": appt.lineage_id or appt.id, **seat}
+    extra = {"overbooked": True} if appt.overbooked else {}
+    return {
+        "appointmentId": appt.id,
+        "firstAppointmentId": appt.lineage_id or appt.id,
+        **seat,
+        **extra,
+    }
 
 
 def rescheduled_payload(appt: Appointment, old: Appointment) -> dict[str, Any]:
@@ -99,7 +107,19 @@ _MESSAGES = {
         "Appointment for {start} cancelled",
         "Your appointment #{appointmentId} at {start} was cancelled.",
     ),
+    NO_SHOW: (
+        "Missed appointment at {start}",
+        "Your appointment #{appointmentId} with doctor #{doctorId} at {start} was marked "
+        "as missed. Repeated missed appointments block online booking for a while.",
+    ),
 }
+# A waiting patient skipped because the no-show policy blocks their bookings.
+_SKIPPED_BLOCKED = (
+    "A place freed up at {start}, but your booking is blocked",
+    "A place freed up in slot #{slotId} with doctor #{doctorId} at {start}, but "
+    "booking is blocked for you after missed appointments, so it went to the next "
+    "patient and you left that waitlist.",
+)
 
 
 def notifications(event: Event) -> list[Notification]:
@@ -108,6 +128,8 @@ def notifications(event: Event) -> list[Notification]:
     if "previousStartAt" in p:
         fields["previous"] = _when(p["previousStartAt"])
     subject, body = _MESSAGES[event.topic]
+    if p.get("reason") == "no_show_limit":
+        subject, body = _SKIPPED_BLOCKED
     message = Notification(
         int(p["patientId"]), subject.format(**fields), body.format(**fields), str(event.id)
     )
@@ -144,38 +166,51 @@ _EXAMPLE = {
 }
 
 
+# Only on a staff booking beyond the slot's capacity (absent otherwise).
+_OPTIONAL = {
+    "overbooked": {
+        "type": "boolean",
+        "const": True,
+        "description": "A staff booking beyond the slot's capacity (an overbooked seat).",
+    }
+}
+
+
 def _schema(properties: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "object",
         "required": sorted(properties),
-        "properties": properties,
+        "properties": {**properties, **_OPTIONAL},
         "additionalProperties": True,
     }
 
 
-def _appointment_event(name: str, formerly: str, summary: str) -> EventSpec:
+def _appointment_event(name: str, formerly: tuple[str, ...], summary: str) -> EventSpec:
     return EventSpec(
         name=name,
         stream=APPOINTMENT_STREAM,
         summary=summary,
         key="appointment:{firstAppointmentId}",
         key_doc="the first appointment of the reschedule chain: one appointment's "
-        "whole life (booking, moves, reminder, cancel) in order",
+        "whole life (booking, moves, reminder, no-show, cancel) in order",
         schema=_schema(_APPOINTMENT),
         example=_EXAMPLE,
-        formerly=(formerly,),
+        formerly=formerly,
     )
 
 
 CONTRACT = (
-    _appointment_event(BOOKED, "appointments.booked.v1", "A patient booked a seat."),
-    _appointment_event(CANCELLED, "appointments.cancelled.v1", "An appointment was cancelled."),
+    _appointment_event(BOOKED, ("appointments.booked.v1",), "A patient booked a seat."),
+    _appointment_event(CANCELLED, ("appointments.cancelled.v1",), "An appointment was cancelled."),
     _appointment_event(
-        REMINDER, "appointments.reminder.v1", "An appointment is due (the reminder time came)."
+        REMINDER, ("appointments.reminder.v1",), "An appointment is due (the reminder time came)."
+    ),
+    _appointment_event(
+        NO_SHOW, (), "The slot's doctor marked a started appointment as missed (NO_SHOW)."
     ),
     _appointment_event(
         WAITLIST_BOOKED,
-        "appointments.waitlist_booked.v1",
+        ("appointments.waitlist_booked.v1",),
         "A freed seat was booked for the first free patient of the slot's waitlist.",
     ),
     EventSpec(
@@ -211,8 +246,18 @@ CONTRACT = (
         "then: skipped, and off that waitlist.",
         key="slot:{slotId}",
         key_doc="the slot whose waitlist it is: one waitlist's turns in order",
-        schema=_schema(_SEAT),
-        example={k: v for k, v in _EXAMPLE.items() if k in _SEAT},
+        schema=_schema(
+            {
+                **_SEAT,
+                "reason": {
+                    "type": "string",
+                    "enum": ["busy", "no_show_limit"],
+                    "description": "busy: another appointment then; no_show_limit: "
+                    "booking is blocked after missed appointments.",
+                },
+            }
+        ),
+        example={**{k: v for k, v in _EXAMPLE.items() if k in _SEAT}, "reason": "busy"},
         formerly=("appointments.waitlist_skipped.v1",),
     ),
 )

@@ -12,14 +12,14 @@ SELECT id, name, timezone, specialty FROM doctor WHERE id = $1;
 -- name: insert_slots
 -- A slot that exists, or overlaps one of the doctor's slots (ex_doctor_slot_overlap),
 -- is skipped: a schedule can be re-run, and a second schedule never interleaves.
-INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at)
-SELECT $1, s, e, $4, o
+INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at, overbook_limit)
+SELECT $1, s, e, $4, o, $6
   FROM unnest($2::timestamptz[], $3::timestamptz[], $5::timestamptz[]) AS t(s, e, o)
 ON CONFLICT DO NOTHING;
 
 -- name: list_available_slots
 -- A doctor's slots starting in [$2, $3), after $4, open at $4 and not full, in time order.
-SELECT id, doctor_id, start_at, end_at, capacity, booked_count
+SELECT id, doctor_id, start_at, end_at, capacity, booked_count, overbooked_count
   FROM time_slot
  WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4
    AND booked_count < capacity AND opens_at <= $4
@@ -33,13 +33,14 @@ SELECT id, doctor_id, start_at, end_at, capacity, booked_count
 -- next_open: when the next of the day's slots opens for booking (the list changes
 -- then without any write), NULL if none is still to open.
 SELECT '[' || coalesce(string_agg(format(
-           '{"id":%s,"doctorId":%s,"startAt":"%s","endAt":"%s","capacity":%s,"bookedCount":%s,"available":%s}',
+           '{"id":%s,"doctorId":%s,"startAt":"%s","endAt":"%s","capacity":%s,"bookedCount":%s,"available":%s,"overbookedCount":%s}',
            id, doctor_id,
            to_char(start_at AT TIME ZONE 'UTC', CASE WHEN date_trunc('second', start_at) = start_at
                THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END),
            to_char(end_at AT TIME ZONE 'UTC', CASE WHEN date_trunc('second', end_at) = end_at
                THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END),
-           capacity, booked_count, capacity - booked_count), ',' ORDER BY start_at)
+           capacity, booked_count, capacity - booked_count, overbooked_count),
+           ',' ORDER BY start_at)
            FILTER (WHERE booked_count < capacity AND opens_at <= $4), '') || ']' AS body,
        min(start_at) FILTER (WHERE booked_count < capacity AND opens_at <= $4) AS first_start,
        min(opens_at) FILTER (WHERE opens_at > $4) AS next_open
@@ -49,42 +50,67 @@ SELECT '[' || coalesce(string_agg(format(
 -- name: book
 -- Check and write in one statement: the row lock makes a concurrent booking wait
 -- and re-evaluate booked_count < capacity against the committed value. The
--- booking window is the stored opens_at (set when the slot was generated).
+-- booking window is the stored opens_at (set when the slot was generated). A
+-- patient blocked by the no-show policy books nothing (one primary-key probe).
 WITH slot AS (
     UPDATE time_slot SET booked_count = booked_count + 1
      WHERE id = $1 AND booked_count < capacity AND start_at > $3 AND opens_at <= $3
+       AND NOT EXISTS (SELECT 1 FROM patient_block b
+                        WHERE b.patient_id = $2 AND b.blocked_until > $3)
     RETURNING id, doctor_id, start_at, end_at, capacity, booked_count
 )
 INSERT INTO appointment (slot_id, patient_id, status, period, created_at)
 SELECT slot.id, $2, 'BOOKED', tstzrange(slot.start_at, slot.end_at, '[)'), $3 FROM slot
 RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
-          upper(period) AS end_at, created_at,
+          upper(period) AS end_at, created_at, overbooked,
           (SELECT doctor_id FROM slot) AS doctor_id,
           (SELECT capacity - booked_count FROM slot) AS remaining;
 
+-- name: overbook
+-- A staff booking beyond capacity: the same statement as book on the other
+-- counter (overbooked_count < overbook_limit), so ordinary bookings never see
+-- it; $4 the calling doctor (NULL for an admin) must be the slot's.
+WITH slot AS (
+    UPDATE time_slot SET overbooked_count = overbooked_count + 1
+     WHERE id = $1 AND overbooked_count < overbook_limit AND start_at > $3 AND opens_at <= $3
+       AND ($4::bigint IS NULL OR doctor_id = $4::bigint)
+       AND NOT EXISTS (SELECT 1 FROM patient_block b
+                        WHERE b.patient_id = $2 AND b.blocked_until > $3)
+    RETURNING id, doctor_id, start_at, end_at
+)
+INSERT INTO appointment (slot_id, patient_id, status, period, created_at, overbooked)
+SELECT slot.id, $2, 'BOOKED', tstzrange(slot.start_at, slot.end_at, '[)'), $3, true FROM slot
+RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
+          upper(period) AS end_at, created_at, overbooked,
+          (SELECT doctor_id FROM slot) AS doctor_id;
+
 -- name: slot_state
 -- Only used to explain why a conditional booking or a waitlist join wrote nothing.
-SELECT s.start_at, s.opens_at, s.capacity, s.booked_count,
+SELECT s.start_at, s.opens_at, s.capacity, s.booked_count, s.doctor_id,
        EXISTS (SELECT 1 FROM appointment a
-                WHERE a.slot_id = s.id AND a.patient_id = $2 AND a.status = 'BOOKED') AS mine
+                WHERE a.slot_id = s.id AND a.patient_id = $2 AND a.status = 'BOOKED') AS mine,
+       (SELECT b.blocked_until FROM patient_block b
+         WHERE b.patient_id = $2 AND b.blocked_until > $3) AS blocked_until
   FROM time_slot s WHERE s.id = $1;
 
 -- name: get_appointment
 -- One appointment with its period and its slot's doctor.
 SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
-       upper(a.period) AS end_at, a.created_at, s.doctor_id
+       upper(a.period) AS end_at, a.created_at, a.overbooked, s.doctor_id
   FROM appointment a JOIN time_slot s ON s.id = a.slot_id
  WHERE a.id = $1;
 
 -- name: cancel
--- The capacity is released only when this statement flipped BOOKED -> CANCELLED.
+-- The capacity is released only when this statement flipped BOOKED -> CANCELLED:
+-- an overbooked seat to the overbooked counter, an ordinary one to booked_count.
 WITH appt AS (
     UPDATE appointment SET status = 'CANCELLED', cancelled_at = $2
      WHERE id = $1 AND status = 'BOOKED' AND lower(period) > $2
     RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
-              upper(period) AS end_at, created_at, lineage_id
+              upper(period) AS end_at, created_at, lineage_id, overbooked
 ), released AS (
-    UPDATE time_slot SET booked_count = booked_count - 1
+    UPDATE time_slot SET booked_count = booked_count - (NOT appt.overbooked)::int,
+                         overbooked_count = overbooked_count - appt.overbooked::int
       FROM appt WHERE time_slot.id = appt.slot_id
     RETURNING time_slot.doctor_id
 )
@@ -110,7 +136,7 @@ RETURNING a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
 -- A patient's appointments soonest first, after a keyset position (start, id):
 -- an index range scan of appointment_patient_start, never a sort or an OFFSET.
 SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
-       upper(a.period) AS end_at, a.created_at, s.doctor_id
+       upper(a.period) AS end_at, a.created_at, a.overbooked, s.doctor_id
   FROM appointment a JOIN time_slot s ON s.id = a.slot_id
  WHERE a.patient_id = $1 AND (lower(a.period), a.id) > ($3::timestamptz, $4::bigint)
    AND ($2::text IS NULL OR a.status = $2::text)
@@ -119,14 +145,15 @@ SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
 
 -- name: agenda_slots
 -- Every slot of a doctor's local day (full, past or not open yet), in time order.
-SELECT id, doctor_id, start_at, end_at, opens_at, capacity, booked_count
+SELECT id, doctor_id, start_at, end_at, opens_at, capacity, booked_count, overbook_limit,
+       overbooked_count
   FROM time_slot
  WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3
  ORDER BY start_at;
 
 -- name: agenda_appointments
 -- The appointments (cancelled ones too) of the agenda's slots.
-SELECT id, slot_id, patient_id, status
+SELECT id, slot_id, patient_id, status, overbooked
   FROM appointment WHERE slot_id = ANY($1::bigint[])
  ORDER BY slot_id, id;
 
@@ -136,7 +163,7 @@ SELECT id, slot_id, patient_id, status
 UPDATE appointment SET status = 'CANCELLED', cancelled_at = $2
  WHERE id = $1 AND status = 'BOOKED' AND lower(period) > $2
 RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
-          upper(period) AS end_at, created_at;
+          upper(period) AS end_at, created_at, overbooked;
 
 -- name: lock_slots
 -- Both slots of a reschedule locked in id order, so two reschedules crossing the
@@ -144,8 +171,11 @@ RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
 SELECT id FROM time_slot WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE;
 
 -- name: release_seat
--- The seat of an appointment that just left BOOKED in this transaction.
-UPDATE time_slot SET booked_count = booked_count - 1 WHERE id = $1 RETURNING doctor_id;
+-- The seat of an appointment that just left BOOKED in this transaction, of the
+-- kind it held ($2: overbooked).
+UPDATE time_slot SET booked_count = booked_count - (NOT $2::boolean)::int,
+                     overbooked_count = overbooked_count - $2::boolean::int
+ WHERE id = $1 RETURNING doctor_id;
 
 -- name: set_rescheduled_from
 -- Link a reschedule's new appointment to the one it replaced, and to the first
@@ -158,7 +188,7 @@ RETURNING lineage_id;
 
 -- name: join_waitlist
 -- Only a full, open, future slot has a waitlist, and not for a patient holding a
--- seat in it. FOR SHARE: a transaction freeing a seat (it locks the slot row)
+-- seat in it nor one blocked by the no-show policy. FOR SHARE: a transaction freeing a seat (it locks the slot row)
 -- either commits first, and this sees the seat (slot_available, no row), or
 -- waits for this entry and gives the seat to it.
 WITH slot AS (
@@ -170,6 +200,8 @@ INSERT INTO waitlist_entry (slot_id, patient_id, created_at)
 SELECT slot.id, $2, $3 FROM slot
  WHERE NOT EXISTS (SELECT 1 FROM appointment a
                     WHERE a.slot_id = $1 AND a.patient_id = $2 AND a.status = 'BOOKED')
+   AND NOT EXISTS (SELECT 1 FROM patient_block b
+                    WHERE b.patient_id = $2 AND b.blocked_until > $3)
 RETURNING id, slot_id, patient_id;
 
 -- name: waitlist_position
@@ -193,14 +225,17 @@ SELECT EXISTS (SELECT 1 FROM time_slot WHERE id = $1);
 
 -- name: first_waiting
 -- The next patient in line for a seat that was just freed (the slot row is locked
--- by the freeing transaction), and whether they can still take it.
+-- by the freeing transaction), and whether they can still take it (busy at that
+-- time, or blocked by the no-show policy at $2).
 SELECT w.id, w.patient_id, s.doctor_id, s.start_at, s.end_at,
        EXISTS (SELECT 1 FROM appointment a
                 WHERE a.slot_id = w.slot_id AND a.patient_id = w.patient_id
                   AND a.status = 'BOOKED') AS holds_it,
        EXISTS (SELECT 1 FROM appointment a
                 WHERE a.patient_id = w.patient_id AND a.status = 'BOOKED'
-                  AND a.period && tstzrange(s.start_at, s.end_at, '[)')) AS busy
+                  AND a.period && tstzrange(s.start_at, s.end_at, '[)')) AS busy,
+       EXISTS (SELECT 1 FROM patient_block b
+                WHERE b.patient_id = w.patient_id AND b.blocked_until > $2) AS blocked
   FROM waitlist_entry w JOIN time_slot s ON s.id = w.slot_id
  WHERE w.slot_id = $1
  ORDER BY w.id
@@ -213,10 +248,10 @@ DELETE FROM waitlist_entry WHERE id = $1;
 -- name: insert_repeating_schedule
 -- A new repeating schedule, returned with its doctor's zone.
 INSERT INTO doctor_schedule (doctor_id, first_day, weekdays, start_time, end_time,
-                             slot_minutes, capacity, generated_until, created_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                             slot_minutes, capacity, overbook_limit, generated_until, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 RETURNING id, doctor_id, first_day, weekdays, start_time, end_time, slot_minutes, capacity,
-          generated_until, (SELECT timezone FROM doctor WHERE id = $1) AS timezone;
+          overbook_limit, generated_until, (SELECT timezone FROM doctor WHERE id = $1) AS timezone;
 
 -- name: due_schedule_ids
 -- Repeating schedules not generated up to their doctor's horizon yet ($4: a bound
@@ -238,7 +273,7 @@ SELECT s.id
 -- The claimed schedules with what extending them needs; zone_known is false when
 -- PostgreSQL does not know the doctor's zone.
 SELECT s.id, s.doctor_id, d.timezone, s.first_day, s.weekdays, s.start_time, s.end_time,
-       s.slot_minutes, s.capacity, s.generated_until,
+       s.slot_minutes, s.capacity, s.overbook_limit, s.generated_until,
        local_date_or_null($2::timestamptz, d.timezone) IS NOT NULL AS zone_known
   FROM doctor_schedule s JOIN doctor d ON d.id = s.doctor_id
  WHERE s.id = ANY($1::bigint[])
@@ -252,3 +287,64 @@ UPDATE doctor_schedule SET parked_at = $2, last_error = $3 WHERE id = $1;
 -- name: set_generated_until
 -- Only forward: a late worker never moves it back.
 UPDATE doctor_schedule SET generated_until = $2 WHERE id = $1 AND generated_until < $2;
+
+-- name: mark_no_show
+-- BOOKED -> NO_SHOW once the slot started, by the slot's doctor ($2; NULL for an
+-- admin). Conditional like cancel (which needs the slot not started): of a
+-- no-show and a cancel racing on the row, the second finds it no longer BOOKED.
+-- The seat leaves the slot's counter with the BOOKED status (the slot has
+-- started: nobody can book it), so the counters keep counting BOOKED ones.
+WITH appt AS (
+    UPDATE appointment a SET status = 'NO_SHOW', no_show_at = $3
+      FROM time_slot s
+     WHERE a.id = $1 AND s.id = a.slot_id AND a.status = 'BOOKED' AND lower(a.period) <= $3
+       AND ($2::bigint IS NULL OR s.doctor_id = $2::bigint)
+    RETURNING a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
+              upper(a.period) AS end_at, a.created_at, a.overbooked, s.doctor_id,
+              a.lineage_id
+), released AS (
+    UPDATE time_slot SET booked_count = booked_count - (NOT appt.overbooked)::int,
+                         overbooked_count = overbooked_count - appt.overbooked::int
+      FROM appt WHERE time_slot.id = appt.slot_id
+    RETURNING time_slot.id
+)
+SELECT appt.* FROM appt, released;
+
+-- name: lock_patient_policy
+-- The patient's policy row, created if missing and locked: no-shows of one
+-- patient marked at once are counted one after the other (each then sees the
+-- others' committed no-shows). Returns when the admin last cleared them.
+INSERT INTO patient_block (patient_id) VALUES ($1)
+ON CONFLICT (patient_id) DO UPDATE SET patient_id = EXCLUDED.patient_id
+RETURNING cleared_at;
+
+-- name: apply_no_show_policy
+-- Blocks the patient (row locked by lock_patient_policy) for $4 days from their
+-- last no-show when they have at least $3 no-shows of slots starting after $2
+-- (90 days ago) and marked after $5 (the admin's last clearing, NULL: none);
+-- never shortens a block. Walks appointment_patient_start.
+UPDATE patient_block b
+   SET blocked_until = greatest(b.blocked_until, n.last_at + make_interval(days => $4::int))
+  FROM (SELECT count(*) AS n, max(lower(a.period)) AS last_at FROM appointment a
+         WHERE a.patient_id = $1 AND lower(a.period) > $2 AND a.status = 'NO_SHOW'
+           AND ($5::timestamptz IS NULL OR a.no_show_at > $5::timestamptz)) n
+ WHERE b.patient_id = $1 AND n.n >= $3
+RETURNING b.blocked_until;
+
+-- name: clear_no_shows
+-- An admin's override: the block ends now and the no-shows marked so far stop
+-- counting.
+INSERT INTO patient_block (patient_id, blocked_until, cleared_at) VALUES ($1, NULL, $2)
+ON CONFLICT (patient_id) DO UPDATE SET blocked_until = NULL, cleared_at = $2;
+
+-- name: no_show_standing
+-- What the console shows of a patient: no-shows counted by the policy at $2
+-- (slots starting within 90 days, marked after the last clearing), all their
+-- no-shows, and the block in force.
+SELECT count(*) FILTER (WHERE lower(a.period) > $2::timestamptz - interval '90 days'
+                          AND (b.cleared_at IS NULL OR a.no_show_at > b.cleared_at)) AS counted,
+       count(*) AS total,
+       (SELECT blocked_until FROM patient_block WHERE patient_id = $1
+           AND blocked_until > $2) AS blocked_until
+  FROM appointment a LEFT JOIN patient_block b ON b.patient_id = a.patient_id
+ WHERE a.patient_id = $1 AND a.status = 'NO_SHOW';

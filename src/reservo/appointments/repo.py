@@ -30,8 +30,11 @@ async def insert_slots(
     ends: list[datetime],
     capacity: int,
     opens: list[datetime],
+    overbook_limit: int = 0,
 ) -> int:
-    status = await conn.execute(Q.insert_slots, doctor_id, starts, ends, capacity, opens)
+    status = await conn.execute(
+        Q.insert_slots, doctor_id, starts, ends, capacity, opens, overbook_limit
+    )
     return int(status.split()[-1])
 
 
@@ -56,8 +59,20 @@ async def book(
     return await conn.fetchrow(Q.book, slot_id, patient_id, now)
 
 
-async def slot_state(conn: asyncpg.Connection, slot_id: int, patient_id: int) -> Row | None:
-    return await conn.fetchrow(Q.slot_state, slot_id, patient_id)
+async def overbook(
+    conn: asyncpg.Connection,
+    slot_id: int,
+    patient_id: int,
+    now: datetime,
+    doctor_id: int | None,
+) -> Row | None:
+    return await conn.fetchrow(Q.overbook, slot_id, patient_id, now, doctor_id)
+
+
+async def slot_state(
+    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.slot_state, slot_id, patient_id, now)
 
 
 async def get_appointment(conn: asyncpg.Connection, appointment_id: int) -> Row | None:
@@ -113,8 +128,8 @@ async def lock_slots(conn: asyncpg.Connection, slot_ids: list[int]) -> None:
     await conn.fetch(Q.lock_slots, slot_ids)
 
 
-async def release_seat(conn: asyncpg.Connection, slot_id: int) -> int:
-    doctor_id: int = await conn.fetchval(Q.release_seat, slot_id)
+async def release_seat(conn: asyncpg.Connection, slot_id: int, overbooked: bool) -> int:
+    doctor_id: int = await conn.fetchval(Q.release_seat, slot_id, overbooked)
     return doctor_id
 
 
@@ -149,8 +164,8 @@ async def slot_exists(conn: asyncpg.Connection, slot_id: int) -> bool:
     return found
 
 
-async def first_waiting(conn: asyncpg.Connection, slot_id: int) -> Row | None:
-    return await conn.fetchrow(Q.first_waiting, slot_id)
+async def first_waiting(conn: asyncpg.Connection, slot_id: int, now: datetime) -> Row | None:
+    return await conn.fetchrow(Q.first_waiting, slot_id, now)
 
 
 async def drop_waiting(conn: asyncpg.Connection, entry_id: int) -> None:
@@ -160,11 +175,12 @@ async def drop_waiting(conn: asyncpg.Connection, entry_id: int) -> None:
 async def insert_repeating_schedule(
     conn: asyncpg.Connection,
     doctor_id: int,
-    fields: tuple[date, list[int], time, time, int, int],
+    fields: tuple[date, list[int], time, time, int, int, int],
     generated_until: date,
     now: datetime,
 ) -> Row:
-    """``fields``: first day, weekdays, start and end time, slot minutes, capacity."""
+    """``fields``: first day, weekdays, start and end time, slot minutes, capacity,
+    overbook limit."""
     return await conn.fetchrow(
         Q.insert_repeating_schedule, doctor_id, *fields, generated_until, now
     )
@@ -188,3 +204,37 @@ async def park_schedule(
 
 async def set_generated_until(conn: asyncpg.Connection, schedule_id: int, until: date) -> None:
     await conn.execute(Q.set_generated_until, schedule_id, until)
+
+
+async def mark_no_show(
+    conn: asyncpg.Connection, appointment_id: int, doctor_id: int | None, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.mark_no_show, appointment_id, doctor_id, now)
+
+
+async def lock_patient_policy(conn: asyncpg.Connection, patient_id: int) -> datetime | None:
+    cleared_at: datetime | None = await conn.fetchval(Q.lock_patient_policy, patient_id)
+    return cleared_at
+
+
+async def apply_no_show_policy(
+    conn: asyncpg.Connection,
+    patient_id: int,
+    since: datetime,
+    policy: tuple[int, int],
+    cleared_at: datetime | None,
+) -> datetime | None:
+    """``policy``: the limit and the block's days."""
+    blocked_until: datetime | None = await conn.fetchval(
+        Q.apply_no_show_policy, patient_id, since, *policy, cleared_at
+    )
+    return blocked_until
+
+
+async def clear_no_shows(conn: asyncpg.Connection, patient_id: int, now: datetime) -> None:
+    await conn.execute(Q.clear_no_shows, patient_id, now)
+
+
+async def no_show_standing(conn: asyncpg.Connection, patient_id: int, now: datetime) -> Row:
+    row: Row = await conn.fetchrow(Q.no_show_standing, patient_id, now)
+    return row

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, time
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictInt, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from reservo.core.schemas import ApiModel, Day, Id
 from reservo.core.timezones import Zone
@@ -40,6 +40,15 @@ class ScheduleIn(ApiModel):
     end_time: Annotated[time, Field(examples=["18:00"])]
     slot_minutes: Annotated[StrictInt, Field(ge=5, le=720)] = 15
     capacity: Annotated[StrictInt, Field(ge=1, le=10_000)] = 1
+    overbook_limit: Annotated[
+        StrictInt,
+        Field(
+            ge=0,
+            le=10_000,
+            description="seats the slot's doctor or an admin may book beyond capacity "
+            '(POST /api/appointments with "overbook": true), counted apart',
+        ),
+    ] = 0
 
     @field_validator("start_time", "end_time")
     @classmethod
@@ -86,21 +95,34 @@ class SlotOut(ApiModel):
     capacity: int
     booked_count: int
     available: int
+    overbooked_count: Annotated[int, Field(description="staff bookings beyond capacity")]
 
 
 class AppointmentIn(ApiModel):
     slot_id: Id
     patient_id: Id
+    overbook: Annotated[
+        StrictBool,
+        Field(
+            description="book beyond capacity, up to the slot's overbookLimit: the "
+            "slot's doctor or an admin only (403 for patients); always takes an "
+            "overbooked seat"
+        ),
+    ] = False
+
+
+Status = Literal["BOOKED", "CANCELLED", "NO_SHOW"]
 
 
 class AppointmentOut(ApiModel):
     id: int
     slot_id: int
     patient_id: int
-    status: Literal["BOOKED", "CANCELLED"]
+    status: Status
     start_at: datetime
     end_at: datetime
     created_at: datetime
+    overbooked: Annotated[bool, Field(description="a staff booking beyond capacity")]
 
 
 class AppointmentPage(ApiModel):
@@ -111,7 +133,8 @@ class AppointmentPage(ApiModel):
 class AgendaAppointment(ApiModel):
     id: int
     patient_id: int
-    status: Literal["BOOKED", "CANCELLED"]
+    status: Status
+    overbooked: bool
 
 
 class AgendaSlot(ApiModel):
@@ -123,6 +146,8 @@ class AgendaSlot(ApiModel):
     capacity: int
     booked_count: int
     available: int
+    overbook_limit: int
+    overbooked_count: int
     appointments: list[AgendaAppointment]
 
 

@@ -144,11 +144,13 @@ class AppointmentService:
         limits: Limits = Limits(),
         scheduler: Scheduler | None = None,
         window: domain.Window = domain.Window(),
+        no_shows: domain.NoShowPolicy = domain.NoShowPolicy(),
     ) -> None:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
         self.scheduler = scheduler
         self.limits = limits
         self.window = window
+        self.no_shows = no_shows
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
         self._slot_lists = cache.local(limits.slots_local_ttl_s, limits.slots_local_max_entries)
         self._turns = Turns()
@@ -197,6 +199,7 @@ class AppointmentService:
             [s.end_at for s in slots],
             rule.capacity,
             [domain.opens_at(s.start_at, tz, self.window) for s in slots],
+            rule.overbook_limit,
         )
         return created, slots
 
@@ -347,6 +350,87 @@ class AppointmentService:
         metrics.CONFLICTS.labels("appointments", refusal.code, "database").inc()
         return refusal
 
+    # -- third release: staff overbooking ------------------------------------------
+
+    async def overbook(
+        self,
+        slot_id: int,
+        patient_id: int,
+        doctor_id: int | None,
+        within: Within[Appointment] | None = None,
+    ) -> Appointment:
+        """A staff booking beyond the slot's capacity, up to its overbook limit:
+        always an overbooked seat (never one of the ordinary seats patients book,
+        even when some are free), so staff and patients never compete for a seat.
+        ``doctor_id``: the calling doctor, who must be the slot's (None: an admin).
+        The same window, past, overlap and no-show rules as a booking."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.overbook(conn, slot_id, patient_id, now, doctor_id)
+            if row is None:
+                refusal = await _slot_refusal(
+                    conn,
+                    slot_id,
+                    patient_id,
+                    now,
+                    ("overbook_limit", "this slot has no overbooking seat left"),
+                    doctor_id,
+                )
+                metrics.CONFLICTS.labels("appointments", refusal.code, "database").inc()
+                raise refusal
+            appt = Appointment.from_row(row)
+            await emit(conn, events.BOOKED, f"appointment:{appt.id}", events.payload(appt), now)
+            await self._remind_later(conn, appt, now)
+            if within is not None:
+                await within(conn, appt)
+        metrics.BOOKINGS.labels("appointments").inc()
+        await self._invalidate(appt)  # the list shows overbookedCount
+        return appt
+
+    # -- third release: no-shows ---------------------------------------------------
+
+    async def mark_no_show(self, appointment_id: int, doctor_id: int | None) -> Appointment:
+        """BOOKED -> NO_SHOW after the slot's start, by the slot's doctor
+        (``doctor_id``; None: an admin), and the no-show policy applied in the
+        same transaction. Of a no-show and a cancel at once, one wins: both are
+        conditional on BOOKED and the appointment row's lock orders them."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            row = await repo.mark_no_show(conn, appointment_id, doctor_id, now)
+            if row is None:
+                raise await _no_show_refusal(conn, appointment_id, doctor_id, now)
+            appt = Appointment.from_row(row)
+            await emit(conn, events.NO_SHOW, f"appointment:{appt.id}", events.payload(appt), now)
+            blocked_until = await self._apply_policy(conn, appt.patient_id, now)
+        if blocked_until is not None:
+            log.info("appointments_patient_blocked", patient=appt.patient_id, until=blocked_until)
+        return appt
+
+    async def _apply_policy(
+        self, conn: asyncpg.Connection, patient_id: int, now: datetime
+    ) -> datetime | None:
+        """Blocks the patient when their counted no-shows reached the limit; the
+        policy row is locked first, so no-shows marked at once count each other."""
+        cleared_at = await repo.lock_patient_policy(conn, patient_id)
+        return await repo.apply_no_show_policy(
+            conn,
+            patient_id,
+            now - domain.NO_SHOW_WINDOW,
+            (self.no_shows.limit, self.no_shows.block_days),
+            cleared_at,
+        )
+
+    async def clear_no_shows(self, patient_id: int) -> None:
+        """The admin's override: unblocked now, and the no-shows marked so far no
+        longer count towards the next block."""
+        async with self.db.transaction() as conn:
+            await repo.clear_no_shows(conn, patient_id, self.clock.now())
+
+    async def no_show_standing(self, patient_id: int) -> domain.NoShowStanding:
+        async with self.db.connection() as conn:
+            row = await repo.no_show_standing(conn, patient_id, self.clock.now())
+        return domain.NoShowStanding(row["counted"], row["total"], row["blocked_until"])
+
     async def _invalidate(self, appt: Appointment) -> None:
         """Best effort, after the commit: a durable booking must never be answered
         with an error. What this misses, the outbox's consumer of the booking's
@@ -405,8 +489,11 @@ class AppointmentService:
                     await self.scheduler.cancel(reminder, conn=conn)
                 # The freed seat goes to the slot's waitlist before this commits. A
                 # statement of its own: it must see entries committed while the
-                # cancel waited for the slot row's lock.
-                given = await self._give_seat_to_waitlist(conn, appt.slot_id, now)
+                # cancel waited for the slot row's lock. An overbooked seat is
+                # not one the waitlist waits for.
+                given = None
+                if not appt.overbooked:
+                    given = await self._give_seat_to_waitlist(conn, appt.slot_id, now)
         if row is None:
             current = await self.get(appointment_id)
             if current.status == "CANCELLED":
@@ -414,7 +501,7 @@ class AppointmentService:
             metrics.CONFLICTS.labels("appointments", "slot_in_past", "database").inc()
             raise DomainError("slot_in_past", "an appointment that has started cannot be cancelled")
         metrics.CANCELLATIONS.labels("appointments").inc()
-        if given is None:  # otherwise the seat was taken again at once
+        if given is None and not appt.overbooked:  # else no ordinary seat is free now
             await self.cache.clear_mark(_full_key(appt.slot_id))
         await self._invalidate(appt)
         return appt
@@ -453,7 +540,7 @@ class AppointmentService:
         by_slot: dict[int, list[domain.AgendaEntry]] = {}
         for a in appts:
             by_slot.setdefault(a["slot_id"], []).append(
-                domain.AgendaEntry(a["id"], a["patient_id"], a["status"])
+                domain.AgendaEntry(a["id"], a["patient_id"], a["status"], a["overbooked"])
             )
         return [
             domain.AgendaSlot(
@@ -464,6 +551,8 @@ class AppointmentService:
                 s["opens_at"],
                 s["capacity"],
                 s["booked_count"],
+                s["overbook_limit"],
+                s["overbooked_count"],
                 tuple(by_slot.get(s["id"], ())),
             )
             for s in slots
@@ -489,7 +578,8 @@ class AppointmentService:
                         "request_in_progress", "the slots are busy; try again"
                     ) from None
         metrics.BOOKINGS.labels("appointments").inc()
-        await self.cache.clear_mark(_full_key(old.slot_id))
+        if not old.overbooked:
+            await self.cache.clear_mark(_full_key(old.slot_id))
         await self._invalidate(appt)
         await self._invalidate(old)
         if freed is not None:
@@ -506,7 +596,7 @@ class AppointmentService:
             if cancelled is None:
                 raise await self._not_reschedulable(conn, old.id)
             await repo.lock_slots(conn, sorted({old.slot_id, slot_id}))
-            await repo.release_seat(conn, old.slot_id)
+            await repo.release_seat(conn, old.slot_id, cancelled["overbooked"])
             row = await repo.book(conn, slot_id, old.patient_id, now)
             if row is None:
                 raise await self._refusal(conn, slot_id, old.patient_id, now)
@@ -523,7 +613,9 @@ class AppointmentService:
             )
             await self._drop_reminder(conn, old.id)
             await self._remind_later(conn, appt, now)
-            freed = await self._give_seat_to_waitlist(conn, old.slot_id, now)
+            freed = None
+            if not cancelled["overbooked"]:  # only an ordinary seat goes to the waitlist
+                freed = await self._give_seat_to_waitlist(conn, old.slot_id, now)
             if within is not None:
                 await within(conn, appt)
         return appt, freed
@@ -605,11 +697,11 @@ class AppointmentService:
         row's lock): book it for the first waiting patient still free at that time.
         One who became busy is skipped and told; one who booked the slot meanwhile
         just leaves the line. Returns the booking made, if any."""
-        while (first := await repo.first_waiting(conn, slot_id)) is not None:
+        while (first := await repo.first_waiting(conn, slot_id, now)) is not None:
             if first["holds_it"]:
                 await repo.drop_waiting(conn, first["id"])
                 continue
-            if not first["busy"]:
+            if not first["busy"] and not first["blocked"]:
                 busy_since = False
                 try:
                     async with conn.transaction():  # a savepoint: a refusal skips one
@@ -639,13 +731,16 @@ class AppointmentService:
                 conn,
                 events.WAITLIST_SKIPPED,
                 events.waitlist_key(slot_id),
-                events.skipped_payload(
-                    slot_id,
-                    first["patient_id"],
-                    first["doctor_id"],
-                    first["start_at"],
-                    first["end_at"],
-                ),
+                {
+                    **events.skipped_payload(
+                        slot_id,
+                        first["patient_id"],
+                        first["doctor_id"],
+                        first["start_at"],
+                        first["end_at"],
+                    ),
+                    "reason": "no_show_limit" if first["blocked"] else "busy",
+                },
                 now,
             )
         return None
@@ -673,6 +768,7 @@ class AppointmentService:
                     rule.end_time,
                     rule.slot_minutes,
                     rule.capacity,
+                    rule.overbook_limit,
                 ),
                 first - timedelta(days=1),
                 now,
@@ -745,14 +841,23 @@ class AppointmentService:
 
 
 async def _slot_refusal(
-    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any, seats: tuple[str, str]
+    conn: asyncpg.Connection,
+    slot_id: int,
+    patient_id: int,
+    now: Any,
+    seats: tuple[str, str],
+    doctor_id: int | None = None,
 ) -> DomainError:
     """Why a booking or a waitlist join on the slot wrote nothing, read in the same
     transaction; ``seats`` (code, detail) when only the seats stand in the way
-    (the slot is full for a booking, has room left for the waitlist)."""
-    state = await repo.slot_state(conn, slot_id, patient_id)
-    if state is None:
+    (the slot is full for a booking, has room left for the waitlist).
+    ``doctor_id``: a doctor acting on the slot, for whom another doctor's slot
+    does not exist (a 403 would tell which ids exist)."""
+    state = await repo.slot_state(conn, slot_id, patient_id, now)
+    if state is None or doctor_id not in (None, state["doctor_id"]):
         return DomainError("slot_not_found", f"no slot {slot_id}")
+    if state["blocked_until"] is not None:
+        return no_show_blocked(state["blocked_until"])
     if state["mine"]:
         return DomainError("already_booked", "you already hold a booking in this slot")
     if state["start_at"] <= now:
@@ -762,3 +867,28 @@ async def _slot_refusal(
             "slot_not_open", f"this slot opens for booking at {state['opens_at'].isoformat()}"
         )
     return DomainError(*seats)
+
+
+def no_show_blocked(until: datetime) -> DomainError:
+    return DomainError(
+        "no_show_limit",
+        "too many missed appointments: booking is blocked until "
+        f"{until.astimezone(UTC).isoformat()} (an admin may lift it)",
+    )
+
+
+async def _no_show_refusal(
+    conn: asyncpg.Connection, appointment_id: int, doctor_id: int | None, now: datetime
+) -> DomainError:
+    """Why marking a no-show changed nothing; another doctor's appointment does
+    not exist for the caller."""
+    row = await repo.get_appointment(conn, appointment_id)
+    if row is None or doctor_id not in (None, row["doctor_id"]):
+        return DomainError("appointment_not_found", f"no appointment {appointment_id}")
+    if row["status"] != "BOOKED":
+        return DomainError("not_booked", f"the appointment is {row['status']}")
+    return DomainError(
+        "not_started",
+        f"the slot starts at {row['start_at'].astimezone(UTC).isoformat()}: "
+        "a no-show is marked after the start",
+    )

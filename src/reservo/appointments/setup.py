@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from reservo.appointments import events
 from reservo.appointments.api import LEAN_ROUTES, router
-from reservo.appointments.domain import Window
+from reservo.appointments.domain import NoShowPolicy, Window
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
 from reservo.appointments.service import (
     REMINDER_JOB,
@@ -44,6 +44,7 @@ def setup(shared: Shared) -> Appointments:
         ),
         scheduler=shared.scheduler,
         window=Window(s.appointments_horizon_days, s.appointments_opening_time),
+        no_shows=NoShowPolicy(s.appointments_no_show_limit, s.appointments_no_show_block_days),
     )
     return Appointments(
         name="appointments",

@@ -139,7 +139,8 @@ async def patient_appointments(
     patient: Annotated[int, Query(ge=1, le=MAX_ID)],
     after: Cursor = None,
 ) -> HTMLResponse:
-    """The patient's appointments, soonest first, cancelled ones included."""
+    """The patient's appointments, soonest first, cancelled ones and no-shows
+    included, with their no-shows as the policy counts them."""
     appointments: AppointmentService = request.app.state.appointments
     context: dict[str, Any] = {"patient": patient, "items": [], "next": None}
     try:
@@ -148,4 +149,5 @@ async def patient_appointments(
         return render_refused(request, "patient.html", session, err, **context)
     appts = await appointments.patient_appointments(patient, None, cursor, PAGE + 1)
     context["items"], context["next"] = page(await _visits(request, appts), PAGE, _key)
+    context["standing"] = await appointments.no_show_standing(patient)
     return render(request, "patient.html", session, error=None, **context)
