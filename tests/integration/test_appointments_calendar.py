@@ -74,7 +74,7 @@ def at(slot: dict[str, Any]) -> datetime:
 async def test_a_patient_feed_is_rfc5545_with_one_event_per_booked_appointment(
     client: httpx.AsyncClient,
 ) -> None:
-    doctor, slots = await make_slots(client, capacity=2)
+    _, slots = await make_slots(client, capacity=2)
     patient, other = new_id(), new_id()
     mine = [(await book(client, s["id"], patient)).json() for s in slots[:2]]
     assert (await book(client, slots[2]["id"], other)).status_code == 201
