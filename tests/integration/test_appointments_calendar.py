@@ -218,6 +218,26 @@ async def test_cancelled_events_stay_30_days_and_past_ones_from_30_days_ago(
     assert await events(client, path) == []
 
 
+async def test_a_seat_given_from_the_waitlist_shows_in_that_patients_feed_at_once(
+    client: httpx.AsyncClient,
+) -> None:
+    _, slots = await make_slots(client, capacity=1)
+    first, waiting = new_id(), new_id()
+    taken = (await book(client, slots[0]["id"], first)).json()
+    r = await client.post(
+        f"/api/slots/{slots[0]['id']}/waitlist",
+        json={"patientId": waiting},
+        headers=auth("patient", waiting),
+    )
+    assert r.status_code == 201, r.text
+    path = await patient_link(client, waiting)
+    assert await events(client, path) == []  # cached now
+    r = await client.delete(f"/api/appointments/{taken['id']}", headers=auth("patient", first))
+    assert r.status_code == 200
+    (e,) = await events(client, path)
+    assert start(e) == at(slots[0]) and str(e["STATUS"]) == "CONFIRMED"
+
+
 # -- links: owners, revocation ------------------------------------------------------------
 
 
