@@ -244,6 +244,17 @@ class Settings(BaseSettings):
     # when a no-show is marked, so the booking statement only probes one row.
     appointments_no_show_limit: int = Field(default=3, ge=1, le=1000)
     appointments_no_show_block_days: int = Field(default=30, ge=1, le=3650)
+    # Calendar feeds. The public base URL a feed link starts with (what calendar
+    # applications reach, e.g. https://clinic.example); None = http_host:http_port.
+    appointments_calendar_url_base: str | None = None
+    # How long a rendered feed stays in Redis while nothing changes it: every
+    # booking, cancellation and reschedule of its patient or doctor, and a new
+    # link, drop it, so this bounds the PostgreSQL reads of a polled feed (one per
+    # feed and this period) and how long a change Redis missed stays unseen.
+    appointments_calendar_cache_life_s: int = Field(default=60, ge=1, le=3600)
+    # Per-API-process copy of a feed in front of Redis (0 turns it off): how long
+    # another process may keep serving a feed (or a replaced link) after a change.
+    appointments_calendar_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
 
     # Scheduler (delayed jobs): only jobs due within the window live in Redis.
     scheduler_window_s: float = Field(default=300.0, gt=0)

@@ -306,7 +306,8 @@ async def test_a_blocked_patient_on_a_waitlist_is_skipped(
     )
     assert [g["patient_id"] for g in got] == [next_in_line]
     reason = await db.fetchval(
-        "SELECT payload->>'reason' FROM outbox WHERE topic = 'appointments.waitlist.patient-skipped.v1'"
+        "SELECT payload->>'reason' FROM outbox"
+        " WHERE topic = 'appointments.waitlist.patient-skipped.v1'"
         " AND (payload->>'patientId')::bigint = $1",
         patient,
     )

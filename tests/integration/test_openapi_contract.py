@@ -87,6 +87,8 @@ async def test_bearer_security_on_protected_operations_only(
         ("get", "/healthz"),
         ("get", "/readyz"),
         ("get", "/metrics"),
+        # A calendar application fetches a feed with no token: its URL is the secret.
+        ("get", "/calendars/{token}.ics"),
     }
     # The public operations answer a request without a token.
     assert (await client.get("/healthz")).status_code == 200

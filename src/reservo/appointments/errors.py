@@ -5,7 +5,14 @@ from __future__ import annotations
 from reservo.core.codes import by_status
 
 ERRORS = by_status(
-    not_found=["doctor_not_found", "slot_not_found", "appointment_not_found", "not_waiting"],
+    not_found=[
+        "doctor_not_found",
+        "slot_not_found",
+        "appointment_not_found",
+        "not_waiting",
+        # A calendar feed's URL that is malformed, unknown or replaced by a newer link.
+        "calendar_not_found",
+    ],
     conflict=[
         "slot_full",
         "already_booked",

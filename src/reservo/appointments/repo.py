@@ -238,3 +238,20 @@ async def clear_no_shows(conn: asyncpg.Connection, patient_id: int, now: datetim
 async def no_show_standing(conn: asyncpg.Connection, patient_id: int, now: datetime) -> Row:
     row: Row = await conn.fetchrow(Q.no_show_standing, patient_id, now)
     return row
+
+
+async def put_calendar_link(
+    conn: asyncpg.Connection, kind: str, owner_id: int, token_sha256: bytes, now: datetime
+) -> None:
+    await conn.execute(Q.put_calendar_link, kind, owner_id, token_sha256, now)
+
+
+async def calendar_link_owner(conn: asyncpg.Connection, token_sha256: bytes) -> Row | None:
+    return await conn.fetchrow(Q.calendar_link_owner, token_sha256)
+
+
+async def calendar_feed(
+    conn: asyncpg.Connection, kind: str, owner_id: int, since: datetime
+) -> list[Row]:
+    query = Q.patient_feed if kind == "patient" else Q.doctor_feed
+    return list(await conn.fetch(query, owner_id, since))

@@ -201,3 +201,13 @@ class ContactOut(ApiModel):
     patient_id: int
     email: str | None
     phone: str | None
+
+
+class CalendarLinkOut(ApiModel):
+    url: Annotated[
+        str,
+        Field(
+            description="the secret URL of the calendar feed (text/calendar, RFC 5545) to "
+            "subscribe to; whoever holds it reads the feed. A new link revokes this one."
+        ),
+    ]

@@ -16,7 +16,7 @@ import asyncpg
 import orjson
 import structlog
 
-from reservo.appointments import domain, events, repo
+from reservo.appointments import calendar, domain, events, repo
 from reservo.appointments.domain import Appointment
 from reservo.core import contacts, metrics
 from reservo.core.cache import Cache
@@ -379,7 +379,7 @@ class AppointmentService:
                 metrics.CONFLICTS.labels("appointments", refusal.code, "database").inc()
                 raise refusal
             appt = Appointment.from_row(row)
-            await emit(conn, events.BOOKED, f"appointment:{appt.id}", events.payload(appt), now)
+            await emit(conn, events.BOOKED, events.key(appt), events.payload(appt), now)
             await self._remind_later(conn, appt, now)
             if within is not None:
                 await within(conn, appt)
@@ -400,10 +400,11 @@ class AppointmentService:
             if row is None:
                 raise await _no_show_refusal(conn, appointment_id, doctor_id, now)
             appt = Appointment.from_row(row)
-            await emit(conn, events.NO_SHOW, f"appointment:{appt.id}", events.payload(appt), now)
+            await emit(conn, events.NO_SHOW, events.key(appt), events.payload(appt), now)
             blocked_until = await self._apply_policy(conn, appt.patient_id, now)
         if blocked_until is not None:
             log.info("appointments_patient_blocked", patient=appt.patient_id, until=blocked_until)
+        await self._invalidate(appt)  # the slot list's counters and the calendar feeds
         return appt
 
     async def _apply_policy(
@@ -435,33 +436,37 @@ class AppointmentService:
         """Best effort, after the commit: a durable booking must never be answered
         with an error. What this misses, the outbox's consumer of the booking's
         event drops again (``slot_lists_changed``)."""
+        feeds = calendar.feed_keys(appt.patient_id, appt.doctor_id)
         try:
-            await self._drop_list(appt.doctor_id, appt.start_at)
+            await self._drop_list(appt.doctor_id, appt.start_at, *feeds)
         except DomainError:
             return  # database unreachable for the doctor's zone: the consumer will
 
-    async def _drop_list(self, doctor_id: int, start_at: datetime) -> bool:
-        """Drop the cached list of the doctor's local date of ``start_at``; False
-        if Redis did not take it. Raises 503 if the doctor's zone is unknown here
-        and the database unreachable."""
+    async def _drop_list(self, doctor_id: int, start_at: datetime, *also: str) -> bool:
+        """Drop the cached list of the doctor's local date of ``start_at`` (and the
+        cached values ``also`` names: the calendar feeds the change is in, in the
+        same round trip); False if Redis did not take it. Raises 503 if the
+        doctor's zone is unknown here and the database unreachable."""
         tz = self._zones.get(doctor_id)  # no pool checkout when known
         if tz is None:
             async with self.db.connection() as conn:
                 tz = await self._zone(conn, doctor_id)
-        return await self.cache.bump(_slots_key(doctor_id, domain.local_date(start_at, tz)))
+        return await self.cache.bump(_slots_key(doctor_id, domain.local_date(start_at, tz)), *also)
 
     async def slot_lists_changed(self, event: Event) -> None:
-        """Consumer of the module's own booking events: drops the lists they
-        changed once more, durably. The request drops them right after its commit;
-        a process that died in between did not, and this runs until Redis took it
-        (a failure is transient: the event is retried)."""
+        """Consumer of the module's own booking events: drops the lists (and the
+        calendar feeds) they changed once more, durably. The request drops them
+        right after its commit; a process that died in between did not, and this
+        runs until Redis took it (a failure is transient: the event is retried)."""
         p = event.payload
+        patient_id = int(p["patientId"])
         changed = [(int(p["doctorId"]), datetime.fromisoformat(p["startAt"]))]
         if event.topic == events.RESCHEDULED:
             old = await self.get(int(p["rescheduledFrom"]))
             changed.append((old.doctor_id, old.start_at))
         for doctor_id, start_at in changed:
-            if not await self._drop_list(doctor_id, start_at):
+            feeds = calendar.feed_keys(patient_id, doctor_id)
+            if not await self._drop_list(doctor_id, start_at, *feeds):
                 raise DomainError("unavailable", "Redis did not take a slot list's invalidation")
 
     # -- reading and cancelling ------------------------------------------------
@@ -504,6 +509,8 @@ class AppointmentService:
         if given is None and not appt.overbooked:  # else no ordinary seat is free now
             await self.cache.clear_mark(_full_key(appt.slot_id))
         await self._invalidate(appt)
+        if given is not None:  # the waiting patient's calendar gained it
+            await self._invalidate(given)
         return appt
 
     async def remind(self, job: Job) -> None:

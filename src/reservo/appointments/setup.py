@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from reservo.appointments import events
 from reservo.appointments.api import LEAN_ROUTES, router
+from reservo.appointments.calendar import CalendarFeeds, FeedLimits
+from reservo.appointments.calendar_api import feeds_router
+from reservo.appointments.calendar_api import router as calendar_router
 from reservo.appointments.domain import NoShowPolicy, Window
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
 from reservo.appointments.service import (
@@ -46,10 +49,20 @@ def setup(shared: Shared) -> Appointments:
         window=Window(s.appointments_horizon_days, s.appointments_opening_time),
         no_shows=NoShowPolicy(s.appointments_no_show_limit, s.appointments_no_show_block_days),
     )
+    feeds = CalendarFeeds(
+        shared.db,
+        shared.clock,
+        shared.cache,
+        FeedLimits(
+            url_base=s.appointments_calendar_url_base or f"http://{s.http_host}:{s.http_port}",
+            cache_life_s=s.appointments_calendar_cache_life_s,
+            local_ttl_s=s.appointments_calendar_local_ttl_s,
+        ),
+    )
     return Appointments(
         name="appointments",
         service=service,
-        routers=[router],
+        routers=[router, calendar_router, feeds_router],
         lean=LEAN_ROUTES,
         consumes=[
             Consumes(
@@ -72,5 +85,5 @@ def setup(shared: Shared) -> Appointments:
         constraints=CONSTRAINTS,
         events=events.CONTRACT,
         notifications={topic: events.notifications for topic in events.TOPICS},
-        state={"appointments": service},
+        state={"appointments": service, "calendar_feeds": feeds},
     )
