@@ -14,6 +14,7 @@ from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.rentals import events
 from tests.conftest import auth, new_id
+from tests.integration.test_console_domain_pages import signed_in
 from tests.integration.test_rentals_flow import at, events_of, hold, make_car, webhook
 
 EXTENSION = timedelta(seconds=900)  # RESERVO_RENTALS_HOLD_EXTENSION_S's default
@@ -237,3 +238,20 @@ async def test_extension_and_expiry_racing_at_the_boundary_end_in_one_state(
             assert await events_of(db, events.HOLD_EXTENDED, bid) == (r.status_code == 200)
     # Both sides won somewhere: the boundary was really crossed.
     assert outcomes["extended"] > 0 and outcomes["expired"] > 0, outcomes
+
+
+async def test_the_console_shows_a_holds_extension_on_the_customers_bookings(
+    client: httpx.AsyncClient,
+) -> None:
+    b, customer = await held(client)
+    plain, _ = await held(client)
+    r = await extend(client, b["bookingId"], ADMIN)
+    assert r.status_code == 200, r.text
+    await signed_in(client)
+    page = await client.get("/console/rentals/bookings", params={"customer": customer})
+    assert page.status_code == 200
+    until = instant(r.json()["holdExpiresAt"]).strftime("%Y-%m-%d %H:%M")
+    assert f"until {until}" in page.text and "extended " in page.text
+    assert page.text.count('class="hold-extended"') == 1
+    other = await client.get("/console/rentals/bookings", params={"customer": plain["customerId"]})
+    assert other.status_code == 200 and 'class="hold-extended"' not in other.text
