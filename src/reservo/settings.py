@@ -347,9 +347,23 @@ class Settings(BaseSettings):
     # A refund (its attempts included) ends within this: the timeout above is per
     # network operation, which a gateway trickling its answer never trips.
     rentals_gateway_deadline_s: float = Field(default=30.0, gt=0)
+    # How much later a HOLD expires after its one extension (POST
+    # /api/bookings/{id}/extend-hold): the customer asked for more time to pay.
+    rentals_hold_extension_s: int = Field(default=900, ge=1, le=24 * 3600)
 
     # Wallet: stakes spread over this many house sub-accounts per currency.
     wallet_house_shards: int = Field(default=8, ge=1, le=256)
+    # The CSV statement (GET /api/accounts/{id}/statement.csv) streams from a
+    # server-side cursor inside one read-only transaction, which stays open while
+    # the client reads. These bound what one download may hold: the transaction
+    # is ended (and the response cut short) after wallet_statement_max_s; each
+    # fetch of wallet_statement_prefetch rows is a statement under
+    # wallet_statement_fetch_timeout_s; and at most wallet_statement_streams
+    # downloads per process hold a pool connection at once (503 statement_busy).
+    wallet_statement_max_s: float = Field(default=300.0, gt=0, le=3600)
+    wallet_statement_prefetch: int = Field(default=1_000, ge=10, le=50_000)
+    wallet_statement_fetch_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    wallet_statement_streams: int = Field(default=4, ge=1, le=256)
 
     # Betting: settlement chunk size (bets per transaction; 5,000 cost less CPU and
     # time than 10,000 in bench/settlement: smaller payout events spread over the

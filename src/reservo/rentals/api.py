@@ -255,6 +255,27 @@ async def cancel(
 
 
 @router.post(
+    "/bookings/{bookingId}/extend-hold",
+    response_model=BookingOut,
+    operation_id="extendHold",
+    openapi_extra=raises("booking_not_found", "hold_extended", "hold_expired", "invalid_state"),
+)
+async def extend_hold(
+    booking_id: Annotated[PathId, Path(alias="bookingId")], caller: Customer, request: Request
+) -> JSONResponse:
+    """The booking's customer (or an admin) extends its HOLD once:
+    `holdExpiresAt` moves RESERVO_RENTALS_HOLD_EXTENSION_S (default 900 s) later.
+    409 `hold_expired` once the hold's time has passed (even before the expiry
+    job flipped it), `hold_extended` the second time, `invalid_state` for a
+    booking no longer a HOLD; someone else's booking is 404."""
+    b = await svc_of(request).get(booking_id)
+    if not caller.owns("customer", b.customer_id):
+        raise DomainError("booking_not_found", f"no booking {booking_id}")
+    svc = svc_of(request)
+    return json_response(200, render(svc, await svc.extend_hold(booking_id)))
+
+
+@router.post(
     "/bookings/{bookingId}/pickup",
     response_model=BookingOut,
     operation_id="pickUpCar",

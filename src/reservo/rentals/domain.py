@@ -57,6 +57,9 @@ class Booking(FromRow):
     # The car's host: read with every row that emits an event; None in a
     # customer's list, which does not need it.
     host_id: int | None = None
+    # When its HOLD was extended (the one extension a hold may get); None: never,
+    # or a row read by a statement that does not need it.
+    hold_extended_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,20 @@ def effective_status(status: str, hold_expires_at: datetime | None, now: datetim
     if status == "HOLD" and hold_expires_at is not None and hold_expires_at <= now:
         return "EXPIRED"
     return status
+
+
+def extension_refusal(b: Booking, now: datetime) -> tuple[str, str]:
+    """Why the conditional UPDATE extended nothing, as (code, detail), from the
+    booking read after it. The UPDATE decided; this only names the reason."""
+    status = effective_status(b.status, b.hold_expires_at, now)
+    if status == "EXPIRED":
+        return "hold_expired", "the hold has expired: it can no longer be extended"
+    if status != "HOLD":
+        return "invalid_state", f"booking is {status}, expected HOLD"
+    if b.hold_extended_at is not None:
+        return "hold_extended", "this hold was extended already (once per booking)"
+    # Still a HOLD, never extended: it expired at the UPDATE's clock reading.
+    return "hold_expired", "the hold has expired: it can no longer be extended"
 
 
 @dataclass(frozen=True)

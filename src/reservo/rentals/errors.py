@@ -6,7 +6,14 @@ from reservo.core.codes import by_status
 
 ERRORS = by_status(
     not_found=["car_not_found", "booking_not_found"],
-    conflict=["plate_taken", "car_unavailable", "invalid_state", "pickup_too_early"],
+    conflict=[
+        "plate_taken",
+        "car_unavailable",
+        "invalid_state",
+        "pickup_too_early",
+        "hold_extended",
+        "hold_expired",
+    ],
     unavailable=["payment_gateway_unconfigured"],
 )
 

@@ -22,8 +22,10 @@ CANCELLED = "rentals.booking.cancelled.v1"
 PICKED_UP = "rentals.booking.picked-up.v1"
 RETURNED = "rentals.booking.returned.v1"
 REFUND_REQUESTED = "rentals.booking.refund-requested.v1"
+# Not a status change: a HOLD's expiry moved (its one extension).
+HOLD_EXTENDED = "rentals.booking.hold-extended.v1"
 STATUS_TOPICS = (HELD, CONFIRMED, EXPIRED, CANCELLED, PICKED_UP, RETURNED)
-TOPICS = (*STATUS_TOPICS, REFUND_REQUESTED)
+TOPICS = (*STATUS_TOPICS, HOLD_EXTENDED, REFUND_REQUESTED)
 BY_STATUS = {
     "HOLD": HELD,
     "CONFIRMED": CONFIRMED,
@@ -54,6 +56,12 @@ def payload(b: Booking) -> dict[str, Any]:
     }
 
 
+def extended_payload(b: Booking) -> dict[str, Any]:
+    """A status event's payload plus the new expiry."""
+    assert b.hold_expires_at is not None  # an extended booking is a live HOLD
+    return {**payload(b), "holdExpiresAt": b.hold_expires_at.isoformat()}
+
+
 def refund_payload(b: Booking, amount: int, reason: str) -> dict[str, Any]:
     return {
         "bookingId": b.id,
@@ -70,6 +78,7 @@ _SUBJECTS = {
     CANCELLED: "Booking #{bookingId} cancelled",
     PICKED_UP: "Booking #{bookingId}: trip started",
     RETURNED: "Booking #{bookingId}: car returned, trip completed",
+    HOLD_EXTENDED: "Booking #{bookingId}: your hold was extended",
 }
 
 
@@ -95,6 +104,8 @@ def notifications(event: Event) -> list[Notification]:
     )
     if event.topic == CANCELLED and p.get("refundAmount"):
         body += f" Refund: {p['refundAmount']} (minor units)."
+    if event.topic == HOLD_EXTENDED:
+        body += f" Pay the deposit before {_when(p['holdExpiresAt'])}."
     recipients = [int(p["customerId"])]
     # The host hears about changes that affect the car's calendar.
     if event.topic in (CONFIRMED, CANCELLED) and p["hostId"] != p["customerId"]:
@@ -107,7 +118,7 @@ def notifications(event: Event) -> list[Notification]:
 _ID = {"type": "integer", "minimum": 1}
 _MONEY = {"type": "integer", "minimum": 0, "description": "Minor units."}
 _TIME = {"type": "string", "format": "date-time"}
-_BOOKING_SCHEMA = {
+_BOOKING_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": [
         "bookingId",
@@ -169,6 +180,22 @@ def _status_event(status: str, name: str) -> EventSpec:
 
 CONTRACT = (
     *(_status_event(status, name) for status, name in BY_STATUS.items()),
+    EventSpec(
+        name=HOLD_EXTENDED,
+        stream=STREAM,
+        summary="The customer extended the HOLD once: holdExpiresAt is the new deadline.",
+        key="booking:{bookingId}",
+        key_doc=_KEY_DOC,
+        schema={
+            **_BOOKING_SCHEMA,
+            "required": [*_BOOKING_SCHEMA["required"], "holdExpiresAt"],
+            "properties": {**_BOOKING_SCHEMA["properties"], "holdExpiresAt": _TIME},
+        },
+        example={
+            **_BOOKING_EXAMPLE,
+            "holdExpiresAt": "2030-01-01T12:30:00+00:00",
+        },
+    ),
     EventSpec(
         name=REFUND_REQUESTED,
         stream=STREAM,

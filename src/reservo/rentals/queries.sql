@@ -50,7 +50,8 @@ RETURNING id, car_id, customer_id, lower(period) AS from_at, return_at, status,
 -- name: get_booking
 -- One booking with its period start and its car's host.
 SELECT b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at, b.status,
-       b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at, c.host_id
+       b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at, c.host_id,
+       b.hold_extended_at
   FROM booking b JOIN car c ON c.id = b.car_id
  WHERE b.id = $1;
 
@@ -119,7 +120,10 @@ RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at
           c.host_id;
 
 -- name: expire_one
--- The per-hold expiry job: a no-op once the hold was paid, cancelled or expired.
+-- The per-hold expiry job: a no-op once the hold was paid, cancelled or expired,
+-- and while its (possibly extended) expiry is still ahead: an extension that
+-- committed first moved hold_expires_at, and this UPDATE, waiting on the row
+-- lock, re-reads it before flipping anything.
 UPDATE booking b SET status = 'EXPIRED', updated_at = $2
   FROM car c
  WHERE b.id = $1 AND c.id = b.car_id AND b.status = 'HOLD' AND b.hold_expires_at <= $2
@@ -177,7 +181,7 @@ SELECT created_at FROM booking
 -- (created_at, id) of the previous page's last item: a backward walk of
 -- booking_customer_created that stops after $4 rows.
 SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
-       deposit_amount, refund_amount, hold_expires_at, created_at
+       deposit_amount, refund_amount, hold_expires_at, created_at, hold_extended_at
   FROM booking
  WHERE customer_id = $1 AND (created_at, id) < ($2, $3)
  ORDER BY created_at DESC, id DESC
@@ -189,7 +193,7 @@ SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
 -- same index walk (status is not in the index: it changes with every transition,
 -- and one customer's bookings are few); see docs/OPERATIONS.md, Rentals.
 SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
-       deposit_amount, refund_amount, hold_expires_at, created_at
+       deposit_amount, refund_amount, hold_expires_at, created_at, hold_extended_at
   FROM booking
  WHERE customer_id = $1 AND (created_at, id) < ($2, $3)
    AND CASE WHEN status = 'HOLD' AND hold_expires_at <= $6 THEN 'EXPIRED'
@@ -220,3 +224,19 @@ SELECT NOT EXISTS (
        AND status IN ('HOLD', 'CONFIRMED', 'ON_TRIP')
        AND period && $2::tstzrange
        AND (status <> 'HOLD' OR hold_expires_at > $3));
+
+-- name: extend_hold
+-- The one extension of a live HOLD (third release): hold_expires_at moves $3
+-- later, only while the hold has not expired at $2 (the server clock, compared
+-- here and nowhere before) and was never extended. The expiry job and the
+-- sweeper flip a HOLD only when hold_expires_at <= now: whichever of the two
+-- statements takes the row lock first wins, and the other re-reads the row
+-- after it (an extended hold is not expired; an expired one is not a HOLD).
+UPDATE booking b SET hold_expires_at = b.hold_expires_at + $3::interval,
+                     hold_extended_at = $2, updated_at = $2
+  FROM car c
+ WHERE b.id = $1 AND c.id = b.car_id
+   AND b.status = 'HOLD' AND b.hold_expires_at > $2 AND b.hold_extended_at IS NULL
+RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
+          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
+          c.host_id, b.hold_extended_at;

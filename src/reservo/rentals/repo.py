@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypeAlias
 
 import asyncpg
@@ -117,6 +117,12 @@ async def pick_up(
 
 async def expire_one(conn: asyncpg.Connection, booking_id: int, now: datetime) -> Row | None:
     return await conn.fetchrow(Q.expire_one, booking_id, now)
+
+
+async def extend_hold(
+    conn: asyncpg.Connection, booking_id: int, now: datetime, extension: timedelta
+) -> Row | None:
+    return await conn.fetchrow(Q.extend_hold, booking_id, now, extension)
 
 
 async def sweep(conn: asyncpg.Connection, now: datetime, limit: int) -> list[Row]:

@@ -77,6 +77,8 @@ class Config:
     # Per-process copy of a search answer (0: none); never past its Redis entry,
     # so an answer is never older than search_cache_ttl_s after its database read.
     search_local_ttl_s: float = 1.0
+    # How much later a HOLD expires after its one extension.
+    hold_extension: timedelta = timedelta(seconds=900)
 
 
 class RentalService:
@@ -236,18 +238,63 @@ class RentalService:
             if within is not None:
                 await within(conn, booking)
         metrics.BOOKINGS.labels("rentals").inc()
+        await self._dispatch(jobs)
+        return booking
+
+    async def _dispatch(self, jobs: Sequence[Any]) -> None:
+        """After commit: push the expiry jobs due soon into Redis now."""
         if jobs and self.scheduler is not None:
             try:
                 await self.scheduler.dispatch(jobs)
             except Exception as exc:  # the job is durable; the sweeper is the safety net
                 log.warning("rentals_expiry_dispatch_failed", error=repr(exc))
-        return booking
 
     async def _drop_expiry(self, conn: asyncpg.Connection, booking_id: int) -> None:
-        """A paid or cancelled hold has nothing left to expire: its job would only
-        wake a worker to do nothing."""
+        """A paid or cancelled hold has nothing left to expire: its job (the
+        first one, or the one its extension replaced it with) would only wake a
+        worker to do nothing."""
         if self.scheduler is not None:
-            await self.scheduler.cancel_by_key(EXPIRE_HOLD, _expiry_key(booking_id), conn=conn)
+            for key in (_expiry_key(booking_id), _extended_expiry_key(booking_id)):
+                await self.scheduler.cancel_by_key(EXPIRE_HOLD, key, conn=conn)
+
+    async def extend_hold(self, booking_id: int) -> Booking:
+        """The one extension of a live HOLD: its expiry moves ``hold_extension``
+        later. The conditional UPDATE decides against the server clock (409
+        hold_expired even before the expiry job ran, hold_extended the second
+        time, invalid_state for a booking no longer a HOLD); in the same
+        transaction the hold's expiry job is replaced by one at the new expiry.
+        A first job a worker already runs finds the hold not expired (its UPDATE
+        re-reads hold_expires_at) and does nothing."""
+        now = self.clock.now()
+        jobs: list[Any] = []
+        async with self.db.transaction() as conn:
+            row = await repo.extend_hold(conn, booking_id, now, self.config.hold_extension)
+            if row is not None:
+                b = Booking.from_row(row)
+                jobs = await self._move_expiry(conn, b)
+                await emit(
+                    conn, events.HOLD_EXTENDED, events.key(b.id), events.extended_payload(b), now
+                )
+        if row is None:
+            raise DomainError(*domain.extension_refusal(await self.get(booking_id), now))
+        await self._dispatch(jobs)
+        return b
+
+    async def _move_expiry(self, conn: asyncpg.Connection, b: Booking) -> list[Any]:
+        """Cancel the hold's first expiry job and enqueue one at its new expiry,
+        under a key of its own (one extension, so one second job at most)."""
+        if self.scheduler is None:
+            return []
+        assert b.hold_expires_at is not None  # extend_hold returns a live HOLD
+        await self.scheduler.cancel_by_key(EXPIRE_HOLD, _expiry_key(b.id), conn=conn)
+        job = await self.scheduler.enqueue(
+            EXPIRE_HOLD,
+            ExpireHoldJob(booking_id=b.id).wire(),
+            run_at=b.hold_expires_at,
+            idempotency_key=_extended_expiry_key(b.id),
+            conn=conn,
+        )
+        return [job]
 
     async def _emit(self, conn: asyncpg.Connection, b: Booking, now: datetime) -> None:
         await emit(conn, events.BY_STATUS[b.status], events.key(b.id), events.payload(b), now)
@@ -510,3 +557,8 @@ _CONFLICT_OF: dict[domain.Outcome, str] = {
 
 def _expiry_key(booking_id: int) -> str:
     return f"booking:{booking_id}"
+
+
+def _extended_expiry_key(booking_id: int) -> str:
+    """The expiry job of an extended hold (the first one is cancelled)."""
+    return f"booking:{booking_id}:extended"

@@ -59,6 +59,7 @@ def setup(shared: Shared) -> Rentals:
             search_cache_ttl_s=s.rentals_search_cache_ttl_s,
             search_local_ttl_s=s.rentals_search_local_ttl_s,
             pickup_lead=timedelta(minutes=s.rentals_pickup_lead_minutes),
+            hold_extension=timedelta(seconds=s.rentals_hold_extension_s),
         ),
         scheduler=shared.scheduler,  # one expiry job per hold
         gateway=gateway,

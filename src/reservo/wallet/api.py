@@ -6,9 +6,10 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from reservo.core.auth import Principal
+from reservo.core.errors import validation_error
 from reservo.core.http import (
     AdminCaller,
     PathId,
@@ -24,8 +25,9 @@ from reservo.core.lean import body_route
 from reservo.core.openapi import raises
 from reservo.core.schemas import MAX_ID
 from reservo.wallet.batch import TransferBatch, TransferRequest
-from reservo.wallet.domain import Account, Transfer, may_act_for
+from reservo.wallet.domain import Account, BadRange, Transfer, may_act_for, statement_window
 from reservo.wallet.errors import account_not_found
+from reservo.wallet.export import StatementExport
 from reservo.wallet.schemas import (
     AccountIn,
     AccountOut,
@@ -181,6 +183,44 @@ async def transfer_flow(
 
 # POST /api/transfers without FastAPI's per-request work.
 LEAN_ROUTES = (body_route("POST", "/api/transfers", TransferIn, transfer_flow),)
+
+
+@router.get(
+    "/accounts/{accountId}/statement.csv",
+    response_class=StreamingResponse,
+    operation_id="getAccountStatementCsv",
+    openapi_extra=raises("account_not_found", "statement_busy"),
+    responses={
+        200: {
+            "description": "The entries as CSV, oldest first",
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def statement_csv(
+    account_id: Annotated[PathId, Path(alias="accountId")],
+    from_: Annotated[str, Query(alias="from", max_length=10, examples=["2026-01-01"])],
+    to: Annotated[str, Query(max_length=10, examples=["2026-12-31"])],
+    caller: Bettor,
+    request: Request,
+) -> StreamingResponse:
+    """The account's entries created from `from` to `to` (UTC days, both
+    included, at most 366 of them; YYYY-MM-DD in [2000, 2100)), oldest first:
+    `entry_id,created_at,kind,amount,balance_after,transfer_id,reference`,
+    amounts in minor units, `balance_after` the balance right after the entry.
+    Streamed; the owner or an admin (anyone else's account is 404). A download
+    runs at most RESERVO_WALLET_STATEMENT_MAX_S (cut short after); 503
+    `statement_busy` while RESERVO_WALLET_STATEMENT_STREAMS downloads run in
+    this process."""
+    try:
+        start, end = statement_window(from_, to)
+    except BadRange as exc:
+        raise validation_error(
+            str(exc), [{"loc": ["query", exc.field], "msg": str(exc), "type": "value_error"}]
+        ) from None
+    await _owned(request, caller, account_id)
+    export: StatementExport = request.app.state.wallet_export
+    return export.response(account_id, start, end, f"statement-{account_id}-{from_}-{to}.csv")
 
 
 @router.get(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, date, datetime, time, timedelta
 
 from reservo.core.auth import Principal
 from reservo.core.rows import FromRow
@@ -130,3 +131,44 @@ def house_shard(account_id: int, shards: int) -> int:
 
 def bet_reference(bet_id: int) -> str:
     return f"bet:{bet_id}"
+
+
+# -- the CSV statement's date range --------------------------------------------
+
+# At most a year (a leap one) per download, and the years the API accepts.
+STATEMENT_MAX_DAYS = 366
+FIRST_DAY, END_DAY = date(2000, 1, 1), date(2100, 1, 1)
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
+
+
+class BadRange(ValueError):
+    """A date range the statement refuses; ``field`` is the query parameter."""
+
+    def __init__(self, field: str, msg: str) -> None:
+        super().__init__(msg)
+        self.field = field
+
+
+def parse_day(field: str, raw: str) -> date:
+    """A YYYY-MM-DD day in [2000-01-01, 2100-01-01), nothing else."""
+    if not _DAY.fullmatch(raw):
+        raise BadRange(field, "a date is YYYY-MM-DD")
+    try:
+        day = date.fromisoformat(raw)
+    except ValueError:
+        raise BadRange(field, "no such date") from None
+    if not FIRST_DAY <= day < END_DAY:
+        raise BadRange(field, "a date is in [2000-01-01, 2100-01-01)")
+    return day
+
+
+def statement_window(raw_from: str, raw_to: str) -> tuple[datetime, datetime]:
+    """[from 00:00 UTC, the day after `to` 00:00 UTC): whole UTC days, `to`
+    included, at most STATEMENT_MAX_DAYS of them."""
+    start, end = parse_day("from", raw_from), parse_day("to", raw_to)
+    if end < start:
+        raise BadRange("to", "`to` is before `from`")
+    if (end - start).days + 1 > STATEMENT_MAX_DAYS:
+        raise BadRange("to", f"at most {STATEMENT_MAX_DAYS} days per statement")
+    midnight = time(tzinfo=UTC)
+    return datetime.combine(start, midnight), datetime.combine(end, midnight) + timedelta(days=1)

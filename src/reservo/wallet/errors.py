@@ -9,6 +9,7 @@ ERRORS = by_status(
     not_found=["account_not_found"],
     conflict=["insufficient_funds", "currency_mismatch", "duplicate_reference"],
     unprocessable=["same_account", "balance_out_of_range"],
+    unavailable=["statement_busy"],
 )
 
 CONSTRAINTS = {

@@ -198,3 +198,20 @@ SELECT id, transfer_id, amount, balance_after, kind, reference, created_at
 -- name: currencies
 -- A currency never changes, so it is read without a lock.
 SELECT id, currency FROM wallet_account WHERE id = ANY($1::bigint[]);
+
+-- name: statement_bounds
+-- The CSV statement's limits for this read transaction: each cursor fetch is
+-- a statement under $1 (ms), and a transaction left idle (the process stuck)
+-- is ended by the server after $2 (ms). Transaction-local (is_local true).
+SELECT set_config('statement_timeout', $1::text, true),
+       set_config('idle_in_transaction_session_timeout', $2::text, true);
+
+-- name: statement_csv
+-- The CSV statement: account $1's entries created in [$2, $3), oldest first by
+-- id, the ledger's order (an account's entries are written under its lock, so
+-- ids follow its balance). Read through a server-side cursor in chunks:
+-- wallet_entry_statement walked forward, no sort, nothing buffered.
+SELECT id, created_at, kind, amount, balance_after, transfer_id, reference
+  FROM wallet_entry
+ WHERE account_id = $1 AND created_at >= $2 AND created_at < $3
+ ORDER BY id;

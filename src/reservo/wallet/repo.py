@@ -165,3 +165,16 @@ async def statement(
 
 async def currencies(conn: asyncpg.Connection, ids: list[int]) -> list[Row]:
     return list(await conn.fetch(Q.currencies, ids))
+
+
+async def statement_bounds(
+    conn: asyncpg.Connection, fetch_timeout_ms: int, idle_timeout_ms: int
+) -> None:
+    await conn.execute(Q.statement_bounds, str(fetch_timeout_ms), str(idle_timeout_ms))
+
+
+def statement_cursor(
+    conn: asyncpg.Connection, account_id: int, start: datetime, end: datetime, prefetch: int
+) -> asyncpg.cursor.CursorFactory:
+    """A server-side cursor over the statement's rows (inside a transaction)."""
+    return conn.cursor(Q.statement_csv, account_id, start, end, prefetch=prefetch)

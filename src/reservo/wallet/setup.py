@@ -11,6 +11,7 @@ from reservo.wallet.api import LEAN_ROUTES, render_transfer, router
 from reservo.wallet.batch import TransferBatch
 from reservo.wallet.errors import CONSTRAINTS, ERRORS
 from reservo.wallet.events import PayoutConsumer
+from reservo.wallet.export import ExportConfig, StatementExport
 from reservo.wallet.service import WalletService
 
 
@@ -19,6 +20,7 @@ class Wallet(Module):
     service: WalletService
     payouts: PayoutConsumer
     transfers: TransferBatch
+    export: StatementExport
 
 
 def setup(shared: Shared) -> Wallet:
@@ -26,17 +28,28 @@ def setup(shared: Shared) -> Wallet:
     service = WalletService(shared.db, shared.clock, shards)
     payouts = PayoutConsumer(shared.db, shared.clock, shards)
     transfers = TransferBatch(shared.db, shared.clock, shared.idempotency, render_transfer)
+    s = shared.settings
+    export = StatementExport(
+        shared.db,
+        ExportConfig(
+            max_s=s.wallet_statement_max_s,
+            prefetch=s.wallet_statement_prefetch,
+            fetch_timeout_s=s.wallet_statement_fetch_timeout_s,
+            streams=s.wallet_statement_streams,
+        ),
+    )
     return Wallet(
         name="wallet",
         service=service,
         payouts=payouts,
         transfers=transfers,
+        export=export,
         routers=[router],
         lean=LEAN_ROUTES,
         consumes=[Consumes(events.CONSUMER, [events.PAYOUT_REQUESTED], payouts.handle)],
         events=events.CONTRACT,
         errors=ERRORS,
         constraints=CONSTRAINTS,
-        state={"wallet": service, "wallet_transfers": transfers},
+        state={"wallet": service, "wallet_transfers": transfers, "wallet_export": export},
         closers=[transfers.close],
     )

@@ -1,0 +1,11 @@
+-- Rentals, third release: a customer may extend a HOLD once before it expires
+-- (POST /api/bookings/{id}/extend-hold). The extension moves hold_expires_at
+-- itself, so every rule that reads it sees the new expiry unchanged: the search,
+-- the calendar, the quote, the in-transaction flip of stale holds before an
+-- insert, confirm, cancel, the per-hold expiry job and the sweeper (each
+-- compares hold_expires_at with the server clock in its own WHERE). An expired
+-- hold, extended or not, never blocks anyone. This column only records that the
+-- one extension was used, and when (NULL: not extended).
+--
+-- A nullable column without a default: a catalogue change, no table rewrite.
+ALTER TABLE booking ADD COLUMN IF NOT EXISTS hold_extended_at timestamptz;
