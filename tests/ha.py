@@ -237,9 +237,8 @@ class HaPostgres:
                 check=True,
                 text=True,
             )
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            print(f"ha: {sql} on {port}: {getattr(exc, 'stderr', exc)}", file=sys.stderr)
-            return None
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            return None  # not up yet: the callers poll
         return out.stdout.strip()
 
     def _quick_checkpoints(self, name: str) -> None:
