@@ -8,6 +8,9 @@ venv="${VENV:-.venv}"
 [ -x "$venv/bin/pytest" ] || scripts/install.sh "$venv"
 export PATH="$PWD/$venv/bin:$PATH"
 scripts/install-browser.sh
+# pg_auto_failover for the failover scenarios (tests/chaos/test_failover.py);
+# they are skipped where it cannot be installed (not root, not Debian).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then scripts/ha.sh install || true; fi
 
 if [ -z "${RESERVO_TEST_DATABASE_URL:-}" ] && command -v pg_isready >/dev/null \
    && pg_isready -q -h 127.0.0.1 -p 5432 -U postgres; then

@@ -148,17 +148,30 @@ class HotStandbyPair:
     def kill_standby(self) -> None:
         """SIGKILL to the postmaster and all its processes at once: no goodbye to
         any client, like a replica whose machine died."""
-        pid = int((self.standby.pgdata / "postmaster.pid").read_text().split()[0])
-        postmaster = psutil.Process(pid)
-        everyone = [postmaster, *postmaster.children(recursive=True)]
-        for proc in everyone:
-            proc.send_signal(signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in everyone):
-            assert time.monotonic() < deadline, "the standby outlived SIGKILL"
-            time.sleep(0.01)
+        _kill(self.standby)
+
+    def kill_primary(self) -> None:
+        """The primary's machine dies: every one of its processes SIGKILLed."""
+        _kill(self.primary)
+
+    async def promote_standby(self) -> None:
+        """What an HA manager does once the primary is gone: the standby takes
+        writes (``pg_promote`` waits until it does)."""
+        await self._on_standby("SELECT pg_promote(true, 30)")
 
     async def restart_standby(self) -> None:
         url = await asyncio.to_thread(self.standby.start)  # same port: the recorded one
         assert url == self.standby_url
         await self.caught_up()
+
+
+def _kill(server: EmbeddedPostgres) -> None:
+    pid = int((server.pgdata / "postmaster.pid").read_text().split()[0])
+    postmaster = psutil.Process(pid)
+    everyone = [postmaster, *postmaster.children(recursive=True)]
+    for proc in everyone:
+        proc.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in everyone):
+        assert time.monotonic() < deadline, "the server outlived SIGKILL"
+        time.sleep(0.01)

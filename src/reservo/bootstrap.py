@@ -209,6 +209,7 @@ def build_shared(settings: Settings, clock: Clock, *, announce: bool = True) -> 
         max_size=settings.db_pool_max,
         command_timeout=settings.db_command_timeout_s,
         acquire_timeout=settings.db_acquire_timeout_s,
+        unavailable_hold_s=settings.db_unavailable_hold_s,
         replicas=(
             Replicas(
                 settings.replica_urls,

@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     db_command_timeout_s: float = 10.0
     # How long a request waits for a pooled connection before answering 503.
     db_acquire_timeout_s: float = 5.0
+    # After a request found no writable primary (PostgreSQL down, or a failover in
+    # progress), the next requests answer 503 unavailable at once for this long
+    # instead of each waiting on a connect: no pile-up while it lasts. 0: off.
+    db_unavailable_hold_s: float = Field(default=0.5, ge=0, le=30)
     # Streaming replicas (hot standbys of database_url), comma-separated. Only the
     # reads that may be seconds stale use them (the slot lists, the car search, the
     # match lists); every decision stays on the primary. Empty: none.

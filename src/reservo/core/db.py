@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import asyncpg
 import orjson
 import structlog
+from prometheus_client import Counter
 
 from reservo.core.errors import DomainError, translate, validation_error
 
@@ -29,6 +31,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+
+DB_AWAY = Counter(
+    "reservo_db_unavailable",
+    "Times the database went away (a request failed for want of a writable primary): "
+    "for unavailable_hold_s after each, requests answer 503 without trying.",
+)
 
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -81,6 +89,16 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     # transaction asyncpg prepares it again by itself; inside one it cannot, and
     # has already dropped the stale statement: a retry succeeds (docs/DEPLOY.md).
     asyncpg.exceptions.InvalidCachedStatementError,
+    # The server answers but is a standby: a primary demoted by a failover (or, at
+    # connect, every host of a multi-host URL read-only while a standby is being
+    # promoted: asyncpg's TargetServerAttributeNotMatched, an InternalClientError).
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+)
+# Errors after which the connection that raised them is useless: dropped from the
+# pool rather than handed to the next request.
+_BROKEN: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InternalClientError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
 )
 
 
@@ -126,6 +144,7 @@ class Database:
         statement_cache_size: int = 100,
         connect_timeout: float = 60.0,
         replicas: Replicas | None = None,
+        unavailable_hold_s: float = 0.0,
     ) -> None:
         self.dsn = dsn
         self._kw: dict[str, Any] = {
@@ -141,15 +160,25 @@ class Database:
         self._pool: asyncpg.Pool | None = None
         self._lock = asyncio.Lock()
         self.replicas = replicas
+        # After the database failed a request, the following ones answer 503 at once
+        # for this long instead of each waiting on a connect or a pool slot: during a
+        # failover or an outage, requests do not pile up (nor their memory).
+        self._hold_s = unavailable_hold_s
+        self._away_until = 0.0
 
-    async def _get_pool(self) -> asyncpg.Pool:
+    async def _get_pool(self, *, probe: bool = False) -> asyncpg.Pool:
         if self._pool is not None:
             return self._pool
         async with self._lock:
             if self._pool is None:
+                if self.away and not probe:  # it failed while this one waited
+                    raise unavailable()
                 try:
-                    self._pool = await asyncpg.create_pool(self.dsn, **self._kw)
+                    # Bounded like a pool wait: it runs on a request's path.
+                    async with asyncio.timeout(self._acquire_timeout):
+                        self._pool = await asyncpg.create_pool(self.dsn, **self._kw)
                 except UNAVAILABLE as exc:
+                    self._went_away(exc)
                     raise unavailable() from exc
         return self._pool
 
@@ -165,18 +194,24 @@ class Database:
             await self._pool.close()
             self._pool = None
 
+    @property
+    def away(self) -> bool:
+        """True while requests answer 503 without trying (after a failure)."""
+        return time.monotonic() < self._away_until
+
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        pool = await self._get_pool()
+    async def connection(self, *, probe: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection; ``probe`` tries even while the database is away
+        (readiness checks: they are what finds it back)."""
+        if self.away and not probe:
+            raise unavailable()
+        pool = await self._get_pool(probe=probe)
         try:
             async with pool.acquire(timeout=self._acquire_timeout) as conn:
                 try:
                     yield conn
-                except asyncpg.exceptions.InternalClientError as exc:
-                    # The connection is dead (see UNAVAILABLE): drop it, so the
-                    # pool does not hand it to the next request.
-                    log.warning("database_connection_broken", error=repr(exc))
-                    conn.terminate()
+                except _BROKEN as exc:
+                    await self._drop(pool, conn, exc)
                     raise
         except asyncpg.IntegrityConstraintViolationError as exc:
             raise (translate(exc) or exc) from exc
@@ -197,7 +232,24 @@ class Database:
                 [{"loc": [], "msg": "value rejected", "type": "data_error"}],
             ) from exc
         except UNAVAILABLE as exc:
+            self._went_away(exc)
             raise unavailable() from exc
+
+    async def _drop(self, pool: asyncpg.Pool, conn: asyncpg.Connection, exc: BaseException) -> None:
+        """The connection is dead (see UNAVAILABLE) or talks to a standby: drop it,
+        so the pool does not hand it to the next request. A standby means a
+        failover: every other pooled connection points at the old primary too, so
+        all are replaced (the next connect finds the new primary)."""
+        log.warning("database_connection_broken", error=repr(exc))
+        conn.terminate()
+        if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
+            await pool.expire_connections()
+
+    def _went_away(self, exc: BaseException) -> None:
+        if self._hold_s > 0 and not self.away:
+            DB_AWAY.inc()
+            log.warning("database_unavailable", error=repr(exc), hold_s=self._hold_s)
+        self._away_until = time.monotonic() + self._hold_s
 
     async def stale_read(
         self,
@@ -223,8 +275,9 @@ class Database:
 
     async def ping(self) -> bool:
         try:
-            async with self.connection() as conn:
+            async with self.connection(probe=True) as conn:
                 await conn.fetchval("SELECT 1")
+            self._away_until = 0.0  # back: requests need not wait out the hold
             return True
         except DomainError:
             return False
