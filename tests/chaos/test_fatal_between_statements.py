@@ -142,8 +142,10 @@ async def test_a_fatal_before_the_close_answers_503_and_the_retry_books(
             assert r.json()["code"] == "unavailable"
             assert r.headers["Retry-After"] == "1"
 
-            # The broken connection was dropped: the client's retry (same key) books.
+            # The broken connection was dropped: the client's retry (same key, after
+            # the Retry-After it was given) books.
             proxy.release()
+            await asyncio.sleep(float(r.headers["Retry-After"]))
             r = await book(client, slots[0]["id"], patient, key)
             assert r.status_code == 201, r.text
             assert r.json()["patientId"] == patient
