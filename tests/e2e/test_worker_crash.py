@@ -28,7 +28,7 @@ from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
 from reservo.core.migrate import migrate
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
+from tests.conftest import JWT_SECRET, PAY_SECRET, RESULTS_SECRET, auth, new_id
 from tests.helpers import book, make_slots
 
 LEASE_S = 2
@@ -184,6 +184,9 @@ async def test_killing_the_worker_mid_delivery_loses_nothing(
             # Far longer than the test waits: worker 1 must be stuck, not timing out.
             "RESERVO_NOTIFY_TIMEOUT_S": "60",
             "RESERVO_LOG_JSON": "false",
+            "RESERVO_JWT_SECRET": JWT_SECRET,
+            "RESERVO_PAYMENTS_WEBHOOK_SECRET": PAY_SECRET,
+            "RESERVO_RESULTS_WEBHOOK_SECRET": RESULTS_SECRET,
         }
 
         # 2. Worker 1 claims everything and hangs on the silent provider. Events of
