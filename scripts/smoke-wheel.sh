@@ -7,7 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$work"; }
+# `reservo api` ends by the signal (143): that is the expected end, not a failure.
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
 trap cleanup EXIT
 pg="${RESERVO_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/postgres}"
 redis="${RESERVO_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}"
@@ -38,7 +42,7 @@ if ! psql "$pg" -qtAc 'SELECT 1' >/dev/null 2>&1 || ! redis-cli -u "$redis" ping
 fi
 db="reservo_wheel_$$"
 psql "$pg" -qc "CREATE DATABASE $db" >/dev/null
-trap 'cleanup; psql "$pg" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null' EXIT
+trap 'cleanup; psql "$pg" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null || true' EXIT
 export RESERVO_DATABASE_URL="${pg%/*}/$db" RESERVO_REDIS_URL="$redis" RESERVO_REDIS_NAMESPACE="wheel-$$"
 "$work/venv/bin/reservo" db migrate
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
