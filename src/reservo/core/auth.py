@@ -183,15 +183,6 @@ def _hmac_key(secret: str) -> bytes | None:
     return key
 
 
-def decode_token(
-    secret: str,
-    authorization: str | None,
-    now: datetime,
-    max_lifetime_s: int = DEFAULT_MAX_LIFETIME_S,
-) -> Principal:
-    return _verify(secret, bearer(authorization), now, max_lifetime_s)[0]
-
-
 def _verify(
     secret: str, token: str, now: datetime, max_lifetime_s: int
 ) -> tuple[Principal, int | float]:
