@@ -17,16 +17,9 @@ SELECT $1, s, e, $4, o, $6
   FROM unnest($2::timestamptz[], $3::timestamptz[], $5::timestamptz[]) AS t(s, e, o)
 ON CONFLICT DO NOTHING;
 
--- name: list_available_slots
--- A doctor's slots starting in [$2, $3), after $4, open at $4 and not full, in time order.
-SELECT id, doctor_id, start_at, end_at, capacity, booked_count, overbooked_count
-  FROM time_slot
- WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4
-   AND booked_count < capacity AND opens_at <= $4
- ORDER BY start_at;
-
 -- name: available_slots_json
--- The same list as list_available_slots as the API's JSON, byte for byte what
+-- A doctor's slots starting in [$2, $3), after $4, open at $4 and not full, in
+-- time order, as the API's JSON, byte for byte what
 -- orjson writes of SlotOut (camelCase, instants in UTC as Python's isoformat()
 -- writes them), built by PostgreSQL: one text value instead of 40 decoded rows.
 -- Every value is an integer or a fixed-format instant, so no escaping is needed.

@@ -38,12 +38,6 @@ async def insert_slots(
     return int(status.split()[-1])
 
 
-async def available_slots(
-    conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime, now: datetime
-) -> list[Row]:
-    return list(await conn.fetch(Q.list_available_slots, doctor_id, start, end, now))
-
-
 async def available_slots_json(
     conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime, now: datetime
 ) -> tuple[bytes, datetime | None, datetime | None]:
