@@ -259,7 +259,8 @@ class AppointmentService(Schedules, Waitlist, Gate):
     ) -> Appointment:
         """Book ``slot_id`` and cancel ``old`` in one transaction: both commit or
         neither. The old seat then goes to its slot's waitlist, in the same
-        transaction. A deadlock the lock order did not foresee is retried."""
+        transaction. A deadlock the lock order did not foresee is retried; one that
+        comes back every time is 503 contention (passing: a retry runs again)."""
         if old.slot_id == slot_id:
             raise DomainError("already_booked", "this appointment is already in that slot")
         for attempt in range(_DEADLOCK_RETRIES):
@@ -268,8 +269,11 @@ class AppointmentService(Schedules, Waitlist, Gate):
                 break
             except asyncpg.exceptions.DeadlockDetectedError:
                 if attempt == _DEADLOCK_RETRIES - 1:
+                    metrics.CONFLICTS.labels("appointments", "contention", "database").inc()
                     raise DomainError(
-                        "request_in_progress", "the slots are busy; try again"
+                        "contention",
+                        "the slots stayed locked by other requests; try again",
+                        headers={"Retry-After": "1"},
                     ) from None
         metrics.BOOKINGS.labels("appointments").inc()
         if not old.overbooked:
