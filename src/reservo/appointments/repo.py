@@ -247,5 +247,4 @@ async def calendar_link_owner(conn: asyncpg.Connection, token_sha256: bytes) -> 
 async def calendar_feed(
     conn: asyncpg.Connection, kind: str, owner_id: int, since: datetime
 ) -> list[Row]:
-    query = Q.patient_feed if kind == "patient" else Q.doctor_feed
-    return list(await conn.fetch(query, owner_id, since))
+    return list(await conn.fetch(Q.calendar_feed, owner_id, since, kind))
