@@ -3,7 +3,7 @@
 N customer accounts (default 1,000) are seeded with deposits by SQL; wrk then
 drives ``POST /api/transfers`` against ``reservo api --workers W`` between random
 distinct pairs, each request as the owner of the source account (their own bettor
-JWT, as API.md requires) with a fresh Idempotency-Key. Afterwards PostgreSQL is
+JWT, as docs/openapi.json requires) with a fresh Idempotency-Key. Afterwards PostgreSQL is
 asked whether the bank still holds:
 
 - the sum of all balances is 0 (WORLD is minus what was deposited) and the

@@ -112,21 +112,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         redoc_url=None,
     )
     metrics.BUILD_INFO.labels(__version__).set(1)
-    app.state.container = container
-    app.state.clock = container.clock
-    app.state.jwt_secret = container.settings.jwt_secret
     provider = identity_provider(container.settings)
-    app.state.tokens = TokenVerifier(
-        container.settings.jwt_secret,
-        container.settings.token_cache_size,
-        container.settings.jwt_max_lifetime_s,
-        provider,
-        accept_hs256=container.settings.jwt_accept_hs256,
-    )
-    app.state.idempotency = container.idempotency
-    for module in container.modules:  # what each module's routes read
-        for name, value in module.state.items():
-            setattr(app.state, name, value)
+    _install_state(app, container, provider)
     install_error_handlers(app)
     # Innermost of the three: it reads bodies the size limit let through.
     install_json_intake(app)
@@ -145,6 +132,32 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
 
     install_pages(app, TITLE)
     app.traced = TracedRequests(app.dispatch, access_log=container.settings.access_log)
+
+    _install_operations(app, container)
+    return app
+
+
+def _install_state(app: FastAPI, container: Container, provider: Provider | None) -> None:
+    """What the routes read from ``app.state``: the container's parts, the token
+    verifier and each module's own state."""
+    app.state.container = container
+    app.state.clock = container.clock
+    app.state.jwt_secret = container.settings.jwt_secret
+    app.state.tokens = TokenVerifier(
+        container.settings.jwt_secret,
+        container.settings.token_cache_size,
+        container.settings.jwt_max_lifetime_s,
+        provider,
+        accept_hs256=container.settings.jwt_accept_hs256,
+    )
+    app.state.idempotency = container.idempotency
+    for module in container.modules:  # what each module's routes read
+        for name, value in module.state.items():
+            setattr(app.state, name, value)
+
+
+def _install_operations(app: FastAPI, container: Container) -> None:
+    """The operations endpoints: liveness, readiness, the event contract, metrics."""
 
     # HEAD too: some probes and uptime checkers send it.
     @app.get("/healthz", tags=["operations"], operation_id="getHealth")
@@ -182,8 +195,6 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     async def metrics_endpoint() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
-
-    return app
 
 
 def identity_provider(settings: Settings) -> Provider | None:

@@ -12,7 +12,6 @@ import functools
 import importlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import structlog
@@ -235,12 +234,7 @@ def build_shared(settings: Settings, clock: Clock, *, announce: bool = True) -> 
         gate=gate,
         cache=Cache(gate, settings.redis_namespace),
         limiter=RateLimiter(gate, settings.redis_namespace),
-        idempotency=IdempotencyStore(
-            db,
-            clock,
-            lease_s=settings.idempotency_lease_s,
-            retention=timedelta(hours=settings.idempotency_retention_hours),
-        ),
+        idempotency=IdempotencyStore(db, clock, lease_s=settings.idempotency_lease_s),
         scheduler=scheduler.build_scheduler(settings, db, clock),
         subscriptions=Subscriptions(),
         announce=announce,

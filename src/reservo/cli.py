@@ -272,23 +272,7 @@ def up(
     if port is not None:
         settings = settings.model_copy(update={"http_port": port})
     if demo:
-        from reservo.demo import settings_for_demo, with_demo_secrets
-
-        settings, generated = with_demo_secrets(settings_for_demo(settings))
-        try:
-            check_secrets(settings)  # the ones the environment set are still checked
-        except SettingsError as exc:
-            _refuse(str(exc))
-        if generated:
-            _say(
-                settings,
-                "demo_secrets_generated",
-                f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
-                f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
-                "never use them in production[/yellow]",
-                warn=True,
-                secrets=generated,
-            )
+        settings = _demo_settings(settings)
     data_dir = Path(settings.data_dir).resolve()
     if (
         not settings.database_url
@@ -324,6 +308,29 @@ def up(
                 update={"kafka_bootstrap": broker.url, "kafka_idempotence": False}
             )
         asyncio.run(_serve_everything(settings, demo))
+
+
+def _demo_settings(settings: Settings) -> Settings:
+    """``up --demo``: the demo's settings, with throwaway secrets generated for
+    the ones the environment does not set (and said so, loudly)."""
+    from reservo.demo import settings_for_demo, with_demo_secrets
+
+    settings, generated = with_demo_secrets(settings_for_demo(settings))
+    try:
+        check_secrets(settings)  # the ones the environment set are still checked
+    except SettingsError as exc:
+        _refuse(str(exc))
+    if generated:
+        _say(
+            settings,
+            "demo_secrets_generated",
+            f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
+            f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
+            "never use them in production[/yellow]",
+            warn=True,
+            secrets=generated,
+        )
+    return settings
 
 
 def _embedded_servers_installed() -> None:

@@ -4,6 +4,7 @@ the freeing transaction), through HTTP: each success, error code and race."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -157,6 +158,50 @@ async def test_a_refused_reschedule_changes_nothing(
     clock.advance(datetime.fromisoformat(target["startAt"]) + timedelta(minutes=1) - clock.now())
     r = await reschedule(client, late["id"], target["id"], auth_at(clock, "patient", patient))
     problem(r, 409, "slot_in_past")
+
+
+async def _blocking_me(db: asyncpg.Connection) -> None:
+    """Until another backend waits for a lock this connection holds."""
+    for _ in range(500):
+        if await db.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted"
+            " AND pg_backend_pid() = ANY (pg_blocking_pids(pid)))"
+        ):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("nobody waits for this connection's locks")
+
+
+async def test_a_reschedule_deadlocked_on_every_try_is_503_contention_and_not_stored(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """A transaction that holds the new slot's row and then wants the old
+    appointment's (the reverse of the reschedule's lock order) deadlocks each of
+    its tries: the answer is a passing 503 (not the Idempotency-Key's 409
+    request_in_progress), nothing is stored under the key, and the retry runs."""
+    _, slots = await make_slots(client, capacity=1)
+    patient = new_id()
+    me, idem = auth("patient", patient), str(uuid.uuid4())
+    old = (await book(client, slots[0]["id"], patient)).json()
+    # The request's backend (deadlock_timeout 1 s) finds each deadlock first and
+    # is the one PostgreSQL aborts.
+    await db.execute("SET deadlock_timeout = '1min'")
+    async with db.transaction():
+        await db.execute("SELECT 1 FROM time_slot WHERE id = $1 FOR UPDATE", slots[2]["id"])
+        moving = asyncio.create_task(reschedule(client, old["id"], slots[2]["id"], me, idem))
+        for _ in range(3):  # _DEADLOCK_RETRIES
+            await _blocking_me(db)  # the try holds the appointment, waits for the slot
+            await db.execute("SAVEPOINT crossing")
+            await db.execute("SELECT 1 FROM appointment WHERE id = $1 FOR UPDATE", old["id"])
+            await db.execute("ROLLBACK TO SAVEPOINT crossing")
+        r = await asyncio.wait_for(moving, 30)
+    problem(r, 503, "contention")
+    assert r.headers["retry-after"] == "1"
+    got = await client.get(f"/api/appointments/{old['id']}", headers=me)
+    assert got.json()["status"] == "BOOKED"
+    retried = await reschedule(client, old["id"], slots[2]["id"], me, idem)
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["rescheduledFrom"] == old["id"]
 
 
 async def test_only_a_booked_future_appointment_is_reschedulable(

@@ -34,7 +34,7 @@ accumulators = st.tuples(st.integers(1, 10**7), st.lists(leg, min_size=1, max_si
 def model(
     stake: int, legs: list[tuple[tuple[str, str], Decimal, object]]
 ) -> tuple[str, int | None]:
-    """The rules exactly as API.md states them, written independently of reservo."""
+    """The rules as betting.domain states them, written independently of reservo."""
     states = []
     for (market, pick), odds, result in legs:
         if result is None:

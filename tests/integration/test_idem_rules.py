@@ -24,7 +24,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from reservo.app import create_app
-from reservo.appointments.service import _seen_key
+from reservo.appointments.gate import seen_key
 from reservo.bootstrap import Container, build
 from reservo.core.auth import ROLES
 from reservo.core.clock import OffsetClock
@@ -88,7 +88,7 @@ async def test_a_replay_gets_its_answer_when_the_limit_is_used_up_and_redis_forg
         await book(client, 2**62, patient)
     assert (await book(client, slots[1]["id"], patient)).status_code == 429
     # Redis no longer knows that the key reached the database (expired, restarted).
-    await container.cache.clear_mark(_seen_key(f"{patient}:POST /api/appointments:{key}"))
+    await container.cache.clear_mark(seen_key(f"{patient}:POST /api/appointments:{key}"))
     again = await book(client, slots[0]["id"], patient, key)
     assert (again.status_code, again.json()) == (200, first.json())
     # A new request is still limited, and another body under the key is no replay.

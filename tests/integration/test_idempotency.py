@@ -1,4 +1,5 @@
-"""Idempotency-Key semantics of API.md on POST /api/appointments, plus retention.
+"""Idempotency-Key semantics (docs/openapi.json) on POST /api/appointments, plus
+retention.
 
 Each test runs on a single Redis and on a Redis Cluster (the Redis filter
 in front of the database: its rate limit, full and seen marks)."""
@@ -16,6 +17,8 @@ from reservo.bootstrap import Container
 from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.idempotency import Claim, Replay
+from reservo.core.retention import Pruner, RuleResult
+from reservo.retention import rules
 from tests.conftest import JWT_SECRET, auth, new_id
 from tests.helpers import ADMIN, book, make_slots
 
@@ -206,6 +209,14 @@ async def test_a_rate_limited_attempt_is_not_stored(
     assert stored == 0
 
 
+async def _prune_keys(
+    container: Container, clock: OffsetClock, batch: int = 5000
+) -> list[RuleResult]:
+    """The maintenance role's pruner, with the idempotency keys' rule alone."""
+    (rule,) = [r for r in rules(container.settings) if r.table == "idempotency_key"]
+    return await Pruner(container.db, clock, [rule], batch=batch, pause_s=0).run()
+
+
 async def test_prune_drops_keys_older_than_retention_and_keeps_newer_ones(
     client: httpx.AsyncClient, db: asyncpg.Connection, container: Container, clock: OffsetClock
 ) -> None:
@@ -232,7 +243,7 @@ async def test_prune_drops_keys_older_than_retention_and_keeps_newer_ones(
     first = await post(slots[0]["id"], old)
     assert first.status_code == 201
     clock.advance(timedelta(hours=23))
-    await container.idempotency.prune()
+    await _prune_keys(container, clock)
     # Kept at least 24 h: still replayed.
     assert await stored(old)
     replay = await post(slots[0]["id"], old)
@@ -240,8 +251,8 @@ async def test_prune_drops_keys_older_than_retention_and_keeps_newer_ones(
     assert (await post(slots[1]["id"], new)).status_code == 201
 
     clock.advance(timedelta(hours=2))  # old is now 25 h old, new 2 h
-    removed = await container.idempotency.prune(batch=1)  # several batches
-    assert removed >= 1
+    (result,) = await _prune_keys(container, clock, batch=1)  # several batches
+    assert result.rows["idempotency_key"] >= 1
     assert not await stored(old)
     assert await stored(new)
     # Once pruned, the old key is a fresh request (refused: the patient holds that slot).

@@ -1,25 +1,18 @@
-"""Idempotent writes under concurrent duplicates (POST /api/transfers on the
-two-commit path, POST /api/jobs on the one-transaction path), and the
-one-transaction path itself (IdempotencyStore.run_once): the claim, the effect
-and the stored response commit together, a duplicate meets 409, a refusal is
-replayed, a crash leaves no claim behind."""
+"""Idempotent writes under concurrent duplicates (POST /api/transfers and
+POST /api/jobs): one is created, a duplicate meets 409 or the replay, a refusal
+is replayed."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
 from typing import Any
 
 import asyncpg
 import httpx
-import pytest
 
-from reservo.bootstrap import Container
-from reservo.core.errors import DomainError
-from reservo.core.idempotency import Done, Replay
 from tests.betting_helpers import make_account
-from tests.conftest import auth, new_id
+from tests.conftest import auth
 
 SERVICE = auth("service", 1)
 DUPLICATES = 24
@@ -142,74 +135,3 @@ async def test_a_transfer_from_somebody_elses_account_is_not_stored_and_moves_no
     assert (r.status_code, r.json()["code"]) == (404, "account_not_found")
     assert await db.fetchval("SELECT count(*) FROM idempotency_key WHERE key = $1", key) == 0
     assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", source) == 100
-
-
-async def test_a_crash_in_the_effect_leaves_no_claim_behind(container: Container) -> None:
-    store, caller, key, body = container.idempotency, f"service:{new_id()}", "crash", b"{}"
-    endpoint = f"POST /api/test-{uuid.uuid4()}"
-
-    async def crash(conn: asyncpg.Connection) -> int:
-        await conn.execute("SELECT 1")
-        raise RuntimeError("the process died here")
-
-    async def works(conn: asyncpg.Connection) -> int:
-        return int(await conn.fetchval("SELECT 42"))
-
-    with pytest.raises(RuntimeError):
-        await store.run_once(caller, endpoint, key, body, crash, _n)
-    # Nothing was committed, so the retry runs (no 409 until a lease runs out).
-    done = await store.run_once(caller, endpoint, key, body, works, _n)
-    assert done == Done(42, {"n": 42})
-    replay = await store.run_once(caller, endpoint, key, body, works, _n)
-    assert replay == Replay(200, {"n": 42})
-    with pytest.raises(DomainError) as reused:
-        await store.run_once(caller, endpoint, key, b'{"other": 1}', works, _n)
-    assert reused.value.code == "idempotency_key_reused"
-
-
-async def test_a_claim_of_the_two_commit_path_is_respected(
-    container: Container, db: asyncpg.Connection
-) -> None:
-    """A key claimed by ``begin`` (a process of the previous release, or another
-    endpoint's flow) answers 409 while its lease runs, and is taken over after."""
-    store, caller, key, body = container.idempotency, f"service:{new_id()}", "mixed", b"{}"
-    endpoint = f"POST /api/test-{uuid.uuid4()}"
-    await store.begin(caller, endpoint, key, body)
-
-    async def effect(conn: asyncpg.Connection) -> int:
-        return 7
-
-    with pytest.raises(DomainError) as busy:
-        await store.run_once(caller, endpoint, key, body, effect, _n)
-    assert busy.value.code == "request_in_progress"
-    await db.execute(
-        "UPDATE idempotency_key SET locked_until = locked_until - $2::interval WHERE key = $1 "
-        "AND endpoint = $3",
-        key,
-        timedelta(hours=1),
-        endpoint,
-    )
-    done = await store.run_once(caller, endpoint, key, body, effect, _n)
-    assert done == Done(7, {"n": 7})
-    assert await store.begin(caller, endpoint, key, body) == Replay(200, {"n": 7})
-
-
-async def test_a_duplicate_meets_the_held_claim_with_409(container: Container) -> None:
-    """While one request holds the key inside its transaction, another with the
-    same key is answered at once (no wait for the first to finish)."""
-    store, caller, key, body = container.idempotency, f"service:{new_id()}", "held", b"{}"
-    endpoint = f"POST /api/test-{uuid.uuid4()}"
-    inside, release = asyncio.Event(), asyncio.Event()
-
-    async def slow(conn: asyncpg.Connection) -> int:
-        inside.set()
-        await release.wait()
-        return 1
-
-    first = asyncio.create_task(store.run_once(caller, endpoint, key, body, slow, _n))
-    await inside.wait()
-    with pytest.raises(DomainError) as busy:
-        await asyncio.wait_for(store.run_once(caller, endpoint, key, body, slow, _n), 5)
-    assert busy.value.code == "request_in_progress"
-    release.set()
-    assert isinstance(await first, Done)

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from reservo.appointments.service import _full_key
+from reservo.appointments.gate import full_key
 from reservo.bootstrap import Container
 from tests.conftest import new_id
 from tests.helpers import book, make_slots
@@ -42,7 +42,7 @@ async def test_redis_marks_of_a_booking_are_written_outside_the_transaction(
         assert (await book(client, slot, new_id())).status_code == 201  # fills the slot
         # Past the Redis filter (its mark dropped), the database refuses: slot_full,
         # then the mark again.
-        await container.redis.delete(cache.mark_key(_full_key(slot)))
+        await container.redis.delete(cache.mark_key(full_key(slot)))
         r = await book(client, slot, new_id())
         assert (r.status_code, r.json()["code"]) == (409, "slot_full")
     finally:

@@ -21,7 +21,7 @@ import pytest
 
 from reservo.app import create_app
 from reservo.appointments import events as appointment_events
-from reservo.appointments.service import _full_key
+from reservo.appointments.gate import full_key
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
@@ -104,7 +104,7 @@ async def test_refused_booking_emits_nothing(
     assert (await book(client, slot, winner)).status_code == 201
     # Drop Redis' "full" mark so the refusal comes from the database transaction,
     # the path that could have written (and must have rolled back) an event.
-    await container.cache.clear_mark(_full_key(slot))
+    await container.cache.clear_mark(full_key(slot))
     r = await book(client, slot, loser)
     assert r.status_code == 409, r.text
     assert r.json()["code"] == "slot_full"

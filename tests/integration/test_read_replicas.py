@@ -1,6 +1,7 @@
 """Read replicas against a real hot standby (``tests/replication.py``): the reads
-API.md allows to be seconds stale go to the standby, every decision stays on the
-primary, and a standby that lags past the bound or dies costs no error.
+allowed to be seconds stale (slot list, car search, match list) go to the
+standby, every decision stays on the primary, and a standby that lags past the
+bound or dies costs no error.
 
 How a read is shown to come from the standby: its replay is paused
 (``pg_wal_replay_pause``), a write commits on the primary, and the answer is the

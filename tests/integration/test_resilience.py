@@ -21,7 +21,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from reservo.app import create_app
-from reservo.appointments.service import _full_key, _slots_key
+from reservo.appointments.gate import full_key
+from reservo.appointments.slots import slots_key
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
@@ -145,7 +146,7 @@ async def test_postgres_outage_answers_503_and_recovers_by_itself(proxied: Any) 
 
         async def list_slots() -> httpx.Response:
             # Skip the Redis slot cache: this request must reach the database.
-            await container.cache.delete(_slots_key(doctor, day))
+            await container.cache.delete(slots_key(doctor, day))
             return await client.get(
                 f"/api/doctors/{doctor}/slots",
                 params={"date": day.isoformat()},
@@ -268,8 +269,8 @@ async def test_no_overbooking_after_redis_lost_its_marks(
     _, slots = await make_slots(client, capacity=1)
     slot = slots[0]["id"]
     assert (await book(client, slot, new_id())).status_code == 201
-    assert await container.cache.is_marked(_full_key(slot))
-    await container.cache.clear_mark(_full_key(slot))
+    assert await container.cache.is_marked(full_key(slot))
+    await container.cache.clear_mark(full_key(slot))
     go = asyncio.Event()
 
     async def attempt(patient: int) -> httpx.Response:

@@ -1,4 +1,4 @@
-"""The Delayed jobs HTTP API: auth, shapes and error codes (API.md)."""
+"""The Delayed jobs HTTP API: auth, shapes and error codes (docs/openapi.json)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from reservo.app import create_app
-from reservo.appointments.service import _slots_key
+from reservo.appointments.slots import slots_key
 from reservo.bootstrap import Container, build
 from reservo.core.cache import LocalCache
 from reservo.core.clock import OffsetClock
@@ -129,7 +129,7 @@ async def test_a_local_copy_never_outlives_the_redis_entry_it_came_from(
     day = slots[0]["startAt"][:10]
     # Redis holds the list for 0.3 s more: a copy taken now must go with it,
     # even though the per-process TTL (1 s) is longer.
-    k = _slots_key(doctor, datetime.fromisoformat(day).date())
+    k = slots_key(doctor, datetime.fromisoformat(day).date())
     await container.cache.set_bytes(k, b"[]", 0.3)
     svc = container.appointments
     svc._slot_lists.invalidate(k)
@@ -248,7 +248,7 @@ async def test_a_list_lives_long_in_redis_and_a_booking_drops_it(
 ) -> None:
     doctor, slots = await make_slots(client, capacity=1)
     day = datetime.fromisoformat(slots[0]["startAt"]).date()
-    k = _slots_key(doctor, day)
+    k = slots_key(doctor, day)
     url, params = f"/api/doctors/{doctor}/slots", {"date": day.isoformat()}
     assert (await client.get(url, params=params, headers=ADMIN)).status_code == 200
     raw, life_s, _ = await container.cache.get_versioned(k)
@@ -276,7 +276,7 @@ async def test_a_list_expires_when_the_next_slot_of_its_day_opens(
         )
     url, params = f"/api/doctors/{doctor}/slots", {"date": day.isoformat()}
     assert len((await client.get(url, params=params, headers=ADMIN)).json()) == 1
-    raw, life_s, _ = await container.cache.get_versioned(_slots_key(doctor, day))
+    raw, life_s, _ = await container.cache.get_versioned(slots_key(doctor, day))
     assert raw is not None and 0 < life_s <= 4  # gone when the second slot opens
     await asyncio.sleep(life_s + 1.1)  # Redis and the 1 s per-process copy both expired
     assert len((await client.get(url, params=params, headers=ADMIN)).json()) == 2
@@ -287,7 +287,7 @@ async def test_the_outbox_consumer_drops_what_a_dead_request_left_cached(
 ) -> None:
     doctor, slots = await make_slots(client, capacity=2)
     day = datetime.fromisoformat(slots[0]["startAt"]).date()
-    k = _slots_key(doctor, day)
+    k = slots_key(doctor, day)
     r = await book(client, slots[0]["id"], new_id())
     assert r.status_code == 201
     # The process died between its commit and its drop: a stale list stays behind.

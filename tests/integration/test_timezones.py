@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 import pytest
 
-from reservo.appointments.service import SCHEDULE_BATCH, SCHEDULES_LOOP
+from reservo.appointments.schedules import SCHEDULE_BATCH, SCHEDULES_LOOP
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.core.errors import DomainError

@@ -440,6 +440,7 @@ def render_rescheduled(appt: Appointment) -> dict[str, Any]:
         "slot_in_past",
         "slot_not_open",
         "no_show_limit",
+        "contention",
     ),
 )
 async def reschedule(

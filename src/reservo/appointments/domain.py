@@ -114,6 +114,33 @@ class Window:
     opening_time: time = time(7)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The Redis side of booking: the gate's rate limit and marks, and how
+    long slot lists are cached."""
+
+    booking_rate_limit: int = 5
+    booking_rate_window_s: int = 10
+    # How long a slot list read from the primary stays in Redis while nothing
+    # changes it. Every booking, cancellation and schedule change drops it (at once
+    # after its commit, and again through the outbox if the process died first),
+    # and a read that raced a change is never stored, so this is only the bound
+    # when both drops were lost, and the lists that open later are caught by
+    # expiring at the next opening time.
+    slots_cache_life_s: int = 60
+    # A list read from a replica (which may lag behind a change already
+    # invalidated) lives only this long in Redis.
+    slots_cache_ttl_s: int = 3
+    # Per-process copy of a slot list in front of Redis (0: none): how long
+    # another API process keeps showing it after a booking changed it.
+    slots_local_ttl_s: float = 1.0
+    slots_local_max_entries: int = 4096
+    full_mark_ttl_s: int = 30
+    # How long Redis remembers that an Idempotency-Key reached the database: as
+    # long as the database keeps the key itself.
+    key_memory_s: int = 24 * 60 * 60
+
+
 def opens_at(start_at: datetime, tz: ZoneInfo, window: Window) -> datetime:
     day = local_date(start_at, tz) - timedelta(days=window.horizon_days)
     return local_instant(day, window.opening_time, tz)

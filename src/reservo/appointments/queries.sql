@@ -17,16 +17,9 @@ SELECT $1, s, e, $4, o, $6
   FROM unnest($2::timestamptz[], $3::timestamptz[], $5::timestamptz[]) AS t(s, e, o)
 ON CONFLICT DO NOTHING;
 
--- name: list_available_slots
--- A doctor's slots starting in [$2, $3), after $4, open at $4 and not full, in time order.
-SELECT id, doctor_id, start_at, end_at, capacity, booked_count, overbooked_count
-  FROM time_slot
- WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4
-   AND booked_count < capacity AND opens_at <= $4
- ORDER BY start_at;
-
 -- name: available_slots_json
--- The same list as list_available_slots as the API's JSON, byte for byte what
+-- A doctor's slots starting in [$2, $3), after $4, open at $4 and not full, in
+-- time order, as the API's JSON, byte for byte what
 -- orjson writes of SlotOut (camelCase, instants in UTC as Python's isoformat()
 -- writes them), built by PostgreSQL: one text value instead of 40 decoded rows.
 -- Every value is an integer or a fixed-format instant, so no escaping is needed.
@@ -361,54 +354,36 @@ DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, created_at = EXCLUDED.create
 -- replaced link.
 SELECT owner_kind, owner_id FROM calendar_link WHERE token_sha256 = $1;
 
--- name: patient_feed
--- A patient's feed in one statement: the current link (hash and creation; NULL
--- without one) on every row, and per reschedule chain its latest appointment
--- starting from $2 on (a cancelled one only if cancelled since $2), with the
--- chain's first appointment (root: the event's UID) and the number of moves
--- before it (depth). A chain is walked back by primary key, always to a lower id
--- (a reschedule's new appointment is a new row), and is a few moves long. With
--- no appointment, one row with NULL event columns.
-WITH RECURSIVE mine AS (
-    SELECT a.id, a.rescheduled_from, a.status, lower(a.period) AS start_at,
-           upper(a.period) AS end_at, a.created_at, a.cancelled_at, a.patient_id,
-           s.doctor_id, d.name AS doctor_name
+-- name: calendar_feed
+-- A feed in one statement, of a patient ($3 = 'patient': their appointments
+-- starting from $2 on) or of a doctor ($3 = 'doctor': the doctor's slots starting
+-- from $2 on, uq_doctor_start, then each slot's appointments; a chain moved to
+-- another doctor leaves its last appointment here as cancelled). The branch of
+-- the other kind is a one-time filter, false: never run. Every row carries the
+-- owner's current link (hash and creation; NULL without one); per reschedule
+-- chain, its latest appointment (a cancelled one only if cancelled since $2),
+-- with the chain's first appointment (root: the event's UID) and the number of
+-- moves before it (depth). A chain is walked back by primary key, always to a
+-- lower id (a reschedule's new appointment is a new row), and is a few moves
+-- long. With no appointment, one row with NULL event columns.
+WITH RECURSIVE owned AS (
+    SELECT a.id
       FROM appointment a
-      JOIN time_slot s ON s.id = a.slot_id
-      JOIN doctor d ON d.id = s.doctor_id
-     WHERE a.patient_id = $1 AND lower(a.period) >= $2
-       AND (a.status <> 'CANCELLED' OR a.cancelled_at >= $2)
-), chain AS (
-    SELECT id AS member, id AS root, rescheduled_from AS prev, 0 AS depth FROM mine
+     WHERE $3::text = 'patient' AND a.patient_id = $1 AND lower(a.period) >= $2
     UNION ALL
-    SELECT c.member, p.id, p.rescheduled_from, c.depth + 1
-      FROM chain c JOIN appointment p ON p.id = c.prev AND p.id < c.root
-), events AS (
-    SELECT DISTINCT ON (r.root) r.root, r.depth, m.*
-      FROM (SELECT DISTINCT ON (member) member, root, depth
-              FROM chain ORDER BY member, depth DESC) r
-      JOIN mine m ON m.id = r.member
-     ORDER BY r.root, r.depth DESC
-)
-SELECT l.token_sha256, l.created_at AS link_created_at, e.*
-  FROM (SELECT 1) AS one
-  LEFT JOIN calendar_link l ON l.owner_kind = 'patient' AND l.owner_id = $1
-  LEFT JOIN events e ON true
- ORDER BY e.start_at, e.id;
-
--- name: doctor_feed
--- A doctor's agenda as a feed: as patient_feed, over the doctor's slots starting
--- from $2 on (uq_doctor_start, then each slot's appointments). A chain moved to
--- another doctor leaves its last appointment here as cancelled.
-WITH RECURSIVE mine AS (
-    SELECT a.id, a.rescheduled_from, a.status, lower(a.period) AS start_at,
-           upper(a.period) AS end_at, a.created_at, a.cancelled_at, a.patient_id,
-           s.doctor_id, d.name AS doctor_name
+    SELECT a.id
       FROM time_slot s
       JOIN appointment a ON a.slot_id = s.id
+     WHERE $3::text = 'doctor' AND s.doctor_id = $1 AND s.start_at >= $2
+), mine AS (
+    SELECT a.id, a.rescheduled_from, a.status, lower(a.period) AS start_at,
+           upper(a.period) AS end_at, a.created_at, a.cancelled_at, a.patient_id,
+           s.doctor_id, d.name AS doctor_name
+      FROM owned o
+      JOIN appointment a ON a.id = o.id
+      JOIN time_slot s ON s.id = a.slot_id
       JOIN doctor d ON d.id = s.doctor_id
-     WHERE s.doctor_id = $1 AND s.start_at >= $2
-       AND (a.status <> 'CANCELLED' OR a.cancelled_at >= $2)
+     WHERE a.status <> 'CANCELLED' OR a.cancelled_at >= $2
 ), chain AS (
     SELECT id AS member, id AS root, rescheduled_from AS prev, 0 AS depth FROM mine
     UNION ALL
@@ -423,6 +398,6 @@ WITH RECURSIVE mine AS (
 )
 SELECT l.token_sha256, l.created_at AS link_created_at, e.*
   FROM (SELECT 1) AS one
-  LEFT JOIN calendar_link l ON l.owner_kind = 'doctor' AND l.owner_id = $1
+  LEFT JOIN calendar_link l ON l.owner_kind = $3::text AND l.owner_id = $1
   LEFT JOIN events e ON true
  ORDER BY e.start_at, e.id;

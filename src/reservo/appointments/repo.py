@@ -38,12 +38,6 @@ async def insert_slots(
     return int(status.split()[-1])
 
 
-async def available_slots(
-    conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime, now: datetime
-) -> list[Row]:
-    return list(await conn.fetch(Q.list_available_slots, doctor_id, start, end, now))
-
-
 async def available_slots_json(
     conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime, now: datetime
 ) -> tuple[bytes, datetime | None, datetime | None]:
@@ -253,5 +247,4 @@ async def calendar_link_owner(conn: asyncpg.Connection, token_sha256: bytes) -> 
 async def calendar_feed(
     conn: asyncpg.Connection, kind: str, owner_id: int, since: datetime
 ) -> list[Row]:
-    query = Q.patient_feed if kind == "patient" else Q.doctor_feed
-    return list(await conn.fetch(query, owner_id, since))
+    return list(await conn.fetch(Q.calendar_feed, owner_id, since, kind))

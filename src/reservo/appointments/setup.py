@@ -9,15 +9,11 @@ from reservo.appointments.api import LEAN_ROUTES, router
 from reservo.appointments.calendar import CalendarFeeds, FeedLimits
 from reservo.appointments.calendar_api import feeds_router
 from reservo.appointments.calendar_api import router as calendar_router
-from reservo.appointments.domain import NoShowPolicy, Window
+from reservo.appointments.domain import Limits, NoShowPolicy, Window
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
-from reservo.appointments.service import (
-    REMINDER_JOB,
-    SCHEDULE_BATCH,
-    AppointmentService,
-    Limits,
-    ReminderJob,
-)
+from reservo.appointments.reminders import REMINDER_JOB, ReminderJob
+from reservo.appointments.schedules import SCHEDULE_BATCH
+from reservo.appointments.service import AppointmentService
 from reservo.core.clock import HOUR_S
 from reservo.core.loops import run_every
 from reservo.core.module import Consumes, JobKind, Module

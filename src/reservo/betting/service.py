@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import asyncpg
+
 from reservo import wallet
 from reservo.betting import domain, repo
 from reservo.betting.domain import Bet, Match, Selection
@@ -132,24 +134,7 @@ class BettingService:
             if customer is None:
                 raise DomainError("account_not_found", f"no account {account_id}")
             account, owner = customer
-            rows = await repo.matches_for_bet(conn, [leg.match_id for leg in legs])
-            matches = {
-                r["id"]: domain.MatchState(
-                    r["id"],
-                    r["starts_at"],
-                    r["odds"],
-                    r["result_status"] is not None,
-                    r["suspended"],
-                )
-                for r in rows
-            }
-            for leg in legs:
-                if leg.match_id not in matches:
-                    raise DomainError("match_not_found", f"no match {leg.match_id}")
-            try:
-                domain.check_bet(legs, matches, now)
-            except domain.BetRefused as exc:
-                raise DomainError(exc.code, exc.detail) from None
+            await _check_legs(conn, legs, now)
             row = await repo.insert_bet(
                 conn,
                 account_id,
@@ -206,3 +191,26 @@ def _customer(account: wallet.Account | None) -> tuple[wallet.Account, int] | No
     if account is None or account.kind != "CUSTOMER" or account.owner_id is None:
         return None
     return account, account.owner_id
+
+
+async def _check_legs(conn: asyncpg.Connection, legs: Sequence[domain.Leg], now: datetime) -> None:
+    """The bet's legs against their matches as they are in this transaction:
+    every match exists, and the domain's rules pass (raises the refusal)."""
+    rows = await repo.matches_for_bet(conn, [leg.match_id for leg in legs])
+    matches = {
+        r["id"]: domain.MatchState(
+            r["id"],
+            r["starts_at"],
+            r["odds"],
+            r["result_status"] is not None,
+            r["suspended"],
+        )
+        for r in rows
+    }
+    for leg in legs:
+        if leg.match_id not in matches:
+            raise DomainError("match_not_found", f"no match {leg.match_id}")
+    try:
+        domain.check_bet(legs, matches, now)
+    except domain.BetRefused as exc:
+        raise DomainError(exc.code, exc.detail) from None

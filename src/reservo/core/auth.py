@@ -367,9 +367,9 @@ def _check_lifetime(claims: dict[str, Any], exp: int | float, now_s: float, limi
             raise unauthenticated(_TOO_LONG)
 
 
-def _principal(claims: dict[str, Any], now: datetime, max_lifetime_s: int) -> Principal:
-    """The caller named by verified claims; every claim is checked by type and
-    shape, since JSON can put lists, objects, NaN or huge numbers anywhere."""
+def _check_expiry(claims: dict[str, Any], now: datetime, max_lifetime_s: int) -> float:
+    """Refuses a token without a usable exp, expired, or valid for too long;
+    returns ``now`` in epoch seconds, what the other time claims compare to."""
     exp: Any = claims.get("exp")
     if not _number(exp):
         raise unauthenticated("token has an invalid exp")
@@ -377,6 +377,13 @@ def _principal(claims: dict[str, Any], now: datetime, max_lifetime_s: int) -> Pr
     if exp <= now_s:
         raise unauthenticated("token expired")
     _check_lifetime(claims, exp, now_s, max_lifetime_s)
+    return now_s
+
+
+def _principal(claims: dict[str, Any], now: datetime, max_lifetime_s: int) -> Principal:
+    """The caller named by verified claims; every claim is checked by type and
+    shape, since JSON can put lists, objects, NaN or huge numbers anywhere."""
+    _check_expiry(claims, now, max_lifetime_s)
     role, sub = claims.get("role"), claims.get("sub")
     if not isinstance(role, str) or role not in ROLES:
         raise unauthenticated("token has an unknown role")

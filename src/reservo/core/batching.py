@@ -13,8 +13,9 @@ it joined still runs to its end and commits or rolls back as a whole.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Generic, TypeAlias, TypeVar
+from typing import Generic, Protocol, TypeAlias, TypeVar
 
 import asyncpg
 import structlog
@@ -25,6 +26,7 @@ from reservo.core.idempotency import Claim, Replay
 
 I = TypeVar("I")  # noqa: E741 - the item, as R is the result
 R = TypeVar("R")
+K = TypeVar("K", bound="Keyed")
 
 log = structlog.get_logger(__name__)
 
@@ -122,6 +124,56 @@ class Batcher(Generic[I, R]):
                 else:
                     future.set_result(outcome)
             self._pending[:0] = again
+
+
+class Keyed(Protocol):
+    """A request of a keyed group commit: its caller and Idempotency-Key."""
+
+    @property
+    def caller(self) -> str: ...
+
+    @property
+    def key(self) -> str | None: ...
+
+
+def request_key(item: Keyed) -> tuple[str, str] | None:
+    """The key of a request in a batch; requests without one never wait for
+    one another."""
+    return None if item.key is None else (item.caller, item.key)
+
+
+class GroupCommit(ABC, Generic[K, R]):
+    """The per-process batcher of one keyed endpoint (POST /api/transfers,
+    POST /api/jobs): the requests submitted while a batch runs form the next
+    one, each batch is ``_once(items)`` in one transaction (run again on a
+    rollback, split on a failure of the whole: ``in_one_transaction``), and a
+    request whose key an earlier request of the batch has waits for the next
+    batch (``once_per_key``). ``event`` names the log lines."""
+
+    event: str
+
+    def __init__(self) -> None:
+        self._batcher: Batcher[K, R] = Batcher(self._run)
+        # How many transactions the batches ran (tests read it).
+        self.transactions = 0
+
+    async def submit(self, request: K) -> R:
+        """The answer to ``request``; a refusal is raised (DomainError)."""
+        return await self._batcher.submit(request)
+
+    async def close(self) -> None:
+        await self._batcher.close()
+
+    async def _run(self, items: list[K]) -> list[Outcome[R]]:
+        return await once_per_key(items, request_key, self._attempt, self.event)
+
+    async def _attempt(self, items: list[K]) -> list[Outcome[R]]:
+        self.transactions += 1
+        return await self._once(items)
+
+    @abstractmethod
+    async def _once(self, items: list[K]) -> list[Outcome[R]]:
+        """The outcomes of ``items`` decided in one transaction."""
 
 
 # A deadlock or serialization failure rolls a whole batch back; it is run again

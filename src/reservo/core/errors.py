@@ -26,6 +26,10 @@ CORE_CODES: dict[str, int] = {
     "not_found": 404,
     "rate_limited": 429,
     "unavailable": 503,
+    # Rows a write needs stayed locked against it (a deadlock, retried, came back
+    # each time): a passing condition like 503 unavailable, so an Idempotency-Key
+    # stores nothing and a retry runs again.
+    "contention": 503,
     "idempotency_key_required": 400,
     "idempotency_key_reused": 422,
     "request_in_progress": 409,

@@ -402,8 +402,8 @@ async def run_idempotent(
     try:
         payload = render(await use_case(outcome.storing(status, render)))
     except DomainError as err:
-        # One rule with run_once: a deterministic refusal is stored (the same key
-        # gets the same answer); who may not act and passing conditions are not.
+        # A deterministic refusal is stored (the same key gets the same answer);
+        # who may not act and passing conditions are not (is_stored).
         if is_stored(err):
             await store.finish(outcome, err.status, err.problem())
         else:

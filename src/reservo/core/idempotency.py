@@ -1,15 +1,11 @@
-"""Idempotency-Key semantics of API.md, stored in PostgreSQL.
+"""Idempotency-Key semantics (docs/openapi.json, the Idempotency-Key header),
+stored in PostgreSQL.
 
 A request first *claims* (caller, endpoint, key) in its own short statement. The
 business transaction then *completes* the claim with the response, so the
 created thing and its stored response commit together. A retry finds either the
 stored response (replayed; 201 becomes 200), a claim still in flight (409
 request_in_progress), or a different body under the same key (422).
-
-``run_once`` does the same in ONE transaction for a use case that can run inside
-the caller's transaction: the claim, the effect and the stored response commit
-together (one commit, no claim left behind by a crash), and a duplicate running
-at the same time is told apart by the key's advisory lock.
 
 A group commit claims its keys together (``claim_many``) and completes them
 (``complete_many``); or, when its transaction alone writes what it answers,
@@ -23,7 +19,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -31,11 +27,9 @@ import orjson
 from reservo.core.clock import Clock
 from reservo.core.db import Database, Queries
 from reservo.core.errors import DomainError
-from reservo.core.retention import prune_by_ctid
 
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 Q = Queries.load("reservo.core")
-_PRUNE = prune_by_ctid("idempotency_key", Q.idem_prunable)
 T = TypeVar("T")
 # A hook a use case runs inside its own transaction with what it created. The
 # API stores its idempotent response there, so the response and the effect
@@ -77,7 +71,7 @@ def in_progress() -> DomainError:
     )
 
 
-# Refusals run_once does not store: who may not act (401/403) and passing
+# Refusals not stored for a key: who may not act (401/403) and passing
 # conditions (429/503) get evaluated again on a retry.
 _NOT_STORED = frozenset((401, 403, 429, 503))
 
@@ -120,18 +114,6 @@ class Wanted:
     digest: bytes
 
 
-class _Retry(Exception):
-    """The key was pruned between the claim and the read: claim again."""
-
-
-@dataclass(frozen=True)
-class Done(Generic[T]):
-    """What ``run_once`` created, and the response it stored for it."""
-
-    created: T
-    body: Any
-
-
 @dataclass(frozen=True)
 class Replay:
     status: int
@@ -168,11 +150,9 @@ class IdempotencyStore:
         db: Database,
         clock: Clock,
         lease_s: int = 60,
-        retention: timedelta = timedelta(hours=24),
     ) -> None:
         self.db, self.clock = db, clock
         self.lease = timedelta(seconds=lease_s)
-        self.retention = retention
 
     async def begin(self, caller: str, endpoint: str, key: str, body: bytes) -> Claim | Replay:
         digest = request_hash(body)
@@ -260,7 +240,7 @@ class IdempotencyStore:
     ) -> list[Claim | Replay | DomainError | None]:
         """``begin`` for many keys of one endpoint at once, inside the caller's
         transaction (a group commit): the claims commit with the effect or not at
-        all, like ``run_once``'s. One answer per key, in order: a Claim to
+        all. One answer per key, in order: a Claim to
         complete in this transaction, the Replay of a stored response, the
         DomainError to answer (422 another body, 409 a claim in flight
         elsewhere), or None: the key was claimed or pruned by a transaction that
@@ -359,66 +339,6 @@ class IdempotencyStore:
             [b.decode() for b in bodies],
         )
 
-    async def run_once(
-        self,
-        caller: str,
-        endpoint: str,
-        key: str,
-        body: bytes,
-        effect: Callable[[asyncpg.Connection], Awaitable[T]],
-        render: Callable[[T], Any],
-        status: int = 201,
-    ) -> Replay | Done[T]:
-        """Claim, effect and stored response in ONE transaction (one commit):
-        the claim is inserted in the effect's transaction, so it commits with the
-        effect or vanishes with it (a crash leaves no claim behind), and a
-        duplicate arriving meanwhile finds the key's advisory lock taken: 409
-        request_in_progress. A known key replays (or is 422/409) as with
-        ``begin``. A deterministic refusal (a DomainError other than 401, 403,
-        429 and 503) is stored after the rollback, so the same key gets the same
-        answer; who may not act learns nothing new from a retry anyway."""
-        digest = request_hash(body)
-        now = self.clock.now()
-        claim = Claim(caller, endpoint, key)
-        in_effect = False
-        try:
-            async with self.db.transaction() as conn:
-                got, claimed = await conn.fetchrow(
-                    Q.idem_claim_in_tx, caller, endpoint, key, digest, now + self.lease, now
-                )
-                if not got:
-                    raise in_progress()
-                if not claimed:
-                    known = await self._known(conn, claim, digest, now)
-                    if known is None:  # pruned meanwhile: the key is free again
-                        raise _Retry
-                    if isinstance(known, Replay):
-                        return known
-                in_effect = True
-                created = await effect(conn)
-                in_effect = False
-                payload = render(created)
-                await claim.complete(conn, status, payload)
-            return Done(created, payload)
-        except _Retry:
-            return await self.run_once(caller, endpoint, key, body, effect, render, status)
-        except DomainError as err:
-            # Raised by the effect (or a constraint it broke, translated on the
-            # way out of the transaction): rolled back by now.
-            if in_effect and is_stored(err):
-                async with self.db.connection() as conn:
-                    await conn.execute(
-                        Q.idem_insert_done,
-                        caller,
-                        endpoint,
-                        key,
-                        digest,
-                        err.status,
-                        err.problem(),
-                        now,
-                    )
-            raise
-
     async def finish(self, claim: Claim, status: int, body: Any) -> None:
         """Store a refusal (a deterministic 4xx) outside any business transaction."""
         async with self.db.connection() as conn:
@@ -428,13 +348,3 @@ class IdempotencyStore:
         """Forget a claim whose request failed for a passing reason, so a retry may run."""
         async with self.db.connection() as conn:
             await conn.execute(Q.idem_release, claim.caller, claim.endpoint, claim.key)
-
-    async def prune(self, batch: int = 5000) -> int:
-        cutoff: datetime = self.clock.now() - self.retention
-        total = 0
-        async with self.db.connection() as conn:
-            while True:
-                n = int(await conn.fetchval(_PRUNE, cutoff, batch))
-                total += n
-                if n < batch:
-                    return total

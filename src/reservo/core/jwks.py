@@ -29,7 +29,7 @@ from reservo.core.auth import (
     ROLES,
     Principal,
     UnknownKey,
-    _check_lifetime,
+    _check_expiry,
     _number,
     _segments,
     unauthenticated,
@@ -266,17 +266,11 @@ class Provider:
             raise unauthenticated(f"invalid token: {exc}") from exc
         except Exception as exc:
             raise unauthenticated("invalid token") from exc
-        exp: Any = claims.get("exp")
-        if not _number(exp):
-            raise unauthenticated("token has an invalid exp")
-        now_s = now.timestamp()
-        if exp <= now_s:
-            raise unauthenticated("token expired")
-        _check_lifetime(claims, exp, now_s, max_lifetime_s)
+        now_s = _check_expiry(claims, now, max_lifetime_s)
         nbf = claims.get("nbf")
         if nbf is not None and (not _number(nbf) or nbf > now_s + NBF_LEEWAY_S):
             raise unauthenticated("token not valid yet (nbf)")
-        return Principal(sub=self._sub(claims), role=self._role(claims)), exp
+        return Principal(sub=self._sub(claims), role=self._role(claims)), claims["exp"]
 
     def _role(self, claims: Mapping[str, Any]) -> str:
         """The first of the token's roles (a string or a list) that maps to one of

@@ -60,6 +60,35 @@ class NotificationConsumer:
         after the sends, in one statement, as SENT: each row is written once. A
         message id seen twice (a redelivered event in the same batch) is sent
         once. Any failed send fails the call, after the others."""
+        messages = self._messages(events)
+        if not messages:
+            return
+        messages, skip = await self._addressed_and_sent(messages)
+        by_key: dict[str, list[int]] = {}
+        for i, (event, _) in enumerate(messages):
+            if i not in skip:
+                by_key.setdefault(event.key or str(event.id), []).append(i)
+        sent: list[int] = []
+        try:
+            outcomes = await asyncio.gather(
+                *(self._send_in_order(messages, group, sent) for group in by_key.values()),
+                return_exceptions=True,
+            )
+        finally:
+            if sent:
+                await self._record_sent([messages[i] for i in sent])
+                log.info(
+                    "notifications_sent",
+                    events=len(events),
+                    first_event_id=str(events[0].id),
+                    count=len(sent),
+                    channel=self.channel.name,
+                )
+        for outcome in outcomes:  # the first failure, in the order the keys first appear
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    def _messages(self, events: Sequence[Event]) -> list[tuple[Event, Notification]]:
         messages: list[tuple[Event, Notification]] = []
         seen: set[UUID] = set()
         for event in events:
@@ -70,8 +99,13 @@ class NotificationConsumer:
             if render is not None and event.id not in seen:
                 seen.add(event.id)
                 messages.extend([(event, n) for n in render(event)])
-        if not messages:
-            return
+        return messages
+
+    async def _addressed_and_sent(
+        self, messages: list[tuple[Event, Notification]]
+    ) -> tuple[list[tuple[Event, Notification]], set[int]]:
+        """The messages with their recipients' addresses, and the indexes of the
+        ones already SENT."""
         async with self.db.connection() as conn:
             # Addresses are read at send time: a contact changed after the event
             # was emitted is the one used.
@@ -90,56 +124,37 @@ class NotificationConsumer:
             messages = [
                 (event, _addressed(n, found.get(n.recipient_user_id))) for event, n in messages
             ]
-        skip = {row[0] - 1 for row in done}
-        by_key: dict[str, list[int]] = {}
-        for i, (event, _) in enumerate(messages):
-            if i not in skip:
-                by_key.setdefault(event.key or str(event.id), []).append(i)
-        sent: list[int] = []
+        return messages, {row[0] - 1 for row in done}
 
-        async def send_in_order(indexes: list[int]) -> None:
-            # One slot per aggregate: its messages go one after the other anyway,
-            # so this bounds the sends in flight as one slot per message did,
-            # without a semaphore round per message.
-            async with self._sending:
-                for i in indexes:
-                    event, n = messages[i]
-                    # Each send in its event's trace, under the request id that
-                    # caused it (a batch mixes events of many requests).
-                    send = tracing.start(
-                        f"notify {self.channel.name}",
-                        "internal",
-                        tracing.parent_for(event.traceparent),
-                        {"messaging.message.id": n.event_id},
-                        event.request_id,
-                    )
-                    try:
-                        await self.channel.send(n)
-                    except NotificationError as exc:
-                        send.fail(exc)
-                        await self._record_failed(event, n, exc)
-                        raise
-                    finally:
-                        send.end()
-                    sent.append(i)
-
-        try:
-            outcomes = await asyncio.gather(
-                *(send_in_order(group) for group in by_key.values()), return_exceptions=True
-            )
-        finally:
-            if sent:
-                await self._record_sent([messages[i] for i in sent])
-                log.info(
-                    "notifications_sent",
-                    events=len(events),
-                    first_event_id=str(events[0].id),
-                    count=len(sent),
-                    channel=self.channel.name,
+    async def _send_in_order(
+        self, messages: list[tuple[Event, Notification]], indexes: list[int], sent: list[int]
+    ) -> None:
+        """One aggregate's messages, one after the other; each sent one's index
+        is added to ``sent``."""
+        # One slot per aggregate: its messages go one after the other anyway,
+        # so this bounds the sends in flight as one slot per message did,
+        # without a semaphore round per message.
+        async with self._sending:
+            for i in indexes:
+                event, n = messages[i]
+                # Each send in its event's trace, under the request id that
+                # caused it (a batch mixes events of many requests).
+                send = tracing.start(
+                    f"notify {self.channel.name}",
+                    "internal",
+                    tracing.parent_for(event.traceparent),
+                    {"messaging.message.id": n.event_id},
+                    event.request_id,
                 )
-        for outcome in outcomes:  # the first failure, in the order the keys first appear
-            if isinstance(outcome, BaseException):
-                raise outcome
+                try:
+                    await self.channel.send(n)
+                except NotificationError as exc:
+                    send.fail(exc)
+                    await self._record_failed(event, n, exc)
+                    raise
+                finally:
+                    send.end()
+                sent.append(i)
 
     async def _record_failed(self, event: Event, n: Notification, exc: Exception) -> None:
         async with self.db.connection() as conn:

@@ -41,7 +41,7 @@ RAISES = "x-raises"
 SCHEMAS = "x-schemas"
 BEARER = "bearerAuth"
 # Where one of these statuses is sent, Retry-After says when to try again.
-_RETRY_AFTER_CODES = frozenset(("rate_limited", "unavailable", "request_in_progress"))
+_RETRY_AFTER_CODES = frozenset(("rate_limited", "unavailable", "contention", "request_in_progress"))
 _REPLAYED = "The stored answer to an earlier request with the same Idempotency-Key"
 _KEY_SCHEMA = {"type": "string", "pattern": "^[\\x21-\\x7e]{1,255}$"}
 _RETRY_AFTER = {

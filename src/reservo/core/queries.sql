@@ -7,22 +7,6 @@ VALUES ($1, $2, $3, $4, 'IN_PROGRESS', $5, $6)
 ON CONFLICT (caller, endpoint, key) DO NOTHING
 RETURNING caller;
 
--- name: idem_claim_in_tx
--- The one-transaction claim (IdempotencyStore.run_once): inside the request's
--- transaction, take the key's advisory lock without waiting (not taken: a
--- duplicate is running right now) and insert the claim, which commits with the
--- effect or not at all. got = false: in progress elsewhere; claimed = false: the
--- key is known (read it with idem_get).
-WITH lock AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(hashtextextended($1 || ' ' || $2 || ' ' || $3, 0)) AS got
-), ins AS (
-    INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, locked_until, created_at)
-    SELECT $1, $2, $3, $4, 'IN_PROGRESS', $5, $6 FROM lock WHERE got
-    ON CONFLICT (caller, endpoint, key) DO NOTHING
-    RETURNING caller
-)
-SELECT (SELECT got FROM lock) AS got, EXISTS (SELECT 1 FROM ins) AS claimed;
-
 -- name: idem_claim_many
 -- Claim many keys of one endpoint ($4) in the caller's transaction (the group
 -- commit of transfers): the claims commit with the effect or not at all. The
@@ -86,14 +70,6 @@ SELECT t.caller, $1, t.key, t.request_hash, 'DONE', t.status, t.body::json, $7
  ORDER BY t.caller, t.key
 ON CONFLICT (caller, endpoint, key) DO NOTHING
 RETURNING caller, key;
-
--- name: idem_insert_done
--- A refusal of the one-transaction path, stored after its transaction rolled
--- back; a duplicate that stored its answer first keeps it.
-INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, response_status,
-                             response_body, created_at)
-VALUES ($1, $2, $3, $4, 'DONE', $5, $6, $7)
-ON CONFLICT (caller, endpoint, key) DO NOTHING;
 
 -- name: idem_get
 -- The stored state of an Idempotency-Key: its request hash and answer.

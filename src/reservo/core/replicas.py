@@ -1,8 +1,8 @@
 """Streaming replicas for the reads that may be seconds stale.
 
-A few reads may lag by seconds: the slot list (API.md: "may be a few seconds
-stale"), the car search and the match list (a stale answer costs at most a 409
-at the decision). Those call ``Database.stale_read`` and may be served by a hot
+A few reads may lag by seconds: the slot list (cached for seconds anyway, see
+appointments.domain.Limits), the car search and the match list (a stale answer
+costs at most a 409 at the decision). Those call ``Database.stale_read`` and may be served by a hot
 standby. Nothing else routes: bookings, holds, transfers, settlement,
 idempotency and every check a decision rests on use ``Database.connection`` /
 ``transaction``, which always reach the primary.

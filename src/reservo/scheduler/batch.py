@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
 import orjson
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key
+from reservo.core.batching import AGAIN, GroupCommit, Outcome
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
 from reservo.scheduler.domain import QUEUED, Job
@@ -82,8 +83,10 @@ def _replayed(stored: Replay) -> Answer:
     return Answer(stored.status, stored.body)
 
 
-class JobBatch:
+class JobBatch(GroupCommit[JobRequest, Answer]):
     """The per-process batcher of enqueues through the API."""
+
+    event = EVENT
 
     def __init__(
         self,
@@ -91,29 +94,17 @@ class JobBatch:
         idempotency: IdempotencyStore,
         render: Callable[[Job], Any],
     ) -> None:
+        super().__init__()
         self.scheduler, self.idempotency, self.render = scheduler, idempotency, render
-        self._batcher: Batcher[JobRequest, Answer] = Batcher(self._run)
-        # How many transactions the batches ran (tests read it).
-        self.transactions = 0
 
     async def submit(self, request: JobRequest) -> Answer:
         """The answer to ``request`` once its job is pushed (or deferred to the
         loader); a refusal is raised (DomainError)."""
-        answer = await self._batcher.submit(request)
+        answer = await super().submit(request)
         if answer.pushed is not None:
             # Shielded: a request cut off here leaves the push to finish.
             await asyncio.shield(answer.pushed)
         return answer
-
-    async def close(self) -> None:
-        await self._batcher.close()
-
-    async def _run(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
-        return await once_per_key(items, _key, self._attempt, EVENT)
-
-    async def _attempt(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
-        self.transactions += 1
-        return await self._once(items)
 
     async def _once(self, items: list[JobRequest]) -> list[Outcome[Answer]]:
         svc = self.scheduler
@@ -130,84 +121,16 @@ class JobBatch:
         svc = self.scheduler
         now = svc.clock.now()
         outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
-        keyed = [
-            (n, Wanted(item.caller, item.key, item.digest))
-            for n, item in enumerate(items)
-            if item.key is not None
-        ]
         async with svc.db.transaction() as conn:
-            known = (
-                await self.idempotency.known_many(conn, ENDPOINT, [w for _, w in keyed], now)
-                if keyed
-                else []
-            )
-            # A free key gets its answer written once, with the job (no claim
-            # first: nobody could see it before it commits with its answer); a
-            # stale claim this took over is completed as before.
-            free: dict[int, Wanted] = {}
-            claims: dict[int, Claim] = {}
-            for (n, _), answer in zip(keyed, known, strict=True):
-                if isinstance(answer, Wanted):
-                    free[n] = answer
-                elif isinstance(answer, Claim):
-                    claims[n] = answer
-                elif isinstance(answer, Replay):
-                    outcomes[n] = _replayed(answer)
-                else:
-                    outcomes[n] = answer
-            # After the key, as the one-request flow: the checks of the job itself.
-            new: list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]] = []
-            answered: list[tuple[Claim, int, bytes]] = []
-            stored: list[tuple[int, int, bytes]] = []
-            for n, item in enumerate(items):
-                if item.key is not None and n not in free and n not in claims:
-                    continue  # replayed or refused by its key
-                try:
-                    when = svc.run_at_of(item.category, item.payload, item.run_at, item.delay, now)
-                except DomainError as err:
-                    outcomes[n] = err
-                    if n in free:
-                        if is_stored(err):
-                            stored.append((n, err.status, orjson.dumps(err.problem())))
-                    elif n in claims:
-                        if is_stored(err):
-                            answered.append((claims[n], err.status, orjson.dumps(err.problem())))
-                        else:
-                            await claims[n].forget(conn)
-                    continue
-                new.append((n, (item.category, item.urgency, when, item.payload)))
+            keys = await self._read_keys(conn, items, now, outcomes)
+            new = await self._checked(conn, items, keys, now, outcomes)
             jobs, push_id = await svc.create_many(conn, [row for _, row in new], now, pushes_done)
             bodies: dict[int, tuple[Job, Any]] = {}
             for (n, _), job in zip(new, jobs, strict=True):
                 body = self.render(job)
                 bodies[n] = (job, body)
-                if n in claims:
-                    answered.append((claims[n], 201, orjson.dumps(body)))
-                elif n in free:
-                    stored.append((n, 201, orjson.dumps(body)))
-            written = await self.idempotency.store_many(
-                conn,
-                ENDPOINT,
-                [free[n] for n, _, _ in stored],
-                [status for _, status, _ in stored],
-                [body for _, _, body in stored],
-                now,
-            )
-            # A key another transaction wrote since it was read: that one is
-            # the answer, in the next batch (a replay); its job here goes.
-            lost = [n for n, _, _ in stored if (free[n].caller, free[n].key) not in written]
-            for n in lost:
-                outcomes[n] = AGAIN
-            dropped = [bodies.pop(n)[0].id for n in lost if n in bodies]
-            if dropped:
-                await svc.drop_new(conn, dropped)
-            await self.idempotency.complete_many(
-                conn,
-                ENDPOINT,
-                [a[0] for a in answered],
-                [a[1] for a in answered],
-                [a[2] for a in answered],
-            )
+                keys.answer(n, 201, orjson.dumps(body))
+            await self._write_answers(conn, keys, bodies, now, outcomes)
         # Committed: the jobs go to Redis together.
         due = [job for job, _ in bodies.values() if job.status == QUEUED]
         pushed = svc.push_soon(due, push_id) if push_id is not None else None
@@ -215,7 +138,117 @@ class JobBatch:
             outcomes[n] = Answer(201, body, pushed)
         return outcomes
 
+    async def _read_keys(
+        self,
+        conn: asyncpg.Connection,
+        items: list[JobRequest],
+        now: datetime,
+        outcomes: list[Outcome[Answer]],
+    ) -> _Keys:
+        """Step 1: the batch's keys read at once; a known key's replay or refusal
+        is its request's outcome."""
+        keyed = [
+            (n, Wanted(item.caller, item.key, item.digest))
+            for n, item in enumerate(items)
+            if item.key is not None
+        ]
+        known = (
+            await self.idempotency.known_many(conn, ENDPOINT, [w for _, w in keyed], now)
+            if keyed
+            else []
+        )
+        # A free key gets its answer written once, with the job (no claim
+        # first: nobody could see it before it commits with its answer); a
+        # stale claim this took over is completed as before.
+        keys = _Keys()
+        for (n, _), answer in zip(keyed, known, strict=True):
+            if isinstance(answer, Wanted):
+                keys.free[n] = answer
+            elif isinstance(answer, Claim):
+                keys.claims[n] = answer
+            elif isinstance(answer, Replay):
+                outcomes[n] = _replayed(answer)
+            else:
+                outcomes[n] = answer
+        return keys
 
-def _key(item: JobRequest) -> tuple[str, str] | None:
-    """Requests without a key never wait for one another."""
-    return None if item.key is None else (item.caller, item.key)
+    async def _checked(
+        self,
+        conn: asyncpg.Connection,
+        items: list[JobRequest],
+        keys: _Keys,
+        now: datetime,
+        outcomes: list[Outcome[Answer]],
+    ) -> list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]]:
+        """Step 2, after the key as the one-request flow: the checks of the job
+        itself. The jobs to create, by item; a refusal is its item's outcome."""
+        new: list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]] = []
+        for n, item in enumerate(items):
+            if item.key is not None and n not in keys.free and n not in keys.claims:
+                continue  # replayed or refused by its key
+            try:
+                when = self.scheduler.run_at_of(
+                    item.category, item.payload, item.run_at, item.delay, now
+                )
+            except DomainError as err:
+                outcomes[n] = err
+                if is_stored(err):
+                    keys.answer(n, err.status, orjson.dumps(err.problem()))
+                elif n in keys.claims:
+                    await keys.claims[n].forget(conn)
+                continue
+            new.append((n, (item.category, item.urgency, when, item.payload)))
+        return new
+
+    async def _write_answers(
+        self,
+        conn: asyncpg.Connection,
+        keys: _Keys,
+        bodies: dict[int, tuple[Job, Any]],
+        now: datetime,
+        outcomes: list[Outcome[Answer]],
+    ) -> None:
+        """Step 3's answers: stored for the free keys, completed for the claims."""
+        stored, free = keys.stored, keys.free
+        written = await self.idempotency.store_many(
+            conn,
+            ENDPOINT,
+            [free[n] for n, _, _ in stored],
+            [status for _, status, _ in stored],
+            [body for _, _, body in stored],
+            now,
+        )
+        # A key another transaction wrote since it was read: that one is
+        # the answer, in the next batch (a replay); its job here goes.
+        lost = [n for n, _, _ in stored if (free[n].caller, free[n].key) not in written]
+        for n in lost:
+            outcomes[n] = AGAIN
+        dropped = [bodies.pop(n)[0].id for n in lost if n in bodies]
+        if dropped:
+            await self.scheduler.drop_new(conn, dropped)
+        answered = keys.answered
+        await self.idempotency.complete_many(
+            conn,
+            ENDPOINT,
+            [a[0] for a in answered],
+            [a[1] for a in answered],
+            [a[2] for a in answered],
+        )
+
+
+@dataclass
+class _Keys:
+    """A batch's keyed requests by the state of their key, and the answers to
+    write for them: stored once for a free key, completed for a claim."""
+
+    free: dict[int, Wanted] = field(default_factory=dict)
+    claims: dict[int, Claim] = field(default_factory=dict)
+    stored: list[tuple[int, int, bytes]] = field(default_factory=list)
+    answered: list[tuple[Claim, int, bytes]] = field(default_factory=list)
+
+    def answer(self, n: int, status: int, body: bytes) -> None:
+        """Item ``n``'s answer, written for its key (none without a key)."""
+        if n in self.claims:
+            self.answered.append((self.claims[n], status, body))
+        elif n in self.free:
+            self.stored.append((n, status, body))

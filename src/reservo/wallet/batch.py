@@ -46,7 +46,7 @@ import orjson
 import structlog
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, Batcher, Outcome, once_per_key, take_claims
+from reservo.core.batching import AGAIN, GroupCommit, Outcome, take_claims
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
@@ -89,8 +89,10 @@ def _replayed(stored: Replay) -> Answer:
     return Answer(stored.status, stored.body)
 
 
-class TransferBatch:
+class TransferBatch(GroupCommit[TransferRequest, Answer]):
     """The per-process batcher of transfers."""
+
+    event = EVENT
 
     def __init__(
         self,
@@ -99,24 +101,8 @@ class TransferBatch:
         idempotency: IdempotencyStore,
         render: Callable[[Transfer], Any],
     ) -> None:
+        super().__init__()
         self.db, self.clock, self.idempotency, self.render = db, clock, idempotency, render
-        self._batcher: Batcher[TransferRequest, Answer] = Batcher(self._run)
-        # How many transactions the batches ran (tests read it).
-        self.transactions = 0
-
-    async def submit(self, request: TransferRequest) -> Answer:
-        """The answer to ``request``; a refusal is raised (DomainError)."""
-        return await self._batcher.submit(request)
-
-    async def close(self) -> None:
-        await self._batcher.close()
-
-    async def _run(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
-        return await once_per_key(items, lambda item: (item.caller, item.key), self._attempt, EVENT)
-
-    async def _attempt(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
-        self.transactions += 1
-        return await self._once(items)
 
     async def _once(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
         now = self.clock.now()

@@ -1,52 +1,18 @@
-"""Kafka transport: the outbox relay publishes, consumer-group runners consume.
-
-Publishing (``KafkaTransport``): every claimed outbox row becomes one record on
-its aggregate's stream (``<module>.<aggregate>.v1``, core/contract.py), keyed by
-``event.key`` (the aggregate id, so one aggregate stays ordered in one
-partition), on the CloudEvents Kafka binding in binary mode (envelope.py). A
-batch is sent as a whole (send all, then await all acknowledgements) and a row
-is reported delivered only once the broker acked its record (``acks=all``).
-aiokafka keeps at most one batch in flight per partition, so a retried batch
-cannot overtake a later one: per-key order holds even without the idempotent
-producer (which Tansu's in-memory store does not support).
-
-Consuming (``KafkaConsumerRunner``): one consumer group per consumer name
-(``<prefix>.<consumer>``) calls the SAME handlers the local transport calls.
-Records of one key (one aggregate) are handled in offset order; different keys,
-in one partition or in several, concurrently (core.ordering). Kafka orders a
-whole partition, but the only order the events promise is per aggregate, and one
-handler transaction per record is commit-latency bound. A partition's offset is
-committed only up to its first record not finished (the handlers' transactions
-committed), so a record is never skipped. A topic with a batch handler gets
-each partition's fetched records in one call (one transaction for up to
-``max_records`` events: the per-event commit is what limits a consumer
-otherwise); when that call fails the records are replayed one by one. A record
-whose handler fails transiently (a dependency away: core.failures) is retried a
-few times at once, then the partition waits with a growing backoff (capped) and
-reads it again, for as long as the outage lasts; a record the handler rejects
-(a permanent failure) is parked at once (``dead_letter`` table, plus
-``<topic>.dlt`` when enabled) and the partition moves on. Crash before the
-commit means redelivery; handlers dedupe.
-"""
+"""Consuming from Kafka: one consumer group per consumer (see the package's docstring)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.conn import create_conn
-from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
-from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.errors import KafkaError
 from prometheus_client import Counter
 
 from reservo.core import tracing
 from reservo.core.backoff import backoff_delay
-from reservo.core.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.clock import Clock
 from reservo.core.contract import EventRegistry
 from reservo.core.db import Database, Queries
@@ -55,204 +21,20 @@ from reservo.core.loops import pause
 from reservo.core.metrics import PARKED, TRANSIENT_FAILURES
 from reservo.core.ordering import by_key_in_order
 from reservo.core.retry import retry_async
-from reservo.core.transport.base import (
-    BatchHandler,
-    Event,
-    Handler,
-    TransportUnavailable,
-)
-from reservo.core.transport.envelope import from_record, to_cloudevent, to_record
+from reservo.core.transport.base import BatchHandler, Event, Handler
+from reservo.core.transport.envelope import from_record, to_cloudevent
+from reservo.core.transport.kafka.admin import ensure_topics
 
 log = structlog.get_logger(__name__)
 Q = Queries.load("reservo.core")
 
-TOPIC_ALREADY_EXISTS = 36
 DLT_SUFFIX = ".dlt"
 # A consumer session that failed is started again after a capped backoff.
 RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.2, 5.0
 
-KAFKA_PUBLISHED = Counter("reservo_kafka_published_total", "Records acked by Kafka", ["topic"])
 KAFKA_CONSUMED = Counter(
     "reservo_kafka_consumed_total", "Records handled by a consumer group", ["consumer", "topic"]
 )
-
-
-# -- topics ---------------------------------------------------------------------------
-
-
-async def ensure_topics(
-    bootstrap: str,
-    topics: Iterable[str],
-    partitions: int,
-    replication_factor: int = 1,
-    per_topic: dict[str, int] | None = None,
-    timeout_ms: int = 10_000,
-) -> None:
-    """Create missing topics; existing ones are left as they are (partitions are
-    never shrunk, and growing them would move keys, so that stays an operator act)."""
-    wanted = sorted(set(topics))
-    if not wanted:
-        return
-    per_topic = per_topic or {}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
-    await admin.start()
-    try:
-        response = await admin.create_topics(
-            [NewTopic(t, per_topic.get(t, partitions), replication_factor) for t in wanted]
-        )
-        for topic, code, *rest in response.topic_errors:
-            if code not in (0, TOPIC_ALREADY_EXISTS):
-                raise KafkaError(f"create topic {topic}: error {code} {rest}")
-    finally:
-        await admin.close()
-
-
-def _unavailable(exc: BaseException) -> bool:
-    """Errors that say "the broker is not there", as opposed to "this record is bad"."""
-    if isinstance(exc, (KafkaConnectionError, KafkaTimeoutError, TransportUnavailable)):
-        return True
-    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
-
-
-# -- publishing -----------------------------------------------------------------------
-
-
-class KafkaTransport:
-    def __init__(
-        self,
-        bootstrap: str,
-        *,
-        source: str = "/reservo",
-        topics: Callable[[], Iterable[str]] = tuple,
-        partitions: int = 6,
-        replication_factor: int = 1,
-        topic_partitions: dict[str, int] | None = None,
-        idempotence: bool = True,
-        linger_ms: int = 5,
-        max_batch_bytes: int = 1_048_576,
-        request_timeout_ms: int = 30_000,
-        breaker: CircuitBreaker | None = None,
-        client_id: str = "reservo-relay",
-        events: EventRegistry | None = None,
-    ) -> None:
-        self.bootstrap, self.source = bootstrap, source
-        # Which topic (stream) and CloudEvents type each event name has.
-        self.events = events or EventRegistry()
-        self.partitions, self.replication_factor = partitions, replication_factor
-        self.topic_partitions = topic_partitions or {}
-        self.idempotence, self.linger_ms = idempotence, linger_ms
-        self.max_batch_bytes, self.request_timeout_ms = max_batch_bytes, request_timeout_ms
-        self.client_id = client_id
-        self.breaker = breaker or CircuitBreaker(
-            "kafka_producer", failure_threshold=3, window_s=30, reset_timeout_s=5
-        )
-        self._startup_topics = topics  # read at start(): modules subscribe during build
-        self._known_topics: set[str] = set()
-        self._producer: AIOKafkaProducer | None = None
-
-    async def start(self) -> None:
-        """Connect and create the start-up topics (``deliver`` also does it lazily)."""
-        await self._ensure_producer()
-        await self._ensure_topics(self.events.streams(self._startup_topics()))
-
-    async def stop(self) -> None:
-        if self._producer is not None:
-            producer, self._producer = self._producer, None
-            await producer.stop()  # flushes what is still buffered
-
-    async def _ensure_producer(self) -> AIOKafkaProducer:
-        if self._producer is None:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap,
-                client_id=self.client_id,
-                acks="all",
-                enable_idempotence=self.idempotence,
-                linger_ms=self.linger_ms,
-                max_batch_size=self.max_batch_bytes,
-                request_timeout_ms=self.request_timeout_ms,
-                compression_type=None,
-            )
-            try:
-                await producer.start()
-            except BaseException:
-                await producer.stop()
-                raise
-            self._producer = producer
-        return self._producer
-
-    async def _ensure_topics(self, topics: Iterable[str]) -> None:
-        missing = set(topics) - self._known_topics
-        if missing:
-            await ensure_topics(
-                self.bootstrap,
-                missing,
-                self.partitions,
-                self.replication_factor,
-                self.topic_partitions,
-                timeout_ms=self.request_timeout_ms,
-            )
-            self._known_topics |= missing
-
-    async def deliver(self, events: Sequence[Event]) -> list[BaseException | None]:
-        n = len(events)
-        try:
-            self.breaker.before_call()
-        except BreakerOpen as exc:
-            return [TransportUnavailable(str(exc))] * n
-        try:
-            producer = await self._ensure_producer()
-            await self._ensure_topics(self.events.streams(e.topic for e in events))
-        except Exception as exc:  # broker unreachable: nothing was sent
-            self._broker_failed()
-            log.warning("kafka_unavailable", error=repr(exc))
-            return [TransportUnavailable(repr(exc))] * n
-
-        # Send everything first (records go to per-partition batches), then await all acks.
-        pending: list[asyncio.Future[Any] | BaseException] = []
-        for i, event in enumerate(events):
-            headers, value = to_record(event, self.source, self.events.type_of(event.topic))
-            try:
-                pending.append(
-                    await producer.send(
-                        self.events.stream(event.topic),
-                        value,
-                        key=None if event.key is None else event.key.encode(),
-                        headers=[*headers, *(trace_headers(event) or ())],
-                    )
-                )
-            except Exception as exc:
-                # send() blocks up to request_timeout_ms when it cannot even get
-                # metadata: do not pay that once per remaining event.
-                err = TransportUnavailable(repr(exc)) if _unavailable(exc) else exc
-                if isinstance(err, TransportUnavailable):
-                    pending.extend([err] * (n - i))
-                    break
-                pending.append(err)
-        futures = [p for p in pending if not isinstance(p, BaseException)]
-        acked = iter(await asyncio.gather(*futures, return_exceptions=True))
-        results: list[BaseException | None] = []
-        for event, p in zip(events, pending, strict=True):
-            outcome = p if isinstance(p, BaseException) else next(acked)
-            if isinstance(outcome, BaseException):
-                results.append(
-                    TransportUnavailable(repr(outcome)) if _unavailable(outcome) else outcome
-                )
-            else:
-                results.append(None)
-                KAFKA_PUBLISHED.labels(topic=event.topic).inc()
-        if any(r is None for r in results) or not results:
-            self.breaker.record_success()
-        elif any(isinstance(r, TransportUnavailable) for r in results):
-            self._broker_failed()
-        return results
-
-    def _broker_failed(self) -> None:
-        self.breaker.record_failure()
-        # A restarted broker may have lost its topics (Tansu keeps them in memory).
-        self._known_topics.clear()
-
-
-# -- consuming ------------------------------------------------------------------------
 
 
 class KafkaConsumerRunner:
@@ -545,24 +327,9 @@ class KafkaConsumerRunner:
 
 
 # -- trace context --------------------------------------------------------------------
-# Beside the envelope, in the record's headers: ``traceparent`` (W3C Trace
+# Read back from the record's headers (producer.trace_headers): ``traceparent`` (W3C Trace
 # Context, as the Kafka instrumentations of OpenTelemetry read it) and
 # ``x-request-id``, so a consumer that is not reservo's can follow them too.
-
-
-def trace_headers(event: Event) -> list[tuple[str, bytes]] | None:
-    """The record headers of the event's trace and request id (None: neither)."""
-    traceparent = tracing.publishing(
-        event.traceparent,
-        f"{event.topic} publish",
-        {"messaging.system": "kafka", "messaging.destination.name": event.topic},
-    )
-    headers = []
-    if traceparent is not None:
-        headers.append(("traceparent", traceparent.encode("ascii")))
-    if event.request_id is not None:
-        headers.append(("x-request-id", event.request_id.encode("ascii")))
-    return headers or None
 
 
 def traced(event: Event, record: ConsumerRecord[Any, Any]) -> Event:
@@ -577,68 +344,3 @@ def traced(event: Event, record: ConsumerRecord[Any, Any]) -> Event:
     if traceparent is None and request_id is None:
         return event
     return replace(event, traceparent=traceparent, request_id=request_id)
-
-
-async def broker_answers(bootstrap: str, timeout_s: float = 1.0) -> bool:
-    """Readiness: does a bootstrap broker answer a metadata request within
-    ``timeout_s``? A TCP connect is not enough: a frozen broker's kernel still
-    accepts connections. Every bootstrap broker is asked at once, on a connection
-    of its own (no client: no background metadata task, no log line per probe)."""
-    asks = [asyncio.ensure_future(_ask_metadata(a)) for a in bootstrap.split(",")]
-    waiting = set(asks)
-    try:
-        async with asyncio.timeout(timeout_s):
-            while waiting:
-                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if any(not ask.exception() for ask in done):
-                    return True
-    except TimeoutError:
-        pass
-    finally:
-        for ask in waiting:
-            ask.cancel()
-        # Every outcome collected: no task left to warn about its error later.
-        await asyncio.gather(*asks, return_exceptions=True)
-    return False
-
-
-async def _ask_metadata(address: str) -> None:
-    host, _, port = address.strip().rpartition(":")
-    conn = await create_conn(host or "127.0.0.1", int(port), client_id="reservo-readiness")
-    try:
-        await conn.send(MetadataRequest([]))  # no topic: the broker list, small anywhere
-    finally:
-        conn.close()
-
-
-async def group_lag(
-    bootstrap: str, groups: dict[str, tuple[str, Sequence[str]]], timeout_ms: int = 2000
-) -> dict[str, int | None]:
-    """Records each consumer group has not consumed yet: name -> (group id, its
-    topics) in, name -> lag out. The lag is the end offset minus the group's
-    committed offset, summed over the partitions it has committed on (None: it
-    has committed nothing yet). For the console. A client per group asks for its
-    committed offsets without joining it (OffsetFetch, which every
-    Kafka-protocol broker answers; the admin API's variant is less portable)."""
-    lag: dict[str, int | None] = {}
-    for name, (group, topics) in groups.items():
-        reader = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=group,
-            enable_auto_commit=False,
-            request_timeout_ms=timeout_ms,
-        )
-        await reader.start()
-        try:
-            partitions = [
-                TopicPartition(topic, p)
-                for topic in topics
-                for p in sorted(reader.partitions_for_topic(topic) or ())
-            ]
-            committed = {tp: await reader.committed(tp) for tp in partitions}
-            known = {tp: at for tp, at in committed.items() if at is not None and at >= 0}
-            ends = await reader.end_offsets(list(known)) if known else {}
-        finally:
-            await reader.stop()
-        lag[name] = sum(max(0, ends[tp] - at) for tp, at in known.items()) if known else None
-    return lag

@@ -1,0 +1,197 @@
+"""The public slot list: read (from the per-process copy, Redis, a replica or the
+primary), cached as bytes, and dropped after every change that alters it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime
+from zoneinfo import ZoneInfo
+
+import asyncpg
+import orjson
+import structlog
+
+from reservo.appointments import calendar, domain, events, repo
+from reservo.appointments.domain import Appointment, Limits
+from reservo.core.cache import Cache, LocalCache
+from reservo.core.clock import Clock
+from reservo.core.db import Database
+from reservo.core.errors import DomainError
+from reservo.core.reads import read_one
+from reservo.core.transport.base import Event
+
+log = structlog.get_logger(__name__)
+
+_START_AT = b'"startAt":"'
+
+
+@dataclass(frozen=True, slots=True)
+class SlotList:
+    """A cached slot list: its JSON bytes, and its earliest start so a list
+    whose slots are all still ahead is served as is (no parse, no dump)."""
+
+    body: bytes
+    first_start: str  # the earliest startAt (ISO, UTC), "" for an empty list
+
+    @classmethod
+    def parse(cls, raw: bytes) -> SlotList:
+        """A list as ``available_slots_json`` wrote it: its slots are in start
+        order, so the first ``startAt`` is the earliest and is found without
+        parsing the list. Anything not in that shape raises ValueError."""
+        if not (raw.startswith(b"[") and raw.endswith(b"]")):
+            raise ValueError("not a slot list")
+        at = raw.find(_START_AT)
+        if at < 0:
+            if raw != b"[]":
+                raise ValueError("not a slot list")
+            return cls(raw, "")
+        begin = at + len(_START_AT)
+        end = raw.find(b'"', begin)
+        if end < 0:
+            raise ValueError("not a slot list")
+        return cls(raw, raw[begin:end].decode("ascii"))
+
+    def body_after(self, now_iso: str) -> bytes:
+        """The list without the slots that started by ``now_iso``."""
+        if not self.first_start or self.first_start > now_iso:
+            return self.body
+        return orjson.dumps([s for s in orjson.loads(self.body) if s["startAt"] > now_iso])
+
+
+def slots_key(doctor_id: int, day: date) -> str:
+    return f"slots:{{doctor:{doctor_id}}}:{day.isoformat()}"
+
+
+class SlotLists:
+    """The slot list's reads and invalidations, and the doctors' zones they (and
+    every use case on a doctor's local dates) compute in."""
+
+    db: Database
+    clock: Clock
+    cache: Cache
+    limits: Limits
+    _zones: dict[int, ZoneInfo]  # a doctor's zone never changes
+    _slot_lists: LocalCache[SlotList]
+
+    async def _zone(self, conn: asyncpg.Connection, doctor_id: int) -> ZoneInfo:
+        tz = self._zones.get(doctor_id)
+        if tz is None:
+            doctor = await repo.get_doctor(conn, doctor_id)
+            if doctor is None:
+                raise DomainError("doctor_not_found", f"no doctor {doctor_id}")
+            try:
+                tz = self._zones[doctor_id] = domain.zone(doctor["timezone"])
+            except ValueError:
+                # Stored before the zone rule: nothing can be computed in it
+                # until an operator corrects the doctor's zone.
+                raise DomainError(
+                    "unknown_timezone",
+                    f"doctor {doctor_id}'s time zone {doctor['timezone']!r} is not a "
+                    "known IANA zone; it must be corrected first",
+                ) from None
+        return tz
+
+    async def list_slots(self, doctor_id: int, day: date) -> bytes:
+        """The JSON list of a local date's future slots with room left, in the
+        API's wire form (SlotOut, built by PostgreSQL); may be up to
+        ``slots_cache_ttl_s`` stale. Served from the per-process copy, else Redis,
+        else PostgreSQL, and cached as bytes at each layer."""
+        key = slots_key(doctor_id, day)
+        listed: SlotList | None = self._slot_lists.peek(key)  # the hot path: no await
+        if listed is None:
+            listed = await self._slot_lists.get(key, lambda: self._fill(key, doctor_id, day))
+        # The cache may hold slots that started since it was filled.
+        return listed.body_after(self.clock.now().isoformat())
+
+    async def _fill(self, key: str, doctor_id: int, day: date) -> tuple[SlotList, float]:
+        """The list from Redis, else read and stored there; with how long the
+        per-process copy may keep it."""
+        raw, life_s, generation = await self.cache.get_versioned(key)
+        if raw is not None:
+            try:
+                return SlotList.parse(raw), life_s
+            except ValueError:  # UnicodeDecodeError too
+                log.warning("cache.corrupt_entry", key=key)  # a miss, not an outage
+
+        now = self.clock.now()
+
+        async def read(
+            conn: asyncpg.Connection,
+        ) -> tuple[bytes, datetime | None, datetime | None]:
+            tz = await self._zone(conn, doctor_id)
+            start, end = domain.day_bounds(day, tz)
+            return await repo.available_slots_json(conn, doctor_id, start, end, now)
+
+        # A replica may serve it (seconds stale, like the cache); one that has not
+        # seen a new doctor yet is not trusted with its 404.
+        body, first, next_open = await self.db.stale_read(read, recheck=("doctor_not_found",))
+        fresh = SlotList(body, first.isoformat() if first is not None else "")
+        life = self._slot_list_life(now, next_open)
+        if generation is None or life <= 0:
+            return fresh, 0.0  # Redis away, or the list changes now: keep nothing
+        stored = await self.cache.set_if_unchanged(key, fresh.body, life, generation)
+        # Not stored: a change bumped the key since the read began, so this
+        # answer may predate it; serve it (as a read would) but keep nothing.
+        return fresh, life if stored else 0.0
+
+    def _slot_list_life(self, now: datetime, next_open: datetime | None) -> float:
+        """How long a freshly read list may be kept: long from the primary (every
+        change drops it), short from a replica (it may predate a dropped change),
+        and never past the moment the day's next slot opens (the list grows then)."""
+        replicas = self.db.replicas is not None
+        life = float(self.limits.slots_cache_ttl_s if replicas else self.limits.slots_cache_life_s)
+        if next_open is not None:
+            life = min(life, (next_open - now).total_seconds())
+        return life
+
+    async def _forget_days(self, doctor_id: int, tz: ZoneInfo, slots: list[domain.Slot]) -> None:
+        days = {domain.local_date(s.start_at, tz) for s in slots}
+        if days:
+            await self.cache.bump(*(slots_key(doctor_id, d) for d in days))
+
+    async def _invalidate(self, appt: Appointment) -> None:
+        """Best effort, after the commit: a durable booking must never be answered
+        with an error. What this misses, the outbox's consumer of the booking's
+        event drops again (``slot_lists_changed``)."""
+        feeds = calendar.feed_keys(appt.patient_id, appt.doctor_id)
+        try:
+            await self._drop_list(appt.doctor_id, appt.start_at, *feeds)
+        except DomainError:
+            return  # database unreachable for the doctor's zone: the consumer will
+
+    async def _drop_list(self, doctor_id: int, start_at: datetime, *also: str) -> bool:
+        """Drop the cached list of the doctor's local date of ``start_at`` (and the
+        cached values ``also`` names: the calendar feeds the change is in, in the
+        same round trip); False if Redis did not take it. Raises 503 if the
+        doctor's zone is unknown here and the database unreachable."""
+        tz = self._zones.get(doctor_id)  # no pool checkout when known
+        if tz is None:
+            async with self.db.connection() as conn:
+                tz = await self._zone(conn, doctor_id)
+        return await self.cache.bump(slots_key(doctor_id, domain.local_date(start_at, tz)), *also)
+
+    async def slot_lists_changed(self, event: Event) -> None:
+        """Consumer of the module's own booking events: drops the lists (and the
+        calendar feeds) they changed once more, durably. The request drops them
+        right after its commit; a process that died in between did not, and this
+        runs until Redis took it (a failure is transient: the event is retried)."""
+        p = event.payload
+        patient_id = int(p["patientId"])
+        changed = [(int(p["doctorId"]), datetime.fromisoformat(p["startAt"]))]
+        if event.topic == events.RESCHEDULED:
+            old = await self.get(int(p["rescheduledFrom"]))
+            changed.append((old.doctor_id, old.start_at))
+        for doctor_id, start_at in changed:
+            feeds = calendar.feed_keys(patient_id, doctor_id)
+            if not await self._drop_list(doctor_id, start_at, *feeds):
+                raise DomainError("unavailable", "Redis did not take a slot list's invalidation")
+
+    async def get(self, appointment_id: int) -> Appointment:
+        row = await read_one(
+            self.db,
+            repo.get_appointment,
+            appointment_id,
+            "appointment_not_found",
+            f"no appointment {appointment_id}",
+        )
+        return Appointment.from_row(row)
