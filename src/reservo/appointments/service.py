@@ -24,6 +24,7 @@ from reservo.core.clock import HOUR_S, Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
+from reservo.core.jobqueue import JobQueue
 from reservo.core.outbox import emit
 from reservo.core.poison import isolate
 from reservo.core.ratelimit import RateLimiter
@@ -31,7 +32,7 @@ from reservo.core.reads import read_one
 from reservo.core.schemas import ApiModel, Id
 from reservo.core.transport.base import Event
 from reservo.core.turns import Turns
-from reservo.scheduler import Job, Scheduler
+from reservo.scheduler import Job
 
 log = structlog.get_logger(__name__)
 
@@ -142,7 +143,7 @@ class AppointmentService:
         cache: Cache,
         limiter: RateLimiter,
         limits: Limits = Limits(),
-        scheduler: Scheduler | None = None,
+        scheduler: JobQueue | None = None,
         window: domain.Window = domain.Window(),
         no_shows: domain.NoShowPolicy = domain.NoShowPolicy(),
     ) -> None:

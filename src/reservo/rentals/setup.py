@@ -87,7 +87,7 @@ def setup(shared: Shared) -> Rentals:
         constraints=CONSTRAINTS,
         events=events.CONTRACT,
         notifications={topic: events.notifications for topic in events.TOPICS},
-        state={"rentals": service},
+        state={"rentals": service, "rentals_gateway": gateway},
         closers=[gateway.aclose] if gateway is not None else [],
     )
 
