@@ -263,6 +263,29 @@ def worker(
     asyncio.run(main())
 
 
+def _demo_settings(settings: Settings) -> Settings:
+    """The demo's settings: the sandbox gateway, and throwaway secrets for those
+    the environment did not set."""
+    from reservo.demo import settings_for_demo, with_demo_secrets
+
+    settings, generated = with_demo_secrets(settings_for_demo(settings))
+    try:
+        check_secrets(settings)  # the ones the environment set are still checked
+    except SettingsError as exc:
+        _refuse(str(exc))
+    if generated:
+        _say(
+            settings,
+            "demo_secrets_generated",
+            f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
+            f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
+            "never use them in production[/yellow]",
+            warn=True,
+            secrets=generated,
+        )
+    return settings
+
+
 @app.command(
     epilog=SERVER_ENV.replace("(required", "(embedded ones when unset; the secrets required")
 )
@@ -289,23 +312,7 @@ def up(
     if port is not None:
         settings = settings.model_copy(update={"http_port": port})
     if demo:
-        from reservo.demo import settings_for_demo, with_demo_secrets
-
-        settings, generated = with_demo_secrets(settings_for_demo(settings))
-        try:
-            check_secrets(settings)  # the ones the environment set are still checked
-        except SettingsError as exc:
-            _refuse(str(exc))
-        if generated:
-            _say(
-                settings,
-                "demo_secrets_generated",
-                f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
-                f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
-                "never use them in production[/yellow]",
-                warn=True,
-                secrets=generated,
-            )
+        settings = _demo_settings(settings)
     data_dir = Path(settings.data_dir).resolve()
     if (
         not settings.database_url

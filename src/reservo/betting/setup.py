@@ -42,18 +42,7 @@ def setup(shared: Shared) -> Betting:
         parallel=s.betting_settle_parallel,
         house_shards=s.wallet_house_shards,
     )
-    # The result webhook publishes straight to Kafka (its own producer, short timeout);
-    # without Kafka every result goes to the PostgreSQL fallback table.
-    publisher: Publisher | None = None
-    if s.kafka_bootstrap:
-        producer = transport_from_settings(
-            s,
-            lambda: [events.RESULT_TOPIC],
-            shared.events,
-            request_timeout_ms=int(s.betting_publish_timeout_s * MS_PER_S),
-            client_id="reservo-results-webhook",
-        )
-        publisher = TransportPublisher(producer, s.betting_publish_timeout_s)
+    publisher = _publisher(shared)
     results = ResultIntake(
         db,
         clock,
@@ -105,6 +94,22 @@ def setup(shared: Shared) -> Betting:
         state={"betting": service, "results": results},
         retention=retention(s),
     )
+
+
+def _publisher(shared: Shared) -> Publisher | None:
+    """The result webhook publishes straight to Kafka (its own producer, short
+    timeout); without Kafka every result goes to the PostgreSQL fallback table."""
+    s = shared.settings
+    if not s.kafka_bootstrap:
+        return None
+    producer = transport_from_settings(
+        s,
+        lambda: [events.RESULT_TOPIC],
+        shared.events,
+        request_timeout_ms=int(s.betting_publish_timeout_s * MS_PER_S),
+        client_id="reservo-results-webhook",
+    )
+    return TransportPublisher(producer, s.betting_publish_timeout_s)
 
 
 def retention(s: Settings) -> list[PruneRule]:
