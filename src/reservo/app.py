@@ -112,21 +112,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         redoc_url=None,
     )
     metrics.BUILD_INFO.labels(__version__).set(1)
-    app.state.container = container
-    app.state.clock = container.clock
-    app.state.jwt_secret = container.settings.jwt_secret
-    provider = identity_provider(container.settings)
-    app.state.tokens = TokenVerifier(
-        container.settings.jwt_secret,
-        container.settings.token_cache_size,
-        container.settings.jwt_max_lifetime_s,
-        provider,
-        accept_hs256=container.settings.jwt_accept_hs256,
-    )
-    app.state.idempotency = container.idempotency
-    for module in container.modules:  # what each module's routes read
-        for name, value in module.state.items():
-            setattr(app.state, name, value)
+    provider = _install_state(app, container)
     install_error_handlers(app)
     # Innermost of the three: it reads bodies the size limit let through.
     install_json_intake(app)
@@ -145,6 +131,35 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
 
     install_pages(app, TITLE)
     app.traced = TracedRequests(app.dispatch, access_log=container.settings.access_log)
+
+    _install_operations(app, container)
+    return app
+
+
+def _install_state(app: FastAPI, container: Container) -> Provider | None:
+    """What the routes read from ``app.state``: the clock, the token verifier
+    (and the identity provider it trusts, returned for the lifespan to keep its
+    keys fresh), the idempotency store and what each module declares."""
+    app.state.clock = container.clock
+    app.state.jwt_secret = container.settings.jwt_secret
+    provider = identity_provider(container.settings)
+    app.state.tokens = TokenVerifier(
+        container.settings.jwt_secret,
+        container.settings.token_cache_size,
+        container.settings.jwt_max_lifetime_s,
+        provider,
+        accept_hs256=container.settings.jwt_accept_hs256,
+    )
+    app.state.idempotency = container.idempotency
+    for module in container.modules:  # what each module's routes read
+        for name, value in module.state.items():
+            setattr(app.state, name, value)
+    return provider
+
+
+def _install_operations(app: FastAPI, container: Container) -> None:
+    """What operators and orchestrators call: liveness, readiness, the event
+    contract and the metrics."""
 
     # HEAD too: some probes and uptime checkers send it.
     @app.get("/healthz", tags=["operations"], operation_id="getHealth")
@@ -182,8 +197,6 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     async def metrics_endpoint() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
-
-    return app
 
 
 def identity_provider(settings: Settings) -> Provider | None:
