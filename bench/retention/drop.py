@@ -49,12 +49,13 @@ from typing import Any
 import asyncpg
 import psutil
 
+from reservo.bootstrap import declared_retention
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
 from reservo.core.migrate import migrate
 from reservo.core.partitions import PartitionKeeper
 from reservo.core.retention import Pruner
-from reservo.retention import partitioned, rules
+from reservo.core_modules import partitioned
 from reservo.settings import Settings
 
 os.environ.setdefault("BENCH_DB", "reservo_bench_partitions")
@@ -246,7 +247,7 @@ def delete_pair_explained(newest_days_ago: int) -> Work:
     each under EXPLAIN (ANALYZE, WAL) to read its WAL bytes; then VACUUM."""
 
     async def work(db: Database, _: asyncpg.Connection) -> tuple[int | None, str]:
-        (rule,) = [r for r in rules(SETTINGS) if r.name == "outbox_prune"]
+        (rule,) = [r for r in declared_retention(SETTINGS) if r.name == "outbox_prune"]
         cutoff = OffsetClock(pair_clock(newest_days_ago)).now() - rule.keep
         wal = batches = 0
         async with db.connection() as conn:
@@ -289,7 +290,7 @@ def _plan_deleted(node: dict[str, Any]) -> int:
 
 def delete_pair_pruner(newest_days_ago: int) -> Work:
     async def work(db: Database, _: asyncpg.Connection) -> tuple[int | None, str]:
-        (rule,) = [r for r in rules(SETTINGS) if r.name == "outbox_prune"]
+        (rule,) = [r for r in declared_retention(SETTINGS) if r.name == "outbox_prune"]
         pruner = Pruner(
             db,
             OffsetClock(pair_clock(newest_days_ago)),

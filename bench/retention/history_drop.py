@@ -31,7 +31,7 @@ from reservo.core.clock import OffsetClock
 from reservo.core.db import Database
 from reservo.core.migrate import migrate
 from reservo.core.partitions import PartitionKeeper
-from reservo.retention import partitioned
+from reservo.core_modules import partitioned
 from reservo.settings import Settings
 
 os.environ.setdefault("BENCH_DB", "reservo_bench_history")

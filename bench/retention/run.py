@@ -39,10 +39,10 @@ from typing import Any
 
 import psutil
 
+from reservo.bootstrap import declared_retention
 from reservo.core.clock import SystemClock
 from reservo.core.db import Database
 from reservo.core.retention import Pruner
-from reservo.retention import rules
 from reservo.settings import Settings
 
 # Before benchlib reads it: a database of its own, beside the other benchmarks'.
@@ -224,7 +224,7 @@ async def storm_with(
     pruner = Pruner(
         db,
         SystemClock(),
-        rules(settings),
+        declared_retention(settings),
         batch=settings.retention_batch_size,
         pause_s=settings.retention_pause_s,
     )
@@ -314,7 +314,7 @@ async def finish_pruning() -> tuple[int, float]:
     pruner = Pruner(
         db,
         SystemClock(),
-        rules(settings),
+        declared_retention(settings),
         batch=settings.retention_batch_size,
         pause_s=settings.retention_pause_s,
     )

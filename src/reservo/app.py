@@ -112,8 +112,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         redoc_url=None,
     )
     metrics.BUILD_INFO.labels(__version__).set(1)
-    provider = identity_provider(container.settings)
-    _install_state(app, container, provider)
+    provider = _install_state(app, container)
     install_error_handlers(app)
     # Innermost of the three: it reads bodies the size limit let through.
     install_json_intake(app)
@@ -137,12 +136,13 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     return app
 
 
-def _install_state(app: FastAPI, container: Container, provider: Provider | None) -> None:
-    """What the routes read from ``app.state``: the container's parts, the token
-    verifier and each module's own state."""
-    app.state.container = container
+def _install_state(app: FastAPI, container: Container) -> Provider | None:
+    """What the routes read from ``app.state``: the clock, the token verifier
+    (and the identity provider it trusts, returned for the lifespan to keep its
+    keys fresh), the idempotency store and what each module declares."""
     app.state.clock = container.clock
     app.state.jwt_secret = container.settings.jwt_secret
+    provider = identity_provider(container.settings)
     app.state.tokens = TokenVerifier(
         container.settings.jwt_secret,
         container.settings.token_cache_size,
@@ -154,10 +154,12 @@ def _install_state(app: FastAPI, container: Container, provider: Provider | None
     for module in container.modules:  # what each module's routes read
         for name, value in module.state.items():
             setattr(app.state, name, value)
+    return provider
 
 
 def _install_operations(app: FastAPI, container: Container) -> None:
-    """The operations endpoints: liveness, readiness, the event contract, metrics."""
+    """What operators and orchestrators call: liveness, readiness, the event
+    contract and the metrics."""
 
     # HEAD too: some probes and uptime checkers send it.
     @app.get("/healthz", tags=["operations"], operation_id="getHealth")

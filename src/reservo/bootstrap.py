@@ -10,45 +10,33 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 
 from reservo import __version__, core_modules
-from reservo.appointments import setup as appointments
-from reservo.appointments.service import AppointmentService
-from reservo.betting import setup as betting
-from reservo.betting.resender import FallbackResender
-from reservo.betting.service import BettingService
-from reservo.betting.settlement import Settlement
 from reservo.core import errors
 from reservo.core.cache import Cache
 from reservo.core.clock import Clock, SystemClock
 from reservo.core.contract import asyncapi_text
-from reservo.core.db import Database, Queries
+from reservo.core.db import Database
 from reservo.core.health import Check, Readiness, Report
 from reservo.core.idempotency import IdempotencyStore
+from reservo.core.jobqueue import JobQueue
 from reservo.core.module import Module, Role
-from reservo.core.notifications import NotificationConsumer
-from reservo.core.outbox import OutboxRelay
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.redis import RedisGate, make_client
 from reservo.core.replicas import Replicas
+from reservo.core.retention import PruneRule
 from reservo.core.transport.base import Subscriptions
 from reservo.core.transport.kafka import broker_answers
-from reservo.rentals import setup as rentals
-from reservo.rentals.gateway import PaymentGateway
-from reservo.rentals.service import RentalService
-from reservo.scheduler import setup as scheduler
+from reservo.scheduler.setup import build_scheduler
 from reservo.settings import SECRETS, Settings, SettingsError, check_secrets
 from reservo.shared import Shared, consumer_from_settings
-from reservo.wallet import setup as wallet
-from reservo.wallet.events import PayoutConsumer
 
 log = structlog.get_logger(__name__)
-CORE_SQL = Queries.load("reservo.core")
 
 # The business modules (their packages), in the order their routes appear in the
 # API. Core's own modules (the outbox's relay and maintenance roles,
@@ -65,11 +53,16 @@ MODULES: tuple[str, ...] = (
 # `reservo worker --roles all`: every background role and every consumer.
 ALL = "all"
 M = TypeVar("M", bound=Module)
+Setup = Callable[[Shared], Module]
+# Makes the job queue every module enqueues into (build_scheduler by default).
+QueueFactory = Callable[[Settings, Database, Clock], JobQueue]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Container(Shared):
-    """The shared parts and every built module."""
+    """The shared parts and every built module. A module's objects are reached
+    through the module (``container.module(Rentals).service``), never through
+    names the root keeps for them."""
 
     modules: tuple[Module, ...]
 
@@ -80,43 +73,9 @@ class Container(Shared):
                 return m
         raise LookupError(kind.__name__)
 
-    # -- what tests, the CLI and the benchmarks reach by name ---------------------
-
-    @property
-    def relay(self) -> OutboxRelay:
-        return self.module(core_modules.Outbox).relay
-
-    @property
-    def notifications(self) -> NotificationConsumer:
-        return self.module(core_modules.Notifications).consumer
-
-    @property
-    def appointments(self) -> AppointmentService:
-        return self.module(appointments.Appointments).service
-
-    @property
-    def rentals(self) -> RentalService:
-        return self.module(rentals.Rentals).service
-
-    @property
-    def rentals_gateway(self) -> PaymentGateway | None:
-        return self.module(rentals.Rentals).gateway
-
-    @property
-    def payouts(self) -> PayoutConsumer:
-        return self.module(wallet.Wallet).payouts
-
-    @property
-    def betting(self) -> BettingService:
-        return self.module(betting.Betting).service
-
-    @property
-    def settlement(self) -> Settlement:
-        return self.module(betting.Betting).settlement
-
-    @property
-    def resender(self) -> FallbackResender:
-        return self.module(betting.Betting).resender
+    def retention(self) -> list[PruneRule]:
+        """Every module's retention rules (what the maintenance role prunes)."""
+        return [rule for m in self.modules for rule in m.retention]
 
     # -- roles ---------------------------------------------------------------------
 
@@ -181,20 +140,17 @@ class Container(Shared):
         return await self.readiness.report()
 
     async def backlog(self) -> dict[str, float]:
-        """Work waiting, for /readyz: an outage shows here as a growing backlog
-        being retried, not as lost events."""
-        async with self.db.connection() as conn:
-            row = await conn.fetchrow(CORE_SQL.backlog, self.clock.now())
-        return {
-            "outboxPending": row["pending"],
-            "outboxRetrying": row["retrying"],
-            "outboxOldestSeconds": round(row["oldest_s"], 3),
-            "deadEvents": row["dead_events"],
-            "deadLetters": row["dead_letters"],
-        }
+        """Work waiting, for /readyz (the outbox module reads it)."""
+        return await self.module(core_modules.Outbox).backlog()
 
 
-def build_shared(settings: Settings, clock: Clock, *, announce: bool = True) -> Shared:
+def build_shared(
+    settings: Settings,
+    clock: Clock,
+    *,
+    announce: bool = True,
+    queue: QueueFactory = build_scheduler,
+) -> Shared:
     """The parts every module is built from."""
     if not settings.database_url or not settings.redis_url:
         raise SettingsError(
@@ -202,26 +158,7 @@ def build_shared(settings: Settings, clock: Clock, *, announce: bool = True) -> 
             "(`reservo up` starts embedded ones when they are not)"
         )
     check_secrets(settings)
-    db = Database(
-        settings.database_url,
-        min_size=settings.db_pool_min,
-        max_size=settings.db_pool_max,
-        command_timeout=settings.db_command_timeout_s,
-        acquire_timeout=settings.db_acquire_timeout_s,
-        unavailable_hold_s=settings.db_unavailable_hold_s,
-        replicas=(
-            Replicas(
-                settings.replica_urls,
-                max_lag_s=settings.replica_max_lag_s,
-                probe_interval_s=settings.replica_probe_interval_s,
-                timeout_s=settings.replica_timeout_s,
-                min_size=settings.db_replica_pool_min,
-                max_size=settings.db_replica_pool_max,
-            )
-            if settings.replica_urls
-            else None
-        ),
-    )
+    db = _database(settings)
     client = make_client(
         settings.redis_url, settings.redis_timeout_s, cluster=settings.redis_cluster
     )
@@ -235,31 +172,67 @@ def build_shared(settings: Settings, clock: Clock, *, announce: bool = True) -> 
         cache=Cache(gate, settings.redis_namespace),
         limiter=RateLimiter(gate, settings.redis_namespace),
         idempotency=IdempotencyStore(db, clock, lease_s=settings.idempotency_lease_s),
-        scheduler=scheduler.build_scheduler(settings, db, clock),
+        scheduler=queue(settings, db, clock),
         subscriptions=Subscriptions(),
         announce=announce,
     )
 
 
-def build(settings: Settings, clock: Clock | None = None, *, announce: bool = True) -> Container:
-    """The whole graph. ``announce`` logs the start-up warnings (sandbox or no
-    payment gateway); off when the graph is built only to read what it declares."""
-    shared = build_shared(settings, clock or SystemClock(), announce=announce)
-    business = [setup_of(package)(shared) for package in MODULES]
-    renderers = {t: r for m in business for t, r in m.notifications.items()}
-    modules = (
-        core_modules.outbox(shared),
-        core_modules.notifications(shared, renderers),
-        *business,
+def _database(settings: Settings) -> Database:
+    assert settings.database_url
+    replicas = (
+        Replicas(
+            settings.replica_urls,
+            max_lag_s=settings.replica_max_lag_s,
+            probe_interval_s=settings.replica_probe_interval_s,
+            timeout_s=settings.replica_timeout_s,
+            min_size=settings.db_replica_pool_min,
+            max_size=settings.db_replica_pool_max,
+        )
+        if settings.replica_urls
+        else None
     )
+    return Database(
+        settings.database_url,
+        min_size=settings.db_pool_min,
+        max_size=settings.db_pool_max,
+        command_timeout=settings.db_command_timeout_s,
+        acquire_timeout=settings.db_acquire_timeout_s,
+        unavailable_hold_s=settings.db_unavailable_hold_s,
+        replicas=replicas,
+    )
+
+
+def build(
+    settings: Settings,
+    clock: Clock | None = None,
+    *,
+    announce: bool = True,
+    queue: QueueFactory = build_scheduler,
+    setups: Mapping[str, Setup] | None = None,
+) -> Container:
+    """The whole graph. ``announce`` logs the start-up warnings (sandbox or no
+    payment gateway); off when the graph is built only to read what it declares.
+
+    Tests inject instead of patching: ``queue`` makes the job queue, ``setups``
+    replaces the setup of a module in MODULES (by package name)."""
+    unknown = set(setups or {}) - set(MODULES)
+    if unknown:
+        raise ValueError(f"no module {sorted(unknown)} to replace; modules: {MODULES}")
+    shared = build_shared(settings, clock or SystemClock(), announce=announce, queue=queue)
+    business = [(setups or {}).get(p, setup_of(p))(shared) for p in MODULES]
+    renderers = {t: r for m in business for t, r in m.notifications.items()}
+    notifications = core_modules.notifications(shared, renderers)
+    kept = [rule for m in (notifications, *business) for rule in m.retention]
+    modules = (core_modules.outbox(shared, kept), notifications, *business)
     wire(shared, modules)
     parts = {f.name: getattr(shared, f.name) for f in fields(Shared)}
     return Container(**parts, modules=modules)
 
 
-def setup_of(package: str) -> Callable[[Shared], Module]:
+def setup_of(package: str) -> Setup:
     """The ``setup`` function of a module's ``setup.py``."""
-    setup: Callable[[Shared], Module] = importlib.import_module(f"{package}.setup").setup
+    setup: Setup = importlib.import_module(f"{package}.setup").setup
     return setup
 
 
@@ -267,14 +240,16 @@ def wire(shared: Shared, modules: Sequence[Module]) -> None:
     """Register what the modules declare: error codes and constraint names, event
     subscriptions and job kinds. Refuses names two modules both claim."""
     roles: list[str] = []
+    kinds: set[str] = set()
     for m in modules:
         errors.register(m.errors, m.constraints)
         shared.events.add(m.events)
         for c in m.consumes:
             shared.subscriptions.add(c.consumer, c.topics, c.handler, c.batch)
         for job in m.jobs:
-            if job.category in shared.scheduler.handlers:
+            if job.category in kinds:
                 raise RuntimeError(f"job kind {job.category!r} is declared twice")
+            kinds.add(job.category)
             shared.scheduler.register(
                 job.category, job.handler, job.check, payload=job.payload, public=job.public
             )
@@ -287,20 +262,24 @@ def wire(shared: Shared, modules: Sequence[Module]) -> None:
         raise RuntimeError(f"role names {sorted(clash)} are taken twice")
 
 
+def _placeholders(settings: Settings) -> Settings:
+    """The settings with addresses and secrets nobody uses: building dials
+    nothing (pools and clients connect on first use), so a graph built only to
+    read what the modules declare needs no deployment."""
+    return settings.model_copy(
+        update={
+            "database_url": "postgresql://declared-roles.invalid/reservo",
+            "redis_url": "redis://declared-roles.invalid:6379/0",
+            **{name: f"{name}-read-only-never-served-0123456789" for name in SECRETS},
+        }
+    )
+
+
 @functools.cache
 def _declared() -> Container:
     """A container built from the defaults, read without a deployment at hand
-    (``reservo worker --help``). Building dials nothing (pools and clients connect
-    on first use), so the addresses below are never used."""
-    secrets: dict[str, Any] = {
-        name: f"{name}-read-only-never-served-0123456789" for name in SECRETS
-    }
-    settings = Settings.model_construct(
-        database_url="postgresql://declared-roles.invalid/reservo",
-        redis_url="redis://declared-roles.invalid:6379/0",
-        **secrets,
-    )
-    return build(settings, announce=False)
+    (``reservo worker --help``)."""
+    return build(_placeholders(Settings.model_construct()), announce=False)
 
 
 def declared_consumers() -> tuple[str, ...]:
@@ -318,11 +297,10 @@ def declared_background_roles() -> tuple[str, ...]:
     return tuple(_declared().background_roles())
 
 
-def __getattr__(name: str) -> Any:
-    # ``BACKGROUND_ROLES`` was a hand-kept tuple; now it is read off the modules.
-    if name == "BACKGROUND_ROLES":
-        return declared_background_roles()
-    raise AttributeError(name)
+def declared_retention(settings: Settings) -> list[PruneRule]:
+    """The retention rules the modules declare under these settings (what the
+    maintenance role runs), without a deployment."""
+    return build(_placeholders(settings), announce=False).retention()
 
 
 async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -> None:

@@ -20,9 +20,10 @@ import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
+from typer.core import TyperCommand, TyperOption
 
 from reservo import __version__
-from reservo.bootstrap import ALL, BACKGROUND_ROLES, declared_consumers
+from reservo.bootstrap import ALL
 from reservo.core import tracing
 from reservo.core.logging import configure as configure_logging
 from reservo.core.slow_clients import HttpLimits, ServerConfig, serve
@@ -199,16 +200,32 @@ def api(
     )
 
 
-@app.command(epilog=SERVER_ENV)
+class _WorkerCommand(TyperCommand):
+    """``reservo worker``: the help of ``--roles`` names the roles the modules
+    declare, read when the help is shown: reading them builds the graph, which
+    no other command (nor importing the CLI) should pay for."""
+
+    # Any: typer carries its own copy of click, whose types it does not export.
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from reservo.bootstrap import declared_background_roles, declared_consumers
+
+        for param in self.params:
+            if isinstance(param, TyperOption) and param.name == "roles":
+                param.help = (
+                    f"comma-separated; '{ALL}' (what `reservo up` runs) or any of the "
+                    f"background roles {', '.join(declared_background_roles())} and the "
+                    f"event consumers {', '.join(declared_consumers())} (with Kafka each "
+                    "consumer runs its consumer group; with the local transport the relay "
+                    "runs them all)"
+                )
+        super().format_help(ctx, formatter)
+
+
+@app.command(epilog=SERVER_ENV, cls=_WorkerCommand)
 def worker(
     roles: Annotated[
         str,
-        typer.Option(
-            help=f"comma-separated; '{ALL}' (what `reservo up` runs) or any of the "
-            f"background roles {', '.join(BACKGROUND_ROLES)} and the event consumers "
-            f"{', '.join(declared_consumers())} (with Kafka each consumer runs its "
-            "consumer group; with the local transport the relay runs them all)"
-        ),
+        typer.Option(help="comma-separated; the roles are listed by `reservo worker --help`"),
     ] = "relay,maintenance",
 ) -> None:
     """Run background roles (outbox relay, maintenance, consumers...) until SIGINT/SIGTERM."""
@@ -244,6 +261,29 @@ def worker(
             await asyncio.to_thread(tracing.shutdown)
 
     asyncio.run(main())
+
+
+def _demo_settings(settings: Settings) -> Settings:
+    """The demo's settings: the sandbox gateway, and throwaway secrets for those
+    the environment did not set."""
+    from reservo.demo import settings_for_demo, with_demo_secrets
+
+    settings, generated = with_demo_secrets(settings_for_demo(settings))
+    try:
+        check_secrets(settings)  # the ones the environment set are still checked
+    except SettingsError as exc:
+        _refuse(str(exc))
+    if generated:
+        _say(
+            settings,
+            "demo_secrets_generated",
+            f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
+            f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
+            "never use them in production[/yellow]",
+            warn=True,
+            secrets=generated,
+        )
+    return settings
 
 
 @app.command(
@@ -308,29 +348,6 @@ def up(
                 update={"kafka_bootstrap": broker.url, "kafka_idempotence": False}
             )
         asyncio.run(_serve_everything(settings, demo))
-
-
-def _demo_settings(settings: Settings) -> Settings:
-    """``up --demo``: the demo's settings, with throwaway secrets generated for
-    the ones the environment does not set (and said so, loudly)."""
-    from reservo.demo import settings_for_demo, with_demo_secrets
-
-    settings, generated = with_demo_secrets(settings_for_demo(settings))
-    try:
-        check_secrets(settings)  # the ones the environment set are still checked
-    except SettingsError as exc:
-        _refuse(str(exc))
-    if generated:
-        _say(
-            settings,
-            "demo_secrets_generated",
-            f"[yellow]demo: throwaway secrets generated for {', '.join(generated)} "
-            f"(kept in {Path(settings.data_dir).resolve()}/demo-secrets.json); "
-            "never use them in production[/yellow]",
-            warn=True,
-            secrets=generated,
-        )
-    return settings
 
 
 def _embedded_servers_installed() -> None:

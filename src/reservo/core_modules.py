@@ -1,36 +1,66 @@
 """Setup of core's own modules, which every deployment has: the outbox (the
-``relay`` and ``maintenance`` roles) and the notifications consumer."""
+``relay`` and ``maintenance`` roles) and the notifications consumer.
+
+Retention: core's tables are pruned after the settings below, and every other
+module declares the rules of its own tables (``Module.retention``); the outbox's
+``maintenance`` role runs them all. Not pruned, on purpose (business records a
+booking, a refund or an audit needs): appointments, rental bookings and payments
+(deposits and refunds; rentals keeps no separate webhook log), the wallet's
+transfers and entries, bets, matches and betting_result_inbox (which provider
+event settled a match: one row per result)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import structlog
 
 from reservo.core import metrics
-from reservo.core.db import Queries
+from reservo.core.db import Database, Queries
 from reservo.core.deadletters import LocalDeadLetters
 from reservo.core.loops import run_every
 from reservo.core.module import Consumes, Module, Renderer
 from reservo.core.notifications import CONSUMER, NotificationConsumer
 from reservo.core.notify import Channel
 from reservo.core.outbox import OutboxRelay
+from reservo.core.partitions import PartitionedTable, PartitionKeeper
+from reservo.core.retention import Pruner, PruneRule
 from reservo.core.transport.base import Transport
 from reservo.core.transport.local import LocalTransport
-from reservo.retention import build_partition_keeper, build_pruner
+from reservo.settings import Settings
 from reservo.shared import Shared, channel_from_settings, transport_from_settings
 
 log = structlog.get_logger(__name__)
 CORE_SQL = Queries.load("reservo.core")
 # How often the maintenance role samples the outbox gauges.
 OUTBOX_METRICS_PERIOD_S = 5.0
+# How much longer than the outbox's retention a day of the inbox or of the
+# notification table is kept at least: an event can be delivered again while
+# its outbox row is PENDING (the drop's check holds the day then) and, from a
+# Kafka consumer that crashed before committing, a little after publication.
+PARTITION_MARGIN = timedelta(days=1)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Outbox(Module):
     relay: OutboxRelay
+    db: Database
+
+    async def backlog(self) -> dict[str, float]:
+        """Work waiting, for /readyz: an outage shows here as a growing backlog
+        being retried, not as lost events."""
+        async with self.db.connection() as conn:
+            row = await conn.fetchrow(CORE_SQL.backlog, self.relay.clock.now())
+        return {
+            "outboxPending": row["pending"],
+            "outboxRetrying": row["retrying"],
+            "outboxOldestSeconds": round(row["oldest_s"], 3),
+            "deadEvents": row["dead_events"],
+            "deadLetters": row["dead_letters"],
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +69,9 @@ class Notifications(Module):
     channel: Channel
 
 
-def outbox(shared: Shared) -> Outbox:
+def outbox(shared: Shared, retention: Sequence[PruneRule]) -> Outbox:
+    """``retention``: the other modules' rules, run by the maintenance role with
+    the outbox's own."""
     s = shared.settings
     # Kafka when configured; otherwise the relay runs the handlers in-process.
     transport: Transport = (
@@ -61,30 +93,17 @@ def outbox(shared: Shared) -> Outbox:
         pipelined=bool(s.kafka_bootstrap),
         events=shared.events,
     )
-
-    async def maintenance(stop: asyncio.Event) -> None:
-        loops = [
-            run_every(
-                stop, OUTBOX_METRICS_PERIOD_S, "outbox_metrics", lambda: _sample_outbox(shared)
-            )
-        ]
-        if s.retention_enabled:  # every growing table, idempotency keys included
-            pruner = build_pruner(s, shared.db, shared.clock)
-            loops.insert(
-                0,
-                run_every(stop, s.retention_interval_s, "retention", lambda: pruner.run(stop)),
-            )
-        else:  # no pruning, but the days ahead are still created (inserts stay routed)
-            keeper = build_partition_keeper(s, shared.db, shared.clock)
-            loops.insert(
-                0, run_every(stop, s.retention_interval_s, "partitions", keeper.ensure_ahead)
-            )
-        await asyncio.gather(*loops)
-
+    own = outbox_retention(s)
+    rules = [*own, *retention]
     return Outbox(
         name="outbox",
         relay=relay,
-        roles={"relay": lambda stop: _relay(relay, stop), "maintenance": maintenance},
+        db=shared.db,
+        roles={
+            "relay": lambda stop: _relay(relay, stop),
+            "maintenance": lambda stop: _maintenance(shared, rules, stop),
+        },
+        retention=own,
     )
 
 
@@ -98,7 +117,104 @@ def notifications(shared: Shared, renderers: Mapping[str, Renderer]) -> Notifica
         channel=channel,
         consumes=[Consumes(CONSUMER, consumer.topics, consumer.handle, consumer.handle_many)],
         closers=[aclose] if aclose is not None else [],
+        retention=[
+            PruneRule(
+                "notification_prune",
+                "notification",
+                CORE_SQL.notification_prune,
+                timedelta(days=shared.settings.retention_notification_days),
+            )
+        ],
     )
+
+
+def outbox_retention(s: Settings) -> list[PruneRule]:
+    """The outbox's own tables: events, the consumers' inbox, idempotency keys
+    and dead letters."""
+    return [
+        PruneRule.by_ctid(
+            "idem_prune",
+            "idempotency_key",
+            CORE_SQL.idem_prunable,
+            timedelta(hours=s.idempotency_retention_hours),
+        ),
+        PruneRule(
+            "outbox_prune",
+            "outbox",
+            CORE_SQL.outbox_prune,
+            timedelta(hours=s.retention_outbox_hours),
+        ),
+        PruneRule(
+            "inbox_prune", "inbox", CORE_SQL.inbox_prune, timedelta(hours=s.retention_inbox_hours)
+        ),
+        PruneRule.by_ctid(
+            "dead_letter_prune",
+            "dead_letter",
+            CORE_SQL.dead_letter_prunable,
+            timedelta(days=s.retention_dead_letter_days),
+        ),
+    ]
+
+
+def partitioned(s: Settings) -> list[PartitionedTable]:
+    """Tables partitioned by day (migrations 0025, 0026), dropped a day at a time.
+    The outbox after the same retention as its batch rule; DEAD events outlive
+    their day (moved to the default partition, where they wait for a replay).
+    The inbox and the notification table are partitioned by the day their
+    events were created, and dropped after their own retention, never before
+    the outbox's plus PARTITION_MARGIN (docs/SCALING.md, "History tables");
+    PENDING notifications outlive their day like DEAD events."""
+    outbox_keep = timedelta(hours=s.retention_outbox_hours)
+    floor = outbox_keep + PARTITION_MARGIN
+    return [
+        PartitionedTable(
+            "outbox",
+            outbox_keep,
+            CORE_SQL.outbox_partition_blocked,
+            keep_column="status",
+            keep_values=("DEAD",),
+        ),
+        PartitionedTable(
+            "inbox",
+            max(timedelta(hours=s.retention_inbox_hours), floor),
+            CORE_SQL.inbox_partition_blocked,
+            keep_column="consumer",  # no keep_values: nothing outlives an inbox day
+        ),
+        PartitionedTable(
+            "notification",
+            max(timedelta(days=s.retention_notification_days), floor),
+            CORE_SQL.notification_partition_blocked,
+            keep_column="status",
+            keep_values=("PENDING",),
+        ),
+    ]
+
+
+async def _maintenance(shared: Shared, rules: Sequence[PruneRule], stop: asyncio.Event) -> None:
+    s = shared.settings
+    keeper = PartitionKeeper(
+        shared.db,
+        shared.clock,
+        partitioned(s),
+        days_ahead=s.retention_partition_days_ahead,
+        lock_timeout_ms=s.retention_partition_lock_timeout_ms,
+    )
+    sample = run_every(
+        stop, OUTBOX_METRICS_PERIOD_S, "outbox_metrics", lambda: _sample_outbox(shared)
+    )
+    if s.retention_enabled:  # every growing table, idempotency keys included
+        pruner = Pruner(
+            shared.db,
+            shared.clock,
+            rules,
+            batch=s.retention_batch_size,
+            pause_s=s.retention_pause_s,
+            partitions=keeper,
+        )
+        prune = run_every(stop, s.retention_interval_s, "retention", lambda: pruner.run(stop))
+    else:  # no pruning, but the days ahead are still created (inserts stay routed)
+        prune = run_every(stop, s.retention_interval_s, "partitions", keeper.ensure_ahead)
+    await asyncio.gather(prune, sample)
 
 
 async def _relay(relay: OutboxRelay, stop: asyncio.Event) -> None:

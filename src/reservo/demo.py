@@ -12,8 +12,12 @@ from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 
 from reservo.appointments.domain import ScheduleRule
+from reservo.appointments.setup import Appointments
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
 from reservo.core.errors import DomainError
+from reservo.rentals.setup import Rentals
+from reservo.scheduler.setup import SchedulerModule
 from reservo.settings import SECRETS, Settings, env_name
 
 DOCTORS = [
@@ -119,7 +123,7 @@ async def load(c: Container) -> list[int]:
     for name, tz, specialty, capacity in DOCTORS:
         doctor_id = existing.get(name)
         if doctor_id is None:
-            doctor_id = (await c.appointments.create_doctor(name, tz, specialty)).id
+            doctor_id = (await c.module(Appointments).service.create_doctor(name, tz, specialty)).id
         rule = ScheduleRule(
             today,
             today + timedelta(days=13),
@@ -130,21 +134,21 @@ async def load(c: Container) -> list[int]:
             capacity,
         )
         if name != REPEATING:
-            await c.appointments.create_schedule(doctor_id, rule)
+            await c.module(Appointments).service.create_schedule(doctor_id, rule)
         elif doctor_id not in repeating:  # stored once; the role extends it daily
-            await c.appointments.create_repeating_schedule(doctor_id, rule)
+            await c.module(Appointments).service.create_repeating_schedule(doctor_id, rule)
         ids.append(doctor_id)
     await _full_slot_with_a_waitlist(c, ids[0])
     for plate, model, city, price, host in CARS:
         try:
-            await c.rentals.create_car(plate, model, city, price, host)
+            await c.module(Rentals).service.create_car(plate, model, city, price, host)
         except DomainError as exc:  # plate_taken: loaded by an earlier run
             if exc.code != "plate_taken":
                 raise
     evening = datetime.combine(today, time(19), UTC)
     for n, (home, away, days) in enumerate(MATCHES, 1):
         try:
-            await c.betting.create_match(
+            await c.module(Betting).service.create_match(
                 f"demo-{today.isoformat()}-{n}",
                 home,
                 away,
@@ -169,7 +173,7 @@ async def _recurring_health_check(c: Container) -> None:
     if exists:
         return
     try:
-        await c.scheduler.create_recurring(
+        await c.module(SchedulerModule).service.create_recurring(
             "http", RECURRING_CRON, "UTC", {"url": url, "method": "GET"}, urgency=9
         )
     except DomainError as exc:  # RESERVO_JOBS_HTTP_ALLOW set without this address
@@ -191,8 +195,8 @@ async def _full_slot_with_a_waitlist(c: Container, doctor_id: int) -> None:
     if slot_id is None:
         return
     for step in (
-        lambda: c.appointments.book(slot_id, FULL_SLOT_HOLDER),
-        lambda: c.appointments.join_waitlist(slot_id, WAITING_PATIENT),
+        lambda: c.module(Appointments).service.book(slot_id, FULL_SLOT_HOLDER),
+        lambda: c.module(Appointments).service.join_waitlist(slot_id, WAITING_PATIENT),
     ):
         try:
             await step()

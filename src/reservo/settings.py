@@ -233,7 +233,6 @@ class Settings(BaseSettings):
     # Never longer than the Redis entry it was read from.
     appointments_slots_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
     appointments_full_mark_ttl_s: int = 30
-    appointments_max_schedule_days: int = 92
     # The booking window: a slot opens at this local time (the doctor's zone) of
     # the day HORIZON_DAYS before its date; repeating schedules are kept generated
     # up to today + HORIZON_DAYS. Stored per slot when it is generated.

@@ -1,8 +1,9 @@
 """The parts every module is built from, and the core pieces built from settings.
 
 ``Shared`` is what a module's ``setup(shared)`` receives: the pool, Redis and its
-filters, the idempotency store, the job scheduler every module may enqueue into,
-and the settings. The ``*_from_settings`` helpers turn settings into plain
+filters, the idempotency store, the job queue every module may enqueue into
+(``core.jobqueue.JobQueue``: the root picks its implementation, the scheduler
+module's), and the settings. The ``*_from_settings`` helpers turn settings into plain
 values for core (core never imports ``reservo.settings``)."""
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from reservo.core.clock import Clock
 from reservo.core.contract import EventRegistry
 from reservo.core.db import Database
 from reservo.core.idempotency import IdempotencyStore
+from reservo.core.jobqueue import JobQueue
 from reservo.core.notify import Channel, build_channel
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.redis import Client, RedisGate
 from reservo.core.transport.base import Subscription, Subscriptions
 from reservo.core.transport.kafka import KafkaConsumerRunner, KafkaTransport
-from reservo.scheduler import Scheduler
 from reservo.settings import Settings
 
 
@@ -34,7 +35,7 @@ class Shared:
     cache: Cache
     limiter: RateLimiter
     idempotency: IdempotencyStore
-    scheduler: Scheduler
+    scheduler: JobQueue
     # Which consumer handles which topic: filled by the composition root from
     # every module's ``consumes`` once all are built (transports and the
     # dead-letter replay read it).

@@ -11,7 +11,9 @@ from typing import Any
 import orjson
 from structlog.testing import capture_logs
 
+from reservo.betting.setup import Betting
 from reservo.core.auth import sign_webhook
+from reservo.core_modules import Outbox
 from tests.betting_helpers import kick_off, make_account, make_match, place
 from tests.browser.conftest import Live
 from tests.browser.test_console import booked_slot, sign_in
@@ -133,7 +135,7 @@ async def test_the_car_timeline_shows_a_hold_and_a_confirmed_booking(page: Any, 
 async def drain(live: Live) -> None:
     """The fallback resender and the outbox relay, until both are idle."""
     c = live.container
-    while await c.resender.run_once() or await c.relay.run_once():
+    while await c.module(Betting).resender.run_once() or await c.module(Outbox).relay.run_once():
         pass
 
 

@@ -17,6 +17,7 @@ from reservo.core.failures import Rejected
 from reservo.core.inbox import once
 from reservo.core.outbox import emit
 from reservo.core.transport.base import Event
+from reservo.core_modules import Outbox
 from reservo.scheduler.domain import Job, JobFailure
 from reservo.settings import Settings
 from tests.browser.conftest import Live, serve
@@ -88,7 +89,7 @@ async def _park_one(live: Live, flaky: Flaky) -> tuple[uuid.UUID, int]:
     c.subscriptions.add(flaky.consumer, [TOPIC], flaky)
     async with c.db.transaction() as conn:
         event_id = await emit(conn, TOPIC, "k", {"n": 1}, c.clock.now())
-    while await c.relay.run_once():
+    while await c.module(Outbox).relay.run_once():
         pass
     r = await live.http.get(
         "/api/ops/dead-letters", params={"consumer": flaky.consumer}, headers=ADMIN

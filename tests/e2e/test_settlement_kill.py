@@ -16,6 +16,7 @@ import httpx
 
 from reservo.app import create_app
 from reservo.betting.domain import Leg
+from reservo.betting.setup import Betting
 from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
@@ -59,7 +60,7 @@ async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
             picks = [("HOME", "1.80"), ("DRAW", "3.40"), ("AWAY", "4.20")]
             for i in range(BETS):
                 pick, odds = picks[i % 3]
-                await container.betting.place_bet(
+                await container.module(Betting).service.place_bet(
                     accounts[i % 20][0],
                     10 + i % 50,
                     [Leg(match["id"], "1X2", pick, Decimal(odds))],

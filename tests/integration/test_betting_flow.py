@@ -9,8 +9,10 @@ from datetime import timedelta
 import asyncpg
 import httpx
 
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
+from reservo.core_modules import Outbox
 from tests.betting_helpers import (
     ADMIN,
     kick_off,
@@ -25,7 +27,10 @@ from tests.conftest import auth
 
 async def drain(container: Container) -> None:
     """Run the resend worker and the outbox relay until both are idle."""
-    while await container.resender.run_once() or await container.relay.run_once():
+    while (
+        await container.module(Betting).resender.run_once()
+        or await container.module(Outbox).relay.run_once()
+    ):
         pass
 
 

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from reservo.betting.events import RESULT_TOPIC
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
 from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
@@ -156,7 +157,7 @@ async def test_the_settlement_consumer_rejects_a_result_the_intake_could_not_che
     payload = orjson.loads(result_body(match["externalId"], 2, 0, event=f"p-{uuid.uuid4()}"))
     event = Event(uuid.uuid4(), RESULT_TOPIC, match["externalId"], payload, datetime.now(UTC))
     with pytest.raises(Rejected, match="no result yet"):
-        await container.settlement.handle(event)
+        await container.module(Betting).settlement.handle(event)
     assert not is_transient(Rejected("x"))  # so every transport parks it at once
     row = await db.fetchrow(
         "SELECT result_status, settlement_status FROM betting_match WHERE id = $1", match["id"]

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from reservo.app import create_app
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
@@ -585,7 +586,7 @@ async def test_demo_loads_upcoming_matches_once(
     try:
         await demo.load(own)
         await demo.load(own)
-        page = await own.betting.list_matches("UPCOMING", None, 100)
+        page = await own.module(Betting).service.list_matches("UPCOMING", None, 100)
     finally:
         await own.close()
     assert len(page) == len(demo.MATCHES)

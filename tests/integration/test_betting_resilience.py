@@ -17,11 +17,13 @@ from reservo.app import create_app
 from reservo.betting import events as betting_events
 from reservo.betting.domain import Leg
 from reservo.betting.settlement import Settlement
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
 from reservo.settings import Settings
 from reservo.wallet import PAYOUT_REQUESTED
+from reservo.wallet.setup import Wallet
 from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
 from tests.integration.test_betting_flow import drain
 
@@ -52,7 +54,7 @@ async def test_kafka_down_answers_202_from_the_fallback_then_resend_settles(
 ) -> None:
     match = await make_match(client)
     account, _ = await make_account(client, 1_000)
-    bet = await container.betting.place_bet(
+    bet = await container.module(Betting).service.place_bet(
         account, 100, [Leg(match["id"], "1X2", "AWAY", Decimal("4.20"))]
     )
     app = create_app(kafka_down, owns_container=False)
@@ -71,7 +73,7 @@ async def test_kafka_down_answers_202_from_the_fallback_then_resend_settles(
     assert row["status"] == "PENDING"
     # Its resend worker cannot publish either: the row stays PENDING, one attempt
     # counted, and waits out a backoff before the next try.
-    await kafka_down.resender.run_once()
+    await kafka_down.module(Betting).resender.run_once()
     row = await db.fetchrow(
         "SELECT status, attempts, leased_until FROM webhook_events_fallback"
         " WHERE provider_event_id = $1",
@@ -83,7 +85,7 @@ async def test_kafka_down_answers_202_from_the_fallback_then_resend_settles(
     # row is retried every time its backoff is over and never becomes FAILED.
     for _ in range(12):
         kafka_down.clock.advance(timedelta(seconds=61))  # the backoff's cap is 60 s
-        await kafka_down.resender.run_once()
+        await kafka_down.module(Betting).resender.run_once()
     row = await db.fetchrow(
         "SELECT status, attempts, leased_until FROM webhook_events_fallback"
         " WHERE provider_event_id = $1",
@@ -108,7 +110,7 @@ async def test_same_provider_event_through_kafka_handler_and_fallback_settles_on
 ) -> None:
     match = await make_match(client)
     account, _ = await make_account(client, 1_000)
-    await container.betting.place_bet(
+    await container.module(Betting).service.place_bet(
         account, 100, [Leg(match["id"], "BTTS", "YES", Decimal("1.70"))]
     )
     event = f"prov-{uuid.uuid4()}"
@@ -128,9 +130,9 @@ async def test_same_provider_event_through_kafka_handler_and_fallback_settles_on
     )
     # What the Kafka consumer group calls, twice (redelivery), and the fallback path.
     await asyncio.gather(
-        container.settlement.handle(kafka_event),
-        container.settlement.handle(kafka_event),
-        container.resender.run_once(),
+        container.module(Betting).settlement.handle(kafka_event),
+        container.module(Betting).settlement.handle(kafka_event),
+        container.module(Betting).resender.run_once(),
     )
     await drain(container)
     assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", account) == 1_070
@@ -159,11 +161,11 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         ]
         if i % 4 == 0:  # some accumulators whose other leg is already decided below
             legs.append(Leg(other["id"], "BTTS", "NO", Decimal("2.10")))
-        bets.append(await container.betting.place_bet(account, 10 + i, legs))
+        bets.append(await container.module(Betting).service.place_bet(account, 10 + i, legs))
     # The other match finished 0-0 (BTTS NO wins) and is fully settled first.
     kick_off(container.clock, match, other)  # results count only once a match started
     async with container.db.transaction() as conn:
-        other_id = await container.settlement.accept_in_tx(
+        other_id = await container.module(Betting).settlement.accept_in_tx(
             conn,
             {
                 "matchExternalId": other["externalId"],
@@ -173,9 +175,9 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
                 "providerEventId": f"prov-{uuid.uuid4()}",
             },
         )
-    await container.settlement.settle(other_id)
+    await container.module(Betting).settlement.settle(other_id)
     async with container.db.transaction() as conn:
-        await container.settlement.accept_in_tx(
+        await container.module(Betting).settlement.accept_in_tx(
             conn,
             {
                 "matchExternalId": match["externalId"],
@@ -200,7 +202,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
     )
     assert state["settlement_status"] == "SETTLING" and 60 <= state["settled_bets"] < 300
     # The sweeper (another worker) resumes; the relay applies payouts, twice over.
-    await container.settlement.sweep()
+    await container.module(Betting).settlement.sweep()
     await drain(container)
     state = await db.fetchrow(
         "SELECT settlement_status, settled_bets FROM betting_match WHERE id = $1", match["id"]
@@ -246,7 +248,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         PAYOUT_REQUESTED,
         [a for a, _ in accounts],
     )
-    await container.payouts.handle(
+    await container.module(Wallet).payouts.handle(
         Event(
             uuid.uuid4(),
             PAYOUT_REQUESTED,

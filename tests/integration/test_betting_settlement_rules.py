@@ -12,6 +12,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
 from tests.betting_helpers import ODDS
 
@@ -100,7 +101,7 @@ async def test_sql_settlement_matches_the_model(
             pick,
             odds,
         )
-    settlement = container.settlement
+    settlement = container.module(Betting).settlement
     for match_id, (_, _, result) in zip(match_ids, legs, strict=True):
         if result is None:
             continue

@@ -9,7 +9,9 @@ from datetime import timedelta
 
 import httpx
 
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
+from reservo.core_modules import Outbox
 from tests.betting_helpers import make_match
 from tests.conftest import token
 from tests.helpers import ADMIN
@@ -73,7 +75,10 @@ async def test_a_manual_result_is_refused_before_kick_off_and_without_scores(
         "/console/betting/results", data={**form, "result_status": "FINISHED"}
     )
     assert no_scores.status_code == 422 and "homeScore" in no_scores.text
-    while await container.resender.run_once() or await container.relay.run_once():
+    while (
+        await container.module(Betting).resender.run_once()
+        or await container.module(Outbox).relay.run_once()
+    ):
         pass
     got = (await client.get(f"/api/matches/{match['id']}", headers=ADMIN)).json()
     assert got["result"] is None and got["settlement"]["status"] == "OPEN"

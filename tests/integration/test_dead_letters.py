@@ -21,6 +21,7 @@ from reservo.core.failures import Rejected
 from reservo.core.inbox import once
 from reservo.core.outbox import emit
 from reservo.core.transport.base import Event, Subscriptions
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.conftest import auth
 
@@ -66,7 +67,7 @@ async def _park(c: Container, flaky: Flaky, n: int) -> list[uuid.UUID]:
     async with c.db.transaction() as conn:
         # One key: delivered (and parked) in the order emitted.
         ids = [await emit(conn, TOPIC, "k", {"n": i}, c.clock.now()) for i in range(n)]
-    while await c.relay.run_once():
+    while await c.module(Outbox).relay.run_once():
         pass
     return ids
 

@@ -23,7 +23,8 @@ import pytest
 from reservo.betting import events as betting_events
 from reservo.betting import repo as betting_repo
 from reservo.betting.resender import FallbackResender
-from reservo.bootstrap import Container, build
+from reservo.betting.setup import Betting
+from reservo.bootstrap import Container, build, declared_retention
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
 from reservo.core.deadletters import LocalDeadLetters
@@ -37,7 +38,7 @@ from reservo.core.retention import Pruner
 from reservo.core.transport.base import Event, Subscriptions
 from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
 from reservo.core.transport.local import LocalTransport
-from reservo.retention import PARTITION_MARGIN, partitioned, rules
+from reservo.core_modules import PARTITION_MARGIN, partitioned
 from reservo.settings import Settings
 
 Q = Queries.load("reservo.core")
@@ -269,7 +270,7 @@ async def test_retention_drops_old_days_whole_and_keeps_days_a_redelivery_may_st
     p = Pruner(
         own_db,
         OffsetClock(),
-        [r for r in rules(DEFAULTS) if r.table in tables],
+        [r for r in declared_retention(DEFAULTS) if r.table in tables],
         pause_s=0,
         partitions=keeper(own_db, OffsetClock()),
     )
@@ -384,7 +385,9 @@ async def test_a_result_resent_from_the_fallback_table_keeps_the_intakes_time(
         async with c.db.transaction() as tx:
             await betting_repo.fallback_insert(tx, uuid.uuid4(), "prov-1", payload, received)
         clock.advance(2 * D)
-        resender = FallbackResender(c.db, clock, c.settlement, publisher=Recording())
+        resender = FallbackResender(
+            c.db, clock, c.module(Betting).settlement, publisher=Recording()
+        )
         assert await resender.run_once() == 1
     finally:
         await c.close()

@@ -12,13 +12,13 @@ from datetime import timedelta
 import asyncpg
 import httpx
 import pytest
+from reservo.retention import rules
 
 from reservo.bootstrap import Container
 from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.idempotency import Claim, Replay
 from reservo.core.retention import Pruner, RuleResult
-from reservo.retention import rules
 from tests.conftest import JWT_SECRET, auth, new_id
 from tests.helpers import ADMIN, book, make_slots
 

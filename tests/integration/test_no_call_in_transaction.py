@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from reservo.appointments.gate import full_key
+from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container
 from tests.conftest import new_id
 from tests.helpers import book, make_slots
@@ -23,7 +24,7 @@ async def test_redis_marks_of_a_booking_are_written_outside_the_transaction(
     slot = slots[0]["id"]
     watcher = await asyncpg.connect(database_url)
     seen: list[int] = []
-    cache = container.appointments.cache
+    cache = container.module(Appointments).service.cache
 
     def watched(call: Callable[..., Any]) -> Callable[..., Any]:
         async def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -33,6 +33,7 @@ from reservo.core.notify import Notification, NotificationError
 from reservo.core.outbox import OutboxRelay, emit
 from reservo.core.transport.base import Event, Subscriptions
 from reservo.core.transport.local import LocalTransport
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.helpers import book, make_slots
@@ -82,7 +83,7 @@ async def test_booking_emits_one_event_and_one_sent_notification(
     # Nothing is sent before the relay runs: the event waits in the outbox.
     assert await notifications_for(db, patient) == []
 
-    await drain(container.relay)
+    await drain(container.module(Outbox).relay)
 
     row = await db.fetchrow("SELECT status, attempts FROM outbox WHERE id = $1", rows[0]["id"])
     assert row["status"] == "DONE" and row["attempts"] == 1
@@ -115,7 +116,7 @@ async def test_refused_booking_emits_nothing(
         )
         == 0
     )
-    await drain(container.relay)
+    await drain(container.module(Outbox).relay)
     assert await notifications_for(db, loser) == []
     assert len(await notifications_for(db, winner)) == 1
 
@@ -128,7 +129,7 @@ async def test_cancel_emits_one_event_even_when_repeated(
     r = await book(client, slots[0]["id"], patient)
     assert r.status_code == 201, r.text
     appt = r.json()["id"]
-    await drain(container.relay)
+    await drain(container.module(Outbox).relay)
 
     for _ in range(2):  # the second cancel is a no-op that must emit nothing
         c = await client.delete(f"/api/appointments/{appt}", headers=auth("patient", patient))
@@ -137,7 +138,7 @@ async def test_cancel_emits_one_event_even_when_repeated(
 
     rows = await outbox_rows(db, CANCELLED, appt)
     assert len(rows) == 1
-    await drain(container.relay)
+    await drain(container.module(Outbox).relay)
 
     sent = await notifications_for(db, patient)
     assert [(n["topic"], n["status"]) for n in sent] == [(BOOKED, "SENT"), (CANCELLED, "SENT")]

@@ -21,6 +21,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from reservo.bootstrap import declared_retention
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
 from reservo.core.deadletters import LocalDeadLetters
@@ -31,7 +32,7 @@ from reservo.core.partitions import PartitionKeeper
 from reservo.core.retention import Pruner
 from reservo.core.transport.base import Event, Subscriptions
 from reservo.core.transport.local import LocalTransport
-from reservo.retention import partitioned, rules
+from reservo.core_modules import partitioned
 from reservo.settings import Settings
 
 Q = Queries.load("reservo.core")
@@ -67,7 +68,7 @@ def keeper(db: Database, clock: OffsetClock, **kw: int) -> PartitionKeeper:
 
 
 def pruner(db: Database, clock: OffsetClock) -> Pruner:
-    outbox_rule = [r for r in rules(DEFAULTS) if r.name == "outbox_prune"]
+    outbox_rule = [r for r in declared_retention(DEFAULTS) if r.name == "outbox_prune"]
     return Pruner(db, clock, outbox_rule, batch=5000, pause_s=0, partitions=keeper(db, clock))
 
 
@@ -168,7 +169,7 @@ async def test_the_migration_moves_existing_rows_keeping_their_ids_and_the_seque
             # The old rows are pruned by batches as before: the DONE one of 5 days ago.
             db = Database(url, min_size=1, max_size=1)
             try:
-                outbox_rule = [r for r in rules(DEFAULTS) if r.name == "outbox_prune"]
+                outbox_rule = [r for r in declared_retention(DEFAULTS) if r.name == "outbox_prune"]
                 (result,) = await Pruner(db, OffsetClock(), outbox_rule).run()
             finally:
                 await db.close()

@@ -14,11 +14,13 @@ import httpx
 import orjson
 import pytest
 
+from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.notifications import NotificationConsumer
 from reservo.core.notify import HttpChannel, SmtpChannel
 from reservo.core.transport.base import Event
+from reservo.core_modules import Notifications
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN, book, make_doctor, make_slots
@@ -108,7 +110,7 @@ async def test_a_confirmation_goes_to_the_patients_email_over_smtp(
     theirs = (await book(client, slots[1]["id"], nobody)).json()
     channel = SmtpChannel("127.0.0.1", smtp_server.port, "clinic@example.invalid", TEMPLATE)
     consumer = NotificationConsumer(
-        container.db, channel, container.clock, container.notifications.renderers
+        container.db, channel, container.clock, container.module(Notifications).consumer.renderers
     )
     await consumer.handle_many(
         [await _booked_event(db, mine["id"]), await _booked_event(db, theirs["id"])]
@@ -130,7 +132,7 @@ async def test_a_confirmation_goes_to_the_patients_phone_over_sms(
     appt = (await book(client, slots[0]["id"], patient)).json()
     channel = HttpChannel(http_server.url)
     consumer = NotificationConsumer(
-        container.db, channel, container.clock, container.notifications.renderers
+        container.db, channel, container.clock, container.module(Notifications).consumer.renderers
     )
     try:
         await consumer.handle(await _booked_event(db, appt["id"]))
@@ -190,7 +192,7 @@ async def test_the_role_keeps_extending_it_day_after_day_with_many_workers(
     today = clock.now().date()
     await repeating(client, doctor, today + timedelta(days=3))
     assert (await days_with_slots(db, doctor))[-1] == today + timedelta(days=14)
-    svc = container.appointments
+    svc = container.module(Appointments).service
 
     # Nothing to do on the same day, however many workers run it.
     await asyncio.gather(*(svc.extend_schedules() for _ in range(4)))

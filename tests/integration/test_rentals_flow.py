@@ -20,8 +20,10 @@ from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.auth import sign_webhook
 from reservo.core.clock import OffsetClock
+from reservo.core_modules import Outbox
 from reservo.rentals import events
 from reservo.rentals.gateway import SandboxGateway, link_token
+from reservo.rentals.setup import Rentals
 from reservo.settings import Settings
 from tests.conftest import PAY_SECRET, auth, new_id
 
@@ -126,7 +128,7 @@ def page_of(b: dict[str, Any]) -> tuple[str, str]:
 async def drain(c: Container) -> None:
     """Run the relay until the outbox has nothing left to deliver now."""
     for _ in range(200):
-        if await c.relay.run_once() == 0:
+        if await c.module(Outbox).relay.run_once() == 0:
             return
 
 
@@ -282,8 +284,8 @@ async def test_sweeper_and_expiry_job_flip_holds_once(
     assert await db.fetchval("SELECT status FROM booking WHERE id = $1", a["bookingId"]) == (
         "EXPIRED"
     )
-    await container.rentals.sweep()
-    await container.rentals.sweep()
+    await container.module(Rentals).service.sweep()
+    await container.module(Rentals).service.sweep()
     rows = await db.fetch(
         "SELECT status FROM booking WHERE id = ANY($1::bigint[])", [a["bookingId"], b["bookingId"]]
     )
@@ -655,7 +657,7 @@ async def test_the_sandbox_is_announced_when_it_is_on(
     with capture_logs() as logs:
         c = build(base_settings, clock)
     await c.close()
-    assert isinstance(c.rentals_gateway, SandboxGateway)
+    assert isinstance(c.module(Rentals).gateway, SandboxGateway)
     warned = [e for e in logs if e["event"] == "rentals_sandbox_gateway"]
     assert len(warned) == 1 and warned[0]["log_level"] == "warning"
     assert "payments are simulated, do not use in production" in warned[0]["warning"]
@@ -685,7 +687,7 @@ async def test_a_refund_without_a_gateway_waits_until_one_is_configured(
             assert r.json()["refundAmount"] == b["depositAmount"]
         # One relay pass: the refund fails loudly and stays to be retried.
         with capture_logs() as logs:
-            assert await bare.relay.run_once() > 0
+            assert await bare.module(Outbox).relay.run_once() > 0
         row = await db.fetchrow(refund_event, events.REFUND_REQUESTED)
         assert (row["status"], row["attempts"]) == ("PENDING", 1)
         assert (
@@ -712,8 +714,8 @@ async def test_a_refund_without_a_gateway_waits_until_one_is_configured(
             "SELECT amount FROM payment WHERE booking_id = $1 AND type = 'REFUND'", b["bookingId"]
         )
         assert amount == b["depositAmount"]
-        assert isinstance(sandboxed.rentals_gateway, SandboxGateway)
-        assert [r.amount for r in sandboxed.rentals_gateway.refunds.values()] == [
+        assert isinstance(sandboxed.module(Rentals).gateway, SandboxGateway)
+        assert [r.amount for r in sandboxed.module(Rentals).gateway.refunds.values()] == [
             b["depositAmount"]
         ]
     finally:

@@ -13,6 +13,7 @@ import httpx
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.rentals import events
+from reservo.rentals.setup import Rentals
 from tests.conftest import auth, new_id
 from tests.integration.test_console_domain_pages import signed_in
 from tests.integration.test_rentals_flow import at, events_of, hold, make_car, webhook
@@ -95,7 +96,7 @@ async def test_an_extended_hold_outlives_its_first_expiry_then_expires_and_block
     # sweeper: neither expires the extended hold.
     handler = container.scheduler.handlers["rentals.expire-hold"]
     await handler(await container.scheduler.get(job_id))
-    await container.rentals.sweep()
+    await container.module(Rentals).service.sweep()
     seen = await client.get(f"/api/bookings/{b['bookingId']}", headers=auth("customer", customer))
     assert seen.json()["status"] == "HOLD"
     taken = await hold(client, car["id"], rival, start, end)
@@ -193,7 +194,7 @@ async def race_round(
 
     async def sweeper() -> None:
         await gate.wait()
-        await container.rentals.sweep()
+        await container.module(Rentals).service.sweep()
 
     answers = [asyncio.create_task(extension(b["bookingId"], c)) for b, c in holds]
     others = [asyncio.create_task(expiry_job(b["bookingId"])) for b, _ in holds]
@@ -204,7 +205,7 @@ async def race_round(
     await asyncio.gather(*others)
     # A hold whose job ran a moment before its expiry is flipped by the next
     # sweep (the safety net); an extended one is 900 s away from it.
-    await container.rentals.sweep()
+    await container.module(Rentals).service.sweep()
     return [
         (b["bookingId"], expiry[b["bookingId"]], r)
         for (b, _), r in zip(holds, responses, strict=True)

@@ -20,6 +20,7 @@ from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.rentals import events
 from reservo.rentals.gateway import SandboxGateway
+from reservo.rentals.setup import Rentals
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.integration.test_rentals_flow import (
@@ -103,7 +104,7 @@ async def test_a_payment_above_the_deposit_confirms_and_refunds_the_excess_once(
     await drain(container)
     await drain(container)
     assert [a for (a,) in await db.fetch(REFUND_ROWS, bid)] == [777]
-    gateway = container.rentals_gateway
+    gateway = container.module(Rentals).gateway
     assert isinstance(gateway, SandboxGateway)
     assert [r.amount for r in gateway.refunds.values() if r.booking_id == bid] == [777]
     seen = await client.get(f"/api/bookings/{bid}", headers=auth("customer", customer))

@@ -20,10 +20,12 @@ from reservo.app import create_app
 from reservo.betting.domain import Leg
 from reservo.betting.publisher import TransportPublisher
 from reservo.betting.resender import FallbackResender
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database
 from reservo.core.transport.kafka import KafkaTransport
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.betting_helpers import (
     kick_off,
@@ -80,11 +82,15 @@ def stuck_resender(
         bootstrap, idempotence=False, request_timeout_ms=int(timeout_s * 1000) + 5_000
     )
     publisher = TransportPublisher(transport, timeout_s)
-    return FallbackResender(db, clock, c.settlement, publisher=publisher, **kw), db, transport
+    return (
+        FallbackResender(db, clock, c.module(Betting).settlement, publisher=publisher, **kw),
+        db,
+        transport,
+    )
 
 
 async def drain(c: Container) -> None:
-    while await c.resender.run_once() or await c.relay.run_once():
+    while await c.module(Betting).resender.run_once() or await c.module(Outbox).relay.run_once():
         pass
 
 
@@ -98,7 +104,7 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
     ) as client:
         match = await make_match(client)
         account, _ = await make_account(client, 1_000)
-        bet = await c.betting.place_bet(
+        bet = await c.module(Betting).service.place_bet(
             account, 100, [Leg(match["id"], "1X2", "AWAY", Decimal("4.20"))]
         )
         event = f"prov-{uuid.uuid4()}"
@@ -133,7 +139,7 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
                     row_id,
                 )
             # The lease keeps another resender off the row.
-            assert await c.resender.run_once() == 0
+            assert await c.module(Betting).resender.run_once() == 0
             assert tuple(await db.fetchrow(fallback, event)) == (row_id, "PENDING", 0)
             # The stuck resender dies mid-publish: its lease is never settled.
             publishing.cancel()
@@ -141,7 +147,7 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
                 await publishing
             await transport.stop()
             await stuck_db.close()
-        assert await c.resender.run_once() == 0  # still leased
+        assert await c.module(Betting).resender.run_once() == 0  # still leased
         assert await db.fetchval("SELECT status FROM betting_bet WHERE id = $1", bet.id) == (
             "PENDING"
         )

@@ -20,11 +20,11 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from reservo.app import create_app
-from reservo.bootstrap import build, run_workers
+from reservo.bootstrap import build, declared_retention, run_workers
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database
 from reservo.core.retention import Pruner
-from reservo.retention import rules
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.conftest import new_id
 from tests.helpers import book, make_slots
@@ -49,7 +49,7 @@ async def conn(fresh_database_url: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 def pruner(db: Database, clock: OffsetClock, *, only: str | None = None, **kw: float) -> Pruner:
-    chosen = [r for r in rules(DEFAULTS) if only is None or r.name == only]
+    chosen = [r for r in declared_retention(DEFAULTS) if only is None or r.name == only]
     return Pruner(db, clock, chosen, batch=int(kw.get("batch", 5000)), pause_s=kw.get("pause", 0))
 
 
@@ -363,7 +363,7 @@ async def test_the_maintenance_role_prunes_what_a_booking_left_and_keeps_the_boo
             _, slots = await make_slots(client)
             r = await book(client, slots[0]["id"], new_id())
             assert r.status_code == 201, r.text
-        while await c.relay.run_once():
+        while await c.module(Outbox).relay.run_once():
             pass
         counts = (
             "SELECT (SELECT count(*) FROM outbox WHERE status = 'DONE'), "

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 import asyncpg
 import httpx
 
+from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container
 from tests.conftest import auth, new_id
 from tests.helpers import book, make_slots
@@ -68,8 +69,8 @@ async def test_reminder_handler_emits_one_notification_event(
     job = await container.scheduler.get(
         await db.fetchval("SELECT reminder_job_id FROM appointment WHERE id=$1", appt["id"])
     )
-    await container.appointments.remind(job)
-    await container.appointments.remind(job)  # a rerun sends nothing more
+    await container.module(Appointments).service.remind(job)
+    await container.module(Appointments).service.remind(job)  # a rerun sends nothing more
     events = await db.fetch(
         "SELECT payload FROM outbox WHERE topic = $1 AND key = $2",
         "appointments.appointment.reminder-due.v1",

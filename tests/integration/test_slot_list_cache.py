@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from reservo.app import create_app
+from reservo.appointments.setup import Appointments
 from reservo.appointments.slots import slots_key
 from reservo.bootstrap import Container, build
 from reservo.core.cache import LocalCache
@@ -131,7 +132,7 @@ async def test_a_local_copy_never_outlives_the_redis_entry_it_came_from(
     # even though the per-process TTL (1 s) is longer.
     k = slots_key(doctor, datetime.fromisoformat(day).date())
     await container.cache.set_bytes(k, b"[]", 0.3)
-    svc = container.appointments
+    svc = container.module(Appointments).service
     svc._slot_lists.invalidate(k)
     assert await svc.list_slots(doctor, datetime.fromisoformat(day).date()) == b"[]"
     await asyncio.sleep(0.4)
@@ -300,5 +301,5 @@ async def test_the_outbox_consumer_drops_what_a_dead_request_left_cached(
     event = Event(
         row["event_id"], row["topic"], row["key"], orjson.loads(row["payload"]), row["created_at"]
     )
-    await container.appointments.slot_lists_changed(event)
+    await container.module(Appointments).service.slot_lists_changed(event)
     assert (await container.cache.get_versioned(k))[0] is None

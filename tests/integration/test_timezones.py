@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from reservo.appointments.schedules import SCHEDULE_BATCH, SCHEDULES_LOOP
+from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.core.errors import DomainError
@@ -140,7 +141,7 @@ async def test_a_doctor_stored_with_a_bad_zone_is_a_clear_409_not_a_500(
 
 async def extend_all(container: Container) -> None:
     """Runs the appointments role's batches until one comes back short."""
-    while await container.appointments.extend_schedules() >= SCHEDULE_BATCH:
+    while await container.module(Appointments).service.extend_schedules() >= SCHEDULE_BATCH:
         pass
 
 
@@ -316,7 +317,7 @@ async def test_a_lost_connection_parks_no_schedule(
     clock.advance(timedelta(days=1))
     before = await poisoned(client, SCHEDULES_LOOP)
     await lost_connection_during(
-        db, database_url, "time_slot", container.appointments.extend_schedules()
+        db, database_url, "time_slot", container.module(Appointments).service.extend_schedules()
     )
     assert await poisoned(client, SCHEDULES_LOOP) == before
     assert (

@@ -26,6 +26,7 @@ from reservo.bootstrap import Container, build
 from reservo.core import tracing
 from reservo.core.clock import OffsetClock
 from reservo.core.logging import configure
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN, make_slots
@@ -151,7 +152,7 @@ async def test_one_trace_from_a_bookings_post_to_its_confirmation(
         "/api/appointments", json={"slotId": slots[0]["id"], "patientId": patient}, headers=headers
     )
     assert r.status_code == 201, r.text
-    await drain(container.relay)
+    await drain(container.module(Outbox).relay)
     sent = await db.fetchval(
         "SELECT count(*) FROM notification WHERE recipient = $1 AND status = 'SENT'", patient
     )
@@ -261,7 +262,7 @@ async def test_request_id_on_the_log_lines_of_the_request_and_of_its_events(
         },
     )
     assert r.status_code == 201, r.text
-    await drain(container.relay)
+    await drain(container.module(Outbox).relay)
     lines = json_logs()
     mine = [line for line in lines if line.get("request_id") == rid]
     request = [line for line in mine if line["event"] == "request"]

@@ -22,6 +22,7 @@ from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
 from reservo.settings import Settings
 from reservo.wallet import PAYOUT_REQUESTED, repo
+from reservo.wallet.setup import Wallet
 from tests.betting_helpers import (
     ADMIN,
     SERVICE,
@@ -150,7 +151,7 @@ async def test_one_bettor_who_cannot_be_paid_blocks_no_other_and_is_replayed_onc
             "SELECT event_id, topic, key, payload, created_at FROM outbox WHERE topic = $1",
             PAYOUT_REQUESTED,
         )
-    await own.payouts.handle(Event(row[0], row[1], row[2], row[3], row[4]))
+    await own.module(Wallet).payouts.handle(Event(row[0], row[1], row[2], row[3], row[4]))
     await drain(own)
 
     assert await balance(api, full) == BALANCE_MAX - 3_000 - 1_000_000 + 4_200

@@ -20,13 +20,14 @@ from reservo import cli
 from reservo.app import create_app
 from reservo.bootstrap import (
     ALL,
-    BACKGROUND_ROLES,
     Container,
     build,
+    declared_background_roles,
     declared_consumers,
     run_workers,
 )
 from reservo.core.clock import OffsetClock
+from reservo.rentals.setup import Rentals
 from reservo.settings import Settings
 from tests.betting_helpers import (
     kick_off,
@@ -48,7 +49,7 @@ def test_up_runs_every_subscribed_consumer(container: Container) -> None:
     )
     up = container.resolve_roles(cli.UP_ROLES)
     assert set(consumers) <= set(up)
-    assert set(BACKGROUND_ROLES) <= set(up)
+    assert set(declared_background_roles()) <= set(up)
     assert up == container.all_roles() == container.resolve_roles([ALL])
     # `--roles all` mixed with explicit names adds nothing twice.
     assert container.resolve_roles(["relay", ALL, "wallet.payouts"]) == [
@@ -124,14 +125,18 @@ async def test_up_roles_without_kafka_settle_pay_and_refund(
             r = await post_result(client, result_body(match["externalId"], 3, 2), clock)
             assert r.status_code == 202, r.text
         # Rentals: a paid booking cancelled 100 h before pickup (full refund).
-        car = await c.rentals.create_car(f"T-{uuid.uuid4().hex[:8]}", "Uno", "Porto", 10_000, 7)
+        car = await c.module(Rentals).service.create_car(
+            f"T-{uuid.uuid4().hex[:8]}", "Uno", "Porto", 10_000, 7
+        )
         start = (datetime.now(UTC) + timedelta(hours=100)).replace(second=0, microsecond=0)
-        booking = await c.rentals.hold(car.id, new_id(), start, start + timedelta(days=1))
-        paid = await c.rentals.on_payment(
+        booking = await c.module(Rentals).service.hold(
+            car.id, new_id(), start, start + timedelta(days=1)
+        )
+        paid = await c.module(Rentals).service.on_payment(
             booking.id, f"txn-{uuid.uuid4().hex}", booking.deposit_amount, "SUCCEEDED"
         )
         assert paid == "confirmed"
-        cancelled = await c.rentals.cancel(booking.id, "customer")
+        cancelled = await c.module(Rentals).service.cancel(booking.id, "customer")
         assert cancelled.refund_amount == booking.deposit_amount > 0
         for sql, args, want in [
             ("SELECT settlement_status FROM betting_match WHERE id = $1", [match["id"]], "SETTLED"),

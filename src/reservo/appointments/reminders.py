@@ -12,9 +12,10 @@ from reservo.appointments import events, repo
 from reservo.appointments.domain import Appointment
 from reservo.core.clock import Clock
 from reservo.core.db import Database
+from reservo.core.jobqueue import JobQueue
 from reservo.core.outbox import emit
 from reservo.core.schemas import ApiModel, Id
-from reservo.scheduler import Job, Scheduler
+from reservo.scheduler import Job
 
 # A reminder job runs this long before the slot starts (skipped when booked later).
 REMINDER_JOB = "appointments.reminder"
@@ -31,7 +32,7 @@ class ReminderJob(ApiModel):
 class Reminders:
     db: Database
     clock: Clock
-    scheduler: Scheduler | None
+    scheduler: JobQueue | None
 
     async def _remind_later(self, conn: asyncpg.Connection, appt: Appointment, now: Any) -> None:
         """The reminder job of a booking (booked, rescheduled or given a freed

@@ -27,10 +27,10 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Within
+from reservo.core.jobqueue import JobQueue
 from reservo.core.outbox import emit
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.turns import Turns
-from reservo.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 
@@ -47,7 +47,7 @@ class AppointmentService(Schedules, Waitlist, Gate):
         cache: Cache,
         limiter: RateLimiter,
         limits: Limits = Limits(),
-        scheduler: Scheduler | None = None,
+        scheduler: JobQueue | None = None,
         window: domain.Window = domain.Window(),
         no_shows: domain.NoShowPolicy = domain.NoShowPolicy(),
     ) -> None:

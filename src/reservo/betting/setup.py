@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from reservo.betting import events
 from reservo.betting.api import router
 from reservo.betting.errors import CONSTRAINTS, ERRORS
 from reservo.betting.intake import ResultIntake
 from reservo.betting.publisher import Publisher, TransportPublisher
+from reservo.betting.repo import Q
 from reservo.betting.resender import FallbackResender
 from reservo.betting.service import BettingService
 from reservo.betting.settlement import Settlement
 from reservo.core.breaker import CircuitBreaker
 from reservo.core.loops import run_every
 from reservo.core.module import Consumes, Module
+from reservo.core.retention import PruneRule
+from reservo.settings import Settings
 from reservo.shared import Shared, transport_from_settings
 
 MS_PER_S = 1000
@@ -88,13 +92,13 @@ def setup(shared: Shared) -> Betting:
         events=events.CONTRACT,
         notifications={events.BETS_SETTLED: events.notifications},
         state={"betting": service, "results": results},
+        retention=retention(s),
     )
 
 
 def _publisher(shared: Shared) -> Publisher | None:
     """The result webhook publishes straight to Kafka (its own producer, short
-    timeout); without Kafka (None) every result goes to the PostgreSQL fallback
-    table."""
+    timeout); without Kafka every result goes to the PostgreSQL fallback table."""
     s = shared.settings
     if not s.kafka_bootstrap:
         return None
@@ -106,3 +110,22 @@ def _publisher(shared: Shared) -> Publisher | None:
         client_id="reservo-results-webhook",
     )
     return TransportPublisher(producer, s.betting_publish_timeout_s)
+
+
+def retention(s: Settings) -> list[PruneRule]:
+    """The result webhooks resent from the fallback table, and the rejected
+    (malformed) ones; the results that settled a match are kept."""
+    return [
+        PruneRule.by_ctid(
+            "fallback_prune",
+            "webhook_events_fallback",
+            Q.fallback_prunable,
+            timedelta(hours=s.retention_webhook_fallback_hours),
+        ),
+        PruneRule.by_ctid(
+            "rejected_prune",
+            "webhook_events_rejected",
+            Q.rejected_prunable,
+            timedelta(days=s.retention_webhook_rejected_days),
+        ),
+    ]

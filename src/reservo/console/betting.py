@@ -16,10 +16,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
 
-from reservo.betting.domain import Match
-from reservo.betting.intake import ResultIntake
-from reservo.betting.schemas import ResultIn
-from reservo.betting.service import BettingService
+from reservo.betting import BettingService, Match, ResultIn, ResultIntake
 from reservo.console.figures import Figures, Settling
 from reservo.console.web import SignedIn, Verified, render, site
 from reservo.core.errors import DomainError

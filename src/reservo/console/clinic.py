@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from reservo.appointments.service import AppointmentService
+from reservo.appointments import AppointmentService
 from reservo.console import repo
 from reservo.console.session import Session
 from reservo.console.web import (

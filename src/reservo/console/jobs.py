@@ -17,8 +17,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from reservo.console.figures import Figures
 from reservo.console.web import SignedIn, Verified, render, render_refused
 from reservo.core.errors import DomainError
-from reservo.scheduler.domain import CANCELLABLE, RETRYABLE, STATUSES, Job, valid_category
-from reservo.scheduler.service import Scheduler
+from reservo.scheduler import CANCELLABLE, RETRYABLE, STATUSES, Job, Scheduler, valid_category
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 REFRESH_S = 5

@@ -19,8 +19,7 @@ import asyncpg
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from reservo.appointments.domain import Appointment
-from reservo.appointments.service import AppointmentService
+from reservo.appointments import Appointment, AppointmentService
 from reservo.console import repo
 from reservo.console.finder import PAGE, Cursor, Found, Text, show
 from reservo.console.web import SignedIn, render, render_refused, site

@@ -17,9 +17,7 @@ from reservo.console.web import SignedIn, parse_day, render, render_refused, sit
 from reservo.core.errors import DomainError
 from reservo.core.pagination import page, time_cursor, time_key
 from reservo.core.schemas import LATEST
-from reservo.rentals.domain import BlockedPeriod, Booking
-from reservo.rentals.schemas import BookingStatus
-from reservo.rentals.service import RentalService
+from reservo.rentals import BlockedPeriod, Booking, BookingStatus, RentalService
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 25

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from reservo.core.contract import EventSpec
 from reservo.core.lean import LeanRoute
 from reservo.core.notify import Notification
+from reservo.core.retention import PruneRule
 from reservo.core.transport.base import BatchHandler, Event, Handler
 
 # A background role: runs until ``stop`` is set (``reservo worker --roles <name>``).
@@ -89,3 +90,7 @@ class Module:
     # What its routes read from ``request.app.state`` (name -> object).
     state: Mapping[str, object] = field(default_factory=dict)
     closers: Sequence[Closer] = ()
+    # What the retention pruner deletes of its tables and after how long (its
+    # ``*_prune``/``*_prunable`` statements paired with its settings); the
+    # maintenance role runs every module's rules.
+    retention: Sequence[PruneRule] = ()

@@ -2,8 +2,8 @@
 notifications, finished jobs, dead letters, webhook logs, idempotency keys).
 
 Each module declares its prune statements in its own ``queries.sql`` (named
-``*_prune``), and the composition root (``reservo.retention``) pairs each with
-how long its rows are kept. Most tables need no statement of their own: their
+``*_prune``), and its setup pairs each with how long its rows are kept
+(``Module.retention``). Most tables need no statement of their own: their
 module declares which rows may go (``*_prunable``: their ctids older than ``$1``,
 oldest first) and core's ``prune_by_ctid`` deletes a batch of them
 (``PruneRule.by_ctid``). Every statement has one shape: ``$1`` is the cutoff

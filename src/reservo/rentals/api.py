@@ -42,6 +42,7 @@ from reservo.core.pagination import (
 from reservo.core.schemas import EARLIEST, LATEST, Instant
 from reservo.rentals import domain
 from reservo.rentals.domain import Booking, Car
+from reservo.rentals.gateway import WebhookKey
 from reservo.rentals.schemas import (
     BookingIn,
     BookingOut,
@@ -310,15 +311,8 @@ async def return_car(
 
 async def process_webhook(request: Request, raw: bytes, signature: str | None) -> str:
     """Verify the signature on the raw bytes first; only then parse and act."""
-    container = request.app.state.container
-    settings = container.settings
-    verify_webhook(
-        settings.payments_webhook_secret,
-        signature,
-        raw,
-        container.clock.now(),
-        settings.webhook_tolerance_s,
-    )
+    key: WebhookKey = request.app.state.rentals_webhook
+    verify_webhook(key.secret, signature, raw, request.app.state.clock.now(), key.tolerance_s)
     try:
         body = WebhookIn.model_validate_json(raw)
     except ValidationError as exc:

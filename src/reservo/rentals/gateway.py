@@ -38,6 +38,15 @@ from reservo.core.failures import Rejected
 log = structlog.get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class WebhookKey:
+    """What a payment webhook's signature is checked against: the shared secret,
+    and how far from now its timestamp may be."""
+
+    secret: str
+    tolerance_s: int
+
+
 class GatewayError(Exception):
     """The refund did not go through; the event is retried later by the relay."""
 

@@ -73,7 +73,7 @@ def _not_found() -> DomainError:
 
 
 def _checked(request: Request, booking_id: int, token: str | None) -> tuple[SandboxGateway, str]:
-    gateway = request.app.state.container.rentals_gateway
+    gateway = request.app.state.rentals_gateway
     if (
         not isinstance(gateway, SandboxGateway)
         or token is None

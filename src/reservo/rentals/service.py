@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 import structlog
@@ -19,6 +19,7 @@ from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError, validation_error
 from reservo.core.idempotency import Within
+from reservo.core.jobqueue import JobQueue
 from reservo.core.outbox import emit
 from reservo.core.reads import read_one
 from reservo.core.schemas import MAX_ID, ApiModel, Id
@@ -46,24 +47,6 @@ START_GRACE = timedelta(minutes=5)
 FIRST_PAGE = (datetime(9999, 12, 31, tzinfo=UTC), MAX_ID)
 
 
-class JobScheduler(Protocol):
-    """The slice of the scheduler facade (reservo.scheduler) this module uses."""
-
-    async def enqueue(
-        self,
-        category: str,
-        payload: dict[str, Any],
-        *,
-        run_at: datetime,
-        idempotency_key: str | None = None,
-        conn: Any,
-    ) -> Any: ...
-
-    async def cancel_by_key(self, category: str, key: str, *, conn: Any) -> bool: ...
-
-    async def dispatch(self, jobs: Sequence[Any]) -> Any: ...
-
-
 @dataclass(frozen=True)
 class Config:
     turnaround: timedelta = timedelta(minutes=120)
@@ -88,7 +71,7 @@ class RentalService:
         clock: Clock,
         cache: Cache,
         config: Config = Config(),
-        scheduler: JobScheduler | None = None,
+        scheduler: JobQueue | None = None,
         gateway: PaymentGateway | None = None,
     ) -> None:
         self.db, self.clock, self.cache = db, clock, cache

@@ -13,7 +13,7 @@ from reservo.core.module import Consumes, JobKind, Module
 from reservo.rentals import events, sandbox
 from reservo.rentals.api import LEAN_ROUTES, router
 from reservo.rentals.errors import CONSTRAINTS, ERRORS
-from reservo.rentals.gateway import PaymentGateway, SandboxGateway, build_gateway
+from reservo.rentals.gateway import PaymentGateway, SandboxGateway, WebhookKey, build_gateway
 from reservo.rentals.service import (
     EXPIRE_HOLD,
     Config,
@@ -87,7 +87,11 @@ def setup(shared: Shared) -> Rentals:
         constraints=CONSTRAINTS,
         events=events.CONTRACT,
         notifications={topic: events.notifications for topic in events.TOPICS},
-        state={"rentals": service},
+        state={
+            "rentals": service,
+            "rentals_gateway": gateway,
+            "rentals_webhook": WebhookKey(s.payments_webhook_secret, s.webhook_tolerance_s),
+        },
         closers=[gateway.aclose] if gateway is not None else [],
     )
 

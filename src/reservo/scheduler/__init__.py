@@ -1,9 +1,20 @@
 """Delayed jobs: PostgreSQL is the truth, Redis dispatches the next window.
 
-The public facade other modules use: ``Scheduler`` (register, enqueue, dispatch,
-cancel) and the ``Job`` value handed to handlers."""
+The public facade other modules and the console use: ``Scheduler`` (register,
+enqueue, dispatch, cancel; modules enqueue through core's ``JobQueue``
+protocol), the ``Job`` value handed to handlers, and the statuses the jobs go
+through."""
 
-from reservo.scheduler.domain import Job
+from reservo.scheduler.domain import CANCELLABLE, RETRYABLE, STATUSES, Job, valid_category
 from reservo.scheduler.service import Config, Handler, Scheduler
 
-__all__ = ["Config", "Handler", "Job", "Scheduler"]
+__all__ = [
+    "CANCELLABLE",
+    "RETRYABLE",
+    "STATUSES",
+    "Config",
+    "Handler",
+    "Job",
+    "Scheduler",
+    "valid_category",
+]

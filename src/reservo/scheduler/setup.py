@@ -1,10 +1,12 @@
-"""Builds the scheduler from settings: the shared ``Scheduler`` every module may
-enqueue into (``build_scheduler``, a shared part), and the scheduler module's
-face (``setup``: the jobs API, the ``scheduler`` role, the http job kind)."""
+"""Builds the scheduler from settings: the job queue every module may enqueue
+into (``build_scheduler``: the composition root makes it the shared
+``core.jobqueue.JobQueue``), and the scheduler module's face (``setup``: the
+jobs API, the ``scheduler`` role, the http job kind, its retention)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from reservo.core import outbound
 from reservo.core.clock import Clock
@@ -12,10 +14,12 @@ from reservo.core.db import Database
 from reservo.core.egress import parse_allow
 from reservo.core.module import JobKind, Module
 from reservo.core.redis import make_client
+from reservo.core.retention import PruneRule
 from reservo.scheduler.api import LEAN_ROUTES, created, router
 from reservo.scheduler.batch import JobBatch
 from reservo.scheduler.errors import CONSTRAINTS, ERRORS
 from reservo.scheduler.handlers import HttpHandler
+from reservo.scheduler.repo import Q
 from reservo.scheduler.schemas import HttpPayload
 from reservo.scheduler.service import Config, Scheduler
 from reservo.scheduler.workers import run
@@ -70,6 +74,9 @@ class SchedulerModule(Module):
 
 def setup(shared: Shared) -> SchedulerModule:
     s, scheduler = shared.settings, shared.scheduler
+    if not isinstance(scheduler, Scheduler):
+        # The module runs the jobs of the queue the root built with build_scheduler.
+        raise TypeError("the scheduler module needs the job queue build_scheduler makes")
     http = HttpHandler(
         s.scheduler_http_timeout_s,
         parse_allow(s.jobs_http_allow),
@@ -89,4 +96,24 @@ def setup(shared: Shared) -> SchedulerModule:
         constraints=CONSTRAINTS,
         state={"scheduler": scheduler, "scheduler_jobs": batch},
         closers=[batch.close, http.aclose],
+        retention=retention(s),
     )
+
+
+def retention(s: Settings) -> list[PruneRule]:
+    """Finished jobs (with their executions) from their finish; DEAD ones are
+    kept longer, for post-mortems."""
+    return [
+        PruneRule(
+            "job_prune_finished",
+            "scheduled_job",
+            Q.job_prune_finished,
+            timedelta(days=s.retention_job_days),
+        ),
+        PruneRule(
+            "job_prune_dead",
+            "scheduled_job",
+            Q.job_prune_dead,
+            timedelta(days=s.retention_dead_job_days),
+        ),
+    ]

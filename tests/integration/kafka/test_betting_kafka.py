@@ -16,6 +16,7 @@ import pytest
 
 from reservo.app import create_app
 from reservo.betting.domain import Leg
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build, run_workers
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
@@ -56,7 +57,7 @@ async def test_result_through_kafka_and_fallback_settles_once(
         ) as client:
             match = await make_match(client)
             account, _ = await make_account(client, 1_000)
-            bet = await c.betting.place_bet(
+            bet = await c.module(Betting).service.place_bet(
                 account, 200, [Leg(match["id"], "TOTALS_2_5", "OVER", Decimal("1.95"))]
             )
             event = f"prov-{uuid.uuid4()}"
@@ -79,7 +80,7 @@ async def test_result_through_kafka_and_fallback_settles_once(
                     event,
                     orjson.loads(body),
                 )
-            await c.resender.run_once()
+            await c.module(Betting).resender.run_once()
 
             async def paid() -> bool:
                 async with c.db.connection() as conn:

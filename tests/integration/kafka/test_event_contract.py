@@ -27,6 +27,7 @@ import pytest
 from reservo.app import create_app
 from reservo.appointments import events as appointment_events
 from reservo.betting.domain import Leg
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build, run_workers
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
@@ -100,7 +101,7 @@ async def _mixed_run(client: httpx.AsyncClient, c: Container) -> dict[str, Any]:
     for i, (account, _) in enumerate(accounts):
         for m in matches:
             pick, odds = ("OVER", "1.95") if i % 2 == 0 else ("UNDER", "1.85")
-            await c.betting.place_bet(
+            await c.module(Betting).service.place_bet(
                 account, 100, [Leg(m["id"], "TOTALS_2_5", pick, Decimal(odds))]
             )
     kick_off(c.clock, *matches)

@@ -20,6 +20,7 @@ from reservo.app import create_app
 from reservo.appointments import events as appointment_events
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.conftest import auth, new_id
 from tests.e2e.procs import env_for, free_port, running, wait_http
@@ -50,7 +51,7 @@ async def kafka_app(
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
         yield c, container
-    await container.relay.transport.stop()
+    await container.module(Outbox).relay.transport.stop()
     await container.close()
 
 
@@ -72,7 +73,7 @@ async def test_traceparent_and_request_id_in_come_out_in_the_records_headers(
     )
     assert r.status_code == 201, r.text
     for _ in range(50):
-        if await container.relay.run_once() == 0:
+        if await container.module(Outbox).relay.run_once() == 0:
             break
     # Binary-mode CloudEvents: the event's name in ce_type, the payload alone as the value.
     booked = f"dev.reservo.{appointment_events.BOOKED}".encode()
