@@ -337,7 +337,7 @@ class Reservo:
             raise
         return self
 
-    def _wait_ready(self, timeout_s: float = 60.0) -> None:
+    def _wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.api is not None
