@@ -259,11 +259,32 @@ def http_get(url: str, token: str | None = None, timeout: float = 2.0) -> tuple[
         return e.code, e.read()
 
 
-class Reservo:
-    """`reservo api --workers N` plus one `reservo worker`, started and stopped by us."""
+# How the API under test is served. ``uvicorn``: `reservo api --workers N` (uvicorn,
+# uvloop, httptools with the slow-client guards), what production runs. ``granian``:
+# the same app factory under granian (a Rust HTTP server) with N workers, to compare
+# servers; it carries none of core/slow_clients.py's guards. ``up``: `reservo up`,
+# one process holding the API and every background role, as a newcomer runs it.
+SERVERS = ("uvicorn", "granian", "up")
 
-    def __init__(self, workers: int, extra_env: dict[str, str] | None = None) -> None:
-        self.workers = workers
+
+def parse_servers(text: str) -> list[str]:
+    servers = [s.strip() for s in text.split(",") if s.strip()]
+    if not servers or set(servers) - set(SERVERS):
+        raise SystemExit(f"--server takes a comma-separated list of {', '.join(SERVERS)}")
+    return servers
+
+
+class Reservo:
+    """The API (``server``: see SERVERS) plus one `reservo worker` (none for ``up``,
+    which runs the background roles itself), started and stopped by us."""
+
+    def __init__(
+        self, workers: int, extra_env: dict[str, str] | None = None, server: str = "uvicorn"
+    ) -> None:
+        if server not in SERVERS:
+            raise ValueError(f"unknown server {server!r}")
+        self.server = server
+        self.workers = 1 if server == "up" else workers
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -276,24 +297,39 @@ class Reservo:
             **(extra_env or {}),
         }
         self.logdir = Path(tempfile.mkdtemp(prefix="reservo-bench-"))
+        if server == "granian" and self.workers > 1:
+            # What `reservo api --workers N` sets up for the metrics of N processes.
+            self.env.setdefault("PROMETHEUS_MULTIPROC_DIR", str(self.logdir))
         self.api: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
         out = (self.logdir / log).open("wb")
         return subprocess.Popen(
-            [str(BIN / "reservo"), *args],
+            args,
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C of the runner reaches us, not them
         )
 
+    def _api_command(self) -> list[str]:
+        port = str(self.port)
+        if self.server == "up":
+            return [str(BIN / "reservo"), "up", "--port", port]
+        if self.server == "granian":
+            return [
+                str(BIN / "granian"), "reservo.app:from_environment", "--factory",
+                "--interface", "asgi", "--http", "1", "--no-ws", "--loop", "uvloop",
+                "--workers", str(self.workers), "--host", "127.0.0.1", "--port", port,
+                "--log-level", "warning", "--no-access-log",
+            ]  # fmt: skip
+        return [str(BIN / "reservo"), "api", "--workers", str(self.workers), "--port", port]
+
     def __enter__(self) -> Reservo:
-        self.api = self._spawn(
-            ["api", "--workers", str(self.workers), "--port", str(self.port)], "api.log"
-        )
-        self.worker = self._spawn(["worker"], "worker.log")
+        self.api = self._spawn(self._api_command(), "api.log")
+        if self.server != "up":
+            self.worker = self._spawn([str(BIN / "reservo"), "worker"], "worker.log")
         try:
             self._wait_ready()
         except BaseException:
@@ -301,7 +337,7 @@ class Reservo:
             raise
         return self
 
-    def _wait_ready(self, timeout_s: float = 60.0) -> None:
+    def _wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.api is not None
@@ -318,10 +354,11 @@ class Reservo:
         raise RuntimeError(f"reservo api not ready in {timeout_s} s; see {self.logdir}")
 
     def api_workers(self) -> list[psutil.Process]:
-        """The uvicorn worker processes (the serving ones), or the single process."""
+        """The serving processes: uvicorn's workers, or its single process; granian
+        always serves from worker processes of its own, even with one worker."""
         assert self.api is not None
         parent = psutil.Process(self.api.pid)
-        if self.workers == 1:
+        if self.workers == 1 and self.server != "granian":
             return [parent]
         kids = []
         for p in parent.children(recursive=True):
@@ -333,8 +370,8 @@ class Reservo:
 
     def own_processes(self) -> list[psutil.Process]:
         """Every reservo process: the API supervisor, its workers, the background worker."""
-        assert self.api is not None and self.worker is not None
-        procs = [psutil.Process(self.api.pid), psutil.Process(self.worker.pid)]
+        assert self.api is not None
+        procs = [psutil.Process(p.pid) for p in (self.api, self.worker) if p is not None]
         for p in list(procs):
             with contextlib.suppress(psutil.Error):
                 procs.extend(p.children(recursive=True))
@@ -358,6 +395,8 @@ class Reservo:
         """Tracebacks/errors the processes logged (a 5xx leaves one there)."""
         found = []
         for log in ("api.log", "worker.log"):
+            if not (self.logdir / log).exists():  # `up` has no worker of its own
+                continue
             text = (self.logdir / log).read_text(errors="replace")
             found += [ln for ln in text.splitlines() if re.search(r"error|Traceback", ln, re.I)]
         return found
@@ -917,14 +956,21 @@ def run_async(coro: Any) -> Any:
 def sweep(
     opts: Any,
     bench: str,
-    run_one: Callable[[int, int, int, Path | None], Any],
+    run_one: Callable[..., Any],
     describe: Callable[[Any], str],
     rate: Callable[[Any], float],
+    servers: Sequence[str] | None = None,
 ) -> tuple[list[tuple[int, int, int]], list[Any], list[Ceiling | None]]:
     """Run every (workers, threads, connections) configuration ``opts.runs`` times,
     printing each run, appending it to ``opts.json`` when given, and summarising the
     py-spy profile taken on the first run. After each run the hello ceiling of the
     same configuration is measured and the run's ``rate`` printed as a ratio of it.
+
+    With ``servers`` (see SERVERS), ``run_one`` also gets the server, and each run
+    goes through every server in turn (interleaved, so a noisy minute of the shared
+    machine hits them alike). ``up`` is one process: it runs once per (threads,
+    connections), with workers 1, and is compared with the hello in one process.
+    Each server's first run is profiled (``<profile stem>-<server>``) when asked.
     Returns the configurations, results and ceilings (parallel to the results)."""
     configs = list(
         itertools.product(
@@ -933,31 +979,103 @@ def sweep(
     )
     results: list[Any] = []
     ceilings: list[Ceiling | None] = []
+    profiles: list[Path] = []
     for run in range(opts.runs):
-        for i, (w, t, c) in enumerate(configs):
-            prof = opts.profile if (run == 0 and i == 0) else None
-            r = run_one(w, t, c, prof)
-            results.append(r)
-            print(f"[run {run + 1}/{opts.runs}] {describe(r)}", flush=True)
-            ceiling = None
-            if getattr(opts, "ceiling_duration", 0) > 0:
-                ceiling = hello_ceiling(w, t, c, opts.ceiling_duration)
-                print(f"  {ceiling.describe(rate(r))}", flush=True)
-            ceilings.append(ceiling)
-            if opts.json:
-                with opts.json.open("a") as f:
-                    record: dict[str, Any] = {"bench": bench, **dataclasses.asdict(r)}
-                    if ceiling is not None:
-                        record["ceiling"] = dataclasses.asdict(ceiling)
-                        record["ceiling_ratio"] = ceiling.ratio(rate(r))
-                    record["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-                    record["duration_s"] = opts.duration
-                    record["reservo_src"] = reservo_source()
-                    f.write(json.dumps(record) + "\n")
-    if opts.profile and opts.profile.exists():
-        print(f"\npy-spy profile of one API worker ({opts.profile}):")
-        print(summarize_profile(opts.profile))
+        for server in servers or [None]:
+            todo = configs
+            if server == "up":
+                todo = list(dict.fromkeys((1, t, c) for _, t, c in configs))
+            for i, (w, t, c) in enumerate(todo):
+                prof = None
+                if opts.profile and run == 0 and i == 0:
+                    prof = opts.profile
+                    if server is not None and len(servers or ()) > 1:
+                        prof = prof.with_name(f"{prof.stem}-{server}{prof.suffix}")
+                    profiles.append(prof)
+                r = run_one(w, t, c, prof) if server is None else run_one(w, t, c, prof, server)
+                results.append(r)
+                label = "" if server is None else f" {server}"
+                print(f"[run {run + 1}/{opts.runs}{label}] {describe(r)}", flush=True)
+                ceiling = None
+                if getattr(opts, "ceiling_duration", 0) > 0:
+                    ceiling = hello_ceiling(w, t, c, opts.ceiling_duration)
+                    print(f"  {ceiling.describe(rate(r))}", flush=True)
+                ceilings.append(ceiling)
+                if opts.json:
+                    with opts.json.open("a") as f:
+                        record: dict[str, Any] = {"bench": bench, **dataclasses.asdict(r)}
+                        if ceiling is not None:
+                            record["ceiling"] = dataclasses.asdict(ceiling)
+                            record["ceiling_ratio"] = ceiling.ratio(rate(r))
+                        record["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                        record["duration_s"] = opts.duration
+                        record["reservo_src"] = reservo_source()
+                        f.write(json.dumps(record) + "\n")
+    for prof in profiles:
+        if prof.exists():
+            print(f"\npy-spy profile of one API worker ({prof}):")
+            print(summarize_profile(prof))
     return configs, results, ceilings
+
+
+def server_summary(
+    results: Sequence[Any],
+    ceilings: Sequence[Ceiling | None],
+    rate: Callable[[Any], float],
+    unit: str,
+) -> None:
+    """The servers side by side (medians of this invocation's runs): each one's
+    rate, p99, reservo CPU per request and ratio to the hello ceiling, as a factor
+    of uvicorn's at the same configuration; then `reservo up` (one process) per
+    core against the two uvicorn workers per core."""
+    med = median
+    rows: dict[tuple[str, int, int, int], list[tuple[Any, Ceiling | None]]] = {}
+    for r, k in zip(results, ceilings, strict=True):
+        rows.setdefault((r.server, r.workers, r.threads, r.connections), []).append((r, k))
+
+    def figures(key: tuple[str, int, int, int]) -> dict[str, float]:
+        got = rows[key]
+        return {
+            "rate": med([rate(r) for r, _ in got]),
+            "p99": med([r.p99_ms for r, _ in got]),
+            "cpu": med([r.cpu["cpu_ms_per_req_reservo"] for r, _ in got]),
+            "ceiling": med([k.ratio(rate(r)) for r, k in got if k is not None]),
+            "hello": med([k.per_s for _, k in got if k is not None]),
+            "n": len(got),
+        }
+
+    print("\nservers side by side (medians; x uvicorn = the factor of uvicorn's figure):")
+    print(
+        f"server   workers  wrk        {unit:>12}  p99 ms  CPU ms/req  vs hello"
+        f"  x uvicorn: {unit.split('/')[0]}  p99   CPU"
+    )
+    for key in sorted(rows, key=lambda k: (k[2], k[3], k[1], SERVERS.index(k[0]))):
+        server, w, t, c = key
+        f = figures(key)
+        base = rows.get(("uvicorn", w, t, c))
+        vs = ""
+        if base is not None and server != "uvicorn":
+            u = figures(("uvicorn", w, t, c))
+            vs = (
+                f"  {f['rate'] / u['rate']:>12.2f}  {f['p99'] / u['p99']:>4.2f}"
+                f"  {f['cpu'] / u['cpu']:>4.2f}"
+            )
+        print(
+            f"{server:<8} {w:>7}  -t{t} -c{c:<4} {f['rate']:>12,.0f}  {f['p99']:>6.1f}"
+            f"  {f['cpu']:>10.2f}  {f['ceiling']:>8.2f}{vs}   ({f['n']} runs)"
+        )
+    for server, w, t, c in rows:
+        if server != "up" or ("uvicorn", 2, t, c) not in rows:
+            continue
+        up, two = figures((server, w, t, c)), figures(("uvicorn", 2, t, c))
+        print(
+            f"\n`reservo up` (1 process) vs `reservo api --workers 2` per core, -t{t} -c{c}: "
+            f"{up['rate']:,.0f} vs {two['rate'] / 2:,.0f} {unit} per core = "
+            f"{up['rate'] / (two['rate'] / 2):.2f}; of its hello ceiling: up "
+            f"{up['ceiling']:.2f} (hello in 1 process {up['hello']:,.0f}/s), two workers "
+            f"{two['ceiling']:.2f} (hello in 2 {two['hello']:,.0f}/s); reservo CPU ms/req "
+            f"up {up['cpu']:.2f}, two workers {two['cpu']:.2f}"
+        )
 
 
 def ceiling_summary(
@@ -970,17 +1088,20 @@ def ceiling_summary(
     """Medians of the figure, of the ceilings measured in this invocation and of
     the per-run ratios, per configuration."""
     print("\nvs the framework ceiling (bare FastAPI hello, same invocation), medians:")
-    print(f"workers  wrk          {unit:>12}  ceiling req/s  ratio   load avg")
-    for w, t, c in configs:
+    print(f"server   workers  wrk          {unit:>12}  ceiling req/s  ratio   load avg")
+    keys = [(getattr(r, "server", "uvicorn"), r.workers, r.threads, r.connections) for r in results]
+    for server, w, t, c in dict.fromkeys(keys):
+        if (w, t, c) not in configs and server != "up":
+            continue
         pairs = [
             (r, k)
-            for r, k in zip(results, ceilings, strict=True)
-            if (r.workers, r.threads, r.connections) == (w, t, c) and k is not None
+            for r, k, key in zip(results, ceilings, keys, strict=True)
+            if key == (server, w, t, c) and k is not None
         ]
         if not pairs:
             continue
         print(
-            f"{w:>7}  -t{t} -c{c:<4} {median([rate(r) for r, _ in pairs]):>12,.0f}  "
+            f"{server:<8} {w:>7}  -t{t} -c{c:<4} {median([rate(r) for r, _ in pairs]):>12,.0f}  "
             f"{median([k.per_s for _, k in pairs]):>13,.0f}  "
             f"{median([k.ratio(rate(r)) for r, k in pairs]):>5.2f}   "
             f"{', '.join(f'{k.load_avg:.1f}' for _, k in pairs)}"

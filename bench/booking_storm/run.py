@@ -9,6 +9,11 @@ slot is overbooked or out of step with its appointments.
     python bench/booking_storm/run.py --duration 30
     python bench/booking_storm/run.py --duration 10 --workers 1,2,3 --connections 64,128,256
     python bench/booking_storm/run.py --duration 10 --tracing off,on  # CPU per attempt
+    python bench/booking_storm/run.py --duration 10 --runs 3 --server uvicorn,granian,up
+
+``--server``: uvicorn (`reservo api`, the default), granian (the same app under
+granian), up (`reservo up`, one process); several are interleaved run by run and
+put side by side at the end. The hello ceiling is uvicorn's in every case.
 
 ``--tracing on`` runs the API and the worker with OpenTelemetry spans on (the
 standard OTEL_* variables: an OTLP/HTTP endpoint, a parent-based trace-id ratio
@@ -68,6 +73,7 @@ class RunResult:
     errors_logged: int
     cpu: dict[str, float]
     tracing: str = "off"
+    server: str = "uvicorn"
 
     @property
     def failures(self) -> list[str]:
@@ -168,6 +174,7 @@ def one_run(
     profile_out: Path | None,
     tracing: str = "off",
     sink: str | None = None,
+    server: str = "uvicorn",
 ) -> RunResult:
     hot, hot_capacity, warm = benchlib.run_async(prepare_slots(ds))
     env = {"RESERVO_DB_POOL_MAX": str(opts.pool_max)} if opts.pool_max else {}
@@ -180,7 +187,7 @@ def one_run(
                 "OTEL_TRACES_SAMPLER_ARG": str(opts.sampling),
             }
         )
-    with benchlib.Reservo(workers, env) as rv:
+    with benchlib.Reservo(workers, env, server) as rv:
         url = rv.base
         if opts.warmup > 0:
             benchlib.run_wrk(
@@ -210,7 +217,7 @@ def one_run(
             print(f"  logged: {line[:200]}", file=sys.stderr)
     mb = 1024 * 1024
     return RunResult(
-        workers=workers,
+        workers=rv.workers,
         threads=threads,
         connections=connections,
         attempts_per_s=res.rate,
@@ -229,6 +236,7 @@ def one_run(
         errors_logged=len(errors),
         cpu=cpu.figures(res.requests, res.wrk_cpu_s),
         tracing=tracing,
+        server=server,
         **facts,
     )
 
@@ -265,7 +273,8 @@ def describe(r: RunResult) -> str:
     split = ", ".join(f"{k}: {n} ({100 * n / total:.1f}%)" for k, n in r.statuses.items())
     errs = f"  socket errors {r.socket_errors}" if r.socket_errors else ""
     return (
-        f"tracing {r.tracing}, workers={r.workers} wrk -t{r.threads} -c{r.connections}: "
+        f"{r.server}, tracing {r.tracing}, workers={r.workers} "
+        f"wrk -t{r.threads} -c{r.connections}: "
         f"{r.attempts_per_s:,.0f} attempts/s ({r.requests:,} in total), "
         f"p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, max {r.max_ms:.0f} ms{errs}\n"
         f"  statuses: {split}\n"
@@ -309,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="2", help="wrk threads to compare, e.g. 1,2")
     p.add_argument("--connections", default="128", help="wrk connections, e.g. 64,128,256")
     p.add_argument("--runs", type=int, default=1, help="runs per configuration (median)")
+    p.add_argument(
+        "--server", default="uvicorn", help="uvicorn, granian, up, or several: uvicorn,granian,up"
+    )
     p.add_argument("--patients", type=int, default=20_000)
     p.add_argument("--warmup", type=float, default=3, help="seconds of warm-up bookings")
     p.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
@@ -328,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="append every run's figures to this file")
     p.add_argument("--drop-db", action="store_true", help="drop the database at the end")
     opts = p.parse_args(argv)
+    servers = benchlib.parse_servers(opts.server)
     benchlib.stop_cleanly_on_signals()
 
     print(f"machine: {benchlib.machine()}")
@@ -356,11 +369,12 @@ def main(argv: list[str] | None = None) -> int:
             configs, got, ceiling = benchlib.sweep(
                 opts,
                 "booking_storm",
-                lambda w, t, c, prof, mode=mode: one_run(
-                    ds, opts, w, t, c, files, prof, mode, sink
+                lambda w, t, c, prof, server, mode=mode: one_run(
+                    ds, opts, w, t, c, files, prof, mode, sink, server
                 ),
                 describe,
                 lambda r: r.attempts_per_s,
+                servers,
             )
             results += got
             ceilings += ceiling
@@ -369,14 +383,17 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nmedians over {opts.runs} run(s) of {opts.duration:.0f} s:")
     print(
-        "tracing  workers  wrk        attempts/s  p50 ms  p99 ms  201  409%   429%  5xx  RSS MB"
+        "server   tracing  workers  wrk        attempts/s  p50 ms  p99 ms  201  409%   429%  5xx"
+        "  RSS MB"
         "  reservo CPU ms/req  est. alone/s"
     )
-    for (w, t, c), mode in [(config, mode) for mode in modes for config in configs]:
+    for server, w, t, c, mode in dict.fromkeys(
+        (r.server, r.workers, r.threads, r.connections, r.tracing) for r in results
+    ):
         rs = [
             r
             for r in results
-            if (r.workers, r.threads, r.connections, r.tracing) == (w, t, c, mode)
+            if (r.server, r.workers, r.threads, r.connections, r.tracing) == (server, w, t, c, mode)
         ]
         med = benchlib.median
         pct = [
@@ -385,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         n5xx = sum(n for r in rs for k, n in r.statuses.items() if k.startswith("5"))
         print(
-            f"{mode:<7}  {w:>7}  -t{t} -c{c:<4} {med([r.attempts_per_s for r in rs]):>9,.0f}  "
+            f"{server:<8} {mode:<7}  {w:>7}  -t{t} -c{c:<4} "
+            f"{med([r.attempts_per_s for r in rs]):>9,.0f}  "
             f"{med([r.p50_ms for r in rs]):>6.1f}  {med([r.p99_ms for r in rs]):>6.1f}  "
             f"{med([r.created_201 for r in rs]):>3.0f}  {pct[0]:>5.1f}  {pct[1]:>5.1f}  "
             f"{n5xx:>3}  {med([r.peak_rss_mb for r in rs]):>6.0f}"
@@ -394,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     benchlib.ceiling_summary(configs, results, ceilings, lambda r: r.attempts_per_s, "attempts/s")
+    if len(servers) > 1:
+        benchlib.server_summary(results, ceilings, lambda r: r.attempts_per_s, "attempts/s")
 
     failures = [f"{r.workers}w/-c{r.connections}: {f}" for r in results for f in r.failures]
     return benchlib.finish(

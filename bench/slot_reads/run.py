@@ -7,6 +7,11 @@ a 3 s TTL, so most reads go to PostgreSQL.
     python bench/slot_reads/run.py --duration 30
     python bench/slot_reads/run.py --duration 10 --workers 1,2,3 --connections 64,128,256
     python bench/slot_reads/run.py --duration 30 --mix skewed   # realistic popularity
+    python bench/slot_reads/run.py --duration 10 --runs 3 --server uvicorn,granian,up
+
+``--server``: uvicorn (`reservo api`, the default), granian (the same app under
+granian), up (`reservo up`, one process); several are interleaved run by run and
+put side by side at the end. The hello ceiling is uvicorn's in every case.
 
 Exits 1 on any 5xx, socket error, or a read that found no slot.
 """
@@ -41,6 +46,7 @@ class RunResult:
     socket_errors: dict[str, int]
     peak_rss_mb: float
     cpu: dict[str, float]
+    server: str = "uvicorn"
 
     @property
     def failures(self) -> list[str]:
@@ -60,13 +66,14 @@ def one_run(
     connections: int,
     patients: Path,
     profile_out: Path | None,
+    server: str = "uvicorn",
 ) -> RunResult:
     benchlib.clear_redis_namespace()  # every run starts from the same cold cache
     days = [ds.first_day + timedelta(days=i) for i in range(ds.days)]
     args = [str(patients), "1", str(ds.doctors), ",".join(d.isoformat() for d in days), opts.mix]
     env = {"RESERVO_DB_POOL_MAX": str(opts.pool_max)} if opts.pool_max else {}
     script = HERE / "reads.lua"
-    with benchlib.Reservo(workers, env) as rv:
+    with benchlib.Reservo(workers, env, server) as rv:
         if opts.warmup > 0:
             benchlib.run_wrk(script, rv.base, threads, connections, opts.warmup, args)
         with benchlib.RssSampler(rv) as mem, benchlib.CpuMeter(rv) as cpu:
@@ -81,7 +88,7 @@ def one_run(
         for line in rv.error_lines()[:5]:
             print(f"  logged: {line[:200]}", file=sys.stderr)
     return RunResult(
-        workers=workers,
+        workers=rv.workers,
         threads=threads,
         connections=connections,
         reads_per_s=res.rate,
@@ -94,13 +101,14 @@ def one_run(
         socket_errors=res.socket_errors,
         peak_rss_mb=mem.peak_rss / (1024 * 1024),
         cpu=cpu.figures(res.requests, res.wrk_cpu_s),
+        server=server,
     )
 
 
 def describe(r: RunResult) -> str:
     errs = f"  socket errors {r.socket_errors}" if r.socket_errors else ""
     return (
-        f"workers={r.workers} wrk -t{r.threads} -c{r.connections}: "
+        f"{r.server} workers={r.workers} wrk -t{r.threads} -c{r.connections}: "
         f"{r.reads_per_s:,.0f} reads/s ({r.requests:,} in total), p50 {r.p50_ms:.1f} ms, "
         f"p99 {r.p99_ms:.1f} ms, max {r.max_ms:.0f} ms{errs}\n"
         f"  statuses: {r.statuses}; peak RSS of reservo processes {r.peak_rss_mb:.0f} MB\n"
@@ -115,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="2", help="wrk threads to compare, e.g. 1,2")
     p.add_argument("--connections", default="128", help="wrk connections, e.g. 64,128,256")
     p.add_argument("--runs", type=int, default=1, help="runs per configuration (median)")
+    p.add_argument(
+        "--server", default="uvicorn", help="uvicorn, granian, up, or several: uvicorn,granian,up"
+    )
     p.add_argument("--patients", type=int, default=5000, help="distinct patient tokens")
     p.add_argument("--warmup", type=float, default=3, help="seconds of warm-up reads")
     p.add_argument(
@@ -135,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="append every run's figures to this file")
     p.add_argument("--drop-db", action="store_true", help="drop the database at the end")
     opts = p.parse_args(argv)
+    servers = benchlib.parse_servers(opts.server)
     benchlib.stop_cleanly_on_signals()
 
     print(f"machine: {benchlib.machine()}")
@@ -151,27 +163,37 @@ def main(argv: list[str] | None = None) -> int:
     configs, results, ceilings = benchlib.sweep(
         opts,
         "slot_reads",
-        lambda w, t, c, prof: one_run(ds, opts, w, t, c, patients, prof),
+        lambda w, t, c, prof, server: one_run(ds, opts, w, t, c, patients, prof, server),
         describe,
         lambda r: r.reads_per_s,
+        servers,
     )
 
     print(f"\nmedians over {opts.runs} run(s) of {opts.duration:.0f} s:")
     print(
-        "workers  wrk          reads/s  p50 ms  p99 ms  non-200  reservo CPU ms/req  est. alone/s"
+        "server   workers  wrk          reads/s  p50 ms  p99 ms  non-200  reservo CPU ms/req"
+        "  est. alone/s"
     )
     med = benchlib.median
-    for w, t, c in configs:
-        rs = [r for r in results if (r.workers, r.threads, r.connections) == (w, t, c)]
+    for server, w, t, c in dict.fromkeys(
+        (r.server, r.workers, r.threads, r.connections) for r in results
+    ):
+        rs = [
+            r
+            for r in results
+            if (r.server, r.workers, r.threads, r.connections) == (server, w, t, c)
+        ]
         bad = sum(n for r in rs for k, n in r.statuses.items() if k != "200")
         print(
-            f"{w:>7}  -t{t} -c{c:<4} {med([r.reads_per_s for r in rs]):>8,.0f}  "
+            f"{server:<8} {w:>7}  -t{t} -c{c:<4} {med([r.reads_per_s for r in rs]):>8,.0f}  "
             f"{med([r.p50_ms for r in rs]):>6.1f}  {med([r.p99_ms for r in rs]):>6.1f}  "
             f"{bad:>7}  {med([r.cpu['cpu_ms_per_req_reservo'] for r in rs]):>18.2f}"
             f"  {med([r.cpu['rate_if_machine_were_ours'] for r in rs]):>12,.0f}"
         )
 
     benchlib.ceiling_summary(configs, results, ceilings, lambda r: r.reads_per_s, "reads/s")
+    if len(servers) > 1:
+        benchlib.server_summary(results, ceilings, lambda r: r.reads_per_s, "reads/s")
 
     failures = [f"{r.workers}w/-c{r.connections}: {f}" for r in results for f in r.failures]
     return benchlib.finish(

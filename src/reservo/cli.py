@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 import structlog
 import typer
 import uvicorn
+import uvloop
 from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
@@ -347,7 +348,12 @@ def up(
             settings = settings.model_copy(
                 update={"kafka_bootstrap": broker.url, "kafka_idempotence": False}
             )
-        asyncio.run(_serve_everything(settings, demo))
+        # uvicorn applies its loop setting (uvloop) only to a loop it starts itself;
+        # here the API shares the loop of `up` with every background role, so `up`
+        # starts uvloop. On asyncio's own loop the one process spent a booking
+        # storm's CPU in the socket writes of asyncio's transport.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_serve_everything(settings, demo))
 
 
 def _embedded_servers_installed() -> None:
@@ -443,6 +449,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     base = f"http://{settings.http_host}:{settings.http_port}"
     redis_kind = " (cluster)" if settings.redis_cluster else ""
     gateway = settings.rentals_payment_gateway or "none (refunds wait)"
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop, or asyncio
     _say(
         settings,
         "reservo_up",
@@ -451,6 +458,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         f"  Redis {settings.redis_url}{redis_kind}\n"
         f"  Kafka {settings.kafka_bootstrap or '(local transport)'}"
         f"\n  payment gateway: {gateway}"
+        f"\n  server: uvicorn, httptools, {loop}"
         f"\n  admin token: reservo token --role admin "
         f"--sub 1\n  Ctrl-C stops everything.",
         api=base,
@@ -458,6 +466,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         redis=f"{settings.redis_url}{redis_kind}",
         kafka=settings.kafka_bootstrap or "(local transport)",
         payment_gateway=gateway,
+        loop=loop,
     )
     try:
         await server.serve()  # returns on SIGINT/SIGTERM (uvicorn's own handlers)
