@@ -261,7 +261,10 @@ def worker(
             await container.close()
             await asyncio.to_thread(tracing.shutdown)
 
-    asyncio.run(main())
+    # uvloop as in the API: the relay, consumers and settlement spend their CPU
+    # in socket reads and writes, which asyncio's own transports make dearer.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
 
 
 def _demo_settings(settings: Settings) -> Settings:
