@@ -271,7 +271,9 @@ async def phase_memory(s: Scheduler, conn: asyncpg.Connection, jobs: int) -> Non
 
 async def phase_drain(
     s: Scheduler, conn: asyncpg.Connection, db_url: str, rd: OwnRedis, ns: str, args: Any
-) -> None:
+) -> dict[str, float]:
+    """Drains a due backlog; returns its rates (jobs/s from the workers' start
+    and from the first completion) and CPU per job (us)."""
     due = datetime.now(UTC) - timedelta(seconds=1)
     await bulk(s, [due] * args.backlog)
     pg0, redis0 = benchlib.postgres_cpu_s(), benchlib.cpu_s([rd.pid])
@@ -318,6 +320,13 @@ async def phase_drain(
         print(benchlib.summarize_profile(profile))
         profile.unlink(missing_ok=True)
     await reset(conn, s)
+    return {
+        "rate": args.backlog / wall,
+        "steady": (args.backlog - 1) / steady,
+        "workers_us": 1e6 * workers_cpu / args.backlog,
+        "postgres_us": 1e6 * pg / args.backlog,
+        "redis_us": 1e6 * redis_cpu / args.backlog,
+    }
 
 
 async def phase_fire(
@@ -328,7 +337,8 @@ async def phase_fire(
     ns: str,
     args: Any,
     fault: bool,
-) -> None:
+) -> dict[str, float]:
+    """Fires jobs at a rate; returns the lateness quantiles (ms)."""
     total_s = args.warmup + args.seconds
     n = args.rate * total_s
     lead = 5.0  # workers spawn and connect before the first run_at
@@ -382,6 +392,7 @@ async def phase_fire(
         f"p99 {lat['p99']:.1f} max {lat['max']:.1f}"
     )
     await reset(conn, s)
+    return lat
 
 
 async def main() -> None:
