@@ -229,6 +229,18 @@ async def _unfinished(conn: asyncpg.Connection) -> bool:
     )
 
 
+async def pg_work(conn: asyncpg.Connection) -> tuple[int, int]:
+    """Statements committed in this database (each of the workers' statements
+    runs in a transaction of its own) and rows written to its tables, so far:
+    the figures per job that a faster drain has to cut."""
+    await asyncio.sleep(0.6)  # the statistics collector flushes every 500 ms
+    row = await conn.fetchrow(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),"
+        "       (SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_user_tables)"
+    )
+    return int(row[0]), int(row[1] or 0)
+
+
 async def count(conn: asyncpg.Connection, status: str) -> int:
     return int(await conn.fetchval("SELECT count(*) FROM scheduled_job WHERE status=$1", status))
 
@@ -276,6 +288,7 @@ async def phase_drain(
     and from the first completion) and CPU per job (us)."""
     due = datetime.now(UTC) - timedelta(seconds=1)
     await bulk(s, [due] * args.backlog)
+    work0 = await pg_work(conn)
     pg0, redis0 = benchlib.postgres_cpu_s(), benchlib.cpu_s([rd.pid])
     procs = start_workers(args.workers, db_url, rd.url, ns)
     t0 = time.time()
@@ -298,6 +311,7 @@ async def phase_drain(
     workers_cpu = benchlib.cpu_s([p.pid for p in procs])
     pg, redis_cpu = benchlib.postgres_cpu_s() - pg0, benchlib.cpu_s([rd.pid]) - redis0
     stop_workers(procs)
+    work = [b - a for a, b in zip(work0, await pg_work(conn), strict=True)]
     await conn.execute("RESET enable_seqscan")
     assert await count(conn, "DONE") == args.backlog
     first_at, last_at = await conn.fetchrow(
@@ -312,7 +326,10 @@ async def phase_drain(
         f"CPU s: workers {workers_cpu:.1f}, postgres {pg:.1f}, redis {redis_cpu:.1f} "
         f"(2 cores x {wall:.1f} s = {2 * wall:.1f}); "
         f"per job: workers {1e6 * workers_cpu / args.backlog:.0f} us, "
-        f"postgres {1e6 * pg / args.backlog:.0f} us, redis {1e6 * redis_cpu / args.backlog:.0f} us"
+        f"postgres {1e6 * pg / args.backlog:.0f} us, "
+        f"redis {1e6 * redis_cpu / args.backlog:.0f} us; "
+        f"PostgreSQL statements per job {work[0] / args.backlog:.3f}, "
+        f"rows written per job {work[1] / args.backlog:.2f}"
     )
     await _print_table_stats(conn)
     if spy is not None:
@@ -326,6 +343,8 @@ async def phase_drain(
         "workers_us": 1e6 * workers_cpu / args.backlog,
         "postgres_us": 1e6 * pg / args.backlog,
         "redis_us": 1e6 * redis_cpu / args.backlog,
+        "statements": work[0] / args.backlog,
+        "rows": work[1] / args.backlog,
     }
 
 

@@ -103,6 +103,7 @@ async def pgq_enqueue(conn: asyncpg.Connection, afters: list[timedelta | None]) 
 
 async def pgq_drain(conn: asyncpg.Connection, args: Any) -> dict[str, float]:
     await pgq_enqueue(conn, [None] * args.backlog)
+    work0 = await bench.pg_work(conn)
     pg0 = benchlib.postgres_cpu_s()
     procs = start_pgq(args.workers, args.db_url, args.pgq_batch)
     t0 = time.time()
@@ -111,6 +112,7 @@ async def pgq_drain(conn: asyncpg.Connection, args: Any) -> dict[str, float]:
     workers_cpu = benchlib.cpu_s([p.pid for p in procs])
     pg = benchlib.postgres_cpu_s() - pg0
     bench.stop_workers(procs)
+    work = [b - a for a, b in zip(work0, await bench.pg_work(conn), strict=True)]
     done, first_at, last_at = await conn.fetchrow(
         "SELECT count(*), min(created), max(created) FROM pgqueuer_log WHERE status = 'successful'"
     )
@@ -122,12 +124,15 @@ async def pgq_drain(conn: asyncpg.Connection, args: Any) -> dict[str, float]:
         "workers_us": 1e6 * workers_cpu / args.backlog,
         "postgres_us": 1e6 * pg / args.backlog,
         "redis_us": 0.0,
+        "statements": work[0] / args.backlog,
+        "rows": work[1] / args.backlog,
     }
     print(
         f"pgqueuer drain: {args.backlog} due jobs, {args.workers} worker processes, batch "
         f"{args.pgq_batch}: {out['rate']:,.0f} jobs/s (from the workers' start), "
         f"{out['steady']:,.0f} from the first completion; per job: workers "
-        f"{out['workers_us']:.0f} us, postgres {out['postgres_us']:.0f} us"
+        f"{out['workers_us']:.0f} us, postgres {out['postgres_us']:.0f} us; PostgreSQL "
+        f"statements per job {out['statements']:.3f}, rows written per job {out['rows']:.2f}"
     )
     await pgq_reset(conn)
     return out
@@ -244,7 +249,8 @@ def summary(figures: dict[str, list[dict[str, float]]], args: Any) -> None:
                 f"drain {args.backlog} due no-op jobs, {who}: {med(key, 'rate'):,.0f} jobs/s "
                 f"(rounds {each(key, 'rate')}; from the first completion "
                 f"{med(key, 'steady'):,.0f}); per job: workers {med(key, 'workers_us'):.0f} us, "
-                f"postgres {med(key, 'postgres_us'):.0f} us, redis {med(key, 'redis_us'):.0f} us"
+                f"postgres {med(key, 'postgres_us'):.0f} us, redis {med(key, 'redis_us'):.0f} us; "
+                f"statements {med(key, 'statements'):.3f}, rows written {med(key, 'rows'):.2f}"
             )
         ratio = med("drain reservo", "rate") / med("drain pgqueuer", "rate")
         print(f"drain ratio reservo / pgqueuer: {ratio:.2f}x (target >= 2x)")
