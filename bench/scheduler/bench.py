@@ -38,7 +38,7 @@ from reservo.core.clock import SystemClock
 from reservo.core.db import Database
 from reservo.core.migrate import migrate
 from reservo.core.redis import make_client
-from reservo.scheduler import Config, Job, Scheduler
+from reservo.scheduler import Config, Job, Scheduler, repo
 from reservo.scheduler.workers import Loader, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -196,6 +196,26 @@ async def bulk(s: Scheduler, run_ats: list[datetime], chunk: int = 20_000) -> fl
     return len(run_ats) / (time.perf_counter() - t0)
 
 
+async def as_api(s: Scheduler, run_ats: list[datetime], chunk: int = 128) -> float:
+    """Enqueues as POST /api/jobs writes (scheduler/batch.py): batches of at
+    most 128 jobs (core.batching's largest), one statement each, the jobs due
+    within the window written QUEUED under a job_push row and pushed to Redis
+    after the commit, so each is written once. enqueue_bulk writes rows only,
+    and the loader then pushes them and marks them pushed: a second write of
+    every job, inside the drain."""
+    t0 = time.perf_counter()
+    now = datetime.now(UTC)
+    for i in range(0, len(run_ats), chunk):
+        jobs = [(CAT, 5, at, {}) for at in run_ats[i : i + chunk]]
+        async with s.db.transaction() as conn:
+            made, push_id = await s.create_many(conn, jobs, now, s.take_pushes_done())
+        if push_id is not None:
+            await asyncio.shield(s.push_soon(made, push_id))
+    async with s.db.connection() as conn:  # the last batch's row: nothing deletes it later
+        await repo.delete_pushes(conn, s.take_pushes_done())
+    return len(run_ats) / (time.perf_counter() - t0)
+
+
 async def _print_table_stats(conn: asyncpg.Connection) -> None:
     """Where PostgreSQL's work went: rows read by scans of each index and table,
     updates (HOT or not), autovacuum runs. A figure that grows with the backlog
@@ -287,7 +307,9 @@ async def phase_drain(
     """Drains a due backlog; returns its rates (jobs/s from the workers' start
     and from the first completion) and CPU per job (us)."""
     due = datetime.now(UTC) - timedelta(seconds=1)
-    await bulk(s, [due] * args.backlog)
+    enqueue = getattr(args, "enqueue", "bulk")
+    rate = await (as_api if enqueue == "api" else bulk)(s, [due] * args.backlog)
+    print(f"enqueued {args.backlog} due jobs ({enqueue}) at {rate:,.0f} jobs/s")
     work0 = await pg_work(conn)
     pg0, redis0 = benchlib.postgres_cpu_s(), benchlib.cpu_s([rd.pid])
     procs = start_workers(args.workers, db_url, rd.url, ns)
@@ -424,6 +446,13 @@ async def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seconds", type=int, default=30)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--enqueue",
+        choices=["bulk", "api"],
+        default="bulk",
+        help="how the drain's backlog is written: enqueue_bulk (rows only, the loader pushes "
+        "them) or as POST /api/jobs writes them (pushed at the commit)",
+    )
     ap.add_argument(
         "--fault-handler-ms",
         type=float,

@@ -5,6 +5,12 @@ same rate; rounds are interleaved (the order flips every round) so a noisy
 neighbour weighs on both alike. Prints every round, then the medians and the
 ratios.
 
+reservo's backlog is written two ways, each a contender of its own: rows only
+(``enqueue_bulk``; the loader pushes them to Redis and marks them pushed, a
+second write of every job, inside the drain) and as POST /api/jobs writes it
+(pushed at the commit, each job written once). pgqueuer's is its own batch
+``enqueue``, due at once.
+
     PYTHONPATH=src:. python bench/scheduler/peer.py --rounds 3 --backlog 100000
 
 Both are measured the same way. Drain: jobs/s from the workers' start to the
@@ -27,6 +33,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -183,6 +190,11 @@ async def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--pgq-batch", type=int, default=PGQ_BATCH)
     ap.add_argument("--phases", default="drain,fire")
+    ap.add_argument(
+        "--reservo-enqueue",
+        default="bulk,api",
+        help="how reservo's drain backlog is written (bench.py --enqueue), one contender each",
+    )
     args = ap.parse_args()
     args.profile = 0
     phases = {p.strip() for p in args.phases.split(",")}
@@ -203,27 +215,28 @@ async def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     figures: dict[str, list[dict[str, float]]] = {}
 
-    async def reservo_drain() -> dict[str, float]:
-        return await bench.phase_drain(s, conn, args.db_url, rd, ns, args)
+    def reservo_drain(enqueue: str) -> Callable[[], Awaitable[dict[str, float]]]:
+        return lambda: bench.phase_drain(
+            s, conn, args.db_url, rd, ns, argparse.Namespace(**{**vars(args), "enqueue": enqueue})
+        )
 
     async def reservo_fire() -> dict[str, float]:
         return await bench.phase_fire(s, conn, args.db_url, rd, ns, args, fault=False)
 
-    runs = {
-        ("drain", "reservo"): reservo_drain,
-        ("drain", "pgqueuer"): lambda: pgq_drain(conn, args),
-        ("fire", "reservo"): reservo_fire,
-        ("fire", "pgqueuer"): lambda: pgq_fire(conn, args),
-    }
+    drains = {f"reservo ({how})": reservo_drain(how) for how in args.reservo_enqueue.split(",")}
+    drains["pgqueuer"] = lambda: pgq_drain(conn, args)
+    fires = {"reservo": reservo_fire, "pgqueuer": lambda: pgq_fire(conn, args)}
     try:
         for r in range(args.rounds):
-            order = ["reservo", "pgqueuer"] if r % 2 == 0 else ["pgqueuer", "reservo"]
-            print(f"--- round {r + 1} ({' then '.join(order)}), {datetime.now(UTC):%H:%M:%S}")
-            for phase in ("drain", "fire"):
+            print(f"--- round {r + 1}, {datetime.now(UTC):%H:%M:%S}")
+            for phase, runs in (("drain", drains), ("fire", fires)):
                 if phase not in phases:
                     continue
+                # Every round starts with the next contender: each goes first once.
+                order = list(runs)[r % len(runs) :] + list(runs)[: r % len(runs)]
                 for who in order:
-                    figures.setdefault(f"{phase} {who}", []).append(await runs[(phase, who)]())
+                    print(f"[{phase} {who}]")
+                    figures.setdefault(f"{phase} {who}", []).append(await runs[who]())
     finally:
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
         await s.close()
@@ -242,18 +255,19 @@ def summary(figures: dict[str, list[dict[str, float]]], args: Any) -> None:
         return " / ".join(f"{f[field]:,.1f}" for f in figures[key])
 
     print(f"=== medians of {args.rounds} interleaved rounds, {args.workers} worker processes")
-    if "drain reservo" in figures:
-        for who in ("reservo", "pgqueuer"):
-            key = f"drain {who}"
-            print(
-                f"drain {args.backlog} due no-op jobs, {who}: {med(key, 'rate'):,.0f} jobs/s "
-                f"(rounds {each(key, 'rate')}; from the first completion "
-                f"{med(key, 'steady'):,.0f}); per job: workers {med(key, 'workers_us'):.0f} us, "
-                f"postgres {med(key, 'postgres_us'):.0f} us, redis {med(key, 'redis_us'):.0f} us; "
-                f"statements {med(key, 'statements'):.3f}, rows written {med(key, 'rows'):.2f}"
-            )
-        ratio = med("drain reservo", "rate") / med("drain pgqueuer", "rate")
-        print(f"drain ratio reservo / pgqueuer: {ratio:.2f}x (target >= 2x)")
+    drains = [key for key in figures if key.startswith("drain ")]
+    for key in drains:
+        print(
+            f"{key} ({args.backlog} due no-op jobs): {med(key, 'rate'):,.0f} jobs/s "
+            f"(rounds {each(key, 'rate')}; from the first completion "
+            f"{med(key, 'steady'):,.0f}); per job: workers {med(key, 'workers_us'):.0f} us, "
+            f"postgres {med(key, 'postgres_us'):.0f} us, redis {med(key, 'redis_us'):.0f} us; "
+            f"statements {med(key, 'statements'):.3f}, rows written {med(key, 'rows'):.2f}"
+        )
+    for key in drains:
+        if key != "drain pgqueuer":
+            ratio = med(key, "rate") / med("drain pgqueuer", "rate")
+            print(f"drain ratio {key[6:]} / pgqueuer: {ratio:.2f}x (target >= 2x)")
     if "fire reservo" in figures:
         for who in ("reservo", "pgqueuer"):
             key = f"fire {who}"
