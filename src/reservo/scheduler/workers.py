@@ -219,10 +219,17 @@ class Loader:
         added = await self.scheduler.dispatcher.load(
             (row["id"], row["category"], row["urgency"], domain.ms(row["run_at"])) for row in rows
         )
-        async with self.scheduler.db.connection() as conn:
-            await repo.mark_pushed(
-                conn, [row["id"] for row in rows], [row["revision"] for row in rows]
-            )
+        # Only the rows not marked yet: a full resync reads every pending row
+        # of the window, nearly all of them pushed long ago, and marking those
+        # again changed nothing but still locked each one (a WAL record per
+        # row, per resync). A row reset to unpushed since this read (retried,
+        # rescheduled) has a new revision, which mark_pushed would refuse anyway.
+        fresh = [row for row in rows if not row["pushed"]]
+        if fresh:
+            async with self.scheduler.db.connection() as conn:
+                await repo.mark_pushed(
+                    conn, [row["id"] for row in fresh], [row["revision"] for row in fresh]
+                )
         return [added]
 
 
