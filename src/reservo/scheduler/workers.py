@@ -363,13 +363,12 @@ class Executor:
         # PostgreSQL first: the reaper judges RUNNING rows by this heartbeat, so a
         # Redis outage (a cluster failing over) must not make the jobs this worker
         # is running look abandoned, and run them a second time.
-        # Only the rows whose heartbeat_at is half a beat old or more: a job
-        # claimed just now carries a fresh one from its claim, and rewriting it
+        # Only the rows whose heartbeat_at is a beat old: a job claimed since
+        # the last beat carries a fresh one from its claim, and rewriting it
         # would cost a row version (and index entries) per job for nothing,
-        # which for short jobs was most of the heartbeat's work. A row's
-        # heartbeat is so at most one and a half beats old (it was one), far
-        # inside the reaper's timeout.
-        cutoff = time.monotonic() - self.scheduler.config.heartbeat_s / 2
+        # which for short jobs was most of the heartbeat's work. A row is so
+        # at most two beats old, far inside the reaper's timeout.
+        cutoff = time.monotonic() - self.scheduler.config.heartbeat_s
         due = [job_id for job_id, at in self.running.items() if at <= cutoff]
         if due:
             async with self.scheduler.db.connection() as conn:
