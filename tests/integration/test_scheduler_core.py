@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 import redis.exceptions
 
-from reservo.scheduler import Scheduler, repo
-from reservo.scheduler.workers import Executor, Loader, handler_failed
+from reservo.scheduler import Scheduler
+from reservo.scheduler.workers import Loader, handler_failed
 from tests.integration.scheduler_support import (
     Recorder,
     category,
@@ -346,41 +346,3 @@ async def test_a_full_resync_leaves_rows_already_pushed_untouched(
 
     # Same row versions (xmin), and no new locker in xmax.
     assert {tuple(r) for r in await db.fetch(versions, cat)} == before
-
-
-async def test_a_heartbeat_rewrites_only_rows_a_beat_old(
-    sched: Scheduler, db: asyncpg.Connection
-) -> None:
-    # The claim writes heartbeat_at; beating a job claimed since the last beat
-    # again would only add a row version per job. One a beat old is beaten.
-    cat = category()
-    job = await sched.enqueue(cat, {}, delay=timedelta(0))
-    executor = Executor(sched)
-    async with sched.db.connection() as conn:
-        [claimed] = await repo.claim(conn, [job.id], now(), executor.worker)
-    executor.running[claimed.id] = time.monotonic()
-    version = "SELECT xmin::text, heartbeat_at FROM scheduled_job WHERE id = $1"
-    before = await db.fetchrow(version, job.id)
-
-    await executor.heartbeat()
-    assert await db.fetchrow(version, job.id) == before
-
-    executor.running[claimed.id] = time.monotonic() - sched.config.heartbeat_s
-    await executor.heartbeat()
-    after = await db.fetchrow(version, job.id)
-    assert after[0] != before[0] and after[1] > before[1]
-    assert executor.running[claimed.id] > time.monotonic() - sched.config.heartbeat_s
-
-
-async def test_a_job_running_past_the_reaper_timeout_is_not_reaped(
-    sched: Scheduler, db: asyncpg.Connection
-) -> None:
-    # Heartbeats keep a long job's lease: it runs once, is never reaped.
-    cat, rec = category(), Recorder(delay_s=2 * sched.config.reaper_timeout_s)
-    sched.register(cat, rec)
-    job = await sched.enqueue(cat, {}, delay=timedelta(0))
-    async with running(sched):
-        await wait_until(lambda: _all(db, cat, "DONE", 1), 30, 0.1)
-    assert rec.calls[job.id] == 1
-    outcomes = await db.fetch("SELECT outcome FROM job_execution WHERE job_id = $1", job.id)
-    assert [r["outcome"] for r in outcomes] == ["DONE"]

@@ -207,8 +207,7 @@ WITH locked AS MATERIALIZED (
        FOR UPDATE SKIP LOCKED
 )
 UPDATE scheduled_job j SET heartbeat_at = $2
- WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.worker = $3
-RETURNING j.id;
+ WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.worker = $3;
 
 -- name: complete
 -- RUNNING -> DONE only with the revision of this claim: a worker the reaper

@@ -167,11 +167,8 @@ async def claimed_by(conn: asyncpg.Connection, job_id: int, worker: str) -> Job 
     return None if row is None else Job(*row)
 
 
-async def heartbeat(
-    conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str
-) -> list[int]:
-    """The ids whose heartbeat was written (a row locked right now is skipped)."""
-    return [r["id"] for r in await conn.fetch(Q.heartbeat, ids, now, worker)]
+async def heartbeat(conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str) -> None:
+    await conn.execute(Q.heartbeat, ids, now, worker)
 
 
 async def complete(

@@ -336,9 +336,7 @@ class Executor:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.worker = scheduler.new_worker_id("exec")
-        # The jobs running here, each with when (time.monotonic) its row's
-        # heartbeat_at was last written: by its claim, then by heartbeats.
-        self.running: dict[int, float] = {}
+        self.running: set[int] = set()
         # Ids taken and not yet acknowledged, and the tasks working on them.
         self.in_flight = 0
         self.batches: set[asyncio.Task[None]] = set()
@@ -363,20 +361,11 @@ class Executor:
         # PostgreSQL first: the reaper judges RUNNING rows by this heartbeat, so a
         # Redis outage (a cluster failing over) must not make the jobs this worker
         # is running look abandoned, and run them a second time.
-        # Only the rows whose heartbeat_at is a beat old: a job claimed since
-        # the last beat carries a fresh one from its claim, and rewriting it
-        # would cost a row version (and index entries) per job for nothing,
-        # which for short jobs was most of the heartbeat's work. A row is so
-        # at most two beats old, far inside the reaper's timeout.
-        cutoff = time.monotonic() - self.scheduler.config.heartbeat_s
-        due = [job_id for job_id, at in self.running.items() if at <= cutoff]
-        if due:
+        if self.running:
             async with self.scheduler.db.connection() as conn:
-                beaten = await repo.heartbeat(conn, due, self.scheduler.clock.now(), self.worker)
-            at = time.monotonic()
-            for job_id in beaten:
-                if job_id in self.running:
-                    self.running[job_id] = at
+                await repo.heartbeat(
+                    conn, list(self.running), self.scheduler.clock.now(), self.worker
+                )
         await self.scheduler.dispatcher.alive(self.worker, self.ttl_ms)
         return self.scheduler.config.heartbeat_s
 
@@ -559,8 +548,7 @@ class Executor:
         of jobs that end together."""
         # Started in due order: after a pause, the backlog runs oldest first.
         jobs.sort(key=lambda job: (job.run_at, job.id))
-        claimed_at = time.monotonic()
-        self.running.update((job.id, claimed_at) for job in jobs)
+        self.running.update(job.id for job in jobs)
         runs = {asyncio.create_task(self._run(job)): job for job in jobs}
         try:
             pending = set(runs)
@@ -572,15 +560,13 @@ class Executor:
                 wave = [(runs[task], task.result()) for task in ended]
                 retried = await self._settle(wave)
                 ids = [job.id for job, _ in wave]
-                for job_id in ids:
-                    self.running.pop(job_id, None)
+                self.running.difference_update(ids)
                 await self._ack_and_reload(ids, where, retried)
                 release(len(ids))
         finally:
             for task in runs:
                 task.cancel()
-            for job in jobs:
-                self.running.pop(job.id, None)
+            self.running.difference_update(job.id for job in jobs)
 
     async def _settle(self, ran: list[tuple[Job, Outcome]]) -> list[repo.Row]:
         """Marks the jobs that ran DONE, FAILED/DEAD or put back; returns the
