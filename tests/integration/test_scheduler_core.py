@@ -346,3 +346,17 @@ async def test_a_full_resync_leaves_rows_already_pushed_untouched(
 
     # Same row versions (xmin), and no new locker in xmax.
     assert {tuple(r) for r in await db.fetch(versions, cat)} == before
+
+
+async def test_a_job_running_past_the_reaper_timeout_is_not_reaped(
+    sched: Scheduler, db: asyncpg.Connection
+) -> None:
+    # Heartbeats keep a long job's lease: it runs once, is never reaped.
+    cat, rec = category(), Recorder(delay_s=2 * sched.config.reaper_timeout_s)
+    sched.register(cat, rec)
+    job = await sched.enqueue(cat, {}, delay=timedelta(0))
+    async with running(sched):
+        await wait_until(lambda: _all(db, cat, "DONE", 1), 30, 0.1)
+    assert rec.calls[job.id] == 1
+    outcomes = await db.fetch("SELECT outcome FROM job_execution WHERE job_id = $1", job.id)
+    assert [r["outcome"] for r in outcomes] == ["DONE"]
