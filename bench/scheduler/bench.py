@@ -38,7 +38,7 @@ from reservo.core.clock import SystemClock
 from reservo.core.db import Database
 from reservo.core.migrate import migrate
 from reservo.core.redis import make_client
-from reservo.scheduler import Config, Job, Scheduler
+from reservo.scheduler import Config, Job, Scheduler, repo
 from reservo.scheduler.workers import Loader, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -196,6 +196,26 @@ async def bulk(s: Scheduler, run_ats: list[datetime], chunk: int = 20_000) -> fl
     return len(run_ats) / (time.perf_counter() - t0)
 
 
+async def as_api(s: Scheduler, run_ats: list[datetime], chunk: int = 128) -> float:
+    """Enqueues as POST /api/jobs writes (scheduler/batch.py): batches of at
+    most 128 jobs (core.batching's largest), one statement each, the jobs due
+    within the window written QUEUED under a job_push row and pushed to Redis
+    after the commit, so each is written once. enqueue_bulk writes rows only,
+    and the loader then pushes them and marks them pushed: a second write of
+    every job, inside the drain."""
+    t0 = time.perf_counter()
+    now = datetime.now(UTC)
+    for i in range(0, len(run_ats), chunk):
+        jobs = [(CAT, 5, at, {}) for at in run_ats[i : i + chunk]]
+        async with s.db.transaction() as conn:
+            made, push_id = await s.create_many(conn, jobs, now, s.take_pushes_done())
+        if push_id is not None:
+            await asyncio.shield(s.push_soon(made, push_id))
+    async with s.db.connection() as conn:  # the last batch's row: nothing deletes it later
+        await repo.delete_pushes(conn, s.take_pushes_done())
+    return len(run_ats) / (time.perf_counter() - t0)
+
+
 async def _print_table_stats(conn: asyncpg.Connection) -> None:
     """Where PostgreSQL's work went: rows read by scans of each index and table,
     updates (HOT or not), autovacuum runs. A figure that grows with the backlog
@@ -227,6 +247,18 @@ async def _unfinished(conn: asyncpg.Connection) -> bool:
             "    OR EXISTS (SELECT 1 FROM scheduled_job WHERE status = 'RUNNING')"
         )
     )
+
+
+async def pg_work(conn: asyncpg.Connection) -> tuple[int, int]:
+    """Statements committed in this database (each of the workers' statements
+    runs in a transaction of its own) and rows written to its tables, so far:
+    the figures per job that a faster drain has to cut."""
+    await asyncio.sleep(0.6)  # the statistics collector flushes every 500 ms
+    row = await conn.fetchrow(
+        "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),"
+        "       (SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_user_tables)"
+    )
+    return int(row[0]), int(row[1] or 0)
 
 
 async def count(conn: asyncpg.Connection, status: str) -> int:
@@ -271,9 +303,14 @@ async def phase_memory(s: Scheduler, conn: asyncpg.Connection, jobs: int) -> Non
 
 async def phase_drain(
     s: Scheduler, conn: asyncpg.Connection, db_url: str, rd: OwnRedis, ns: str, args: Any
-) -> None:
+) -> dict[str, float]:
+    """Drains a due backlog; returns its rates (jobs/s from the workers' start
+    and from the first completion) and CPU per job (us)."""
     due = datetime.now(UTC) - timedelta(seconds=1)
-    await bulk(s, [due] * args.backlog)
+    enqueue = getattr(args, "enqueue", "bulk")
+    rate = await (as_api if enqueue == "api" else bulk)(s, [due] * args.backlog)
+    print(f"enqueued {args.backlog} due jobs ({enqueue}) at {rate:,.0f} jobs/s")
+    work0 = await pg_work(conn)
     pg0, redis0 = benchlib.postgres_cpu_s(), benchlib.cpu_s([rd.pid])
     procs = start_workers(args.workers, db_url, rd.url, ns)
     t0 = time.time()
@@ -296,6 +333,7 @@ async def phase_drain(
     workers_cpu = benchlib.cpu_s([p.pid for p in procs])
     pg, redis_cpu = benchlib.postgres_cpu_s() - pg0, benchlib.cpu_s([rd.pid]) - redis0
     stop_workers(procs)
+    work = [b - a for a, b in zip(work0, await pg_work(conn), strict=True)]
     await conn.execute("RESET enable_seqscan")
     assert await count(conn, "DONE") == args.backlog
     first_at, last_at = await conn.fetchrow(
@@ -310,7 +348,10 @@ async def phase_drain(
         f"CPU s: workers {workers_cpu:.1f}, postgres {pg:.1f}, redis {redis_cpu:.1f} "
         f"(2 cores x {wall:.1f} s = {2 * wall:.1f}); "
         f"per job: workers {1e6 * workers_cpu / args.backlog:.0f} us, "
-        f"postgres {1e6 * pg / args.backlog:.0f} us, redis {1e6 * redis_cpu / args.backlog:.0f} us"
+        f"postgres {1e6 * pg / args.backlog:.0f} us, "
+        f"redis {1e6 * redis_cpu / args.backlog:.0f} us; "
+        f"PostgreSQL statements per job {work[0] / args.backlog:.3f}, "
+        f"rows written per job {work[1] / args.backlog:.2f}"
     )
     await _print_table_stats(conn)
     if spy is not None:
@@ -318,6 +359,15 @@ async def phase_drain(
         print(benchlib.summarize_profile(profile))
         profile.unlink(missing_ok=True)
     await reset(conn, s)
+    return {
+        "rate": args.backlog / wall,
+        "steady": (args.backlog - 1) / steady,
+        "workers_us": 1e6 * workers_cpu / args.backlog,
+        "postgres_us": 1e6 * pg / args.backlog,
+        "redis_us": 1e6 * redis_cpu / args.backlog,
+        "statements": work[0] / args.backlog,
+        "rows": work[1] / args.backlog,
+    }
 
 
 async def phase_fire(
@@ -328,7 +378,8 @@ async def phase_fire(
     ns: str,
     args: Any,
     fault: bool,
-) -> None:
+) -> dict[str, float]:
+    """Fires jobs at a rate; returns the lateness quantiles (ms)."""
     total_s = args.warmup + args.seconds
     n = args.rate * total_s
     lead = 5.0  # workers spawn and connect before the first run_at
@@ -382,6 +433,7 @@ async def phase_fire(
         f"p99 {lat['p99']:.1f} max {lat['max']:.1f}"
     )
     await reset(conn, s)
+    return lat
 
 
 async def main() -> None:
@@ -394,6 +446,13 @@ async def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seconds", type=int, default=30)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--enqueue",
+        choices=["bulk", "api"],
+        default="bulk",
+        help="how the drain's backlog is written: enqueue_bulk (rows only, the loader pushes "
+        "them) or as POST /api/jobs writes them (pushed at the commit)",
+    )
     ap.add_argument(
         "--fault-handler-ms",
         type=float,

@@ -323,3 +323,40 @@ async def test_elapsed_check(sched: Scheduler) -> None:
     # Redis TIME and our clock agree closely enough for "not before" to hold.
     t = await sched.redis.time()
     assert abs(t[0] + t[1] / 1e6 - time.time()) < 0.5
+
+
+async def test_a_full_resync_leaves_rows_already_pushed_untouched(
+    sched: Scheduler, db: asyncpg.Connection
+) -> None:
+    # The second loader's first pass is a full resync of the window: it reads
+    # every pending row again, but the ones marked pushed are neither updated
+    # nor locked (a lock writes its transaction id into the row's xmax, and a
+    # WAL record, per row and per resync).
+    cat, n = category(), 300
+    await sched.enqueue_bulk(cat, [now() + timedelta(seconds=60)] * n, [{}] * n, [5] * n)
+    assert await Loader(sched).run_once() == n
+    versions = (
+        "SELECT id, xmin::text AS xmin, xmax::text AS xmax FROM scheduled_job "
+        "WHERE category = $1 AND pushed"
+    )
+    before = {tuple(r) for r in await db.fetch(versions, cat)}
+    assert len(before) == n
+
+    await Loader(sched).run_once()
+
+    # Same row versions (xmin), and no new locker in xmax.
+    assert {tuple(r) for r in await db.fetch(versions, cat)} == before
+
+
+async def test_a_job_running_past_the_reaper_timeout_is_not_reaped(
+    sched: Scheduler, db: asyncpg.Connection
+) -> None:
+    # Heartbeats keep a long job's lease: it runs once, is never reaped.
+    cat, rec = category(), Recorder(delay_s=2 * sched.config.reaper_timeout_s)
+    sched.register(cat, rec)
+    job = await sched.enqueue(cat, {}, delay=timedelta(0))
+    async with running(sched):
+        await wait_until(lambda: _all(db, cat, "DONE", 1), 30, 0.1)
+    assert rec.calls[job.id] == 1
+    outcomes = await db.fetch("SELECT outcome FROM job_execution WHERE job_id = $1", job.id)
+    assert [r["outcome"] for r in outcomes] == ["DONE"]

@@ -104,8 +104,9 @@ DELETE FROM job_push WHERE id = ANY($1::bigint[]);
 
 -- name: unpushed
 -- The loader's incremental work: pending rows due before the horizon that
--- Redis has not been given yet.
-SELECT id, category, urgency, run_at, revision
+-- Redis has not been given yet. The loader's rows say whether they are marked
+-- pushed already (here: never), so it marks only those that are not.
+SELECT id, category, urgency, run_at, revision, pushed
   FROM scheduled_job
  WHERE NOT pushed AND status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at < $1
  ORDER BY run_at
@@ -122,7 +123,7 @@ SELECT id
 
 -- name: pending_page
 -- The loader's full resync (Redis flushed or restarted), paged by run_at/id.
-SELECT id, category, urgency, run_at, revision
+SELECT id, category, urgency, run_at, revision, pushed
   FROM scheduled_job
  WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at < $1
    AND (run_at, id) > ($2, $3)
@@ -140,7 +141,7 @@ SELECT id
 
 -- name: loadable_rows
 -- What the loader pushes, for given ids still pending.
-SELECT id, category, urgency, run_at, revision
+SELECT id, category, urgency, run_at, revision, pushed
   FROM scheduled_job
  WHERE id = ANY($1::bigint[]) AND status IN ('SCHEDULED', 'QUEUED', 'FAILED');
 

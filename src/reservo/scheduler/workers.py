@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -218,10 +219,17 @@ class Loader:
         added = await self.scheduler.dispatcher.load(
             (row["id"], row["category"], row["urgency"], domain.ms(row["run_at"])) for row in rows
         )
-        async with self.scheduler.db.connection() as conn:
-            await repo.mark_pushed(
-                conn, [row["id"] for row in rows], [row["revision"] for row in rows]
-            )
+        # Only the rows not marked yet: a full resync reads every pending row
+        # of the window, nearly all of them pushed long ago, and marking those
+        # again changed nothing but still locked each one (a WAL record per
+        # row, per resync). A row reset to unpushed since this read (retried,
+        # rescheduled) has a new revision, which mark_pushed would refuse anyway.
+        fresh = [row for row in rows if not row["pushed"]]
+        if fresh:
+            async with self.scheduler.db.connection() as conn:
+                await repo.mark_pushed(
+                    conn, [row["id"] for row in fresh], [row["revision"] for row in fresh]
+                )
         return [added]
 
 
@@ -302,6 +310,18 @@ class Reaper:
 
 
 Outcome = JobFailure | JobDeferred | None
+
+
+@dataclass
+class Claim:
+    """What a batch claim made of the ids taken: the jobs now RUNNING here, and
+    of the ids it refused (``missed``) the still pending ones, not due yet by
+    our clock (``early``) or of a paused category (``held``)."""
+
+    jobs: list[Job]
+    missed: list[int]
+    early: list[repo.Row] = field(default_factory=list)
+    held: list[repo.Row] = field(default_factory=list)
 
 
 class Executor:
@@ -462,11 +482,20 @@ class Executor:
     async def process(
         self, got: list[tuple[tuple[str, int], list[int]]], release: Callable[[int], None]
     ) -> None:
-        """Claims the batch, runs its jobs and settles them in waves as they
-        end: a job that ends early is settled, acknowledged and its slot freed
-        (``release``) without waiting for the slowest job of its batch."""
-        scheduler = self.scheduler
+        """Claims the batch, hands back what it could not claim, runs the
+        claimed jobs and settles them in waves as they end: a job that ends
+        early is settled, acknowledged and its slot freed (``release``) without
+        waiting for the slowest job of its batch."""
         where: dict[int, tuple[str, int]] = {job_id: pair for pair, ids in got for job_id in ids}
+        claim = await self._claim(where)
+        await self._requeue(claim, where)
+        release(len(claim.missed))
+        await self._run_and_settle(claim.jobs, where, release)
+
+    async def _claim(self, where: dict[int, tuple[str, int]]) -> Claim:
+        """Claims the ids in PostgreSQL (a row that cannot be claimed even alone
+        is parked) and sorts out the ones it could not claim."""
+        scheduler = self.scheduler
         now = scheduler.clock.now()
         async with scheduler.db.connection() as conn:
 
@@ -492,22 +521,31 @@ class Executor:
 
             jobs = await isolate(list(where), claim, self._park, loop=EXECUTOR, one=claim_one)
             claimed = {job.id for job in jobs}
-            missed = [job_id for job_id in where if job_id not in claimed]
-            early: list[repo.Row] = []
-            held: list[repo.Row] = []
-            if missed:
+            result = Claim(jobs, [job_id for job_id in where if job_id not in claimed])
+            if result.missed:
                 # Not claimable: settled, cancelled, running elsewhere, parked
                 # (skip them), not due yet by our clock (a stale copy: load it
                 # again) or of a paused category (back to its queue, to wait;
                 # so is one resumed since the claim, which read it paused).
-                for row in await isolate(missed, status_of, self._park, loop=EXECUTOR):
+                for row in await isolate(result.missed, status_of, self._park, loop=EXECUTOR):
                     if row["status"] not in domain.PENDING:
                         continue
-                    (early if row["run_at"] > now else held).append(row)
-        await self._hold(held, where)
-        gone = {row["id"] for row in held}
-        await self._ack_and_reload([i for i in missed if i not in gone], where, early)
-        release(len(missed))
+                    (result.early if row["run_at"] > now else result.held).append(row)
+        return result
+
+    async def _requeue(self, claim: Claim, where: dict[int, tuple[str, int]]) -> None:
+        """The ids the claim refused: a paused category's back to their queue,
+        the others acknowledged (and a stale copy of a job not due yet loaded
+        again at its run_at)."""
+        await self._hold(claim.held, where)
+        gone = {row["id"] for row in claim.held}
+        await self._ack_and_reload([i for i in claim.missed if i not in gone], where, claim.early)
+
+    async def _run_and_settle(
+        self, jobs: list[Job], where: dict[int, tuple[str, int]], release: Callable[[int], None]
+    ) -> None:
+        """Runs the claimed jobs; settles, acknowledges and releases each wave
+        of jobs that end together."""
         # Started in due order: after a pause, the backlog runs oldest first.
         jobs.sort(key=lambda job: (job.run_at, job.id))
         self.running.update(job.id for job in jobs)
