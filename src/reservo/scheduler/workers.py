@@ -571,64 +571,25 @@ class Executor:
     async def _settle(self, ran: list[tuple[Job, Outcome]]) -> list[repo.Row]:
         """Marks the jobs that ran DONE, FAILED/DEAD or put back; returns the
         rows due again (to hand to Redis)."""
-        cfg, scheduler = self.scheduler.config, self.scheduler
         done = [(job.id, job.revision) for job, err in ran if err is None]
         failed = [(job, err) for job, err in ran if isinstance(err, JobFailure)]
         deferred = [(job, err) for job, err in ran if isinstance(err, JobDeferred)]
-        now = scheduler.clock.now()
+        now = self.scheduler.clock.now()
         # Each settle statement is atomic on its own (UPDATE + log in one
         # statement), and jobs are independent: no BEGIN/COMMIT round trips.
         # A job whose settle fails alone (a constraint its row breaks) is
         # parked rather than left RUNNING for the reaper to rerun forever.
-        async with scheduler.db.connection() as conn:
-
-            async def complete(batch: Sequence[tuple[int, int]]) -> list[int]:
-                return await repo.complete(
-                    conn,
-                    [job_id for job_id, _ in batch],
-                    [revision for _, revision in batch],
-                    now,
-                    self.worker,
-                )
-
-            async def fail(batch: Sequence[tuple[Job, JobFailure]]) -> list[repo.Row]:
-                retry_ats = [
-                    now
-                    + timedelta(
-                        seconds=backoff_delay(job.attempts, cfg.backoff_base_s, cfg.backoff_max_s)
-                    )
-                    for job, _ in batch
-                ]
-                return await repo.fail(
-                    conn,
-                    [job.id for job, _ in batch],
-                    [job.revision for job, _ in batch],
-                    [failure.public[:ERROR_TEXT_MAX] for _, failure in batch],
-                    retry_ats,
-                    now,
-                    self.worker,
-                    [failure.detail[:ERROR_TEXT_MAX] for _, failure in batch],
-                    [failure.permanent for _, failure in batch],
-                )
-
-            async def defer(batch: Sequence[tuple[Job, JobDeferred]]) -> list[repo.Row]:
-                return await repo.defer(
-                    conn,
-                    [job.id for job, _ in batch],
-                    [job.revision for job, _ in batch],
-                    [now + timedelta(seconds=why.delay_s) for _, why in batch],
-                )
-
+        async with self.scheduler.db.connection() as conn:
             await isolate(
                 done,
-                complete,
+                partial(self._complete, conn, now),
                 lambda item, exc: self._park(item[0], exc),
                 loop=EXECUTOR,
                 key=lambda item: item[0],
             )
             rows = await isolate(
                 failed,
-                fail,
+                partial(self._fail, conn, now),
                 lambda item, exc: self._park(item[0].id, exc),
                 loop=EXECUTOR,
                 key=lambda item: item[0].id,
@@ -636,12 +597,54 @@ class Executor:
             back = [row for row in rows if row["status"] == domain.FAILED]
             back += await isolate(
                 deferred,
-                defer,
+                partial(self._defer, conn, now),
                 lambda item, exc: self._park(item[0].id, exc),
                 loop=EXECUTOR,
                 key=lambda item: item[0].id,
             )
         return back
+
+    async def _complete(
+        self, conn: asyncpg.Connection, now: datetime, batch: Sequence[tuple[int, int]]
+    ) -> list[int]:
+        return await repo.complete(
+            conn,
+            [job_id for job_id, _ in batch],
+            [revision for _, revision in batch],
+            now,
+            self.worker,
+        )
+
+    async def _fail(
+        self, conn: asyncpg.Connection, now: datetime, batch: Sequence[tuple[Job, JobFailure]]
+    ) -> list[repo.Row]:
+        cfg = self.scheduler.config
+        retry_ats = [
+            now
+            + timedelta(seconds=backoff_delay(job.attempts, cfg.backoff_base_s, cfg.backoff_max_s))
+            for job, _ in batch
+        ]
+        return await repo.fail(
+            conn,
+            [job.id for job, _ in batch],
+            [job.revision for job, _ in batch],
+            [failure.public[:ERROR_TEXT_MAX] for _, failure in batch],
+            retry_ats,
+            now,
+            self.worker,
+            [failure.detail[:ERROR_TEXT_MAX] for _, failure in batch],
+            [failure.permanent for _, failure in batch],
+        )
+
+    async def _defer(
+        self, conn: asyncpg.Connection, now: datetime, batch: Sequence[tuple[Job, JobDeferred]]
+    ) -> list[repo.Row]:
+        return await repo.defer(
+            conn,
+            [job.id for job, _ in batch],
+            [job.revision for job, _ in batch],
+            [now + timedelta(seconds=why.delay_s) for _, why in batch],
+        )
 
     async def _ack_and_reload(
         self, ids: list[int], where: dict[int, tuple[str, int]], back: list[repo.Row]
