@@ -468,7 +468,7 @@ class Settings(BaseSettings):
         # Split where a URL starts, not at every comma: one URL may name several
         # hosts (``postgresql://h1:5432,h2:5432/db?target_session_attrs=prefer-standby``).
         parts = re.split(r",\s*(?=postgres(?:ql)?://)", self.database_replica_urls)
-        return [url.strip() for url in parts if url.strip()]
+        return [url.strip(" ,") for url in parts if url.strip(" ,")]
 
     @model_validator(mode="after")
     def _replicas_can_be_within_the_bound(self) -> Settings:
