@@ -173,7 +173,7 @@ async def test_a_running_client_follows_a_master_failover_within_5_s(tmp_path: P
         assert back_s is not None, "calls for the dead master's slots never came back"
         print(
             f"[failover] redis client: replica promoted {timing['promoted']:.2f} s after the "
-            f"kill, calls for its slots back through the gate {back_s:.2f} s after it"
+            f"kill, calls for its slots back through the gate {back_s:.2f} s after the kill"
         )
         assert back_s <= FOLLOW_GOAL_S
         assert cluster.master_of(probe).port != victim.port

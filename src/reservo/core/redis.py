@@ -73,14 +73,14 @@ HEALTH_CHECK_INTERVAL_S = 30
 # A cluster client re-reads the layout after a failed call at most this often
 # (redis-py's default is 1 s): after a master's replica is promoted, calls for
 # its slots go to the dead master until the next re-read. Every call after a
-# failure asks for one; this bounds them to a few CLUSTER SLOTS a second.
+# failure asks for one; this bounds them to ten a second per client.
 TOPOLOGY_REFRESH_S = 0.1
 # On a cluster, a failed call that some node answered or could have answered
 # (one master dead, a failover under way) holds the gate this long at most, not
 # the whole backoff: the other masters keep serving their slots, and a master's
 # replica is promoted seconds after it died, so a long hold would make every
-# call wait past the promotion (a 1 s hold put calls for the dead master's slots
-# back about 1.5 s after the promotion, 0.3 s with this). A cluster none of whose
+# call wait past the promotion (with a 1 s hold, calls for the dead master's slots
+# were back 0.4-1.8 s after the promotion; 0.1-0.6 s with this). A cluster none of whose
 # nodes answers holds the gate for the whole backoff, as a single Redis does.
 CLUSTER_NODE_BACKOFF_S = 0.25
 
