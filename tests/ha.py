@@ -109,6 +109,13 @@ class HaPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.ports[name]}/{DATABASE}"
 
     @property
+    def read_url(self) -> str:
+        """For the stale reads (RESERVO_DATABASE_REPLICA_URLS): the same three
+        hosts, a standby preferred, the primary when no standby answers."""
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
+        return f"postgresql://postgres@{hosts}/{DATABASE}?target_session_attrs=prefer-standby"
+
+    @property
     def monitor_url(self) -> str:
         return (
             f"postgres://autoctl_node@127.0.0.1:{self.monitor_port}/pg_auto_failover"
@@ -224,11 +231,11 @@ class HaPostgres:
                     "-h",
                     "127.0.0.1",
                     "-p",
-                    str(self.monitor_port),
+                    str(port),
                     "-U",
                     user,
                     "-d",
-                    "pg_auto_failover",
+                    database,
                     "-Atc",
                     sql,
                 ],
@@ -247,8 +254,11 @@ class HaPostgres:
         for a fast one): written at full speed instead. Set on the first node,
         the others inherit it with the base backup."""
         port = self.ports[name]
-        assert self._sql(port, "postgres", "ALTER SYSTEM SET checkpoint_completion_target = 0")
-        assert self._sql(port, "postgres", "SELECT pg_reload_conf()") == "t"
+        assert (
+            self._sql(port, DATABASE, "ALTER SYSTEM SET checkpoint_completion_target = 0")
+            is not None
+        )
+        assert self._sql(port, DATABASE, "SELECT pg_reload_conf()") == "t"
 
     def _tune_monitor(self) -> None:
         for name, value in MONITOR_SETTINGS.items():
@@ -269,6 +279,72 @@ class HaPostgres:
             if reported == goal and reported in WRITABLE:
                 return name
         return None
+
+    def wait_unhealthy(self, name: str, timeout_s: float) -> float:
+        """Until the monitor has acted on ``name``'s loss: marked it unhealthy
+        (no health check answered for node_considered_unhealthy_timeout) and taken
+        it out of the secondaries (goal ``catchingup``). The ``health`` column
+        alone turns 0 at the first failed check, before the monitor decides.
+        Returns the seconds waited."""
+        t0 = time.monotonic()
+        self._until(
+            lambda: self.states().get(name, ("", ""))[1] == "catchingup",
+            t0 + timeout_s,
+            f"{name} marked unhealthy",
+        )
+        return time.monotonic() - t0
+
+    def leave_quorum(self, name: str, timeout_s: float) -> None:
+        """What an operator (or their automation) does once a standby is lost for
+        good: the formation asks for no synchronous standby count, and the lost
+        node stops counting in the replication quorum; the primary then
+        replicates synchronously to the standbys left (``ANY 1 (the others)``).
+        Without it the monitor would wait, at the primary's loss, for the lost
+        node's LSN (it may hold a commit the others lack) and promote nothing."""
+        deadline = time.monotonic() + timeout_s
+        self._monitor_call(
+            "SELECT pgautofailover.set_formation_number_sync_standbys('default', 0)", deadline
+        )
+        self._until(self._primary_settled, deadline, "number_sync_standbys 0 applied")
+        self._monitor_call(
+            f"SELECT pgautofailover.set_node_replication_quorum('default', '{name}', false)",
+            deadline,
+        )
+        tag = f"pgautofailover_standby_{name.removeprefix('node')}"
+        self._until(
+            lambda: self._primary_settled() and tag not in (self.sync_names() or tag),
+            deadline,
+            f"{name} out of synchronous_standby_names",
+        )
+
+    def rejoin_quorum(self, name: str, timeout_s: float) -> None:
+        """Undo ``leave_quorum`` once ``name`` is back as a standby."""
+        deadline = time.monotonic() + timeout_s
+        self._monitor_call(
+            f"SELECT pgautofailover.set_node_replication_quorum('default', '{name}', true)",
+            deadline,
+        )
+        self._until(self._primary_settled, deadline, f"{name} back in the quorum")
+        self._monitor_call(
+            "SELECT pgautofailover.set_formation_number_sync_standbys('default', 1)", deadline
+        )
+        self.wait_settled(max(1.0, deadline - time.monotonic()))
+
+    def sync_names(self) -> str | None:
+        """The primary's synchronous_standby_names, as it runs now."""
+        primary = self.primary()
+        if primary is None:
+            return None
+        return self._sql(self.ports[primary], DATABASE, "SHOW synchronous_standby_names")
+
+    def _primary_settled(self) -> bool:
+        primary = self.primary()
+        return primary is not None and self.states()[primary] == ("primary", "primary")
+
+    def _monitor_call(self, sql: str, deadline: float) -> None:
+        """A monitor function that edits the formation: retried, since it can
+        deadlock with the keepers' concurrent reports (seen here)."""
+        self._until(lambda: self._monitor_sql(sql) == "t", deadline, sql)
 
     def _settled(self, name: str) -> bool:
         reported, goal = self.states().get(name, ("", "-"))
@@ -300,7 +376,8 @@ def _start(root: Path) -> None:
     redis.start()
     state = {
         "database_url": pg.url,
-        "redis_url": ",".join(f"redis://127.0.0.1:{p}/0" for p in redis.ports),
+        "database_replica_urls": pg.read_url,
+        "redis_url": "redis://" + ",".join(f"127.0.0.1:{p}" for p in redis.ports) + "/0",
         "pids": {
             **{f"pg-{n}": p for n, p in pg.pids().items()},
             **{f"redis-{port}": proc.pid for port, proc in redis.procs.items()},
@@ -309,6 +386,7 @@ def _start(root: Path) -> None:
     (root / "ha.json").write_text(json.dumps(state, indent=2))
     env = (
         f"export RESERVO_DATABASE_URL='{state['database_url']}'\n"
+        f"export RESERVO_DATABASE_REPLICA_URLS='{state['database_replica_urls']}'\n"
         f"export RESERVO_REDIS_URL='{state['redis_url']}'\n"
         "export RESERVO_REDIS_CLUSTER=true\n"
     )

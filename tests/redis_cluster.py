@@ -35,7 +35,10 @@ class Node:
 
     @property
     def is_master(self) -> bool:
-        return "master" in self.flags and "fail" not in self.flags
+        """A live master serving slots. Just after ``--cluster create`` a node may
+        still list the replicas as masters with no slot (its view not yet updated
+        by gossip): those are not masters to kill in a failover test."""
+        return "master" in self.flags and "fail" not in self.flags and bool(self.slots)
 
     @classmethod
     def parse(cls, line: str) -> Node:

@@ -80,7 +80,9 @@ class Settings(BaseSettings):
     # progress), the next requests answer 503 unavailable at once for this long
     # instead of each waiting on a connect: no pile-up while it lasts. 0: off.
     db_unavailable_hold_s: float = Field(default=0.5, ge=0, le=30)
-    # Streaming replicas (hot standbys of database_url), comma-separated. Only the
+    # Streaming replicas (hot standbys of database_url), comma-separated; one URL
+    # may name several hosts with target_session_attrs=prefer-standby (whichever
+    # standby answers, else the primary: docs/SCALING.md). Only the
     # reads that may be seconds stale use them (the slot lists, the car search, the
     # match lists); every decision stays on the primary. Empty: none.
     database_replica_urls: str = ""
@@ -462,7 +464,10 @@ class Settings(BaseSettings):
 
     @property
     def replica_urls(self) -> list[str]:
-        return [url.strip() for url in self.database_replica_urls.split(",") if url.strip()]
+        # Split where a URL starts, not at every comma: one URL may name several
+        # hosts (``postgresql://h1:5432,h2:5432/db?target_session_attrs=prefer-standby``).
+        parts = re.split(r",\s*(?=postgres(?:ql)?://)", self.database_replica_urls)
+        return [url.strip(" ,") for url in parts if url.strip(" ,")]
 
     @model_validator(mode="after")
     def _replicas_can_be_within_the_bound(self) -> Settings:

@@ -20,11 +20,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio
 import redis.exceptions
 import structlog
 from prometheus_client import Counter
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -67,6 +70,19 @@ CLUSTER_FAILURES: tuple[type[BaseException], ...] = (
 # Idle pooled connections are PINGed before reuse after this many seconds, so a
 # Redis restart shows up as a reconnect rather than a failed request.
 HEALTH_CHECK_INTERVAL_S = 30
+# A cluster client re-reads the layout after a failed call at most this often
+# (redis-py's default is 1 s): after a master's replica is promoted, calls for
+# its slots go to the dead master until the next re-read. Every call after a
+# failure asks for one; this bounds them to ten a second per client.
+TOPOLOGY_REFRESH_S = 0.1
+# On a cluster, a failed call that some node answered or could have answered
+# (one master dead, a failover under way) holds the gate this long at most, not
+# the whole backoff: the other masters keep serving their slots, and a master's
+# replica is promoted seconds after it died, so a long hold would make every
+# call wait past the promotion (with a 1 s hold, calls for the dead master's slots
+# were back 0.4-1.8 s after the promotion; 0.1-0.6 s with this). A cluster none of whose
+# nodes answers holds the gate for the whole backoff, as a single Redis does.
+CLUSTER_NODE_BACKOFF_S = 0.25
 
 
 class _Cluster(redis.asyncio.RedisCluster):
@@ -86,22 +102,65 @@ def make_client(url: str, timeout_s: float, *, cluster: bool = False) -> Client:
 
     redis-py retries connection errors 10 times by default; here the gate's
     backoff is the retry policy, so the client must give up after one attempt.
-    With ``cluster`` the URL names any node of a Redis Cluster (the client reads
-    the others from it). A call that fails there makes the client re-read which
-    node owns which slot before its next call (after a failover, the next call
-    to a moved slot lands on the promoted replica). No retry either: redis-py's
-    cluster pipeline retries by closing every connection of the client, calls
-    in flight included, which under concurrency turns one timeout into a storm.
+    With ``cluster`` the URL names one or more nodes of a Redis Cluster, the way
+    a PostgreSQL URL names several hosts (``redis://h1:7001,h2:7002/0``): the
+    client reads the layout from the first of them that answers, so it starts
+    while any one of them is up. A call that fails there makes the client re-read
+    which node owns which slot before its next call (after a failover, the next
+    call to a moved slot lands on the promoted replica). No retry either:
+    redis-py's cluster pipeline retries by closing every connection of the
+    client, calls in flight included, which under concurrency turns one timeout
+    into a storm.
     """
-    from_url = _Cluster.from_url if cluster else redis.asyncio.Redis.from_url
-    return from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        decode_responses=False,
-        health_check_interval=HEALTH_CHECK_INTERVAL_S,
-        retry=Retry(NoBackoff(), 0),
+    options: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "decode_responses": False,
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    nodes = startup_nodes(url)
+    if not cluster:
+        if len(nodes) > 1:
+            raise ValueError("a Redis URL naming several hosts needs RESERVO_REDIS_CLUSTER=true")
+        return redis.asyncio.Redis.from_url(url, **options)
+    # Credentials, db and options as the URL says them, read from its first host.
+    params: dict[str, Any] = dict(parse_url(_first_host(url)))
+    del params["host"], params["port"]
+    if params.pop("connection_class", None) is SSLConnection:
+        params["ssl"] = True
+    seeds = [ClusterNode(h, p) for h, p in nodes]
+    return _Cluster(
+        startup_nodes=seeds,
+        topology_refresh_min_interval=TOPOLOGY_REFRESH_S,
+        **params,
+        **options,
     )
+
+
+def startup_nodes(url: str) -> list[tuple[str, int]]:
+    """The (host, port) pairs a Redis URL names: ``redis://[user:pw@]h1[:p1][,h2[:p2]...]/db``
+    (port 6379 when left out; an IPv6 host in brackets)."""
+    netloc = urlsplit(url).netloc
+    hosts = netloc.rpartition("@")[2]
+    nodes: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        if item.startswith("["):  # [::1]:7000
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if not host:
+            raise ValueError(f"a Redis URL with an empty host: {url!r}")
+        nodes.append((host, int(port or 6379)))
+    return nodes
+
+
+def _first_host(url: str) -> str:
+    """``url`` naming only its first host (user, password, db and options kept)."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{hosts.split(',')[0]}"))
 
 
 def is_cluster(client: Client) -> bool:
@@ -226,7 +285,12 @@ class RedisGate:
         now = time.monotonic()
         reason = _reason(exc)
         REDIS_FAILURES.labels(reason=reason).inc()
-        self._down_until = now + self.backoff_s
+        hold = self.backoff_s
+        if is_cluster(self.client) and not isinstance(
+            exc, redis.exceptions.RedisClusterUnreachableError
+        ):
+            hold = min(hold, CLUSTER_NODE_BACKOFF_S)
+        self._down_until = now + hold
         self._failed = True
         # Many in-flight calls fail together when Redis dies: warn once per period.
         if now >= self._quiet_until:
@@ -235,5 +299,5 @@ class RedisGate:
                 "redis.unavailable",
                 reason=reason,
                 error=f"{type(exc).__name__}: {exc}",
-                backoff_s=self.backoff_s,
+                backoff_s=hold,
             )

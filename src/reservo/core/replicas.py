@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 import structlog
@@ -43,6 +44,11 @@ T = TypeVar("T")
 PRIMARY = "primary"
 
 
+def several_hosts(dsn: str) -> bool:
+    """Whether a PostgreSQL URL names several hosts (``postgresql://h1,h2/db``)."""
+    return "," in urlsplit(dsn).netloc
+
+
 def sampled_before(samples: Sequence[tuple[float, int]], replayed: int) -> float | None:
     """When the newest primary sample (time, WAL end), oldest first, that a replica
     having replayed ``replayed`` holds was taken: it has every commit before then."""
@@ -55,6 +61,7 @@ def sampled_before(samples: Sequence[tuple[float, int]], replayed: int) -> float
 @dataclass(kw_only=True)
 class Replica:
     name: str
+    dsn: str
     db: Database  # the reads' pool
     probe_db: Database  # its own connection: a busy read pool never fails a probe
     # Answered its last probe as a standby, and no read failed on it since.
@@ -83,9 +90,12 @@ class Replicas:
         self.max_lag_s = max_lag_s
         self.probe_interval_s = probe_interval_s
         self._timeout_s = timeout_s
+        self._sizes = (min_size, max_size)
+        self._closing: set[asyncio.Task[None]] = set()
         self.members = [
             Replica(
                 name=f"replica{i}",
+                dsn=dsn,
                 # A replica that does not answer within timeout_s costs the read that
                 # time once, then the read goes to the primary.
                 db=self._pool(dsn, min_size, max_size),
@@ -137,6 +147,7 @@ class Replicas:
         for r in self.members:
             await r.db.close()
             await r.probe_db.close()
+        await asyncio.gather(*self._closing)
         if self._primary_probe is not None:
             await self._primary_probe.close()
             self._primary_probe = None
@@ -171,6 +182,8 @@ class Replicas:
         if not row["in_recovery"]:
             # Promoted (or a primary listed by mistake): its data is not the primary's.
             self._down(r, "not_a_standby", None)
+            if several_hosts(r.dsn):
+                self._reconnect(r)
             return
         if row["replayed"] is not None:
             at = sampled_before(self._samples, int(row["replayed"]))
@@ -182,6 +195,21 @@ class Replicas:
         metrics.REPLICA_UP.labels(r.name).set(1)
         lag = r.lag_s(time.monotonic())
         metrics.REPLICA_LAG.labels(r.name).set(lag if math.isfinite(lag) else -1)
+
+    def _reconnect(self, r: Replica) -> None:
+        """New pools for a replica whose URL names several hosts (the HA set with
+        ``target_session_attrs=prefer-standby``): the host is chosen at connect,
+        and a pooled connection that reached a primary (no standby answered then,
+        or its node was promoted since) would stay on it while the probes keep it
+        busy. The next probe connects again and finds a standby if one answers.
+        The old pools close in the background, after the reads still on them."""
+        old = (r.db, r.probe_db)
+        r.db = self._pool(r.dsn, *self._sizes)
+        r.probe_db = self._pool(r.dsn, 0, 1)
+        for db in old:
+            task = asyncio.create_task(db.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def _down(self, r: Replica, why: str, exc: BaseException | None) -> None:
         if r.up:

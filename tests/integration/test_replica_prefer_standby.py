@@ -1,0 +1,62 @@
+"""A read replica named as a host list with ``target_session_attrs=prefer-standby``
+(the HA set's nodes, docs/OPERATIONS.md): when no standby answered at connect,
+the replica's connections land on the primary and it serves nothing; once a
+standby answers again, the probe's next connection reaches it and the stale
+reads go to it, without a restart. A real hot standby (tests/replication.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from reservo.settings import Settings
+from tests.integration.test_read_replicas import routed, serving, until
+from tests.replication import HotStandbyPair, missing_binaries
+
+WHY_NOT = missing_binaries()
+
+
+@pytest.fixture(scope="module")
+async def pair() -> AsyncIterator[HotStandbyPair]:
+    if WHY_NOT:
+        pytest.skip(f"no hot standby can be started here: {WHY_NOT}")
+    root = Path(tempfile.mkdtemp(prefix="reservo-prefer-standby-"))
+    p = HotStandbyPair(root)
+    try:
+        await p.start()
+        yield p
+    finally:
+        await asyncio.to_thread(p.stop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def both_hosts(pair: HotStandbyPair) -> str:
+    """The standby first, then the primary, in one URL: a standby preferred."""
+    standby, primary = urlsplit(pair.standby_url), urlsplit(pair.primary_url)
+    user = standby.netloc.rpartition("@")[0]
+    hosts = f"{standby.netloc.rpartition('@')[2]},{primary.netloc.rpartition('@')[2]}"
+    netloc = f"{user}@{hosts}" if user else hosts
+    return urlunsplit(standby._replace(netloc=netloc, query="target_session_attrs=prefer-standby"))
+
+
+async def test_a_host_list_replica_finds_the_standby_back_after_landing_on_the_primary(
+    pair: HotStandbyPair, base_settings: Settings
+) -> None:
+    pair.kill_standby()
+    async with routed(pair, base_settings, database_replica_urls=both_hosts(pair)) as (c, _):
+        assert c.db.replicas is not None
+        # No standby answers: the connections reach the primary, which the probe
+        # tells from a standby.
+        await until(lambda: c.db.replicas.status()[0]["up"] is False)
+        await asyncio.sleep(0.5)
+        assert not serving(c)
+        await pair.restart_standby()
+        # Within a few probes (every 0.05 s here) the replica serves again.
+        took = await until(lambda: serving(c), timeout_s=10)
+        print(f"replica serving {took:.2f} s after the standby was back")
