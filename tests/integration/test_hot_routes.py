@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import date, timedelta
 from typing import Annotated, Any
 
+import asyncpg
 import httpx
 import pytest
 from fastapi import Depends, FastAPI, Request
@@ -22,6 +23,7 @@ from reservo.core import metrics
 from reservo.core.clock import OffsetClock
 from reservo.core.hotroute import HotLayer, compile_route, hot_routes
 from reservo.settings import Settings
+from tests.betting_helpers import make_account
 from tests.conftest import auth, new_id
 from tests.helpers import ADMIN, make_slots
 
@@ -270,3 +272,53 @@ async def test_a_hot_route_must_be_a_route_of_the_app_in_the_supported_shape() -
     route = next(r for r in app.routes if getattr(r, "endpoint", None) is uses_other)
     with pytest.raises(ValueError, match="only the caller dependencies"):
         compile_route(route)
+
+
+@pytest.mark.parametrize("front", [True, False], ids=["front", "stack"])
+async def test_one_rule_stores_refusals_for_a_key_on_every_path(
+    base_settings: Settings, db: asyncpg.Connection, front: bool
+) -> None:
+    """core.idempotency.is_stored: a request's own refusal (409) is stored for
+    its key and replayed; who may not act (403) is not, its claim is dropped.
+    The transfer batch stored its 403s; the booking's run_idempotent did not."""
+    container = build(base_settings.model_copy(update={"lean_paths": front}), OffsetClock())
+    transport = httpx.ASGITransport(app=create_app(container))
+    async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+        account, owner = await make_account(c, 100)
+        other, _ = await make_account(c, 0)
+        world = await db.fetchval(
+            "SELECT id FROM wallet_account WHERE currency = 'EUR' AND kind = 'WORLD'"
+        )
+        bettor = auth("bettor", owner)
+        k403, k409 = f"w403-{uuid.uuid4()}", f"w409-{uuid.uuid4()}"
+        moves = [
+            ({"fromAccountId": account, "toAccountId": world, "amount": 5}, k403, 403),
+            ({"fromAccountId": account, "toAccountId": other, "amount": 10_000}, k409, 409),
+        ]
+        for move, key, status in moves:
+            headers = {**bettor, "Idempotency-Key": key}
+            r = await c.post("/api/transfers", json=move, headers=headers)
+            assert r.status_code == status, r.text
+
+        # The booking's run_idempotent: already_booked is decided after the claim.
+        _, slots = await make_slots(c, capacity=2, days_ahead=3)
+        patient = new_id()
+        booking = {"slotId": slots[0]["id"], "patientId": patient}
+        b201, b409 = f"b201-{uuid.uuid4()}", f"b409-{uuid.uuid4()}"
+        for key, status in ((b201, 201), (b409, 409)):
+            r = await c.post(
+                "/api/appointments",
+                json=booking,
+                headers={**auth("patient", patient), "Idempotency-Key": key},
+            )
+            assert r.status_code == status, r.text
+    await container.close()
+    rows = await db.fetch(
+        "SELECT key, status, response_status FROM idempotency_key WHERE key = ANY($1)",
+        [k403, k409, b201, b409],
+    )
+    assert {r["key"]: (r["status"], r["response_status"]) for r in rows} == {
+        k409: ("DONE", 409),
+        b201: ("DONE", 201),
+        b409: ("DONE", 409),
+    }
