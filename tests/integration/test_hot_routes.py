@@ -273,6 +273,14 @@ async def test_a_hot_route_must_be_a_route_of_the_app_in_the_supported_shape() -
     with pytest.raises(ValueError, match="only the caller dependencies"):
         compile_route(route)
 
+    @app.get("/sync")
+    def sync_route() -> Any:
+        return 1
+
+    route = next(r for r in app.routes if getattr(r, "endpoint", None) is sync_route)
+    with pytest.raises(ValueError, match="must be async"):
+        compile_route(route)
+
 
 @pytest.mark.parametrize("front", [True, False], ids=["front", "stack"])
 async def test_one_rule_stores_refusals_for_a_key_on_every_path(

@@ -32,6 +32,7 @@ implementation either way: the stack only adds what it adds to every route.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -136,9 +137,10 @@ def _callers(dependant: Dependant, where: str) -> list[_Caller]:
 def compile_route(route: Any) -> ASGIApp:
     """The ASGI app serving ``route`` (an APIRoute, or the context FastAPI
     resolves an included router's route to) from its declaration (see the
-    module doc).
-    Raises ValueError for a declaration outside what it supports (cookies,
-    several bodies, other dependencies, a response not returned as a Response)."""
+    module doc). Raises ValueError for a declaration outside what it supports
+    (a sync endpoint, cookies, several or embedded bodies, multi-valued
+    parameters, dependencies other than the caller's); the endpoint must return
+    a Response (TypeError when it does not)."""
     dependant = route.dependant
     where = f"{sorted(route.methods or ())} {route.path}"
     if dependant.cookie_params or len(dependant.body_params) > 1:
@@ -158,6 +160,8 @@ def compile_route(route: Any) -> ASGIApp:
         raise ValueError(f"{where}: only a Request parameter is supported")
     callers = _callers(dependant, where)
     endpoint: Callable[..., Any] = route.endpoint
+    if not inspect.iscoroutinefunction(endpoint):
+        raise ValueError(f"{where}: the endpoint must be async (no thread pool here)")
     # The field FastAPI validates a single, not embedded body with.
     body_field = dependant.body_params[0] if dependant.body_params else None
     request_name = dependant.request_param_name

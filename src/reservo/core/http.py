@@ -140,7 +140,7 @@ class RequestMetrics:
         count.inc()
 
 
-# One per process: the metrics middleware and the lean path (core/lean.py) share it.
+# One per process: the metrics middleware and the hot routes (core/hotroute.py) share it.
 REQUEST_METRICS = RequestMetrics()
 
 
