@@ -23,6 +23,7 @@ from reservo.core import metrics, tracing
 from reservo.core.auth import TokenVerifier
 from reservo.core.contract import asyncapi_text
 from reservo.core.graceful import STATE_KEY, Drain, draining
+from reservo.core.hotroute import HotLayer, hot_routes
 from reservo.core.http import (
     install_body_limit,
     install_error_handlers,
@@ -30,7 +31,6 @@ from reservo.core.http import (
     install_metrics,
 )
 from reservo.core.jwks import Provider, ProviderConfig, provider_from
-from reservo.core.lean import LeanLayer
 from reservo.core.openapi import finish, install_pages
 from reservo.core.tracing import TracedRequests
 from reservo.settings import Settings
@@ -40,16 +40,17 @@ log = structlog.get_logger(__name__)
 
 
 class ReservoAPI(FastAPI):
-    """FastAPI with the lean path (core/lean.py) in front of its middleware stack,
-    and every request's trace and request id (core/tracing.py) in front of both."""
+    """FastAPI with the hot routes' dispatcher (core/hotroute.py) in front of its
+    middleware stack, and every request's trace and request id (core/tracing.py)
+    in front of both."""
 
-    lean: LeanLayer | None = None
+    hot: HotLayer | None = None
     _finished: dict[str, Any] | None = None
 
     def openapi(self) -> dict[str, Any]:
         """FastAPI's document, finished once (core/openapi.py): security, problem
         responses per operation, required Idempotency-Keys. FastAPI makes a new
-        one whenever routes were added since (the lean path asks early)."""
+        one whenever routes were added since."""
         doc = super().openapi()
         if doc is not self._finished:
             self._finished = finish(doc, self.routes, "/api/")
@@ -64,8 +65,8 @@ class ReservoAPI(FastAPI):
             await self.dispatch(scope, receive, send)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.lean is not None:
-            await self.lean(scope, receive, send)
+        if self.hot is not None:
+            await self.hot(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 
@@ -122,11 +123,13 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     for module in container.modules:
         for router in module.routers:
             app.include_router(router)
-    lean = [route for module in container.modules for route in module.lean]
-    if lean and container.settings.lean_paths:
+    # Each hot route is served by the app compiled from its declaration, through
+    # the stack or (lean_paths) straight from the dispatcher in front of it.
+    hot = hot_routes(app, [endpoint for module in container.modules for endpoint in module.hot])
+    if hot and container.settings.lean_paths:
         # In front of the whole stack; it counts its answers in the same metrics.
-        app.lean = LeanLayer(
-            partial(FastAPI.__call__, app), lean, app, container.settings.max_body_bytes
+        app.hot = HotLayer(
+            partial(FastAPI.__call__, app), hot, app, container.settings.max_body_bytes
         )
 
     install_pages(app, TITLE)

@@ -147,8 +147,9 @@ class Settings(BaseSettings):
     # A failed fetch keeps the last good set, and is tried again this often.
     jwt_jwks_min_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
     jwt_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
-    # Serve the hottest routes' common requests without FastAPI's per-request work
-    # (core/lean.py); same answers. False serves everything through FastAPI.
+    # Hand the hottest routes' requests straight to their handler, in front of
+    # the middleware stack (core/hotroute.py); same handler, same answers. False
+    # sends them through the stack like every other request.
     lean_paths: bool = True
     # The console (/console): an admin signs in with an admin JWT once and gets a
     # session cookie, valid this long at most (never past the token's exp).

@@ -1,7 +1,7 @@
 """No-shows through HTTP: POST /api/appointments/{id}/no-show by the slot's doctor
 or an admin after the start, its refusals, the race with the patient's cancel,
 and the policy (N no-shows within 90 days block booking, rescheduling and the
-waitlist; an admin clears it), on the lean booking path too."""
+waitlist; an admin clears it), on the hot booking path too."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def base_settings(base_settings: Settings) -> Settings:
 async def book_at(
     client: httpx.AsyncClient, clock: OffsetClock, slot_id: int, patient: int
 ) -> httpx.Response:
-    """A booking on the lean path (exactly its body shape)."""
+    """A booking on the hot path (exactly its body shape)."""
     return await client.post(
         "/api/appointments",
         json={"slotId": slot_id, "patientId": patient},
@@ -196,7 +196,7 @@ async def test_the_limit_of_no_shows_blocks_booking_until_an_admin_clears_it(
     assert ok.status_code == 201, ok.text
     assert (await no_show(client, appts[2]["id"], doc)).status_code == 200
 
-    # The third: blocked on the lean path (book_at's shape), for a reschedule and the waitlist.
+    # The third: blocked on the hot path (book_at's shape), for a reschedule and the waitlist.
     body = problem(await book_at(client, clock, later[1]["id"], patient), 409, "no_show_limit")
     assert "blocked until" in body["detail"]
     moved = await client.post(

@@ -169,7 +169,7 @@ async def test_patients_never_overbook_whatever_they_send(
     holder, patient = new_id(), new_id()
     assert (await book(client, slot_id, holder)).status_code == 201
     me = auth("patient", patient)
-    # For themself, with every spelling the lean path might take for its own.
+    # For themself, with every spelling the hot path might take for its own.
     for content in (
         b'{"slotId":%d,"patientId":%d,"overbook":true}' % (slot_id, patient),
         b'{"overbook":true,"slotId":%d,"patientId":%d}' % (slot_id, patient),

@@ -1,6 +1,6 @@
 """Issue 22's token rules, through HTTP: a maximum lifetime (counted from iat, and
 from now whatever iat says) on every path that authenticates (FastAPI routes,
-the lean path, the verified-token cache, the console's sign-in), canonical
+the hot path, the verified-token cache, the console's sign-in), canonical
 base64url in every segment, and `reservo token` keeping within the limit. Also:
 no response echoes a hostile Host header (no trailing-slash redirects)."""
 
@@ -91,7 +91,7 @@ async def test_the_lifetime_counts_from_iat_and_from_now(client: httpx.AsyncClie
         assert await _status(client, _claims(now + 3600, iat=odd)) == (401, "unauthenticated")
 
 
-async def test_the_lean_path_applies_the_same_limit(client: httpx.AsyncClient) -> None:
+async def test_the_hot_path_applies_the_same_limit(client: httpx.AsyncClient) -> None:
     _, slots = await make_slots(client)
     path = f"/api/doctors/{slots[0]['doctorId']}/slots?date={slots[0]['startAt'][:10]}"
     ok = await client.get(path, headers=_bearer(_minted(3600)))

@@ -1,5 +1,5 @@
 """Issue 22, the small leaks of the request rules, through HTTP on both paths
-(the lean path in front and FastAPI alone):
+(hot routes dispatched in front of the middleware stack, and through it):
 
 - a finished request's replay returns its stored answer and never counts
   against a rate limit;
@@ -40,11 +40,12 @@ SERVICE = auth("service", 1)
 HTTP_JOB = {"category": "http", "urgency": 3, "payload": {"url": "http://x.test/"}}
 
 
-@pytest.fixture(params=[True, False], ids=["lean", "fastapi"])
+@pytest.fixture(params=[True, False], ids=["front", "stack"])
 async def app(
     request: pytest.FixtureRequest, base_settings: Settings
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
-    """A client of an app with the lean path in front, or of FastAPI alone."""
+    """A client of an app whose hot routes are dispatched in front of the
+    middleware stack, or through it like every other route."""
     container = build(base_settings.model_copy(update={"lean_paths": request.param}), OffsetClock())
     transport = httpx.ASGITransport(app=create_app(container))
     async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
@@ -243,7 +244,7 @@ async def test_a_patient_posting_nothing_to_an_admin_route_learns_no_fields(
     for path in ("/api/doctors", "/api/cars", "/api/matches", "/api/accounts"):
         r = await client.post(path, json={}, headers=auth("patient", 1))
         assert code(r) == (403, "forbidden") and "errors" not in r.json()
-    # The lean routes with a well-formed body and the wrong role: 403 as well.
+    # The hot routes with a well-formed body and the wrong role: 403 as well.
     r = await client.post(
         "/api/transfers",
         json={"fromAccountId": 1, "toAccountId": 2, "amount": 1},

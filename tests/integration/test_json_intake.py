@@ -1,6 +1,6 @@
 """Every JSON intake holds to one set of rules (core.schemas.read_json), free-form
 fields included: a lone UTF-16 surrogate, an integer past 64 bits, NaN, a NUL are
-422 `validation_error` on every route, the lean path's and FastAPI's, and change
+422 `validation_error` on every route, the hot path's and FastAPI's, and change
 nothing. Job payloads are checked per category at intake: `http` headers may not
 reframe the request, an internal category's payload must fit the model its
 handler reads it with, and only an admin creates internal jobs. A handler's
@@ -58,7 +58,7 @@ def refused(r: httpx.Response, why: str) -> None:
 # -- one reader for every JSON body --------------------------------------------------------
 
 SURROGATE = '"\\ud800"'
-# (where, body, headers): a lone surrogate in a value or a key, on the lean path
+# (where, body, headers): a lone surrogate in a value or a key, on the hot path
 # (POST /api/jobs) and through FastAPI.
 SURROGATE_BODIES = [
     ("/api/jobs", job(f'{HTTP_PAYLOAD},"body":{SURROGATE}}}'), SERVICE),

@@ -4,7 +4,7 @@ rotates them; the API verifies each token against the key its kid names, checks
 iss and aud, binds alg to the key, maps the provider's role and user-id claims,
 fetches the set again on an unknown kid (one shared fetch, rate limited), and
 keeps the last good set while the provider is down. FastAPI routes (GET
-/api/appointments/{id}), the lean path (POST /api/appointments) and the
+/api/appointments/{id}), the hot path (POST /api/appointments) and the
 console's sign-in all take the same tokens."""
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ async def test_rs256_es256_and_eddsa_tokens_are_accepted_on_fastapi_routes(
     assert jwks.fetches == 1  # the set once, each kid from it
 
 
-async def test_a_provider_token_books_on_the_lean_path(
+async def test_a_provider_token_books_on_the_hot_path(
     base_settings: Settings, jwks: JwksServer, client: httpx.AsyncClient
 ) -> None:
     _, slots = await make_slots(client)  # the demo's HS256 admin, on another app
@@ -215,7 +215,7 @@ async def test_a_provider_token_books_on_the_lean_path(
             headers={**_bearer(EC.sign(claims(patient))), **key()},
         )
         assert (r.status_code, r.json()["code"]) == (403, "forbidden")
-        # A refused token on the lean route: the same 401.
+        # A refused token on the hot route: the same 401.
         r = await api.post(
             "/api/appointments",
             json={"slotId": slots[2]["id"], "patientId": patient},

@@ -223,8 +223,8 @@ async def test_a_problem_type_resolves_and_its_title_names_the_problem(
     patient = new_id()
     slot = new_id()
     headers = {**auth("patient", patient), "Idempotency-Key": f"k-{slot}"}
-    # The lean path's answer (the common booking shape) and FastAPI's (an extra field
-    # sends it the long way) are the same problem.
+    # The booking's problem, with and without an extra field (once a different
+    # implementation's answer): the same problem either way.
     lean = await client.post(
         "/api/appointments", json={"slotId": slot, "patientId": patient}, headers=headers
     )

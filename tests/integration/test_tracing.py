@@ -1,5 +1,5 @@
 """Traces and request ids end to end (core/tracing.py), through HTTP: the
-request id accepted or made and echoed (on the lean path and FastAPI's), a bad
+request id accepted or made and echoed (on the hot path and FastAPI's), a bad
 one refused; the trace of a booking followed by an in-memory span exporter from
 its POST through the outbox and the consumer to its confirmation notification;
 the request id on the log lines of the request and of the consumer's work."""
@@ -40,12 +40,12 @@ HEX32 = re.compile(r"[0-9a-f]{32}")
 # ------------------------------------------------------------------ request ids
 
 
-async def test_request_id_is_echoed_on_the_lean_path_and_fastapis(
+async def test_request_id_is_echoed_on_the_hot_path_and_fastapis(
     client: httpx.AsyncClient,
 ) -> None:
     _, slots = await make_slots(client)
     given = f"req-{uuid.uuid4()}"
-    # The lean path's hottest route (a booking) and FastAPI's routes.
+    # The hot path's hottest route (a booking) and FastAPI's routes.
     patient = new_id()
     r = await client.post(
         "/api/appointments",

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from datetime import date, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
@@ -51,7 +50,6 @@ from reservo.core.http import (
     run_idempotent_route,
 )
 from reservo.core.idempotency import IdempotencyStore, Within, validate_key
-from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson
 from reservo.core.openapi import raises
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
@@ -61,7 +59,7 @@ from reservo.core.pagination import (
     malformed_cursor,
     page,
 )
-from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY, MAX_ID, Day
+from reservo.core.schemas import Day
 
 router = APIRouter(prefix="/api", tags=["appointments"])
 
@@ -205,8 +203,7 @@ async def book_flow(
     idempotency_key: str | None,
     raw: bytes,
 ) -> JSONResponse:
-    """What POST /api/appointments does once the request is parsed (the FastAPI
-    route and the lean path both run this)."""
+    """A patient's booking (or an admin's for them), once the request is parsed."""
     caller.require_owner("patient", patient_id)
     key = required_key(idempotency_key)
     endpoint = "POST /api/appointments"
@@ -240,9 +237,9 @@ async def overbook_flow(
     idempotency_key: str | None,
     raw: bytes,
 ) -> JSONResponse:
-    """A staff booking beyond capacity. Never on the lean path: its body has the
-    ``overbook`` key, which the lean path hands to FastAPI, so the role check
-    here is the only way to an overbooked seat."""
+    """A staff booking beyond capacity: the route's role rule lets patients in
+    (they book for themselves), so this check is the only way to an overbooked
+    seat."""
     if not caller.is_admin and caller.role != "doctor":
         raise DomainError("forbidden", "only the slot's doctor or an admin may overbook")
     key = required_key(idempotency_key)
@@ -255,60 +252,8 @@ async def overbook_flow(
     return await run_idempotent(store, caller, endpoint, key, raw, overbook_once, render)
 
 
-# --- the lean path (reservo.core.lean): the two hottest routes without FastAPI's
-# per-request work. Anything not in the common shape goes to the routes above.
-
-_DAY_QUERY = re.compile(rb"date=([0-9]{4}-[0-9]{2}-[0-9]{2})", re.ASCII)
-# Exactly these keys: a body with "overbook" (whatever its value) goes to FastAPI.
-_BOOK_KEYS = frozenset(("slotId", "patientId"))
-
-
-def _id(value: Any) -> int | None:
-    # StrictInt: no bool, no float, no string; within [1, 2^63-1].
-    if type(value) is int and 1 <= value <= MAX_ID:
-        return value
-    return None
-
-
-async def lean_list_slots(req: LeanRequest) -> LeanResponse | None:
-    m = _DAY_QUERY.fullmatch(req.scope["query_string"])
-    doctor_id = req.id_param("doctorId")
-    if m is None or doctor_id is None:
-        return None
-    try:
-        day = date.fromisoformat(m[1].decode())
-    except ValueError:
-        return None
-    if not EARLIEST_DAY <= day <= LATEST_DAY or req.principal() is None:
-        return None
-    svc: AppointmentService = req.app_state.appointments
-    return RawJson(200, await svc.list_slots(doctor_id, day))
-
-
-async def lean_book(req: LeanRequest) -> LeanResponse | None:
-    caller = req.principal()
-    body = req.json_body()
-    if caller is None or type(body) is not dict or body.keys() != _BOOK_KEYS:
-        return None
-    slot_id, patient_id = _id(body["slotId"]), _id(body["patientId"])
-    if slot_id is None or patient_id is None:
-        return None
-    state = req.app_state
-    return await book_flow(
-        state.appointments,
-        state.idempotency,
-        caller,
-        slot_id,
-        patient_id,
-        req.header(b"idempotency-key"),
-        req.body,
-    )
-
-
-LEAN_ROUTES = (
-    LeanRoute("GET", "/api/doctors/{doctorId}/slots", lean_list_slots),
-    LeanRoute("POST", "/api/appointments", lean_book),
-)
+# The two hottest routes, served on the fast path (core/hotroute.py).
+HOT_ROUTES = (list_slots, book)
 
 
 async def _owned(request: Request, caller: Principal, appointment_id: int) -> Appointment:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reservo.appointments import events
-from reservo.appointments.api import LEAN_ROUTES, router
+from reservo.appointments.api import HOT_ROUTES, router
 from reservo.appointments.calendar import CalendarFeeds, FeedLimits
 from reservo.appointments.calendar_api import feeds_router
 from reservo.appointments.calendar_api import router as calendar_router
@@ -59,7 +59,7 @@ def setup(shared: Shared) -> Appointments:
         name="appointments",
         service=service,
         routers=[router, calendar_router, feeds_router],
-        lean=LEAN_ROUTES,
+        hot=HOT_ROUTES,
         consumes=[
             Consumes(
                 events.SLOT_LISTS_CONSUMER, events.SLOT_LIST_CHANGES, service.slot_lists_changed

@@ -64,7 +64,7 @@ def problem(err: DomainError) -> JSONResponse:
     )
 
 
-def _jsonable(errors: list[Any]) -> list[dict[str, Any]]:
+def jsonable_errors(errors: list[Any]) -> list[dict[str, Any]]:
     out = []
     for e in errors:
         out.append(
@@ -84,7 +84,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return problem(validation_error("the request is not valid", _jsonable(list(exc.errors()))))
+        errors = jsonable_errors(list(exc.errors()))
+        return problem(validation_error("the request is not valid", errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -139,7 +140,7 @@ class RequestMetrics:
         count.inc()
 
 
-# One per process: the metrics middleware and the lean path (core/lean.py) share it.
+# One per process: the metrics middleware and the hot routes (core/hotroute.py) share it.
 REQUEST_METRICS = RequestMetrics()
 
 
@@ -298,14 +299,14 @@ class _StrictJson:
                 break
         if messages[-1]["type"] == "http.request":  # whole (else the client left)
             body = b"".join(m.get("body", b"") for m in messages)
-            refusal = _refusal(body) if body else None
+            refusal = json_refusal(body) if body else None
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, _replaying(messages, receive), send)
 
 
-def _refusal(body: bytes) -> JSONResponse | None:
+def json_refusal(body: bytes) -> JSONResponse | None:
     try:
         read_json(body)
     except JsonRefused as exc:

@@ -71,8 +71,11 @@ def in_progress() -> DomainError:
     )
 
 
-# Refusals not stored for a key: who may not act (401/403) and passing
-# conditions (429/503) get evaluated again on a retry.
+# The one rule for every way a key is claimed (run_idempotent, the job and
+# transfer batches): refusals not stored are who may not act (401/403: a retry
+# is judged on who asks then, and a stored 403 would keep answering after the
+# grant) and passing conditions (429/503); every other refusal is the request's
+# own and replays as it was.
 _NOT_STORED = frozenset((401, 403, 429, 503))
 
 

@@ -19,7 +19,6 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from reservo.core.contract import EventSpec
-from reservo.core.lean import LeanRoute
 from reservo.core.notify import Notification
 from reservo.core.retention import PruneRule
 from reservo.core.transport.base import BatchHandler, Event, Handler
@@ -69,8 +68,9 @@ class JobKind:
 class Module:
     name: str
     routers: Sequence[APIRouter] = ()
-    # Lean paths for some of those routes' hottest requests (core/lean.py).
-    lean: Sequence[LeanRoute] = ()
+    # The endpoints of those routes' hottest ones, served on the fast path
+    # (core/hotroute.py).
+    hot: Sequence[Callable[..., Any]] = ()
     consumes: Sequence[Consumes] = ()
     jobs: Sequence[JobKind] = ()
     roles: Mapping[str, Role] = field(default_factory=dict)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable
-from datetime import datetime
 from functools import partial
 from typing import Annotated, Any
 
@@ -29,7 +27,6 @@ from reservo.core.http import (
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, validate_key
-from reservo.core.lean import LeanRequest, LeanResponse, LeanRoute, RawJson
 from reservo.core.openapi import raises, raw_body
 from reservo.core.pagination import (
     DEFAULT_LIMIT,
@@ -39,7 +36,7 @@ from reservo.core.pagination import (
     time_cursor,
     time_key,
 )
-from reservo.core.schemas import EARLIEST, LATEST, Instant
+from reservo.core.schemas import Instant
 from reservo.rentals import domain
 from reservo.rentals.domain import Booking, Car
 from reservo.rentals.gateway import WebhookKey
@@ -140,37 +137,8 @@ async def search_cars(
     return Response(body, media_type="application/json")
 
 
-# The lean path (reservo.core.lean) of the search in its common shape: the
-# parameters in this order, a plain city name, instants in UTC ("Z"). Anything
-# else goes to the route above, which answers it (errors included).
-_SEARCH_QUERY = re.compile(
-    rb"city=([A-Za-z0-9-]{1,50})&from=([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)"
-    rb"&to=([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)(?:&limit=([1-9][0-9]{0,2}))?",
-    re.ASCII,
-)
-
-
-def _utc(raw: bytes) -> datetime | None:
-    try:
-        at = datetime.fromisoformat(raw.decode())
-    except ValueError:
-        return None
-    return at if EARLIEST <= at < LATEST else None
-
-
-async def lean_search_cars(req: LeanRequest) -> LeanResponse | None:
-    m = _SEARCH_QUERY.fullmatch(req.scope["query_string"])
-    if m is None:
-        return None
-    start, end = _utc(m[2]), _utc(m[3])
-    limit = 100 if m[4] is None else int(m[4])
-    if start is None or end is None or limit > 500 or req.principal() is None:
-        return None
-    svc: RentalService = req.app_state.rentals
-    return RawJson(200, await svc.search(m[1].decode(), start, end, limit, render_cars))
-
-
-LEAN_ROUTES = (LeanRoute("GET", "/api/cars", lean_search_cars),)
+# Served on the fast path (core/hotroute.py).
+HOT_ROUTES = (search_cars,)
 
 
 # -- bookings ------------------------------------------------------------------

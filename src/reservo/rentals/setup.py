@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from reservo.core.loops import run_every
 from reservo.core.module import Consumes, JobKind, Module
 from reservo.rentals import events, sandbox
-from reservo.rentals.api import LEAN_ROUTES, router
+from reservo.rentals.api import HOT_ROUTES, router
 from reservo.rentals.errors import CONSTRAINTS, ERRORS
 from reservo.rentals.gateway import PaymentGateway, SandboxGateway, WebhookKey, build_gateway
 from reservo.rentals.service import (
@@ -74,7 +74,7 @@ def setup(shared: Shared) -> Rentals:
         refunds=refunds,
         gateway=gateway,
         routers=routers,
-        lean=LEAN_ROUTES,
+        hot=HOT_ROUTES,
         consumes=[Consumes(events.REFUND_CONSUMER, [events.REFUND_REQUESTED], refunds.handle)],
         jobs=[JobKind(EXPIRE_HOLD, service.expire_job, payload=ExpireHoldJob)],
         # The safety net behind the per-hold expiry jobs.

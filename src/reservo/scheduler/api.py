@@ -24,7 +24,6 @@ from reservo.core.http import (
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, request_hash, validate_key
-from reservo.core.lean import body_route
 from reservo.core.openapi import raises
 from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
 from reservo.scheduler import domain
@@ -101,13 +100,12 @@ async def create_job(
 async def create_job_flow(
     state: Any, caller: Principal, body: JobIn, idempotency_key: str | None, raw: bytes
 ) -> Response:
-    """What POST /api/jobs does once the request is parsed (the FastAPI route and
-    the lean path both run this): the request joins the process's next batch of
-    enqueues (scheduler/batch.py), where its job and its key's stored response
-    commit in one transaction with the batch's other enqueues; the
-    request returns once its job went to Redis after that commit."""
-    # The lean path's role check (FastAPI's is Service), and admin only for a
-    # module's internal categories.
+    """What POST /api/jobs does once the request is parsed: the request joins
+    the process's next batch of enqueues (scheduler/batch.py), where its job
+    and its key's stored response commit in one transaction with the batch's
+    other enqueues; the request returns once its job went to Redis after that
+    commit."""
+    # Admin only for a module's internal categories (the route's rule is Service).
     may_create(caller, state.scheduler, body.category)
     if body.run_at is not None and body.delay_ms is not None:
         raise validation_error("give runAt or delayMs, not both")
@@ -130,8 +128,8 @@ async def create_job_flow(
     return json_bytes(answer.status, orjson.dumps(answer.body))
 
 
-# POST /api/jobs without FastAPI's per-request work.
-LEAN_ROUTES = (body_route("POST", "/api/jobs", JobIn, create_job_flow),)
+# Served on the fast path (core/hotroute.py).
+HOT_ROUTES = (create_job,)
 
 
 def created(job: Job) -> dict[str, Any]:

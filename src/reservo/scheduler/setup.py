@@ -15,7 +15,7 @@ from reservo.core.egress import parse_allow
 from reservo.core.module import JobKind, Module
 from reservo.core.redis import make_client
 from reservo.core.retention import PruneRule
-from reservo.scheduler.api import LEAN_ROUTES, created, router
+from reservo.scheduler.api import HOT_ROUTES, created, router
 from reservo.scheduler.batch import JobBatch
 from reservo.scheduler.errors import CONSTRAINTS, ERRORS
 from reservo.scheduler.handlers import HttpHandler
@@ -89,7 +89,7 @@ def setup(shared: Shared) -> SchedulerModule:
         service=scheduler,
         jobs_batch=batch,
         routers=[router],
-        lean=LEAN_ROUTES,
+        hot=HOT_ROUTES,
         jobs=[JobKind("http", http, http.check, payload=HttpPayload, public=True)],
         roles={"scheduler": lambda stop: run(scheduler, stop)},
         errors=ERRORS,

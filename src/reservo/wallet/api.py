@@ -21,7 +21,6 @@ from reservo.core.http import (
     run_idempotent_route,
 )
 from reservo.core.idempotency import Within, request_hash
-from reservo.core.lean import body_route
 from reservo.core.openapi import raises
 from reservo.core.schemas import MAX_ID
 from reservo.wallet.batch import TransferBatch, TransferRequest
@@ -160,12 +159,10 @@ async def transfer(
 async def transfer_flow(
     state: Any, caller: Principal, body: TransferIn, idempotency_key: str | None, raw: bytes
 ) -> JSONResponse:
-    """What POST /api/transfers does once the request is parsed (the FastAPI
-    route and the lean path both run this): the request joins the process's
+    """What POST /api/transfers does once the request is parsed: the request joins the process's
     next batch of transfers (wallet/batch.py), where its owner check, its key,
     the transfer and the stored response commit in one transaction with the
     batch's other transfers, so a retry can never move money again."""
-    caller.require("bettor")  # the lean path's role check (FastAPI's is Bettor)
     key = required_key(idempotency_key)
     batch: TransferBatch = state.wallet_transfers
     answer = await batch.submit(
@@ -181,8 +178,8 @@ async def transfer_flow(
     return json_response(answer.status, answer.body)
 
 
-# POST /api/transfers without FastAPI's per-request work.
-LEAN_ROUTES = (body_route("POST", "/api/transfers", TransferIn, transfer_flow),)
+# Served on the fast path (core/hotroute.py).
+HOT_ROUTES = (transfer,)
 
 
 @router.get(

@@ -13,7 +13,8 @@ queue on):
    replays its stored response or is 422, a claim in flight elsewhere is 409;
 4. plan the transfers in arrival order in Python with the domain's rules on the
    guessed balances; a refusal (404 target, 422 same account, 403 system
-   account, 409 currency or funds) is that request's alone, stored for its key.
+   account, 409 currency or funds) is that request's alone, stored for its key
+   when ``is_stored`` says so (the one rule: not the 403, whose claim is dropped).
    Each funds check bounds its source's balance at the start of the batch from
    below (passed) or above (refused): any balances within the bounds give the
    same decisions;
@@ -50,7 +51,7 @@ from reservo.core.batching import AGAIN, GroupCommit, Outcome, take_claims
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
-from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted
+from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
 from reservo.wallet import domain, repo
 from reservo.wallet.domain import Transfer
 from reservo.wallet.errors import account_not_found
@@ -147,6 +148,9 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
                 plan = _plan(items, claims, rows, locked)
                 ids = await repo.transfer_ids(conn, len(plan.moves))
             decided, transfers, stored = self._answers(items, claims, plan, ids, now)
+            for n, refusal in plan.refusals:
+                if not is_stored(refusal):
+                    await claims[n].forget(conn)
             await repo.write_transfers(
                 conn, locked, plan.accounts, transfers, now, ENDPOINT, stored
             )
@@ -190,7 +194,8 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
             stored.append(_stored(claims[n], 201, body))
         for n, err in plan.refusals:
             decided[n] = err
-            stored.append(_stored(claims[n], err.status, err.problem()))
+            if is_stored(err):  # else its claim is forgotten (_once)
+                stored.append(_stored(claims[n], err.status, err.problem()))
         return decided, transfers, stored
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from reservo.core.module import Consumes, Module
 from reservo.shared import Shared
 from reservo.wallet import events
-from reservo.wallet.api import LEAN_ROUTES, render_transfer, router
+from reservo.wallet.api import HOT_ROUTES, render_transfer, router
 from reservo.wallet.batch import TransferBatch
 from reservo.wallet.errors import CONSTRAINTS, ERRORS
 from reservo.wallet.events import PayoutConsumer
@@ -45,7 +45,7 @@ def setup(shared: Shared) -> Wallet:
         transfers=transfers,
         export=export,
         routers=[router],
-        lean=LEAN_ROUTES,
+        hot=HOT_ROUTES,
         consumes=[Consumes(events.CONSUMER, [events.PAYOUT_REQUESTED], payouts.handle)],
         events=events.CONTRACT,
         errors=ERRORS,
