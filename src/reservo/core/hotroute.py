@@ -141,8 +141,11 @@ def compile_route(route: Any) -> ASGIApp:
     (a sync endpoint, cookies, several or embedded bodies, multi-valued
     parameters, dependencies other than the caller's); the endpoint must return
     a Response (TypeError when it does not)."""
+    return _Compiled(route)
+
+
+def _check_supported(route: Any, where: str) -> None:
     dependant = route.dependant
-    where = f"{sorted(route.methods or ())} {route.path}"
     if dependant.cookie_params or len(dependant.body_params) > 1:
         raise ValueError(f"{where}: cookies and several bodies are not supported")
     if dependant.body_params and route._embed_body_fields:
@@ -158,31 +161,41 @@ def compile_route(route: Any) -> ASGIApp:
         )
     ):
         raise ValueError(f"{where}: only a Request parameter is supported")
-    callers = _callers(dependant, where)
-    endpoint: Callable[..., Any] = route.endpoint
-    if not inspect.iscoroutinefunction(endpoint):
+    if not inspect.iscoroutinefunction(route.endpoint):
         raise ValueError(f"{where}: the endpoint must be async (no thread pool here)")
-    # The field FastAPI validates a single, not embedded body with.
-    body_field = dependant.body_params[0] if dependant.body_params else None
-    request_name = dependant.request_param_name
-    path_params = _params(dependant.path_params, "path", where)
-    query_params = _params(dependant.query_params, "query", where)
-    header_params = _params(dependant.header_params, "header", where)
 
-    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+
+class _Compiled:
+    """One hot route's handler: what FastAPI would work out per request (its
+    parameters, their fields, the caller's dependencies), worked out once."""
+
+    def __init__(self, route: Any) -> None:
+        dependant = route.dependant
+        self.where = where = f"{sorted(route.methods or ())} {route.path}"
+        _check_supported(route, where)
+        self.callers = _callers(dependant, where)
+        self.endpoint: Callable[..., Any] = route.endpoint
+        # The field FastAPI validates a single, not embedded body with.
+        self.body_field = dependant.body_params[0] if dependant.body_params else None
+        self.request_name = dependant.request_param_name
+        self.path_params = _params(dependant.path_params, "path", where)
+        self.query_params = _params(dependant.query_params, "query", where)
+        self.header_params = _params(dependant.header_params, "header", where)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = b""
-        if body_field is not None:
+        if self.body_field is not None:
             read = await _read_body(receive)
             if read is None:  # the client went away mid-body: nobody to answer
                 return
             body = read
         try:
-            response = await answer(scope, body)
+            response = await self.answer(scope, body)
         except DomainError as err:
             response = _Problem(err)
         await response(scope, _replay(body, receive), send)
 
-    async def answer(scope: Scope, body: bytes) -> Response | _Problem:
+    async def answer(self, scope: Scope, body: bytes) -> Response | _Problem:
         data: Any = _MISSING
         if body:
             if is_json(scope):
@@ -197,47 +210,52 @@ def compile_route(route: Any) -> ASGIApp:
         request = Request(scope)
         request._body = body  # what the endpoint's `await request.body()` reads
         kwargs: dict[str, Any] = {}
-        for caller in callers:
+        for caller in self.callers:
             kwargs[caller.name] = principal = await current_principal(
                 request, request.headers.get("authorization")
             )
             if caller.roles is not None:
                 await caller.roles(principal)
+        errors = self.read_params(scope, request, data, kwargs)
+        if errors:
+            return _Problem(validation_error("the request is not valid", jsonable_errors(errors)))
+        if self.request_name is not None:
+            kwargs[self.request_name] = request
+        response = await self.endpoint(**kwargs)
+        if not isinstance(response, Response):
+            raise TypeError(f"{self.where}: a hot route's endpoint must return a Response")
+        return response
+
+    def read_params(
+        self, scope: Scope, request: Request, data: Any, kwargs: dict[str, Any]
+    ) -> list[Any]:
+        """Validates path, query, header and body into ``kwargs``, in FastAPI's
+        order; returns every error found."""
         errors: list[Any] = []
-        # In FastAPI's order: path, query, header; every error collected.
-        if path_params:
+        if self.path_params:
             path = scope.get("path_params", {})
-            for param in path_params:
+            for param in self.path_params:
                 param.read(path, kwargs, errors)
-        if query_params:
+        if self.query_params:
             # Starlette's QueryParams, without its multi-dict: the last value
             # of a repeated name, as its get() answers.
             query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
-            for param in query_params:
+            for param in self.query_params:
                 param.read(query, kwargs, errors)
-        if header_params:
+        if self.header_params:
             headers = request.headers
-            for param in header_params:
+            for param in self.header_params:
                 param.read(headers, kwargs, errors)
-        if body_field is not None:
+        if self.body_field is not None:
             if data is _MISSING:
                 errors.append(_BODY_MISSING)
             else:
-                value, found = body_field.validate(data, {}, loc=("body",))
+                value, found = self.body_field.validate(data, {}, loc=("body",))
                 if found:
                     errors.extend(found)
                 else:
-                    kwargs[body_field.name] = value
-        if errors:
-            return _Problem(validation_error("the request is not valid", jsonable_errors(errors)))
-        if request_name is not None:
-            kwargs[request_name] = request
-        response = await endpoint(**kwargs)
-        if not isinstance(response, Response):
-            raise TypeError(f"{where}: a hot route's endpoint must return a Response")
-        return response
-
-    return serve
+                    kwargs[self.body_field.name] = value
+        return errors
 
 
 @dataclass(frozen=True, slots=True)
