@@ -45,7 +45,7 @@ async def app(
     request: pytest.FixtureRequest, base_settings: Settings
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
     """A client of an app with the lean path in front, or of FastAPI alone."""
-    container = build(base_settings.model_copy(update={"lean_paths": request.param}), OffsetClock())
+    container = build(base_settings.with_(lean_paths=request.param), OffsetClock())
     transport = httpx.ASGITransport(app=create_app(container))
     async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
         yield c, container

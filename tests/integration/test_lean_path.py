@@ -51,7 +51,7 @@ async def _not_for_lean_routes(
 
 @asynccontextmanager
 async def _app(settings: Settings, *, lean: bool, strict: bool) -> AsyncIterator[httpx.AsyncClient]:
-    container = build(settings.model_copy(update={"lean_paths": lean}), OffsetClock())
+    container = build(settings.with_(lean_paths=lean), OffsetClock())
     app = create_app(container)
     if strict:
         app.dependency_overrides[current_principal] = _not_for_lean_routes

@@ -42,7 +42,7 @@ async def _lean_must_answer(
 
 @asynccontextmanager
 async def _client(settings: Settings, lean: bool, strict: bool) -> AsyncIterator[httpx.AsyncClient]:
-    container = build(settings.model_copy(update={"lean_paths": lean}), OffsetClock())
+    container = build(settings.with_(lean_paths=lean), OffsetClock())
     app = create_app(container)
     if strict:
         app.dependency_overrides[current_principal] = _lean_must_answer
