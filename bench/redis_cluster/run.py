@@ -33,7 +33,7 @@ from reservo.core.db import Database
 from reservo.core.migrate import migrate
 from reservo.core.ratelimit import RateLimiter
 from reservo.core.redis import RedisGate
-from reservo.scheduler import Config, Job, Scheduler
+from reservo.scheduler import Job, Scheduler, SchedulerSettings
 from reservo.scheduler.workers import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -108,7 +108,7 @@ async def phase_gate(target: RedisTarget, calls: int, concurrency: int) -> str:
 def _scheduler(
     db_url: str, target: RedisTarget, ns: str, calls: Counter[int], prefix: str
 ) -> Scheduler:
-    cfg = Config(
+    cfg = SchedulerSettings(
         loader_period_s=0.2,
         resync_period_s=2.0,
         mover_idle_s=0.005,
@@ -117,7 +117,7 @@ def _scheduler(
         reaper_timeout_s=5.0,
         reaper_period_s=0.5,
         executors=2,
-        executor_batch=500,
+        executor_concurrency=500,
         loader_batch=20_000,
         mover_batch=2000,
     )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -38,7 +37,7 @@ from reservo.core.clock import SystemClock
 from reservo.core.db import Database
 from reservo.core.migrate import migrate
 from reservo.core.redis import make_client
-from reservo.scheduler import Config, Job, Scheduler, repo
+from reservo.scheduler import Job, Scheduler, SchedulerSettings, repo
 from reservo.scheduler.workers import Loader, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -93,7 +92,7 @@ class OwnRedis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _config(**kw: Any) -> Config:
+def _config(**kw: Any) -> SchedulerSettings:
     base: dict[str, Any] = {
         "loader_period_s": 0.5,
         "mover_idle_s": 0.005,
@@ -102,15 +101,15 @@ def _config(**kw: Any) -> Config:
         "reaper_timeout_s": 3.0,
         "reaper_period_s": 0.5,
         "executors": 2,
-        "executor_batch": 500,
+        "executor_concurrency": 500,
         "loader_batch": 20_000,
         "mover_batch": 2000,
     }
     base.update(kw)
-    # Only the fields this version of Config has: the same script measures the
-    # code before and after a change.
-    names = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in base.items() if k in names})
+    # Only the fields this version of SchedulerSettings has: the same script
+    # measures the code before and after a change.
+    names = set(SchedulerSettings.model_fields)
+    return SchedulerSettings(**{k: v for k, v in base.items() if k in names})
 
 
 def _scheduler(

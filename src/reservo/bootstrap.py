@@ -266,8 +266,8 @@ def _placeholders(settings: Settings) -> Settings:
     """The settings with addresses and secrets nobody uses: building dials
     nothing (pools and clients connect on first use), so a graph built only to
     read what the modules declare needs no deployment."""
-    return settings.model_copy(
-        update={
+    return settings.with_(
+        **{
             "database_url": "postgresql://declared-roles.invalid/reservo",
             "redis_url": "redis://declared-roles.invalid:6379/0",
             **{name: f"{name}-read-only-never-served-0123456789" for name in SECRETS},

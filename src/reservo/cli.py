@@ -314,7 +314,7 @@ def up(
     migrations, the API and every worker. Ctrl-C stops it all cleanly."""
     settings = _settings(secrets=not demo, service="reservo")
     if port is not None:
-        settings = settings.model_copy(update={"http_port": port})
+        settings = settings.with_(http_port=port)
     if demo:
         settings = _demo_settings(settings)
     data_dir = Path(settings.data_dir).resolve()
@@ -334,12 +334,12 @@ def up(
                 f"starting embedded PostgreSQL in {data_dir / 'postgres'} ...",
             )
             pg = stack.enter_context(EmbeddedPostgres(data_dir))
-            settings = settings.model_copy(update={"database_url": pg.url})
+            settings = settings.with_(database_url=pg.url)
         if not settings.redis_url:
             _say(settings, "starting_redis", f"starting embedded Redis in {data_dir / 'redis'} ...")
             rd = stack.enter_context(EmbeddedRedis(data_dir))
             # The embedded Redis is a single server, whatever RESERVO_REDIS_CLUSTER says.
-            settings = settings.model_copy(update={"redis_url": rd.url, "redis_cluster": False})
+            settings = settings.with_(redis_url=rd.url, redis_cluster=False)
         if kafka and not settings.kafka_bootstrap:
             from reservo.core.embedded import EmbeddedKafka
 
@@ -348,9 +348,7 @@ def up(
             )
             broker = stack.enter_context(EmbeddedKafka(data_dir))
             # Tansu's memory store has no idempotent producer (no InitProducerId).
-            settings = settings.model_copy(
-                update={"kafka_bootstrap": broker.url, "kafka_idempotence": False}
-            )
+            settings = settings.with_(kafka_bootstrap=broker.url, kafka_idempotence=False)
         # uvicorn applies its loop setting (uvloop) only to a loop it starts itself;
         # here the API shares the loop of `up` with every background role, so `up`
         # starts uvloop. On asyncio's own loop the one process spent a booking
@@ -451,7 +449,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     workers = asyncio.create_task(run_workers(container, UP_ROLES, stop))
     base = f"http://{settings.http_host}:{settings.http_port}"
     redis_kind = " (cluster)" if settings.redis_cluster else ""
-    gateway = settings.rentals_payment_gateway or "none (refunds wait)"
+    gateway = settings.rentals.payment_gateway or "none (refunds wait)"
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop, or asyncio
     _say(
         settings,

@@ -104,11 +104,11 @@ def settings_for_demo(settings: Settings) -> Settings:
     only), unless the environment set the destination allow list. Secrets are
     filled by ``with_demo_secrets``."""
     update: dict[str, object] = {}
-    if settings.rentals_payment_gateway is None:
+    if settings.rentals.payment_gateway is None:
         update["rentals_payment_gateway"] = "sandbox"
     if not settings.jobs_http_allow:
         update["jobs_http_allow"] = settings.http_host
-    return settings.model_copy(update=update) if update else settings
+    return settings.with_(**update) if update else settings
 
 
 async def load(c: Container) -> list[int]:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from reservo.appointments.config import AppointmentsSettings
+from reservo.betting.config import BettingSettings
 from reservo.core.auth import ROLES
 from reservo.core.egress import parse_allow
+from reservo.rentals.config import RentalsSettings
+from reservo.scheduler.config import SchedulerSettings
+from reservo.wallet.config import WalletSettings
 
 # What a deployment must set, by setting name, with what each one protects.
 SECRETS = {
@@ -220,176 +225,70 @@ class Settings(BaseSettings):
     # trickles its replies would otherwise hold the sender for as long as it likes.
     notify_deadline_s: float = Field(default=30.0, gt=0)
 
-    # Appointments.
-    appointments_booking_rate_limit: int = 5
-    appointments_booking_rate_window_s: int = 10
-    # How long a slot list read from the primary stays in Redis while nothing
-    # changes it: every booking, cancellation and schedule change drops it (after
-    # its commit, and durably through the outbox), so this bounds staleness only
-    # when both drops are lost. It also expires when the day's next slot opens.
-    appointments_slots_cache_life_s: int = Field(default=60, ge=1, le=3600)
-    # The Redis life of a slot list read from a replica (which may lag behind a
-    # change whose drop already ran).
-    appointments_slots_cache_ttl_s: int = 3
-    # Per-API-process copy of a slot list in front of Redis (0 turns it off): how
-    # long another process may keep showing a list after a booking changed it.
-    # Never longer than the Redis entry it was read from.
-    appointments_slots_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
-    appointments_full_mark_ttl_s: int = 30
-    # The booking window: a slot opens at this local time (the doctor's zone) of
-    # the day HORIZON_DAYS before its date; repeating schedules are kept generated
-    # up to today + HORIZON_DAYS. Stored per slot when it is generated.
-    appointments_horizon_days: int = Field(default=14, ge=1, le=366)
-    appointments_opening_time: time = time(7, 0)
-    # How often a worker's "appointments" role extends repeating schedules
-    # (idempotent; any number of workers may run it).
-    appointments_schedule_interval_s: float = Field(default=600.0, gt=0)
-    # The no-show policy: a patient with NO_SHOW_LIMIT no-shows of slots that
-    # started within 90 days cannot book (nor reschedule, nor join a waitlist) for
-    # NO_SHOW_BLOCK_DAYS from the last of them; an admin may lift it. Applied
-    # when a no-show is marked, so the booking statement only probes one row.
-    appointments_no_show_limit: int = Field(default=3, ge=1, le=1000)
-    appointments_no_show_block_days: int = Field(default=30, ge=1, le=3650)
-    # Calendar feeds. The public base URL a feed link starts with (what calendar
-    # applications reach, e.g. https://clinic.example); None = http_host:http_port.
-    appointments_calendar_url_base: str | None = None
-    # How long a rendered feed stays in Redis while nothing changes it: every
-    # booking, cancellation and reschedule of its patient or doctor, and a new
-    # link, drop it, so this bounds the PostgreSQL reads of a polled feed (one per
-    # feed and this period) and how long a change Redis missed stays unseen.
-    appointments_calendar_cache_life_s: int = Field(default=60, ge=1, le=3600)
-    # Per-API-process copy of a feed in front of Redis (0 turns it off): how long
-    # another process may keep serving a feed (or a replaced link) after a change.
-    appointments_calendar_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
-
-    # Scheduler (delayed jobs): only jobs due within the window live in Redis.
-    scheduler_window_s: float = Field(default=300.0, gt=0)
-    # The loader runs well inside the window; a full resync of the window runs
-    # after a Redis flush/restart and every resync period.
-    scheduler_loader_period_s: float = Field(default=5.0, gt=0)
-    scheduler_resync_period_s: float = Field(default=60.0, gt=0)
-    # A POST /api/jobs batch's push to Redis not done after this long (the
-    # process died between commit and push) is done by the loader.
-    scheduler_push_grace_s: float = Field(default=5.0, ge=0)
-    scheduler_loader_batch: int = Field(default=5000, ge=1)
-    scheduler_mover_batch: int = Field(default=1000, ge=1, le=5000)
-    # The mover sleeps at most this long: lateness is milliseconds.
-    scheduler_mover_idle_s: float = Field(default=0.01, gt=0)
-    scheduler_lock_ttl_ms: int = Field(default=5000, ge=100)
-    scheduler_max_attempts: int = Field(default=5, ge=1)
-    scheduler_backoff_base_s: float = Field(default=1.0, gt=0)
-    scheduler_backoff_max_s: float = Field(default=600.0, gt=0)
-    # Per worker process.
-    scheduler_loaders: int = Field(default=1, ge=0)
-    scheduler_movers: int = Field(default=1, ge=0)
-    scheduler_reapers: int = Field(default=1, ge=0)
-    scheduler_executors: int = Field(default=2, ge=0)
-    # Jobs one executor takes and runs concurrently.
-    scheduler_executor_concurrency: int = Field(default=200, ge=1)
-    scheduler_executor_idle_s: float = Field(default=0.05, gt=0)
-    scheduler_heartbeat_s: float = Field(default=2.0, gt=0)
-    # A RUNNING job without a heartbeat for this long belongs to a dead worker.
-    scheduler_reaper_timeout_s: float = Field(default=15.0, gt=0)
-    scheduler_reaper_period_s: float = Field(default=2.0, gt=0)
-    scheduler_redis_timeout_s: float = Field(default=5.0, gt=0)
-    # Recurring jobs: materialiser tasks per scheduler process (each pass, every
-    # loader period, creates the jobs of occurrences within the window), and how
-    # far back an occurrence missed while the service was down is still created
-    # (older ones are skipped, with a log line).
-    scheduler_materialisers: int = Field(default=1, ge=0)
-    scheduler_recurring_catchup_s: float = Field(default=3600.0, ge=0)
-    # Paused categories and rate limits (table job_category): how long each
-    # worker process trusts what it read (a pause holds at once anyway: the
-    # claim reads the table; a new rate applies everywhere within this), and
-    # how many seconds of its rate a category may start at once after idling
-    # (its token bucket's size, one job at least): small, so the rate holds
-    # over short windows too.
-    scheduler_category_refresh_s: float = Field(default=1.0, gt=0, le=60)
-    scheduler_rate_burst_s: float = Field(default=0.1, gt=0, le=60)
-    # `http` jobs: the timeout is per network operation (connect, one read), so
-    # a destination trickling a byte at a time never trips it; the deadline
-    # bounds the whole call (name lookup to the answer's head). Past it the
-    # attempt failed (retried with backoff like any failed call).
-    scheduler_http_timeout_s: float = Field(default=10.0, gt=0)
-    scheduler_http_deadline_s: float = Field(default=30.0, gt=0)
-    # Bytes of a destination's answer read at most; the rest is never read (the
-    # connection is closed): a huge or endless answer costs no memory.
-    scheduler_http_max_response_bytes: int = Field(default=65_536, ge=0)
-    # Calls in flight to one destination (address and port) per worker process;
-    # the jobs beyond it are put back for a second (not an attempt), so slow
-    # destinations cannot take every executor slot from the others.
-    scheduler_http_per_destination: int = Field(default=8, ge=1)
     # Destinations `http` jobs may call although the default policy refuses them
     # (loopback, private, link-local/metadata, reserved ranges; core/egress.py):
     # comma-separated host names, addresses and CIDR networks, e.g.
     # "callbacks.internal,10.1.0.0/16". Empty: public addresses only.
     jobs_http_allow: str = ""
 
-    # Rentals.
-    rentals_turnaround_minutes: int = Field(default=120, ge=0, le=7 * 24 * 60)
-    rentals_hold_ttl_seconds: int = Field(default=900, ge=1)
-    rentals_deposit_rate: float = Field(default=0.3, ge=0, le=1)
-    # Holds created per customer per sliding window (counted in PostgreSQL).
-    rentals_hold_rate_limit: int = Field(default=3, ge=1)
-    rentals_hold_rate_window_s: int = Field(default=900, ge=1)
-    rentals_search_cache_ttl_s: int = Field(default=30, ge=1)
-    # Per-process copy of a search answer in front of Redis (0: none), never kept
-    # past the Redis entry it was read from.
-    rentals_search_local_ttl_s: float = Field(default=1.0, ge=0, le=60)
-    rentals_sweep_interval_s: float = 30.0
-    # A CONFIRMED booking may be picked up (ON_TRIP) from this long before its
-    # `from` on, never earlier: a trip started months ahead and then returned would
-    # take a future booking off the car's calendar (409 pickup_too_early).
-    rentals_pickup_lead_minutes: int = Field(default=60, ge=0, le=7 * 24 * 60)
-    # Public base URL of this API for the sandbox page's links; None = http_host:http_port.
-    rentals_payment_url_base: str | None = None
-    # `sandbox` simulates payments (its page) and records refunds locally; `http`
-    # calls rentals_gateway_url. Never a default: None serves no payment page and
-    # refunds wait (retried) until a gateway is set. `reservo up --demo` picks sandbox.
-    rentals_payment_gateway: Literal["sandbox", "http"] | None = None
-    rentals_gateway_url: str | None = None
-    rentals_gateway_token: str | None = None
-    rentals_gateway_timeout_s: float = 5.0
-    # A refund (its attempts included) ends within this: the timeout above is per
-    # network operation, which a gateway trickling its answer never trips.
-    rentals_gateway_deadline_s: float = Field(default=30.0, gt=0)
-    # How much later a HOLD expires after its one extension (POST
-    # /api/bookings/{id}/extend-hold): the customer asked for more time to pay.
-    rentals_hold_extension_s: int = Field(default=900, ge=1, le=24 * 3600)
+    # The modules' own settings, each read by its class from RESERVO_<MODULE>_*
+    # (the names are flat: RESERVO_SCHEDULER_WINDOW_S is scheduler.window_s).
+    appointments: AppointmentsSettings = Field(default_factory=AppointmentsSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    rentals: RentalsSettings = Field(default_factory=RentalsSettings)
+    wallet: WalletSettings = Field(default_factory=WalletSettings)
+    betting: BettingSettings = Field(default_factory=BettingSettings)
 
-    # Wallet: stakes spread over this many house sub-accounts per currency.
-    wallet_house_shards: int = Field(default=8, ge=1, le=256)
-    # The CSV statement (GET /api/accounts/{id}/statement.csv) streams from a
-    # server-side cursor inside one read-only transaction, which stays open while
-    # the client reads. These bound what one download may hold: the transaction
-    # is ended (and the response cut short) after wallet_statement_max_s; each
-    # fetch of wallet_statement_prefetch rows is a statement under
-    # wallet_statement_fetch_timeout_s; and at most wallet_statement_streams
-    # downloads per process hold a pool connection at once (503 statement_busy).
-    wallet_statement_max_s: float = Field(default=300.0, gt=0, le=3600)
-    wallet_statement_prefetch: int = Field(default=1_000, ge=10, le=50_000)
-    wallet_statement_fetch_timeout_s: float = Field(default=10.0, gt=0, le=600)
-    wallet_statement_streams: int = Field(default=4, ge=1, le=256)
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_names_into_groups(cls, data: Any) -> Any:
+        """``Settings(scheduler_window_s=1)`` sets scheduler.window_s: the flat
+        names (the variables' own) keep working in code. The group is built by
+        its class, so its other fields still come from the environment."""
+        if not isinstance(data, dict):
+            return data
+        flat = {key: data.pop(key) for key in list(data) if _group_of(key) is not None}
+        for group, fields in _split(flat).items():
+            given = data.get(group)
+            if isinstance(given, BaseModel):
+                data[group] = given.model_copy(update=fields)
+            else:
+                data[group] = GROUPS[group](**{**(given or {}), **fields})
+        return data
 
-    # Betting: settlement chunk size (bets per transaction; 5,000 cost less CPU and
-    # time than 10,000 in bench/settlement: smaller payout events spread over the
-    # house shards), result webhook to Kafka.
-    betting_settle_chunk: int = Field(default=5_000, ge=1, le=100_000)
-    # Chunk loops per process sharing one match (SKIP LOCKED keeps them apart).
-    betting_settle_parallel: int = Field(default=2, ge=1, le=16)
-    betting_publish_attempts: int = Field(default=3, ge=1, le=10)
-    betting_publish_backoff_s: float = 0.05
-    betting_publish_timeout_s: float = 2.0
-    betting_breaker_failures: int = 3
-    betting_breaker_reset_s: float = 10.0
-    betting_resend_interval_s: float = 0.5
-    betting_resend_batch: int = 100
-    # How long a resender keeps the fallback rows it claimed while it publishes them.
-    betting_resend_lease_s: float = Field(default=60.0, gt=0)
-    betting_sweep_interval_s: float = 5.0
-    # The largest potential payout a bet may have, in minor units (default
-    # 10,000,000.00): above it the bet is refused (422 at the stake).
-    betting_max_payout: int = Field(default=1_000_000_000, ge=1, le=2**63 - 1)
+    def with_(self, **changes: Any) -> Settings:
+        """A copy with these settings changed, by their flat names
+        (``with_(db_pool_max=5, scheduler_window_s=2)``); like ``model_copy``, the
+        values are not validated. An unknown name is an error, not a no-op."""
+        root = {name: value for name, value in changes.items() if name in _ROOT_FIELDS}
+        unknown = [name for name in changes if name not in root and _group_of(name) is None]
+        if unknown:
+            raise TypeError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        flat = {name: value for name, value in changes.items() if name not in root}
+        for group, fields in _split(flat).items():
+            root[group] = getattr(self, group).model_copy(update=fields)
+        return self.model_copy(update=root)
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Settings:
+        # A module's flat name here would be set on nothing, silently: with_ maps it.
+        unknown = sorted(set(update or ()) - set(Settings.model_fields))
+        if unknown:
+            raise TypeError(f"not a field of Settings: {', '.join(unknown)} (use with_)")
+        return super().model_copy(update=update, deep=deep)
+
+    def flat(self) -> dict[str, object]:
+        """Every setting by its flat name (its variable's, less RESERVO_)."""
+        values: dict[str, object] = {
+            name: getattr(self, name) for name in Settings.model_fields if name not in GROUPS
+        }
+        for group in GROUPS:
+            settings = getattr(self, group)
+            values.update(
+                {f"{group}_{name}": getattr(settings, name) for name in type(settings).model_fields}
+            )
+        return values
 
     @field_validator("jwt_role_map")
     @classmethod
@@ -499,6 +398,34 @@ class Settings(BaseSettings):
         return self
 
 
+# Each module's settings, by the name Settings holds them under: that name is
+# also the prefix of their flat names (and so of their variables).
+GROUPS: dict[str, type[BaseSettings]] = {
+    "appointments": AppointmentsSettings,
+    "scheduler": SchedulerSettings,
+    "rentals": RentalsSettings,
+    "wallet": WalletSettings,
+    "betting": BettingSettings,
+}
+_ROOT_FIELDS = frozenset(Settings.model_fields) - frozenset(GROUPS)
+
+
+def _group_of(flat_name: str) -> str | None:
+    group, _, name = flat_name.partition("_")
+    if group in GROUPS and name in GROUPS[group].model_fields:
+        return group
+    return None
+
+
+def _split(flat: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{"scheduler_window_s": 2} -> {"scheduler": {"window_s": 2}}."""
+    groups: dict[str, dict[str, Any]] = {}
+    for flat_name, value in flat.items():
+        group, _, name = flat_name.partition("_")
+        groups.setdefault(group, {})[name] = value
+    return groups
+
+
 def env_name(setting: str) -> str:
     return f"RESERVO_{setting.upper()}"
 
@@ -525,10 +452,10 @@ def describe(settings: Settings) -> list[tuple[str, str, str]]:
     return [
         (
             name,
-            _shown(name, getattr(settings, name)),
+            _shown(name, value),
             "environment" if env_name(name) in given else "default",
         )
-        for name in sorted(Settings.model_fields)
+        for name, value in sorted(settings.flat().items())
     ]
 
 

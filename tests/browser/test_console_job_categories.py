@@ -28,7 +28,7 @@ SERVICE = auth("service", 1)
 
 @pytest.fixture
 async def live(base_settings: Settings) -> AsyncIterator[Live]:
-    async for running_app in serve(base_settings.model_copy(update=FAST_SETTINGS)):
+    async for running_app in serve(base_settings.with_(**FAST_SETTINGS)):
         yield running_app
 
 

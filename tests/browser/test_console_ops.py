@@ -33,7 +33,7 @@ TOPIC = "test.console-replay.v1"
 @pytest.fixture
 async def live(base_settings: Settings) -> AsyncIterator[Live]:
     # Scheduler timings fast enough for a job to die and run again within seconds.
-    async for running_app in serve(base_settings.model_copy(update=FAST_SETTINGS)):
+    async for running_app in serve(base_settings.with_(**FAST_SETTINGS)):
         yield running_app
 
 

@@ -29,11 +29,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 @pytest.fixture
 async def demo_live(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Live]:
     settings = demo.settings_for_demo(
-        base_settings.model_copy(
-            update={
-                "database_url": fresh_database_url,
-                "redis_namespace": f"shot-{uuid.uuid4().hex[:8]}",
-            }
+        base_settings.with_(
+            database_url=fresh_database_url, redis_namespace=f"shot-{uuid.uuid4().hex[:8]}"
         )
     )
     async for running in serve(settings):

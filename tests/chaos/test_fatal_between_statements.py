@@ -114,13 +114,11 @@ async def test_a_fatal_before_the_close_answers_503_and_the_retry_books(
     proxy = LingeringProxy((pg.hostname or "127.0.0.1", pg.port or 5432))
     await proxy.start()
     # One pooled connection: the request below gets the one the server killed.
-    settings = base_settings.model_copy(
-        update={
-            "database_url": _via(database_url, proxy.port),
-            "db_pool_min": 1,
-            "db_pool_max": 1,
-            "db_acquire_timeout_s": 2.0,
-        }
+    settings = base_settings.with_(
+        database_url=_via(database_url, proxy.port),
+        db_pool_min=1,
+        db_pool_max=1,
+        db_acquire_timeout_s=2.0,
     )
     admin = await asyncpg.connect(database_url)
     try:

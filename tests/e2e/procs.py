@@ -40,8 +40,8 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
             "RESERVO_HTTP_DRAIN_S": "0",
         }
     )
-    if settings.rentals_payment_gateway is not None:
-        env["RESERVO_RENTALS_PAYMENT_GATEWAY"] = settings.rentals_payment_gateway
+    if settings.rentals.payment_gateway is not None:
+        env["RESERVO_RENTALS_PAYMENT_GATEWAY"] = settings.rentals.payment_gateway
     env.update(extra)
     return env
 

@@ -27,9 +27,7 @@ def test_fuzzing_the_api_finds_no_server_error(
     log = tmp_path / "api.log"
     # A database of its own: as an admin the fuzzer pauses and rate-limits job
     # categories and retries DEAD jobs, which must not reach other tests' jobs.
-    own = base_settings.model_copy(
-        update={"database_url": fresh_database_url, "redis_namespace": f"fuzz-{port}"}
-    )
+    own = base_settings.with_(database_url=fresh_database_url, redis_namespace=f"fuzz-{port}")
     with running(["api", "--port", str(port)], env_for(own), log) as proc:
         wait_http(f"{base}/healthz", proc, log)
         for role, sub in (("admin", 1), ("patient", 424242)):

@@ -35,9 +35,7 @@ async def test_two_worker_processes_share_a_categorys_rate_limit(
         for _ in range(JOBS):
             assert (await stack.client.post("/api/jobs", json=body, headers=SERVICE)).is_success
         env = env_for(
-            base_settings.model_copy(
-                update={"database_url": fresh_database_url, "redis_namespace": ns}
-            ),
+            base_settings.with_(database_url=fresh_database_url, redis_namespace=ns),
             RESERVO_JOBS_HTTP_ALLOW="127.0.0.1",
             RESERVO_SCHEDULER_LOADER_PERIOD_S="0.2",
             RESERVO_SCHEDULER_EXECUTOR_IDLE_S="0.05",

@@ -39,7 +39,7 @@ async def own_client(
     base_settings: Settings, fresh_database_url: str
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The API on a database of the test's own (the drill checks all of it)."""
-    container = build(base_settings.model_copy(update={"database_url": fresh_database_url}))
+    container = build(base_settings.with_(database_url=fresh_database_url))
     transport = httpx.ASGITransport(app=create_app(container, owns_container=False))
     async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
         yield c

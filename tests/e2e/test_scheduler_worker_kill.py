@@ -62,7 +62,7 @@ async def test_sigkilled_worker_job_is_rerun_by_another_and_completes_once(
     ns = f"kill-{uuid.uuid4().hex[:8]}"
     target = Target()
     await target.start()
-    settings = base_settings.model_copy(update={"redis_namespace": ns})
+    settings = base_settings.with_(redis_namespace=ns)
     env = env_for(
         settings,
         RESERVO_SCHEDULER_LOADER_PERIOD_S="0.2",

@@ -95,14 +95,14 @@ def test_the_rule_refuses_what_the_cli_refuses() -> None:
         results_webhook_secret=RESULTS_SECRET,
     )
     assert secret_problems(base) == []
-    weak = base.model_copy(update={"payments_webhook_secret": "pay-secret"})
+    weak = base.with_(payments_webhook_secret="pay-secret")
     assert secret_problems(weak) == [
         "RESERVO_PAYMENTS_WEBHOOK_SECRET is 10 bytes; at least 32 are required"
     ]
     with pytest.raises(SettingsError, match="openssl rand"):
         check_secrets(weak)
     # Length counts bytes, not characters.
-    assert secret_problems(base.model_copy(update={"jwt_secret": "é" * 16})) == []
+    assert secret_problems(base.with_(jwt_secret="é" * 16)) == []
 
 
 def test_token_refuses_without_a_secret(tmp_path: Path, services: tuple[str, str]) -> None:

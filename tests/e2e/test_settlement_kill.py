@@ -40,11 +40,9 @@ async def _wait_for(
 async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
     base_settings: Settings, fresh_database_url: str, tmp_path: Path
 ) -> None:
-    settings = base_settings.model_copy(
-        update={
-            "database_url": fresh_database_url,
-            "redis_namespace": f"{base_settings.redis_namespace}-kill-{uuid.uuid4().hex[:6]}",
-        }
+    settings = base_settings.with_(
+        database_url=fresh_database_url,
+        redis_namespace=f"{base_settings.redis_namespace}-kill-{uuid.uuid4().hex[:6]}",
     )
     container = build(settings, OffsetClock())
     db = await asyncpg.connect(fresh_database_url)

@@ -254,7 +254,7 @@ async def test_the_connection_cap_holds(capped: tuple[str, int]) -> None:
 async def test_reservo_up_serves_with_the_same_limits(
     base_settings: Settings, fresh_database_url: str, tmp_path: Path
 ) -> None:
-    settings = base_settings.model_copy(update={"database_url": fresh_database_url})
+    settings = base_settings.with_(database_url=fresh_database_url)
     served = _serve(settings, tmp_path / "up.log", "up", header_timeout_s="1", max_connections="3")
     _, port = next(served)
     try:

@@ -140,9 +140,7 @@ async def test_killing_the_worker_mid_delivery_loses_nothing(
     # Own database, so own Redis namespace too: ids restart at 1 here, and the
     # session namespace may already hold "full" marks for slot ids of the shared DB.
     namespace = f"{base_settings.redis_namespace}-crash-{uuid.uuid4().hex[:8]}"
-    settings = base_settings.model_copy(
-        update={"database_url": crash_db, "redis_namespace": namespace}
-    )
+    settings = base_settings.with_(database_url=crash_db, redis_namespace=namespace)
     container = build(settings, OffsetClock())
     patients = [new_id() for _ in range(6)]
     try:

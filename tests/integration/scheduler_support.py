@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -24,7 +24,7 @@ from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.clock import Clock, OffsetClock, SystemClock
 from reservo.core.db import Database
-from reservo.scheduler import Config, Job, Scheduler
+from reservo.scheduler import Job, Scheduler, SchedulerSettings
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
 from tests.redis_cluster import RedisTarget
@@ -37,7 +37,7 @@ def target(redis: Redis) -> RedisTarget:
     return redis if isinstance(redis, RedisTarget) else RedisTarget(redis)
 
 
-FAST = Config(
+FAST = SchedulerSettings(
     window_s=300,
     loader_period_s=0.2,
     resync_period_s=60,
@@ -80,8 +80,8 @@ class Stack:
 async def api_stack(base: Settings, database_url: str, **settings: Any) -> AsyncIterator[Stack]:
     ns = f"stack-{uuid.uuid4().hex[:8]}"
     c = build(
-        base.model_copy(
-            update={
+        base.with_(
+            **{
                 "database_url": database_url,
                 "redis_namespace": ns,
                 **FAST_SETTINGS,
@@ -134,8 +134,11 @@ def make(
     **overrides: Any,
 ) -> Scheduler:
     db = Database(database_url, min_size=1, max_size=10)
-    cfg = replace(FAST, **overrides)
-    s = Scheduler(db, clock or SystemClock(), target(redis).client(5.0), ns, cfg)
+    mover_lock = overrides.pop("mover_lock", True)
+    cfg = FAST.model_copy(update=overrides)
+    s = Scheduler(
+        db, clock or SystemClock(), target(redis).client(5.0), ns, cfg, mover_lock=mover_lock
+    )
 
     async def _close_db() -> None:
         await db.close()

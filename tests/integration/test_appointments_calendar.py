@@ -406,7 +406,7 @@ async def test_concurrent_polls_read_postgresql_once_per_feed_until_a_change(
     ttl = await container.cache.gate.client.pttl(
         container.cache.value_key(feed_key("patient", patient))
     )
-    assert 0 < ttl <= container.settings.appointments_calendar_cache_life_s * 1000
+    assert 0 < ttl <= container.settings.appointments.calendar_cache_life_s * 1000
 
     # Another process is served from Redis: no statement there either.
     other, other_container = second_app

@@ -72,7 +72,7 @@ async def roomy_client(
     base_settings: Settings, clock: OffsetClock
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The real app with a per-patient rate limit high enough for one patient's 20 retries."""
-    settings = base_settings.model_copy(update={"appointments_booking_rate_limit": 1000})
+    settings = base_settings.with_(appointments_booking_rate_limit=1000)
     container = build(settings, clock)
     app = create_app(container, owns_container=False)
     transport = httpx.ASGITransport(app=app)

@@ -49,7 +49,7 @@ def clock() -> OffsetClock:
 @pytest.fixture
 def base_settings(base_settings: Settings) -> Settings:
     """One patient books more often here than the per-patient rate limit allows."""
-    return base_settings.model_copy(update={"appointments_booking_rate_limit": 100})
+    return base_settings.with_(appointments_booking_rate_limit=100)
 
 
 async def book_at(

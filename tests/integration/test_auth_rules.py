@@ -105,7 +105,7 @@ async def test_the_setting_sets_the_limit_and_the_cache_keeps_it(
     base_settings: Settings,
 ) -> None:
     clock = OffsetClock()
-    settings = base_settings.model_copy(update={"jwt_max_lifetime_s": 600})
+    settings = base_settings.with_(jwt_max_lifetime_s=600)
     async with _app(settings, clock) as c:
         assert await _status(c, _minted(900, clock.now())) == (401, "unauthenticated")
         token = _minted(590, clock.now())

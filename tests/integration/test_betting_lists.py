@@ -43,7 +43,7 @@ NEW_ODDS = {
 async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
     """A database of its own: the lists show every match, so counts must not
     include other tests' matches."""
-    c = build(base_settings.model_copy(update={"database_url": fresh_database_url}), OffsetClock())
+    c = build(base_settings.with_(database_url=fresh_database_url), OffsetClock())
     yield c
     await c.close()
 
@@ -581,7 +581,7 @@ async def test_demo_loads_upcoming_matches_once(
     from reservo import demo
 
     # Built as `reservo up --demo` builds it (its recurring job calls its own address).
-    settings = base_settings.model_copy(update={"database_url": fresh_database_url})
+    settings = base_settings.with_(database_url=fresh_database_url)
     own = build(demo.settings_for_demo(settings), OffsetClock())
     try:
         await demo.load(own)

@@ -31,15 +31,13 @@ from tests.integration.test_betting_flow import drain
 @pytest.fixture
 async def kafka_down(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Container]:
     """A container whose Kafka is configured but unreachable (nothing listens on port 9)."""
-    settings = base_settings.model_copy(
-        update={
-            "kafka_bootstrap": "127.0.0.1:9",
-            "betting_publish_timeout_s": 0.5,
-            "betting_publish_attempts": 2,
-            "betting_publish_backoff_s": 0.01,
-            "betting_breaker_failures": 2,
-            "kafka_request_timeout_ms": 500,
-        }
+    settings = base_settings.with_(
+        kafka_bootstrap="127.0.0.1:9",
+        betting_publish_timeout_s=0.5,
+        betting_publish_attempts=2,
+        betting_publish_backoff_s=0.01,
+        betting_breaker_failures=2,
+        kafka_request_timeout_ms=500,
     )
     c = build(settings, clock)
     yield c

@@ -50,7 +50,7 @@ class Flaky:
 
 @pytest.fixture
 async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
-    c = build(base_settings.model_copy(update={"database_url": fresh_database_url}), OffsetClock())
+    c = build(base_settings.with_(database_url=fresh_database_url), OffsetClock())
     async with c.db.connection() as conn:
         await conn.execute("CREATE TABLE replay_effect (event_id uuid NOT NULL)")
     yield c

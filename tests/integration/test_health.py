@@ -38,7 +38,7 @@ async def _client_of(container: Container) -> AsyncIterator[httpx.AsyncClient]:
 async def without_redis(
     base_settings: Settings, clock: OffsetClock
 ) -> AsyncIterator[httpx.AsyncClient]:
-    settings = base_settings.model_copy(update={"redis_url": f"redis://{_nowhere()}/0"})
+    settings = base_settings.with_(redis_url=f"redis://{_nowhere()}/0")
     async for c in _client_of(build(settings, clock)):
         yield c
 
@@ -47,9 +47,7 @@ async def without_redis(
 async def without_postgres(
     base_settings: Settings, clock: OffsetClock
 ) -> AsyncIterator[httpx.AsyncClient]:
-    settings = base_settings.model_copy(
-        update={"database_url": f"postgresql://postgres@{_nowhere()}/postgres"}
-    )
+    settings = base_settings.with_(database_url=f"postgresql://postgres@{_nowhere()}/postgres")
     async for c in _client_of(build(settings, clock)):
         yield c
 

@@ -370,9 +370,7 @@ async def test_a_result_resent_from_the_fallback_table_keeps_the_intakes_time(
     later: the event carries the time the intake stamped, as the Kafka publish
     it tried first did, not the resend's."""
     clock = OffsetClock()
-    c: Container = build(
-        base_settings.model_copy(update={"database_url": fresh_database_url}), clock
-    )
+    c: Container = build(base_settings.with_(database_url=fresh_database_url), clock)
     published: list[Event] = []
 
     class Recording:

@@ -46,7 +46,7 @@ async def app(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
     """A client of an app whose hot routes are dispatched in front of the
     middleware stack, or through it like every other route."""
-    container = build(base_settings.model_copy(update={"lean_paths": request.param}), OffsetClock())
+    container = build(base_settings.with_(lean_paths=request.param), OffsetClock())
     transport = httpx.ASGITransport(app=create_app(container))
     async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
         yield c, container

@@ -12,9 +12,8 @@ from datetime import timedelta
 import asyncpg
 import httpx
 import pytest
-from reservo.retention import rules
 
-from reservo.bootstrap import Container
+from reservo.bootstrap import Container, declared_retention
 from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.idempotency import Claim, Replay
@@ -213,7 +212,7 @@ async def _prune_keys(
     container: Container, clock: OffsetClock, batch: int = 5000
 ) -> list[RuleResult]:
     """The maintenance role's pruner, with the idempotency keys' rule alone."""
-    (rule,) = [r for r in rules(container.settings) if r.table == "idempotency_key"]
+    (rule,) = [r for r in declared_retention(container.settings) if r.table == "idempotency_key"]
     return await Pruner(container.db, clock, [rule], batch=batch, pause_s=0).run()
 
 

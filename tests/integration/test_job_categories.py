@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -331,7 +330,7 @@ async def test_two_operators_retrying_dead_jobs_together_retry_each_once(stack: 
     s.register(cat, rec)
     s.register(other, rec)
     # Pages of 7: the requests interleave page by page.
-    s.config = replace(s.config, retry_batch=7)
+    s.retry_batch = 7
     dead = [await _create(stack.client, cat, now() + timedelta(hours=1)) for _ in range(40)]
     spared = [await _create(stack.client, other, now() + timedelta(hours=1)) for _ in range(3)]
     await stack.db.execute(

@@ -23,10 +23,10 @@ from reservo.core.clock import SystemClock
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import IdempotencyStore, request_hash
 from reservo.core.redis import make_client
+from reservo.scheduler import Scheduler, SchedulerSettings
 from reservo.scheduler.api import created
 from reservo.scheduler.batch import Answer, JobBatch, JobRequest
 from reservo.scheduler.domain import Job
-from reservo.scheduler.service import Config, Scheduler
 from reservo.scheduler.setup import SchedulerModule
 from reservo.scheduler.workers import Loader
 from tests.conftest import auth
@@ -219,7 +219,7 @@ async def test_the_database_down_is_503_for_each_request_and_creates_nothing(
 ) -> None:
     down = unreachable_database()
     clock = SystemClock()
-    scheduler = Scheduler(down, clock, container.scheduler.redis, "test-down", Config())
+    scheduler = Scheduler(down, clock, container.scheduler.redis, "test-down", SchedulerSettings())
     scheduler.handlers = container.scheduler.handlers
     batch = JobBatch(scheduler, IdempotencyStore(down, clock), created)
     markers = [str(uuid.uuid4()) for _ in range(5)]
@@ -325,7 +325,7 @@ def _scheduler(
         SystemClock(),
         redis or container.scheduler.redis,
         ns,
-        Config(push_grace_s=grace_s),
+        SchedulerSettings(push_grace_s=grace_s),
     )
     s.handlers = container.scheduler.handlers
     return s

@@ -141,8 +141,8 @@ async def provider_api(
 ) -> AsyncIterator[httpx.AsyncClient]:
     """An API process configured for the provider (``lifespan``: with its
     background tasks running, the periodic key refresh among them)."""
-    configured = base_settings.model_copy(
-        update={
+    configured = base_settings.with_(
+        **{
             "jwt_jwks_url": jwks.url,
             "jwt_issuer": ISSUER,
             "jwt_audience": AUDIENCE,

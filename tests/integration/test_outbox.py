@@ -204,7 +204,7 @@ def relay_over(
 
 
 async def readyz_backlog(url: str, settings: Settings) -> dict[str, Any]:
-    container = build(settings.model_copy(update={"database_url": url}))
+    container = build(settings.with_(database_url=url))
     try:
         transport = httpx.ASGITransport(app=create_app(container, owns_container=False))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:

@@ -260,9 +260,7 @@ async def test_the_demo_shows_a_repeating_schedule_and_a_waitlist(
     from reservo import demo
 
     # As `reservo up --demo` builds it: the sandbox, and its own address allowed.
-    settings = demo.settings_for_demo(
-        base_settings.model_copy(update={"database_url": fresh_database_url})
-    )
+    settings = demo.settings_for_demo(base_settings.with_(database_url=fresh_database_url))
     assert settings.jobs_http_allow == settings.http_host
     own = build(settings, OffsetClock())
     try:

@@ -60,9 +60,7 @@ def multi_host(pair: HotStandbyPair) -> str:
 
 @asynccontextmanager
 async def service(base: Settings, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-    settings = base.model_copy(
-        update={"redis_namespace": f"test-{uuid.uuid4().hex[:8]}", **overrides}
-    )
+    settings = base.with_(**{"redis_namespace": f"test-{uuid.uuid4().hex[:8]}", **overrides})
     container: Container = build(settings, OffsetClock())
     app = create_app(container, owns_container=False)
     try:

@@ -59,8 +59,8 @@ async def routed(
     pair: HotStandbyPair, base: Settings, **overrides: Any
 ) -> AsyncIterator[tuple[Container, httpx.AsyncClient]]:
     """The service on the pair's primary, its standby as the read replica."""
-    settings = base.model_copy(
-        update={
+    settings = base.with_(
+        **{
             "database_url": pair.primary_url,
             "database_replica_urls": pair.standby_url,
             "redis_namespace": f"test-{uuid.uuid4().hex[:8]}",

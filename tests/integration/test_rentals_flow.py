@@ -148,7 +148,7 @@ async def events_of(db: asyncpg.Connection, topic: str, booking_id: int) -> int:
 async def _client_with(
     base_settings: Settings, clock: OffsetClock, **update: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
-    c = build(base_settings.model_copy(update=update), clock)
+    c = build(base_settings.with_(**update), clock)
     app = create_app(c, owns_container=False)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
@@ -666,9 +666,7 @@ async def test_the_sandbox_is_announced_when_it_is_on(
 async def test_a_refund_without_a_gateway_waits_until_one_is_configured(
     base_settings: Settings, fresh_database_url: str, clock: OffsetClock
 ) -> None:
-    settings = base_settings.model_copy(
-        update={"database_url": fresh_database_url, "rentals_payment_gateway": None}
-    )
+    settings = base_settings.with_(database_url=fresh_database_url, rentals_payment_gateway=None)
     db = await asyncpg.connect(fresh_database_url)
     bare = build(settings, clock)
     refund_event = "SELECT status, attempts, last_error FROM outbox WHERE topic = $1"
@@ -702,7 +700,7 @@ async def test_a_refund_without_a_gateway_waits_until_one_is_configured(
     finally:
         await bare.close()
     # The same database, now with a gateway: the waiting refund goes through, once.
-    sandboxed = build(settings.model_copy(update={"rentals_payment_gateway": "sandbox"}), clock)
+    sandboxed = build(settings.with_(rentals_payment_gateway="sandbox"), clock)
     try:
         clock.advance(timedelta(seconds=5))  # past the retry's backoff
         await drain(sandboxed)

@@ -28,7 +28,7 @@ def code(r: httpx.Response) -> tuple[int, str]:
 @pytest.fixture
 async def roomy(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[httpx.AsyncClient]:
     """The real app with a hold rate limit high enough for one customer's many holds."""
-    c = build(base_settings.model_copy(update={"rentals_hold_rate_limit": 1000}), clock)
+    c = build(base_settings.with_(rentals_hold_rate_limit=1000), clock)
     transport = httpx.ASGITransport(app=create_app(c, owns_container=False))
     async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as client:
         yield client
@@ -334,7 +334,7 @@ async def test_quote_errors(client: httpx.AsyncClient) -> None:
 
 @pytest.fixture
 async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
-    c = build(base_settings.model_copy(update={"database_url": fresh_database_url}), OffsetClock())
+    c = build(base_settings.with_(database_url=fresh_database_url), OffsetClock())
     yield c
     await c.close()
 

@@ -115,17 +115,13 @@ async def proxied(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[
     pg = urlsplit(base_settings.database_url or "")
     proxy = TcpProxy(_free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432))
     await proxy.start()
-    settings = base_settings.model_copy(
-        update={
-            "database_url": _with_port(base_settings.database_url or "", "127.0.0.1", proxy.port),
-            "db_pool_min": 1,
-            "db_pool_max": 5,
-            # Bounded waits, so an outage answers fast instead of hanging requests.
-            "db_acquire_timeout_s": 2.0,
-            "db_command_timeout_s": 2.0,
-            # Every /readyz checks again: the test reads it right after each change.
-            "ready_cache_s": 0.0,
-        }
+    settings = base_settings.with_(
+        database_url=_with_port(base_settings.database_url or "", "127.0.0.1", proxy.port),
+        db_pool_min=1,
+        db_pool_max=5,
+        db_acquire_timeout_s=2.0,
+        db_command_timeout_s=2.0,
+        ready_cache_s=0.0,
     )
     container = build(settings, clock)
     try:
@@ -185,7 +181,7 @@ async def test_postgres_outage_answers_503_and_recovers_by_itself(proxied: Any) 
 @pytest.fixture
 async def no_redis(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Container]:
     # A port where nothing listens: every Redis call fails at once (refused).
-    settings = base_settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{_free_port()}/0"})
+    settings = base_settings.with_(redis_url=f"redis://127.0.0.1:{_free_port()}/0")
     container = build(settings, clock)
     yield container
     await container.close()

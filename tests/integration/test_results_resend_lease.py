@@ -43,7 +43,7 @@ async def own(
     base_settings: Settings, fresh_database_url: str, clock: OffsetClock
 ) -> AsyncIterator[Container]:
     """A container on a database of the test's own (its resender takes every row)."""
-    c = build(base_settings.model_copy(update={"database_url": fresh_database_url}), clock)
+    c = build(base_settings.with_(database_url=fresh_database_url), clock)
     yield c
     await c.close()
 
@@ -151,7 +151,7 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
         assert await db.fetchval("SELECT status FROM betting_bet WHERE id = $1", bet.id) == (
             "PENDING"
         )
-        clock.advance(timedelta(seconds=c.settings.betting_resend_lease_s + 1))
+        clock.advance(timedelta(seconds=c.settings.betting.resend_lease_s + 1))
         await drain(c)
         await drain(c)  # a second pass changes nothing
         assert tuple(await db.fetchrow(fallback, event)) == (row_id, "RESENT", 1)

@@ -347,13 +347,10 @@ async def test_the_maintenance_role_prunes_what_a_booking_left_and_keeps_the_boo
     """Through HTTP and the real worker role: a booking's key, event and
     notification go once old; the appointment (a business record) stays."""
     clock = OffsetClock()
-    settings = base_settings.model_copy(
-        update={
-            "database_url": fresh_database_url,
-            # Its own Redis keys: this database's slot ids repeat the session database's.
-            "redis_namespace": f"test-retention-{uuid.uuid4().hex[:8]}",
-            "retention_interval_s": 0.1,
-        }
+    settings = base_settings.with_(
+        database_url=fresh_database_url,
+        redis_namespace=f"test-retention-{uuid.uuid4().hex[:8]}",
+        retention_interval_s=0.1,
     )
     c = build(settings, clock)
     try:

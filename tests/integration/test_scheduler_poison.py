@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -132,7 +131,7 @@ async def test_executor_and_reaper_park_what_they_cannot_handle_and_run_the_rest
     # No loader here: these rows are already in Redis (pushed by an older
     # version) or RUNNING under a worker that died, so the executor and the
     # reaper meet them first.
-    sched.config = replace(sched.config, loaders=0)
+    sched.config = sched.config.model_copy(update={"loaders": 0})
     cat, rec = category(), Recorder()
     sched.register(cat, rec)
     beyond = await _legacy_row(s.db, cat, BEYOND_RULE, status="QUEUED", pushed=True)

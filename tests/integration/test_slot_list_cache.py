@@ -97,7 +97,7 @@ async def _second_process(settings: Settings) -> AsyncIterator[httpx.AsyncClient
 async def test_a_full_slot_leaves_another_process_list_within_the_local_ttl(
     client: httpx.AsyncClient, base_settings: Settings
 ) -> None:
-    settings = base_settings.model_copy(update={"appointments_slots_local_ttl_s": 0.5})
+    settings = base_settings.with_(appointments_slots_local_ttl_s=0.5)
     doctor, slots = await make_slots(client, capacity=1)
     day = slots[0]["startAt"][:10]
     url, target = f"/api/doctors/{doctor}/slots", slots[0]["id"]
@@ -253,7 +253,7 @@ async def test_a_list_lives_long_in_redis_and_a_booking_drops_it(
     url, params = f"/api/doctors/{doctor}/slots", {"date": day.isoformat()}
     assert (await client.get(url, params=params, headers=ADMIN)).status_code == 200
     raw, life_s, _ = await container.cache.get_versioned(k)
-    life = container.settings.appointments_slots_cache_life_s
+    life = container.settings.appointments.slots_cache_life_s
     assert raw is not None and life - 5 < life_s <= life  # kept for the long life
     assert (await book(client, slots[0]["id"], new_id())).status_code == 201
     assert (await container.cache.get_versioned(k))[0] is None  # dropped after the commit

@@ -25,7 +25,7 @@ from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.core.errors import DomainError
 from reservo.core.timezones import zone_names
-from reservo.scheduler.service import MATERIALISER
+from reservo.scheduler.service import MATERIALISER, RECURRING_BATCH
 from tests.conftest import auth
 from tests.helpers import ADMIN, make_doctor
 from tests.integration.test_patient_contact_and_repeating import days_with_slots, repeating
@@ -226,7 +226,7 @@ async def create_recurring(client: httpx.AsyncClient, zone: str = "UTC") -> int:
 async def materialise_all(container: Container) -> None:
     """Runs materialiser passes until one comes back short."""
     sched = container.scheduler
-    while (await sched.materialise())[0] >= sched.config.recurring_batch:
+    while (await sched.materialise())[0] >= RECURRING_BATCH:
         pass
 
 
@@ -249,9 +249,7 @@ async def test_a_recurring_job_with_a_bad_row_is_parked_and_the_others_materiali
     bad = [*bad_zones, bad_cron]
     before = await poisoned(client, MATERIALISER)
 
-    while (await container.scheduler.materialise())[
-        0
-    ] >= container.scheduler.config.recurring_batch:
+    while (await container.scheduler.materialise())[0] >= RECURRING_BATCH:
         pass
 
     for rec in good:

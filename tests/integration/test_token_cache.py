@@ -73,7 +73,7 @@ async def test_refused_tokens_are_not_remembered(client: httpx.AsyncClient) -> N
 
 @asynccontextmanager
 async def _app(settings: Settings, size: int) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    container = build(settings.model_copy(update={"token_cache_size": size}), OffsetClock())
+    container = build(settings.with_(token_cache_size=size), OffsetClock())
     app = create_app(container)
     try:
         transport = httpx.ASGITransport(app=app)

@@ -235,7 +235,7 @@ def json_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dic
 @pytest.fixture
 async def logged(base_settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
     """An app with one log line per request."""
-    container = build(base_settings.model_copy(update={"access_log": True}), OffsetClock())
+    container = build(base_settings.with_(access_log=True), OffsetClock())
     app = create_app(container, owns_container=False)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:

@@ -42,7 +42,7 @@ BALANCE_MAX = 2**63 - 1  # a bigint
 
 @pytest.fixture
 async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
-    c = build(base_settings.model_copy(update={"database_url": fresh_database_url}), OffsetClock())
+    c = build(base_settings.with_(database_url=fresh_database_url), OffsetClock())
     yield c
     await c.close()
 
@@ -167,7 +167,7 @@ async def test_system_accounts_full_to_their_range_stop_no_deposit_stake_or_payo
 ) -> None:
     match = await make_match(api, timedelta(minutes=1))
     bettor, owner = await make_account(api, 0)  # funded once WORLD is full
-    shards = own.settings.wallet_house_shards
+    shards = own.settings.wallet.house_shards
     stakes_to = bettor % shards
     # WORLD filled by one whale; the bettor's stake shard filled up to its range
     # by the whale's stakes; every other house shard emptied down to its range by

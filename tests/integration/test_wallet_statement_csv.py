@@ -9,7 +9,6 @@ import io
 import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -247,7 +246,7 @@ async def test_20000_entries_are_read_and_sent_a_chunk_at_a_time(
     # The same download as the app sends it: one message per cursor fetch, none
     # holding more than a fetch's rows, and the app's memory peak the same as
     # for a quarter of the entries (nothing grows with the statement's length).
-    prefetch = container.settings.wallet_statement_prefetch
+    prefetch = container.settings.wallet.statement_prefetch
     path, query = url.split("?")
     status, sizes, peak = await stream_through_the_app(container, path, query, owner)
     assert status == 200
@@ -265,7 +264,7 @@ async def test_20000_entries_are_read_and_sent_a_chunk_at_a_time(
 async def _client_with(
     base_settings: Settings, clock: OffsetClock, **update: object
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
-    c = build(base_settings.model_copy(update=update), clock)
+    c = build(base_settings.with_(**update), clock)
     app = create_app(c, owns_container=False)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
@@ -303,7 +302,7 @@ async def test_downloads_beyond_the_limit_wait_their_turn_and_a_long_one_is_cut(
     # Past its time the body is cut (never a short statement that looks whole),
     # and the slot and the read transaction are given back.
     kept = export.config
-    export.config = replace(kept, max_s=0.001)
+    export.config = kept.model_copy(update={"statement_max_s": 0.001})
     with pytest.raises(StatementCut):
         await client.get(url, headers=auth("bettor", owner))
     assert export.running == 0

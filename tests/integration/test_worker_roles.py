@@ -108,7 +108,7 @@ async def test_up_roles_without_kafka_settle_pay_and_refund(
         "redis_namespace": f"{base_settings.redis_namespace}-roles-{uuid.uuid4().hex[:6]}",
     }
     clock = OffsetClock()
-    c = build(base_settings.model_copy(update=own), clock)
+    c = build(base_settings.with_(**own), clock)
     stop = asyncio.Event()
     workers = asyncio.create_task(run_workers(c, cli.UP_ROLES, stop))
     db = await asyncpg.connect(fresh_database_url)

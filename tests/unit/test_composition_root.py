@@ -19,7 +19,7 @@ from reservo.core.module import Module
 from reservo.core.redis import make_client
 from reservo.core_modules import Notifications, Outbox
 from reservo.ops.setup import Ops
-from reservo.scheduler import Config, Scheduler
+from reservo.scheduler import Scheduler, SchedulerSettings
 from reservo.scheduler.setup import SchedulerModule
 from reservo.settings import Settings
 from reservo.shared import Shared
@@ -51,7 +51,7 @@ def test_build_uses_the_job_queue_it_is_given_and_registers_every_job_kind_in_it
 
     def queue(settings: Settings, db: Database, clock: Clock) -> RecordingQueue:
         client = make_client(settings.redis_url or "", 1.0)
-        made.append(RecordingQueue(db, clock, client, "composition-root", Config()))
+        made.append(RecordingQueue(db, clock, client, "composition-root", SchedulerSettings()))
         return made[0]
 
     c = build(SETTINGS, queue=queue, announce=False)
@@ -95,10 +95,7 @@ def test_each_module_declares_the_retention_of_its_own_tables() -> None:
     assert c.module(Outbox).retention and c.module(Notifications).retention
     assert {r.name for r in c.module(Betting).retention} == {"fallback_prune", "rejected_prune"}
     # The settings reach the rules: what the maintenance role runs.
-    kept = {
-        r.name: r.keep
-        for r in declared_retention(SETTINGS.model_copy(update={"retention_job_days": 3}))
-    }
+    kept = {r.name: r.keep for r in declared_retention(SETTINGS.with_(retention_job_days=3))}
     assert kept["job_prune_finished"].days == 3
     assert set(kept) == {
         "idem_prune",

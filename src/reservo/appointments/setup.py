@@ -27,32 +27,33 @@ class Appointments(Module):
 
 def setup(shared: Shared) -> Appointments:
     s = shared.settings
+    own = s.appointments
     service = AppointmentService(
         shared.db,
         shared.clock,
         shared.cache,
         shared.limiter,
         Limits(
-            booking_rate_limit=s.appointments_booking_rate_limit,
-            booking_rate_window_s=s.appointments_booking_rate_window_s,
-            slots_cache_life_s=s.appointments_slots_cache_life_s,
-            slots_cache_ttl_s=s.appointments_slots_cache_ttl_s,
-            slots_local_ttl_s=s.appointments_slots_local_ttl_s,
-            full_mark_ttl_s=s.appointments_full_mark_ttl_s,
+            booking_rate_limit=own.booking_rate_limit,
+            booking_rate_window_s=own.booking_rate_window_s,
+            slots_cache_life_s=own.slots_cache_life_s,
+            slots_cache_ttl_s=own.slots_cache_ttl_s,
+            slots_local_ttl_s=own.slots_local_ttl_s,
+            full_mark_ttl_s=own.full_mark_ttl_s,
             key_memory_s=s.idempotency_retention_hours * HOUR_S,
         ),
         scheduler=shared.scheduler,
-        window=Window(s.appointments_horizon_days, s.appointments_opening_time),
-        no_shows=NoShowPolicy(s.appointments_no_show_limit, s.appointments_no_show_block_days),
+        window=Window(own.horizon_days, own.opening_time),
+        no_shows=NoShowPolicy(own.no_show_limit, own.no_show_block_days),
     )
     feeds = CalendarFeeds(
         shared.db,
         shared.clock,
         shared.cache,
         FeedLimits(
-            url_base=s.appointments_calendar_url_base or f"http://{s.http_host}:{s.http_port}",
-            cache_life_s=s.appointments_calendar_cache_life_s,
-            local_ttl_s=s.appointments_calendar_local_ttl_s,
+            url_base=own.calendar_url_base or f"http://{s.http_host}:{s.http_port}",
+            cache_life_s=own.calendar_cache_life_s,
+            local_ttl_s=own.calendar_local_ttl_s,
         ),
     )
     return Appointments(
@@ -71,7 +72,7 @@ def setup(shared: Shared) -> Appointments:
         roles={
             "appointments": lambda stop: run_every(
                 stop,
-                s.appointments_schedule_interval_s,
+                own.schedule_interval_s,
                 "appointments_schedules",
                 service.extend_schedules,
                 again=lambda extended: extended >= SCHEDULE_BATCH,

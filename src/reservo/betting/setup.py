@@ -34,13 +34,14 @@ class Betting(Module):
 
 def setup(shared: Shared) -> Betting:
     s, db, clock = shared.settings, shared.db, shared.clock
-    service = BettingService(db, clock, s.wallet_house_shards, max_payout=s.betting_max_payout)
+    own = s.betting
+    service = BettingService(db, clock, s.wallet.house_shards, max_payout=own.max_payout)
     settlement = Settlement(
         db,
         clock,
-        chunk=s.betting_settle_chunk,
-        parallel=s.betting_settle_parallel,
-        house_shards=s.wallet_house_shards,
+        chunk=own.settle_chunk,
+        parallel=own.settle_parallel,
+        house_shards=s.wallet.house_shards,
     )
     publisher = _publisher(shared)
     results = ResultIntake(
@@ -51,19 +52,19 @@ def setup(shared: Shared) -> Betting:
         publisher=publisher,
         breaker=CircuitBreaker(
             "results_kafka",
-            failure_threshold=s.betting_breaker_failures,
-            reset_timeout_s=s.betting_breaker_reset_s,
+            failure_threshold=own.breaker_failures,
+            reset_timeout_s=own.breaker_reset_s,
         ),
-        attempts=s.betting_publish_attempts,
-        backoff_s=s.betting_publish_backoff_s,
+        attempts=own.publish_attempts,
+        backoff_s=own.publish_backoff_s,
     )
     resender = FallbackResender(
         db,
         clock,
         settlement,
         publisher=publisher,
-        batch=s.betting_resend_batch,
-        lease_s=s.betting_resend_lease_s,
+        batch=own.resend_batch,
+        lease_s=own.resend_lease_s,
     )
     return Betting(
         name="betting",
@@ -76,15 +77,15 @@ def setup(shared: Shared) -> Betting:
         roles={
             # Resumes settlements a crashed worker left half done.
             "settlement": lambda stop: run_every(
-                stop, s.betting_sweep_interval_s, "settlement_sweep", settlement.sweep
+                stop, own.sweep_interval_s, "settlement_sweep", settlement.sweep
             ),
             # Drains the result fallback table; polls when it is empty.
             "results_resend": lambda stop: run_every(
                 stop,
-                s.betting_resend_interval_s,
+                own.resend_interval_s,
                 "results_resend",
                 resender.run_once,
-                again=lambda claimed: claimed >= s.betting_resend_batch,
+                again=lambda claimed: claimed >= own.resend_batch,
             ),
         },
         errors=ERRORS,
@@ -100,16 +101,17 @@ def _publisher(shared: Shared) -> Publisher | None:
     """The result webhook publishes straight to Kafka (its own producer, short
     timeout); without Kafka every result goes to the PostgreSQL fallback table."""
     s = shared.settings
+    own = s.betting
     if not s.kafka_bootstrap:
         return None
     producer = transport_from_settings(
         s,
         lambda: [events.RESULT_TOPIC],
         shared.events,
-        request_timeout_ms=int(s.betting_publish_timeout_s * MS_PER_S),
+        request_timeout_ms=int(own.publish_timeout_s * MS_PER_S),
         client_id="reservo-results-webhook",
     )
-    return TransportPublisher(producer, s.betting_publish_timeout_s)
+    return TransportPublisher(producer, own.publish_timeout_s)
 
 
 def retention(s: Settings) -> list[PruneRule]:

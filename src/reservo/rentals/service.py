@@ -6,7 +6,7 @@ conditional status flips, the hold rate limit); Redis only caches searches."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +25,7 @@ from reservo.core.reads import read_one
 from reservo.core.schemas import MAX_ID, ApiModel, Id
 from reservo.core.transport.base import Event
 from reservo.rentals import domain, events, repo
+from reservo.rentals.config import RentalsSettings
 from reservo.rentals.domain import BlockedPeriod, Booking, Car
 from reservo.rentals.gateway import PaymentGateway
 
@@ -47,30 +48,13 @@ START_GRACE = timedelta(minutes=5)
 FIRST_PAGE = (datetime(9999, 12, 31, tzinfo=UTC), MAX_ID)
 
 
-@dataclass(frozen=True)
-class Config:
-    turnaround: timedelta = timedelta(minutes=120)
-    hold_ttl: timedelta = timedelta(seconds=900)
-    deposit_rate: float = 0.3
-    hold_rate_limit: int = 3
-    hold_rate_window_s: int = 900
-    search_cache_ttl_s: int = 30
-    # A CONFIRMED booking may be picked up from this long before its start on.
-    pickup_lead: timedelta = timedelta(minutes=60)
-    # Per-process copy of a search answer (0: none); never past its Redis entry,
-    # so an answer is never older than search_cache_ttl_s after its database read.
-    search_local_ttl_s: float = 1.0
-    # How much later a HOLD expires after its one extension.
-    hold_extension: timedelta = timedelta(seconds=900)
-
-
 class RentalService:
     def __init__(
         self,
         db: Database,
         clock: Clock,
         cache: Cache,
-        config: Config = Config(),
+        config: RentalsSettings,
         scheduler: JobQueue | None = None,
         gateway: PaymentGateway | None = None,
     ) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 
 import structlog
 from fastapi import APIRouter
@@ -14,13 +13,7 @@ from reservo.rentals import events, sandbox
 from reservo.rentals.api import HOT_ROUTES, router
 from reservo.rentals.errors import CONSTRAINTS, ERRORS
 from reservo.rentals.gateway import PaymentGateway, SandboxGateway, WebhookKey, build_gateway
-from reservo.rentals.service import (
-    EXPIRE_HOLD,
-    Config,
-    ExpireHoldJob,
-    RefundConsumer,
-    RentalService,
-)
+from reservo.rentals.service import EXPIRE_HOLD, ExpireHoldJob, RefundConsumer, RentalService
 from reservo.shared import Shared
 
 log = structlog.get_logger(__name__)
@@ -35,14 +28,15 @@ class Rentals(Module):
 
 def setup(shared: Shared) -> Rentals:
     s = shared.settings
+    own = s.rentals
     gateway = build_gateway(
-        s.rentals_payment_gateway,
+        own.payment_gateway,
         s.payments_webhook_secret,
-        s.rentals_gateway_url,
-        s.rentals_gateway_token,
-        s.rentals_gateway_timeout_s,
-        page_base=s.rentals_payment_url_base or f"http://{s.http_host}:{s.http_port}",
-        deadline_s=s.rentals_gateway_deadline_s,
+        own.gateway_url,
+        own.gateway_token,
+        own.gateway_timeout_s,
+        page_base=own.payment_url_base or f"http://{s.http_host}:{s.http_port}",
+        deadline_s=own.gateway_deadline_s,
     )
     if shared.announce:
         _warn_about_gateway(gateway)
@@ -50,17 +44,7 @@ def setup(shared: Shared) -> Rentals:
         shared.db,
         shared.clock,
         shared.cache,
-        Config(
-            turnaround=timedelta(minutes=s.rentals_turnaround_minutes),
-            hold_ttl=timedelta(seconds=s.rentals_hold_ttl_seconds),
-            deposit_rate=s.rentals_deposit_rate,
-            hold_rate_limit=s.rentals_hold_rate_limit,
-            hold_rate_window_s=s.rentals_hold_rate_window_s,
-            search_cache_ttl_s=s.rentals_search_cache_ttl_s,
-            search_local_ttl_s=s.rentals_search_local_ttl_s,
-            pickup_lead=timedelta(minutes=s.rentals_pickup_lead_minutes),
-            hold_extension=timedelta(seconds=s.rentals_hold_extension_s),
-        ),
+        own,
         scheduler=shared.scheduler,  # one expiry job per hold
         gateway=gateway,
     )
@@ -80,7 +64,7 @@ def setup(shared: Shared) -> Rentals:
         # The safety net behind the per-hold expiry jobs.
         roles={
             "rentals": lambda stop: run_every(
-                stop, s.rentals_sweep_interval_s, "rentals_sweep", service.sweep
+                stop, own.sweep_interval_s, "rentals_sweep", service.sweep
             )
         },
         errors=ERRORS,

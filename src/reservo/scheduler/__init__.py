@@ -5,16 +5,17 @@ enqueue, dispatch, cancel; modules enqueue through core's ``JobQueue``
 protocol), the ``Job`` value handed to handlers, and the statuses the jobs go
 through."""
 
+from reservo.scheduler.config import SchedulerSettings
 from reservo.scheduler.domain import CANCELLABLE, RETRYABLE, STATUSES, Job, valid_category
-from reservo.scheduler.service import Config, Handler, Scheduler
+from reservo.scheduler.service import Handler, Scheduler
 
 __all__ = [
     "CANCELLABLE",
     "RETRYABLE",
     "STATUSES",
-    "Config",
     "Handler",
     "Job",
     "Scheduler",
+    "SchedulerSettings",
     "valid_category",
 ]

@@ -29,6 +29,7 @@ from reservo.core.reads import read_one
 from reservo.core.redis import Client
 from reservo.scheduler import domain, repo
 from reservo.scheduler.categories import CategoryRules
+from reservo.scheduler.config import SchedulerSettings
 from reservo.scheduler.dispatch import Dispatch
 from reservo.scheduler.domain import Category, Job, Keys, Recurring
 
@@ -44,47 +45,11 @@ MATERIALISER = "scheduler.materialiser"
 PARK_REASON_MAX = 2000
 
 
-@dataclass(frozen=True)
-class Config:
-    window_s: float = 300.0
-    loader_period_s: float = 5.0
-    # A job_push row (jobs of a POST /api/jobs batch on their way to Redis)
-    # older than this is a push that did not finish: the loader pushes its jobs.
-    # Pushes take milliseconds; this only bounds how late such a job can be
-    # after a crash between commit and push (grace + one loader period).
-    push_grace_s: float = 5.0
-    resync_period_s: float = 60.0
-    loader_batch: int = 5000
-    mover_batch: int = 1000
-    mover_idle_s: float = 0.01
-    mover_lock: bool = True
-    loader_lock: bool = True
-    lock_ttl_ms: int = 5000
-    max_attempts: int = 5
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 600.0
-    loaders: int = 1
-    movers: int = 1
-    reapers: int = 1
-    executors: int = 2
-    executor_batch: int = 200
-    executor_idle_s: float = 0.05
-    heartbeat_s: float = 2.0
-    reaper_timeout_s: float = 15.0
-    reaper_period_s: float = 2.0
-    # Recurring jobs: materialiser tasks per process; how far back a pass still
-    # creates occurrences it missed (the service was down); recurring jobs per
-    # pass and occurrences per recurring job per pass.
-    materialisers: int = 1
-    recurring_catchup_s: float = 3600.0
-    recurring_batch: int = 100
-    recurring_per_pass: int = 1000
-    # Categories (pause, rate limit): how long an executor trusts what it read
-    # of job_category; a rate limit's burst, in seconds of its rate (at least one
-    # job); DEAD jobs a bulk retry updates per transaction.
-    category_refresh_s: float = 1.0
-    rate_burst_s: float = 0.1
-    retry_batch: int = 1000
+# Recurring jobs claimed per materialiser pass, and occurrences of one
+# recurring job created per pass; DEAD jobs a bulk retry updates per transaction.
+RECURRING_BATCH = 100
+RECURRING_PER_PASS = 1000
+RETRY_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -97,7 +62,7 @@ class _Window:
     oldest: datetime
 
     @classmethod
-    def at(cls, now: datetime, cfg: Config) -> _Window:
+    def at(cls, now: datetime, cfg: SchedulerSettings) -> _Window:
         return cls(
             now,
             now + timedelta(seconds=cfg.window_s),
@@ -115,8 +80,20 @@ def _check_category(category: str) -> None:
 class Scheduler:
     """Public facade. Handlers must be idempotent: a job whose worker died is run again."""
 
-    def __init__(self, db: Database, clock: Clock, client: Client, ns: str, config: Config) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        client: Client,
+        ns: str,
+        config: SchedulerSettings,
+        *,
+        mover_lock: bool = True,
+    ) -> None:
         self.db, self.clock, self.config = db, clock, config
+        # Off only in tests that run two movers at once on purpose.
+        self.mover_lock = mover_lock
+        self.retry_batch = RETRY_BATCH
         self.redis = client
         self.keys = Keys(ns)
         self.dispatcher = Dispatch(client, self.keys)
@@ -432,12 +409,12 @@ class Scheduler:
                     self.clock.now(),
                     self.config.max_attempts,
                     after,
-                    self.config.retry_batch,
+                    self.retry_batch,
                     category,
                 )
             await self.dispatch(jobs)
             retried += len(jobs)
-            if len(jobs) < self.config.retry_batch:
+            if len(jobs) < self.retry_batch:
                 return retried
             after = max(job.id for job in jobs)
 
@@ -533,7 +510,7 @@ class Scheduler:
         now = self.clock.now()
         window = _Window.at(now, self.config)
         async with self.db.connection() as conn, conn.transaction():
-            due = await repo.due_recurring_ids(conn, window.horizon, self.config.recurring_batch)
+            due = await repo.due_recurring_ids(conn, window.horizon, RECURRING_BATCH)
             created = await isolate(
                 due,
                 partial(self._materialise_claimed, conn, window),
@@ -573,9 +550,7 @@ class Scheduler:
                 resumed_at=window.oldest.isoformat(),
             )
             after = window.oldest
-        instants, nxt = domain.occurrences(
-            cron, zone, after, window.horizon, cfg.recurring_per_pass
-        )
+        instants, nxt = domain.occurrences(cron, zone, after, window.horizon, RECURRING_PER_PASS)
         created = []
         if instants:
             created = await repo.insert_occurrences(

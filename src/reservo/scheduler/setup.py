@@ -21,39 +21,10 @@ from reservo.scheduler.errors import CONSTRAINTS, ERRORS
 from reservo.scheduler.handlers import HttpHandler
 from reservo.scheduler.repo import Q
 from reservo.scheduler.schemas import HttpPayload
-from reservo.scheduler.service import Config, Scheduler
+from reservo.scheduler.service import Scheduler
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
 from reservo.shared import Shared
-
-
-def config_from(settings: Settings) -> Config:
-    return Config(
-        window_s=settings.scheduler_window_s,
-        loader_period_s=settings.scheduler_loader_period_s,
-        resync_period_s=settings.scheduler_resync_period_s,
-        push_grace_s=settings.scheduler_push_grace_s,
-        loader_batch=settings.scheduler_loader_batch,
-        mover_batch=settings.scheduler_mover_batch,
-        mover_idle_s=settings.scheduler_mover_idle_s,
-        lock_ttl_ms=settings.scheduler_lock_ttl_ms,
-        max_attempts=settings.scheduler_max_attempts,
-        backoff_base_s=settings.scheduler_backoff_base_s,
-        backoff_max_s=settings.scheduler_backoff_max_s,
-        loaders=settings.scheduler_loaders,
-        movers=settings.scheduler_movers,
-        reapers=settings.scheduler_reapers,
-        executors=settings.scheduler_executors,
-        executor_batch=settings.scheduler_executor_concurrency,
-        executor_idle_s=settings.scheduler_executor_idle_s,
-        heartbeat_s=settings.scheduler_heartbeat_s,
-        reaper_timeout_s=settings.scheduler_reaper_timeout_s,
-        reaper_period_s=settings.scheduler_reaper_period_s,
-        materialisers=settings.scheduler_materialisers,
-        recurring_catchup_s=settings.scheduler_recurring_catchup_s,
-        category_refresh_s=settings.scheduler_category_refresh_s,
-        rate_burst_s=settings.scheduler_rate_burst_s,
-    )
 
 
 def build_scheduler(settings: Settings, db: Database, clock: Clock) -> Scheduler:
@@ -61,9 +32,9 @@ def build_scheduler(settings: Settings, db: Database, clock: Clock) -> Scheduler
     # Its own client: blocking pops and large pipelines need a longer timeout
     # than the fail-fast request-path client.
     client = make_client(
-        settings.redis_url, settings.scheduler_redis_timeout_s, cluster=settings.redis_cluster
+        settings.redis_url, settings.scheduler.redis_timeout_s, cluster=settings.redis_cluster
     )
-    return Scheduler(db, clock, client, settings.redis_namespace, config_from(settings))
+    return Scheduler(db, clock, client, settings.redis_namespace, settings.scheduler)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,11 +48,12 @@ def setup(shared: Shared) -> SchedulerModule:
     if not isinstance(scheduler, Scheduler):
         # The module runs the jobs of the queue the root built with build_scheduler.
         raise TypeError("the scheduler module needs the job queue build_scheduler makes")
+    own = s.scheduler
     http = HttpHandler(
-        s.scheduler_http_timeout_s,
+        own.http_timeout_s,
         parse_allow(s.jobs_http_allow),
-        outbound.Limits(s.scheduler_http_deadline_s, s.scheduler_http_max_response_bytes),
-        s.scheduler_http_per_destination,
+        outbound.Limits(own.http_deadline_s, own.http_max_response_bytes),
+        own.http_per_destination,
     )
     batch = JobBatch(scheduler, shared.idempotency, created)
     return SchedulerModule(

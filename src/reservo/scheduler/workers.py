@@ -25,7 +25,7 @@ from reservo.core.poison import ROW_ERRORS, isolate, report
 from reservo.scheduler import domain, repo
 from reservo.scheduler.categories import Rules
 from reservo.scheduler.domain import Job, JobDeferred, JobFailure
-from reservo.scheduler.service import Scheduler
+from reservo.scheduler.service import RECURRING_BATCH, Scheduler
 
 log = structlog.get_logger(__name__)
 # A role whose step failed (Redis or PostgreSQL away) tries again after this long.
@@ -92,15 +92,14 @@ class Loader:
 
     async def step(self) -> float:
         cfg = self.scheduler.config
-        if cfg.loader_lock:
-            # Like the mover's: only saves the work of N loaders pushing the same
-            # rows; two loaders at once are still correct (loading is idempotent).
-            ttl = max(cfg.lock_ttl_ms, int(cfg.loader_period_s * LOCK_PERIODS * MS_PER_S))
-            key = self.scheduler.keys.loader_lock
-            self.owner = await self.scheduler.dispatcher.acquire(self.token, ttl, key)
-            if not self.owner:
-                self.epoch = None  # when we take over, start with a full resync
-                return cfg.loader_period_s
+        # Like the mover's: only saves the work of N loaders pushing the same
+        # rows; two loaders at once are still correct (loading is idempotent).
+        ttl = max(cfg.lock_ttl_ms, int(cfg.loader_period_s * LOCK_PERIODS * MS_PER_S))
+        key = self.scheduler.keys.loader_lock
+        self.owner = await self.scheduler.dispatcher.acquire(self.token, ttl, key)
+        if not self.owner:
+            self.epoch = None  # when we take over, start with a full resync
+            return cfg.loader_period_s
         await self.run_once()
         return cfg.loader_period_s
 
@@ -244,7 +243,7 @@ class Mover:
 
     async def step(self) -> float:
         cfg = self.scheduler.config
-        if cfg.mover_lock:
+        if self.scheduler.mover_lock:
             self.owner = await self.scheduler.dispatcher.acquire(self.token, cfg.lock_ttl_ms)
             if not self.owner:
                 return cfg.lock_ttl_ms * LOCK_RETRY_FRACTION / MS_PER_S
@@ -329,7 +328,7 @@ class Executor:
     them in PostgreSQL, runs the handlers, settles, then acknowledges in Redis.
 
     Each batch runs in a task of its own, and the executor goes on taking jobs
-    while up to ``executor_batch`` of them are in flight: a batch held by one
+    while up to ``executor_concurrency`` of them are in flight: a batch held by one
     slow call (up to its deadline) never keeps the jobs that fall due meanwhile
     waiting behind it."""
 
@@ -371,7 +370,7 @@ class Executor:
 
     async def step(self) -> float:
         cfg = self.scheduler.config
-        free = cfg.executor_batch - self.in_flight
+        free = cfg.executor_concurrency - self.in_flight
         if free <= 0:  # every slot is busy: wait until a job ends
             self._freed.clear()
             await self._freed.wait()
@@ -719,7 +718,7 @@ class Materialiser:
 
     async def step(self) -> float:
         handled, _ = await self.scheduler.materialise()
-        if handled >= self.scheduler.config.recurring_batch:
+        if handled >= RECURRING_BATCH:
             return 0.0  # more may be due right now
         return self.scheduler.config.loader_period_s
 

@@ -15,7 +15,6 @@ import csv
 import io
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +25,7 @@ from starlette.types import Send
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
 from reservo.wallet import repo
+from reservo.wallet.config import WalletSettings
 
 log = structlog.get_logger(__name__)
 
@@ -33,14 +33,6 @@ HEADER = ("entry_id", "created_at", "kind", "amount", "balance_after", "transfer
 # A cell a spreadsheet would run as a formula starts with one of these: such a
 # reference is written with a leading apostrophe (OWASP, CSV injection).
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    max_s: float = 300.0
-    prefetch: int = 1_000
-    fetch_timeout_s: float = 10.0
-    streams: int = 4
 
 
 def _text(value: str | None) -> str:
@@ -87,7 +79,7 @@ def header_line() -> bytes:
 class StatementExport:
     """Opens the downloads of one process, at most ``streams`` at a time."""
 
-    def __init__(self, db: Database, config: ExportConfig = ExportConfig()) -> None:
+    def __init__(self, db: Database, config: WalletSettings) -> None:
         self.db, self.config = db, config
         self.running = 0
 
@@ -95,13 +87,15 @@ class StatementExport:
         self, account_id: int, start: datetime, end: datetime, filename: str
     ) -> StreamingResponse:
         headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
-        return BoundedStream(self.lines(account_id, start, end), self.config.max_s, headers)
+        return BoundedStream(
+            self.lines(account_id, start, end), self.config.statement_max_s, headers
+        )
 
     async def lines(self, account_id: int, start: datetime, end: datetime) -> AsyncIterator[bytes]:
         """The header, then a chunk of lines per fetch. Taking the slot and the
         connection happen on the first step, before any byte is sent, so a
         refusal is still a problem answer (BoundedStream primes it)."""
-        if self.running >= self.config.streams:
+        if self.running >= self.config.statement_streams:
             raise DomainError(
                 "statement_busy",
                 "too many statements are being downloaded; try again shortly",
@@ -112,16 +106,18 @@ class StatementExport:
             async with self.db.connection() as conn, conn.transaction(readonly=True):
                 await repo.statement_bounds(
                     conn,
-                    int(self.config.fetch_timeout_s * 1000),
-                    int((self.config.max_s + 60) * 1000),
+                    int(self.config.statement_fetch_timeout_s * 1000),
+                    int((self.config.statement_max_s + 60) * 1000),
                 )
-                cursor = repo.statement_cursor(conn, account_id, start, end, self.config.prefetch)
+                cursor = repo.statement_cursor(
+                    conn, account_id, start, end, self.config.statement_prefetch
+                )
                 yield header_line()
                 balance: int | None = None
                 rows: list[Any] = []
                 async for row in cursor:
                     rows.append(row)
-                    if len(rows) == self.config.prefetch:
+                    if len(rows) == self.config.statement_prefetch:
                         chunk, balance = csv_chunk(rows, balance)
                         rows = []
                         yield chunk

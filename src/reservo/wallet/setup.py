@@ -11,7 +11,7 @@ from reservo.wallet.api import HOT_ROUTES, render_transfer, router
 from reservo.wallet.batch import TransferBatch
 from reservo.wallet.errors import CONSTRAINTS, ERRORS
 from reservo.wallet.events import PayoutConsumer
-from reservo.wallet.export import ExportConfig, StatementExport
+from reservo.wallet.export import StatementExport
 from reservo.wallet.service import WalletService
 
 
@@ -24,20 +24,12 @@ class Wallet(Module):
 
 
 def setup(shared: Shared) -> Wallet:
-    shards = shared.settings.wallet_house_shards
+    own = shared.settings.wallet
+    shards = own.house_shards
     service = WalletService(shared.db, shared.clock, shards)
     payouts = PayoutConsumer(shared.db, shared.clock, shards)
     transfers = TransferBatch(shared.db, shared.clock, shared.idempotency, render_transfer)
-    s = shared.settings
-    export = StatementExport(
-        shared.db,
-        ExportConfig(
-            max_s=s.wallet_statement_max_s,
-            prefetch=s.wallet_statement_prefetch,
-            fetch_timeout_s=s.wallet_statement_fetch_timeout_s,
-            streams=s.wallet_statement_streams,
-        ),
-    )
+    export = StatementExport(shared.db, own)
     return Wallet(
         name="wallet",
         service=service,

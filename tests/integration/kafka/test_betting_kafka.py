@@ -28,14 +28,12 @@ from tests.integration.kafka.helpers import wait_until
 async def kafka_container(
     base_settings: Settings, kafka_bootstrap: str, kafka_database_url: str
 ) -> AsyncIterator[Container]:
-    settings = base_settings.model_copy(
-        update={
-            "database_url": kafka_database_url,
-            "kafka_bootstrap": kafka_bootstrap,
-            "kafka_idempotence": False,  # Tansu's in-memory store refuses InitProducerId
-            "kafka_group_prefix": f"bet-{uuid.uuid4().hex[:6]}",
-            "kafka_relay_batch_size": 200,
-        }
+    settings = base_settings.with_(
+        database_url=kafka_database_url,
+        kafka_bootstrap=kafka_bootstrap,
+        kafka_idempotence=False,
+        kafka_group_prefix=f"bet-{uuid.uuid4().hex[:6]}",
+        kafka_relay_batch_size=200,
     )
     c = build(settings, OffsetClock())
     yield c

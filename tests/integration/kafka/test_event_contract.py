@@ -52,14 +52,12 @@ IDLE_S = 3.0
 async def kafka_container(
     base_settings: Settings, kafka_bootstrap: str, kafka_database_url: str
 ) -> AsyncIterator[Container]:
-    settings = base_settings.model_copy(
-        update={
-            "database_url": kafka_database_url,
-            "kafka_bootstrap": kafka_bootstrap,
-            "kafka_idempotence": False,  # Tansu's in-memory store refuses InitProducerId
-            "kafka_group_prefix": f"contract-{uuid.uuid4().hex[:6]}",
-            "wallet_house_shards": 4,
-        }
+    settings = base_settings.with_(
+        database_url=kafka_database_url,
+        kafka_bootstrap=kafka_bootstrap,
+        kafka_idempotence=False,
+        kafka_group_prefix=f"contract-{uuid.uuid4().hex[:6]}",
+        wallet_house_shards=4,
     )
     c = build(settings, OffsetClock())
     yield c

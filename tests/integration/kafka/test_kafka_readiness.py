@@ -58,13 +58,13 @@ class CountingProxy(TcpProxy):
 
 
 async def test_readyz_reports_kafka(base_settings: Settings, kafka_bootstrap: str) -> None:
-    up = await _readyz(base_settings.model_copy(update={"kafka_bootstrap": kafka_bootstrap}))
+    up = await _readyz(base_settings.with_(kafka_bootstrap=kafka_bootstrap))
     assert up.status_code == 200
     assert up.json()["checks"] == {"postgres": "up", "redis": "up", "kafka": "up"}
     assert up.json()["status"] == "ok"
 
     nowhere = f"127.0.0.1:{free_port()}"
-    down = await _readyz(base_settings.model_copy(update={"kafka_bootstrap": nowhere}))
+    down = await _readyz(base_settings.with_(kafka_bootstrap=nowhere))
     # Served all the same: events wait in the outbox until the broker is back.
     assert down.status_code == 200, down.text
     assert down.json()["checks"]["kafka"] == "degraded"
@@ -77,8 +77,8 @@ async def test_frozen_broker_reads_degraded_within_the_timeout(
     timeout_s = 0.5
     broker = EmbeddedKafka(tmp_path)
     bootstrap = broker.start()
-    settings = base_settings.model_copy(
-        update={"kafka_bootstrap": bootstrap, "ready_timeout_s": timeout_s, "ready_cache_s": 0.0}
+    settings = base_settings.with_(
+        kafka_bootstrap=bootstrap, ready_timeout_s=timeout_s, ready_cache_s=0.0
     )
     server = broker._server()
     assert server is not None
@@ -109,9 +109,7 @@ async def test_a_probe_flood_checks_the_broker_once_per_period(
     host, _, port = kafka_bootstrap.rpartition(":")
     proxy = CountingProxy(free_port(), (host, int(port)))
     await proxy.start()
-    settings = base_settings.model_copy(
-        update={"kafka_bootstrap": f"127.0.0.1:{proxy.port}", "ready_cache_s": 30.0}
-    )
+    settings = base_settings.with_(kafka_bootstrap=f"127.0.0.1:{proxy.port}", ready_cache_s=30.0)
     try:
         async with _client(settings) as client:
             flood = await asyncio.gather(*(client.get("/readyz") for _ in range(100)))

@@ -36,15 +36,11 @@ async def kafka_app(
     base_settings: Settings, kafka_database_url: str, kafka_bootstrap: str
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Container]]:
     """The API on the Kafka tests' database, its relay publishing to the broker."""
-    settings = base_settings.model_copy(
-        update={
-            "database_url": kafka_database_url,
-            "kafka_bootstrap": kafka_bootstrap,
-            "kafka_idempotence": False,  # Tansu's memory store has no idempotent producer
-            # Its own Redis keys: the ids of this database's slots are also the
-            # session database's, whose slot filters must not see these bookings.
-            "redis_namespace": f"{base_settings.redis_namespace}-ktrace-{uuid.uuid4().hex[:6]}",
-        }
+    settings = base_settings.with_(
+        database_url=kafka_database_url,
+        kafka_bootstrap=kafka_bootstrap,
+        kafka_idempotence=False,
+        redis_namespace=f"{base_settings.redis_namespace}-ktrace-{uuid.uuid4().hex[:6]}",
     )
     container = build(settings, OffsetClock())
     app = create_app(container, owns_container=False)
@@ -95,11 +91,9 @@ async def test_up_with_kafka_writes_only_json_lines(
     base_settings: Settings, fresh_database_url: str, tmp_path: Path
 ) -> None:
     port = free_port()
-    settings = base_settings.model_copy(
-        update={
-            "database_url": fresh_database_url,
-            "redis_namespace": f"{base_settings.redis_namespace}-json-{uuid.uuid4().hex[:6]}",
-        }
+    settings = base_settings.with_(
+        database_url=fresh_database_url,
+        redis_namespace=f"{base_settings.redis_namespace}-json-{uuid.uuid4().hex[:6]}",
     )
     env = env_for(
         settings,

@@ -39,11 +39,9 @@ async def test_up_with_kafka_settles_pays_and_refunds(
     base_settings: Settings, fresh_database_url: str, tmp_path: Path
 ) -> None:
     port = free_port()
-    settings = base_settings.model_copy(
-        update={
-            "database_url": fresh_database_url,
-            "redis_namespace": f"{base_settings.redis_namespace}-up-{uuid.uuid4().hex[:6]}",
-        }
+    settings = base_settings.with_(
+        database_url=fresh_database_url,
+        redis_namespace=f"{base_settings.redis_namespace}-up-{uuid.uuid4().hex[:6]}",
     )
     env = env_for(
         settings,
