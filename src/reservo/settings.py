@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -376,6 +377,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 "RESERVO_REPLICA_PROBE_INTERVAL_S must be at most half of "
                 "RESERVO_REPLICA_MAX_LAG_S: a replica in step shows up to one interval of lag"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _several_redis_hosts_name_a_cluster(self) -> Settings:
+        # A single Redis has one address; several start-up nodes only make sense
+        # for a cluster, and a client given them alone would silently use the first.
+        hosts = urlsplit(self.redis_url or "").netloc.rpartition("@")[2]
+        if "," in hosts and not self.redis_cluster:
+            raise ValueError(
+                "RESERVO_REDIS_URL names several hosts: that is a Redis Cluster's "
+                "start-up nodes, set RESERVO_REDIS_CLUSTER=true (or name one host)"
             )
         return self
 

@@ -51,6 +51,11 @@ def test_version() -> None:
             "RESERVO_RETENTION_INBOX_HOURS must exceed RESERVO_RETENTION_OUTBOX_HOURS",
         ),
         (["up"], {"RESERVO_REPLICA_MAX_LAG_S": "0"}, "RESERVO_REPLICA_MAX_LAG_S: Input should be"),
+        (
+            ["worker"],
+            {"RESERVO_REDIS_URL": "redis://127.0.0.1:7001,127.0.0.1:7002/0"},
+            "RESERVO_REDIS_URL names several hosts",
+        ),
         (["db", "migrate"], {}, "RESERVO_DATABASE_URL is not set"),
         (["config"], {"RESERVO_KAFKA_PARTITIONS": "many"}, "RESERVO_KAFKA_PARTITIONS"),
     ],
