@@ -16,8 +16,8 @@ from reservo.bootstrap import Container
 from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.idempotency import Claim, Replay
-from tests.conftest import JWT_SECRET, auth, new_id
-from tests.helpers import ADMIN, book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import ADMIN, JWT_SECRET, auth, new_id
 
 pytestmark = pytest.mark.redis_cluster
 

@@ -18,8 +18,8 @@ import pytest
 from reservo.bootstrap import Container
 from reservo.core.errors import DomainError
 from reservo.core.idempotency import Done, Replay
-from tests.betting_helpers import make_account
-from tests.conftest import auth, new_id
+from tests.helpers.auth import auth, new_id
+from tests.helpers.betting import make_account
 
 SERVICE = auth("service", 1)
 DUPLICATES = 24

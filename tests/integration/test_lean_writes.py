@@ -22,9 +22,9 @@ from reservo.core.auth import Principal
 from reservo.core.clock import OffsetClock
 from reservo.core.http import current_principal
 from reservo.settings import Settings
-from tests.betting_helpers import make_account
-from tests.conftest import auth, new_id
-from tests.integration.test_lean_path import _shape
+from tests.helpers.auth import auth, new_id
+from tests.helpers.betting import make_account
+from tests.helpers.lean import shape
 
 LEAN = {("POST", "/api/transfers"), ("POST", "/api/jobs")}
 SERVICE = auth("service", 1)
@@ -58,7 +58,7 @@ async def _client(settings: Settings, lean: bool, strict: bool) -> AsyncIterator
 def _masked(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
     """``_shape`` with this module's own ids masked too (accounts, jobs, times),
     and the digits of a detail (it may name the caller's account)."""
-    status, body, headers = _shape(r)
+    status, body, headers = shape(r)
     if isinstance(body, dict):
         body = {k: ("<id>" if k in OWN_FIELDS else v) for k, v in body.items()}
         if isinstance(body.get("detail"), str):

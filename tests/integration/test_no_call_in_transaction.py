@@ -12,8 +12,8 @@ import pytest
 
 from reservo.appointments.service import _full_key
 from reservo.bootstrap import Container
-from tests.conftest import new_id
-from tests.helpers import book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import new_id
 
 
 async def test_redis_marks_of_a_booking_are_written_outside_the_transaction(

@@ -18,8 +18,8 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from reservo.app import create_app, openapi_document, openapi_text
 from reservo.bootstrap import Container
 from reservo.core.http import current_principal
-from tests.conftest import auth, new_id
-from tests.openapi_audit import PROBLEM_JSON, declared
+from tests.helpers.auth import auth, new_id
+from tests.helpers.openapi_audit import PROBLEM_JSON, declared
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "docs" / "openapi.json"

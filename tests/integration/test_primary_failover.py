@@ -28,9 +28,9 @@ from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import new_id
-from tests.helpers import ADMIN, book, make_doctor
-from tests.replication import HotStandbyPair, missing_binaries
+from tests.helpers.appointments import book, make_doctor
+from tests.helpers.auth import ADMIN, new_id
+from tests.helpers.replication import HotStandbyPair, missing_binaries
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,9 +22,11 @@ from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
 from reservo.settings import Settings
 from reservo.wallet import PAYOUT_REQUESTED, repo
-from tests.betting_helpers import (
+from tests.helpers.auth import auth
+from tests.helpers.betting import (
     ADMIN,
     SERVICE,
+    balance,
     kick_off,
     make_account,
     make_match,
@@ -32,16 +34,15 @@ from tests.betting_helpers import (
     post_result,
     result_body,
 )
-from tests.conftest import auth
-from tests.integration.test_betting_flow import balance, drain
+from tests.helpers.waiting import drain
 
 PAYOUTS = {"consumer": "wallet.payouts"}
 BALANCE_MAX = 2**63 - 1  # a bigint
 
 
 @pytest.fixture
-async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
-    c = build(base_settings.model_copy(update={"database_url": fresh_database_url}), OffsetClock())
+async def own(base_settings: Settings, own_database: str) -> AsyncIterator[Container]:
+    c = build(base_settings.model_copy(update={"database_url": own_database}), OffsetClock())
     yield c
     await c.close()
 
@@ -121,7 +122,7 @@ async def test_one_bettor_who_cannot_be_paid_blocks_no_other_and_is_replayed_onc
     kick_off(own.clock, match)
     r = await post_result(api, result_body(match["externalId"], 0, 2), own.clock)
     assert r.status_code == 202, r.text
-    await drain(own)
+    await drain(own.resender, own.relay)
 
     # The two others are paid (4.20 * 1,000) although the third cannot be.
     assert (await balance(api, a), await balance(api, b)) == (4_200, 4_200)
@@ -151,7 +152,7 @@ async def test_one_bettor_who_cannot_be_paid_blocks_no_other_and_is_replayed_onc
             PAYOUT_REQUESTED,
         )
     await own.payouts.handle(Event(row[0], row[1], row[2], row[3], row[4]))
-    await drain(own)
+    await drain(own.resender, own.relay)
 
     assert await balance(api, full) == BALANCE_MAX - 3_000 - 1_000_000 + 4_200
     assert (await balance(api, a), await balance(api, b)) == (4_200, 4_200 + 1_000_000)
@@ -229,7 +230,7 @@ async def test_system_accounts_full_to_their_range_stop_no_deposit_stake_or_payo
     kick_off(own.clock, match)
     r = await post_result(api, result_body(match["externalId"], 0, 2), own.clock)
     assert r.status_code == 202, r.text
-    await drain(own)
+    await drain(own.resender, own.relay)
     assert await balance(api, bettor) == 900 + 420
     assert await _paid(own, bet) == [420]
     assert await _letters(api) == []

@@ -7,7 +7,7 @@ import uuid
 
 import httpx
 
-from tests.betting_helpers import ADMIN, SERVICE, make_account
+from tests.helpers.betting import ADMIN, SERVICE, make_account
 
 
 async def _deposit(

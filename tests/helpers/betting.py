@@ -11,7 +11,7 @@ import orjson
 
 from reservo.core.auth import sign_webhook
 from reservo.core.clock import Clock, OffsetClock
-from tests.conftest import RESULTS_SECRET, auth, new_id
+from tests.helpers.auth import RESULTS_SECRET, auth, new_id
 
 ADMIN = auth("admin", 1)
 SERVICE = auth("service", 1)
@@ -116,3 +116,8 @@ def kick_off(clock: Clock, *matches: dict[str, Any]) -> None:
     ahead = latest - clock.now() + timedelta(seconds=1)
     if ahead > timedelta(0):
         clock.advance(ahead)
+
+
+async def balance(client: httpx.AsyncClient, account: int) -> int:
+    r = await client.get(f"/api/accounts/{account}", headers=ADMIN)
+    return int(r.json()["balance"])
