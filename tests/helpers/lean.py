@@ -6,6 +6,10 @@ from typing import Any
 
 import httpx
 
+ID_FIELDS = ("id", "slotId", "doctorId", "patientId", "startAt", "endAt", "createdAt")
+# A search scenario's own cars: their plates, city and host differ between runs.
+ID_FIELDS += ("plate", "city", "hostId")
+
 
 def shape(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
     """Status, body with the ids of the scenario's own data masked, and headers."""
@@ -24,8 +28,3 @@ def shape(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
     # Every answer echoes its request id (core/tracing.py), a new one per request.
     assert len(headers.pop("x-request-id")) == 32
     return r.status_code, mask(body), headers
-
-
-ID_FIELDS = ("id", "slotId", "doctorId", "patientId", "startAt", "endAt", "createdAt")
-# A search scenario's own cars: their plates, city and host differ between runs.
-ID_FIELDS += ("plate", "city", "hostId")

@@ -18,9 +18,8 @@ from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.failures import Rejected, is_transient
 from reservo.core.transport.base import Event
-from tests.helpers.auth import JWT_SECRET, auth
+from tests.helpers.auth import ADMIN, JWT_SECRET, auth
 from tests.helpers.betting import (
-    ADMIN,
     ODDS,
     balance,
     kick_off,

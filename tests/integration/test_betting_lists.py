@@ -18,16 +18,8 @@ from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.helpers.auth import auth, new_id
-from tests.helpers.betting import (
-    ADMIN,
-    ODDS,
-    make_account,
-    make_match,
-    place,
-    post_result,
-    result_body,
-)
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.betting import ODDS, make_account, make_match, place, post_result, result_body
 from tests.helpers.plans import plans_of
 from tests.helpers.waiting import drain
 

@@ -56,8 +56,9 @@ async def _client(settings: Settings, lean: bool, strict: bool) -> AsyncIterator
 
 
 def _masked(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
-    """``_shape`` with this module's own ids masked too (accounts, jobs, times),
-    and the digits of a detail (it may name the caller's account)."""
+    """``shape`` (tests/helpers/lean.py) with this module's own ids masked too
+    (accounts, jobs, times), and the digits of a detail (it may name the caller's
+    account)."""
     status, body, headers = shape(r)
     if isinstance(body, dict):
         body = {k: ("<id>" if k in OWN_FIELDS else v) for k, v in body.items()}

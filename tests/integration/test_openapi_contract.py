@@ -3,7 +3,7 @@ protected operations only, one Problem schema behind every error, each
 operation's own statuses and codes, required Idempotency-Keys, readable unique
 names, docs served without a CDN, problem types that resolve. (That every
 problem a test meets is declared for its operation is checked on every
-response of the `client` fixture: tests/openapi_audit.py.)"""
+response of the `client` fixture: tests/helpers/openapi_audit.py.)"""
 
 from __future__ import annotations
 

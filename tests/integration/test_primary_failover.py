@@ -2,7 +2,7 @@
 ``unavailable`` (with Retry-After, never a 500) while no primary is writable, and
 resumes on the promoted standby without a restart of its own, through a multi-host
 URL with ``target_session_attrs=read-write``. The servers are real
-(``tests/replication.py``: a primary and a hot standby streaming from it); the
+(``tests/helpers/replication.py``: a primary and a hot standby streaming from it); the
 promotion is what the HA manager does (tests/chaos/test_failover.py runs the whole
 thing under pg_auto_failover)."""
 

@@ -1,4 +1,4 @@
-"""Read replicas against a real hot standby (``tests/replication.py``): the reads
+"""Read replicas against a real hot standby (``tests/helpers/replication.py``): the reads
 API.md allows to be seconds stale go to the standby, every decision stays on the
 primary, and a standby that lags past the bound or dies costs no error.
 

@@ -6,8 +6,8 @@ import uuid
 
 import httpx
 
-from tests.helpers.auth import auth, new_id
-from tests.helpers.betting import ADMIN, SERVICE, make_account
+from tests.helpers.auth import ADMIN, SERVICE, auth, new_id
+from tests.helpers.betting import make_account
 
 
 async def test_statement_is_keyset_paginated_newest_first(client: httpx.AsyncClient) -> None:

@@ -22,10 +22,8 @@ from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
 from reservo.settings import Settings
 from reservo.wallet import PAYOUT_REQUESTED, repo
-from tests.helpers.auth import auth
+from tests.helpers.auth import ADMIN, SERVICE, auth
 from tests.helpers.betting import (
-    ADMIN,
-    SERVICE,
     balance,
     kick_off,
     make_account,

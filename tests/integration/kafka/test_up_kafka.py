@@ -18,8 +18,8 @@ import psutil
 
 from reservo.core.auth import sign_webhook
 from reservo.settings import Settings
-from tests.helpers.auth import PAY_SECRET, RESULTS_SECRET, auth, new_id
-from tests.helpers.betting import ADMIN, SERVICE, place, result_body
+from tests.helpers.auth import ADMIN, PAY_SECRET, RESULTS_SECRET, SERVICE, auth, new_id
+from tests.helpers.betting import place, result_body
 from tests.helpers.procs import env_for, free_port, running, wait_http
 
 
