@@ -1,5 +1,5 @@
-# The two commands of the README. Both set everything up on a fresh machine.
-.PHONY: demo test venv lint
+# The commands of the README. Each sets everything up on a fresh machine.
+.PHONY: demo test test-fast venv lint
 
 VENV ?= .venv
 
@@ -14,6 +14,10 @@ demo: venv
 
 test: venv
 	scripts/test.sh
+
+# The unit tests alone: no database, Redis or process, seconds (the whole suite: `make test`).
+test-fast: venv
+	$(VENV)/bin/pytest tests/unit -q -p no:cacheprovider
 
 lint: venv
 	$(VENV)/bin/ruff check src tests bench

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,14 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.migrate import migrate
 from reservo.settings import Settings
-from tests.openapi_audit import ProblemAudit
+from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
+from tests.helpers.databases import DatabaseAt, create_database, drop_database, migrate_up_to
+from tests.helpers.openapi_audit import ProblemAudit
 from tests.redis_cluster import LocalCluster, RedisTarget
 
-# Throwaway secrets of this test run (a deployment must set its own: settings.py).
-JWT_SECRET = "test-secret-for-reservo-tests-0123456789"
-PAY_SECRET = "test-payments-webhook-secret-0123456789"
-RESULTS_SECRET = "test-results-webhook-secret-0123456789"
 CLUSTER_ENV = "RESERVO_TEST_REDIS_CLUSTER"
 
 
@@ -74,42 +70,53 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
         svc.stop()
 
 
-def _with_db(url: str, name: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{name}"
-
-
 @pytest.fixture(scope="session")
 async def database_url(services: tuple[str, str]) -> AsyncIterator[str]:
     """A fresh, migrated database for this test session, dropped afterwards."""
-    admin_url = services[0]
-    name = f"reservo_test_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = _with_db(admin_url, name)
+    url = await create_database(services[0], "reservo_test")
     await migrate(url)
     yield url
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
+    await drop_database(services[0], url)
+
+
+@pytest.fixture(scope="session")
+async def migrated_template(services: tuple[str, str]) -> AsyncIterator[str]:
+    """A migrated database nobody connects to: ``own_database`` copies it, which
+    takes a fraction of running every migration again."""
+    url = await create_database(services[0], "reservo_template")
+    await migrate(url)
+    yield url.rpartition("/")[2]
+    await drop_database(services[0], url)
 
 
 @pytest.fixture
-async def fresh_database_url(services: tuple[str, str]) -> AsyncIterator[str]:
-    """A database of the test's own, for tests whose workers process every pending
-    row they can see (their counts must not include other tests' rows)."""
-    admin_url = services[0]
-    name = f"reservo_own_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = _with_db(admin_url, name)
-    await migrate(url)
+async def own_database(services: tuple[str, str], migrated_template: str) -> AsyncIterator[str]:
+    """The URL of a fresh, fully migrated database of the test's own, dropped
+    afterwards: for tests whose workers process every pending row they can see
+    (their counts must not include other tests' rows) or that change the schema."""
+    url = await create_database(services[0], "reservo_own", template=migrated_template)
     yield url
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
+    await drop_database(services[0], url)
+
+
+@pytest.fixture
+async def database_at(services: tuple[str, str], tmp_path: Path) -> AsyncIterator[DatabaseAt]:
+    """``await database_at(n)``: the URL of a database of the test's own migrated up
+    to migration ``n`` inclusive (0: empty, not even the migrations table), as a
+    release that shipped only those left it; ``migrate(url)`` applies the rest.
+    Every one is dropped after the test."""
+    made: list[str] = []
+
+    async def at(version: int) -> str:
+        url = await create_database(services[0], f"reservo_at{version:04d}")
+        made.append(url)
+        if version:
+            await migrate_up_to(url, version, tmp_path / f"migrations-{len(made)}")
+        return url
+
+    yield at
+    for url in made:
+        await drop_database(services[0], url)
 
 
 @pytest.fixture(scope="session")
@@ -189,21 +196,3 @@ async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(database_url)
     yield conn
     await conn.close()
-
-
-def token(role: str, sub: int, ttl_s: int = 3600, secret: str = JWT_SECRET) -> str:
-    from reservo.core.clock import SystemClock
-
-    return mint_token(secret, role, sub, timedelta(seconds=ttl_s), SystemClock().now())
-
-
-def auth(role: str, sub: int) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token(role, sub)}"}
-
-
-_ids = iter(range(10_000_000 + os.getpid() * 1000, 2**62))
-
-
-def new_id() -> int:
-    """A user id no other test uses (tests are independent of each other's data)."""
-    return next(_ids)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.e2e.procs import free_port
+from tests.helpers.procs import free_port
 from tests.redis_cluster import LocalCluster
 
 PG_BIN = Path(os.environ.get("RESERVO_HA_PG_BIN", "/usr/lib/postgresql/15/bin"))

@@ -7,64 +7,13 @@ When no Chromium is installed the tests are skipped with a loud reason;
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
 
-from reservo.app import create_app
-from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-
-CHROMIUM_CANDIDATES = ("chromium", "chromium-browser")
-
-
-def chromium_path() -> str | None:
-    explicit = os.environ.get("RESERVO_TEST_CHROMIUM")
-    if explicit:
-        return explicit
-    for name in CHROMIUM_CANDIDATES:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-@dataclass
-class Live:
-    url: str
-    container: Container
-    http: httpx.AsyncClient  # to the live server, no cookies kept
-    doctors: list[int] = field(default_factory=list)  # the demo's, when loaded
-
-
-async def serve(settings: Settings) -> AsyncIterator[Live]:
-    container = build(settings, OffsetClock())
-    app = create_app(container)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.02)
-    url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(base_url=url, follow_redirects=False, timeout=10) as http:
-        yield Live(url, container, http)
-    server.should_exit = True
-    await task
-    sock.close()
+from tests.helpers.browser import Live, chromium_path, serve
 
 
 @pytest.fixture

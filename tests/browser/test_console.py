@@ -5,69 +5,18 @@ it, and the refusals (no session, a non-admin token, forged form posts)."""
 from __future__ import annotations
 
 import re
-import uuid
-from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.browser.conftest import Live
-from tests.conftest import auth, new_id, token
-from tests.helpers import ADMIN
+from tests.helpers.auth import ADMIN, new_id, token
+from tests.helpers.browser import Live, booked_slot, sign_in
 
 SESSION_COOKIE = "reservo_console"
-
-
-async def sign_in(page: Any, live: Live, role: str = "admin", sub: int = 1) -> None:
-    await page.goto(f"{live.url}/console")
-    await page.fill("#token", token(role, sub))
-    await page.click("form[action='/console/sign-in'] button")
-    await page.wait_for_load_state()
 
 
 async def session_cookie(page: Any) -> dict[str, Any] | None:
     cookies = await page.context.cookies()
     return next((c for c in cookies if c["name"] == SESSION_COOKIE), None)
-
-
-async def booked_slot(
-    live: Live, doctor_name: str = "Dr. W", end_time: str = "09:30"
-) -> tuple[int, date, int, int]:
-    """(doctor, day, slot, appointment): a doctor whose one-seat slots run from
-    09:00 to ``end_time`` two days ahead, the first of them booked through the API."""
-    http = live.http
-    doctor = await http.post(
-        "/api/doctors", json={"name": doctor_name, "timezone": "UTC"}, headers=ADMIN
-    )
-    assert doctor.status_code == 201, doctor.text
-    doctor_id = doctor.json()["id"]
-    day = live.container.clock.now().date() + timedelta(days=2)
-    schedule = await http.post(
-        f"/api/doctors/{doctor_id}/schedules",
-        headers=ADMIN,
-        json={
-            "from": day.isoformat(),
-            "to": day.isoformat(),
-            "weekdays": list(range(1, 8)),
-            "startTime": "09:00",
-            "endTime": end_time,
-            "slotMinutes": 30,
-            "capacity": 1,
-        },
-    )
-    assert schedule.status_code == 201, schedule.text
-    slots = await http.get(
-        f"/api/doctors/{doctor_id}/slots", params={"date": day.isoformat()}, headers=ADMIN
-    )
-    assert slots.status_code == 200, slots.text
-    slot_id = slots.json()[0]["id"]
-    patient = new_id()
-    r = await http.post(
-        "/api/appointments",
-        json={"slotId": slot_id, "patientId": patient},
-        headers={**auth("patient", patient), "Idempotency-Key": str(uuid.uuid4())},
-    )
-    assert r.status_code == 201, r.text
-    return doctor_id, day, slot_id, r.json()["id"]
 
 
 async def test_a_page_without_a_session_redirects_to_sign_in(page: Any, live: Live) -> None:

@@ -14,11 +14,10 @@ from structlog.testing import capture_logs
 from reservo.betting.setup import Betting
 from reservo.core.auth import sign_webhook
 from reservo.core_modules import Outbox
-from tests.betting_helpers import kick_off, make_account, make_match, place
-from tests.browser.conftest import Live
-from tests.browser.test_console import booked_slot, sign_in
-from tests.conftest import PAY_SECRET, auth, new_id
-from tests.helpers import ADMIN
+from tests.helpers.auth import ADMIN, PAY_SECRET, auth, new_id
+from tests.helpers.betting import kick_off, make_account, make_match, place
+from tests.helpers.browser import Live, booked_slot, sign_in
+from tests.helpers.waiting import drain
 
 
 async def test_the_agenda_shows_a_full_slot_and_its_waitlist(page: Any, live: Live) -> None:
@@ -132,13 +131,6 @@ async def test_the_car_timeline_shows_a_hold_and_a_confirmed_booking(page: Any, 
         assert await page.evaluate("document.documentElement.scrollWidth") <= 390, path
 
 
-async def drain(live: Live) -> None:
-    """The fallback resender and the outbox relay, until both are idle."""
-    c = live.container
-    while await c.module(Betting).resender.run_once() or await c.module(Outbox).relay.run_once():
-        pass
-
-
 async def find_match(page: Any, live: Live, match_id: int) -> Any:
     """The match's card on the STARTED list, following its pages."""
     await page.goto(f"{live.url}/console/betting?status=STARTED")
@@ -185,7 +177,7 @@ async def test_a_result_posted_twice_by_hand_settles_once(page: Any, live: Live)
     assert again.status == 303
     posted = [e for e in logs if e["event"] == "match_result_posted_by_hand"]
     assert [(e["admin"], e["match_external_id"]) for e in posted] == [(1, match["externalId"])] * 2
-    await drain(live)
+    await drain(live.container.module(Betting).resender, live.container.module(Outbox).relay)
 
     got = await http.get(f"/api/matches/{match['id']}", headers=ADMIN)
     body = got.json()
@@ -240,7 +232,7 @@ async def test_forged_posts_on_the_domain_actions_are_refused_and_change_nothing
         # Without a session at all: sent to sign in.
         r2 = await live.http.post(path, data={**fields, "csrf": csrf})
         assert r2.status_code == 303 and "/console/sign-in" in r2.headers["location"]
-    await drain(live)
+    await drain(live.container.module(Betting).resender, live.container.module(Outbox).relay)
 
     got = await live.http.get(f"/api/appointments/{appointment_id}", headers=ADMIN)
     assert got.json()["status"] == "BOOKED"

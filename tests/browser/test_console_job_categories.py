@@ -12,16 +12,10 @@ from typing import Any
 import pytest
 
 from reservo.settings import Settings
-from tests.browser.conftest import Live, serve
-from tests.browser.test_console import sign_in
-from tests.conftest import auth
-from tests.integration.scheduler_support import (
-    FAST_SETTINGS,
-    Recorder,
-    category,
-    running,
-    wait_until,
-)
+from tests.helpers.auth import auth
+from tests.helpers.browser import Live, serve, sign_in
+from tests.helpers.scheduler import FAST_SETTINGS, Recorder, category, running
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 

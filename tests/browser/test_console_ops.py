@@ -20,10 +20,10 @@ from reservo.core.transport.base import Event
 from reservo.core_modules import Outbox
 from reservo.scheduler.domain import Job, JobFailure
 from reservo.settings import Settings
-from tests.browser.conftest import Live, serve
-from tests.browser.test_console import sign_in
-from tests.conftest import auth
-from tests.integration.scheduler_support import FAST_SETTINGS, category, running, wait_until
+from tests.helpers.auth import auth
+from tests.helpers.browser import Live, serve, sign_in
+from tests.helpers.scheduler import FAST_SETTINGS, category, running
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 ADMIN = auth("admin", 1)

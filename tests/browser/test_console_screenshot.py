@@ -19,18 +19,17 @@ import pytest
 from reservo import demo
 from reservo.bootstrap import ALL, run_workers
 from reservo.settings import Settings
-from tests.browser.conftest import Live, serve
-from tests.browser.test_console import sign_in
-from tests.conftest import auth, new_id
+from tests.helpers.auth import auth, new_id
+from tests.helpers.browser import Live, serve, sign_in
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 @pytest.fixture
-async def demo_live(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Live]:
+async def demo_live(base_settings: Settings, own_database: str) -> AsyncIterator[Live]:
     settings = demo.settings_for_demo(
         base_settings.with_(
-            database_url=fresh_database_url, redis_namespace=f"shot-{uuid.uuid4().hex[:8]}"
+            database_url=own_database, redis_namespace=f"shot-{uuid.uuid4().hex[:8]}"
         )
     )
     async for running in serve(settings):

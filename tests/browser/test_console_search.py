@@ -11,11 +11,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from tests.betting_helpers import ODDS
-from tests.browser.conftest import Live
-from tests.browser.test_console import booked_slot, sign_in
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.betting import ODDS
+from tests.helpers.browser import Live, booked_slot, sign_in
 
 
 async def test_a_doctor_found_from_the_overview_opens_on_the_doctors_today(

@@ -20,7 +20,7 @@ from typing import Any
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from tests.e2e.procs import free_port
+from tests.helpers.procs import free_port
 
 
 @dataclass

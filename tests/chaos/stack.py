@@ -17,7 +17,7 @@ import httpx
 
 from reservo.core.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
 from tests.chaos.fakes import HttpRecorder, SmtpRecorder
-from tests.e2e.procs import BIN, free_port
+from tests.helpers.procs import BIN, free_port
 
 JWT_SECRET = "chaos-jwt-secret-0123456789abcdef-chaos"
 PAY_SECRET = "chaos-payments-webhook-secret-0123456789"

@@ -34,10 +34,10 @@ from reservo.core.embedded import EmbeddedKafka
 from tests.chaos import report
 from tests.chaos.fakes import HttpRecorder, SmtpRecorder
 from tests.chaos.load import ADMIN, Client, Ledger, Traffic, book_appointment, make_fixtures
+from tests.chaos.scenario import World, _failures, healed, scenario
 from tests.chaos.stack import Infra, Reservo
-from tests.chaos.test_chaos import World, _failures, healed, scenario
-from tests.e2e.procs import free_port
 from tests.ha import HaPostgres, missing
+from tests.helpers.procs import free_port
 from tests.redis_cluster import LocalCluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.failover, pytest.mark.timeout(900)]

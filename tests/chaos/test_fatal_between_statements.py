@@ -28,8 +28,8 @@ from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import new_id
-from tests.helpers import book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import new_id
 
 
 class LingeringProxy:

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from reservo import __version__
-from tests.conftest import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
-from tests.e2e.procs import BIN
+from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
+from tests.helpers.procs import BIN
 
 SECRETS = {
     "RESERVO_JWT_SECRET": JWT_SECRET,

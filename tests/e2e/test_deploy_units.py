@@ -19,7 +19,7 @@ import typer.core
 from reservo.bootstrap import declared_background_roles, declared_consumers
 from reservo.cli import app
 from reservo.settings import Settings, env_name
-from tests.e2e.procs import BIN
+from tests.helpers.procs import BIN
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from reservo.settings import Settings
-from tests.conftest import token
-from tests.e2e.procs import env_for, free_port, running, wait_http
+from tests.helpers.auth import token
+from tests.helpers.procs import env_for, free_port, running, wait_http
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -20,14 +20,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(600)
 def test_fuzzing_the_api_finds_no_server_error(
-    base_settings: Settings, fresh_database_url: str, tmp_path: Path
+    base_settings: Settings, own_database: str, tmp_path: Path
 ) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "api.log"
     # A database of its own: as an admin the fuzzer pauses and rate-limits job
     # categories and retries DEAD jobs, which must not reach other tests' jobs.
-    own = base_settings.with_(database_url=fresh_database_url, redis_namespace=f"fuzz-{port}")
+    own = base_settings.with_(database_url=own_database, redis_namespace=f"fuzz-{port}")
     with running(["api", "--port", str(port)], env_for(own), log) as proc:
         wait_http(f"{base}/healthz", proc, log)
         for role, sub in (("admin", 1), ("patient", 424242)):

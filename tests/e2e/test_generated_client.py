@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from reservo.settings import Settings
-from tests.conftest import PAY_SECRET, new_id, token
-from tests.e2e.procs import env_for, free_port, running, wait_http
+from tests.helpers.auth import PAY_SECRET, new_id, token
+from tests.helpers.procs import env_for, free_port, running, wait_http
 
 pytest.importorskip("openapi_python_client", reason="the dev extra's openapi-python-client")
 

@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from reservo.settings import Settings
-from tests.e2e.procs import env_for, free_port, running, wait_http
-from tests.helpers import ADMIN, make_slots
+from tests.helpers.appointments import make_slots
+from tests.helpers.auth import ADMIN
+from tests.helpers.procs import env_for, free_port, running, wait_http
 
 DRAIN_S = 3.0
 # How long the balancer keeps routing here after it read the first 503.

@@ -11,9 +11,10 @@ from datetime import datetime
 from pathlib import Path
 
 from reservo.settings import Settings
-from tests.conftest import auth
-from tests.e2e.procs import env_for, running
-from tests.integration.scheduler_support import HookServer, api_stack, wait_until
+from tests.helpers.auth import auth
+from tests.helpers.procs import env_for, running
+from tests.helpers.scheduler import HookServer, api_stack
+from tests.helpers.waiting import wait_until
 
 ADMIN = auth("admin", 1)
 SERVICE = auth("service", 1)
@@ -21,11 +22,11 @@ RATE, SECONDS, JOBS = 20, 5.0, 250
 
 
 async def test_two_worker_processes_share_a_categorys_rate_limit(
-    base_settings: Settings, fresh_database_url: str, tmp_path: Path
+    base_settings: Settings, own_database: str, tmp_path: Path
 ) -> None:
     async with (
         HookServer() as hook,
-        api_stack(base_settings, fresh_database_url, jobs_http_allow="127.0.0.1") as stack,
+        api_stack(base_settings, own_database, jobs_http_allow="127.0.0.1") as stack,
     ):
         ns = stack.container.settings.redis_namespace
         # The backlog waits behind a pause until both workers are up.
@@ -35,7 +36,7 @@ async def test_two_worker_processes_share_a_categorys_rate_limit(
         for _ in range(JOBS):
             assert (await stack.client.post("/api/jobs", json=body, headers=SERVICE)).is_success
         env = env_for(
-            base_settings.with_(database_url=fresh_database_url, redis_namespace=ns),
+            base_settings.with_(database_url=own_database, redis_namespace=ns),
             RESERVO_JOBS_HTTP_ALLOW="127.0.0.1",
             RESERVO_SCHEDULER_LOADER_PERIOD_S="0.2",
             RESERVO_SCHEDULER_EXECUTOR_IDLE_S="0.05",

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from reservo.core.schemas import JsonRefused, read_json
 from reservo.settings import Settings
-from tests.conftest import token
-from tests.e2e.procs import env_for, free_port, running, wait_http
+from tests.helpers.auth import token
+from tests.helpers.procs import env_for, free_port, running, wait_http
 
 WRITES = ("post", "put", "patch")
 # The whole property, server start included, stays well within a minute.

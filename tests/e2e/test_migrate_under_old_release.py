@@ -15,7 +15,7 @@ import sys
 import tarfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,9 +24,10 @@ import httpx
 import pytest
 
 from reservo.core.migrate import available, migrate
-from tests.conftest import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
-from tests.e2e.procs import free_port, wait_http
-from tests.e2e.traffic import Traffic, run_for
+from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
+from tests.helpers.databases import DatabaseAt
+from tests.helpers.procs import free_port, wait_http
+from tests.helpers.traffic import Traffic, run_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # The last commit of the second release (0.2.0, CHANGELOG.md): the code that
@@ -59,17 +60,9 @@ def old_src(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def empty_database(services: tuple[str, str]) -> AsyncIterator[str]:
+async def empty_database(database_at: DatabaseAt) -> str:
     """A database with no schema: the old release migrates it to its own."""
-    admin_url = services[0]
-    name = f"reservo_old_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    yield f"{admin_url.rpartition('/')[0]}/{name}"
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
+    return await database_at(0)
 
 
 def old_env(src: Path, database_url: str, redis_url: str, port: int) -> dict[str, str]:

@@ -18,9 +18,9 @@ import pytest
 from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.settings import Settings
-from tests.betting_helpers import make_account, make_match, place
-from tests.e2e.procs import BIN
-from tests.e2e.traffic import Traffic, run_for
+from tests.helpers.betting import make_account, make_match, place
+from tests.helpers.procs import BIN
+from tests.helpers.traffic import Traffic, run_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DRILL = ROOT / "scripts" / "restore-drill.sh"
@@ -36,10 +36,10 @@ def _tools() -> None:
 
 @pytest.fixture
 async def own_client(
-    base_settings: Settings, fresh_database_url: str
+    base_settings: Settings, own_database: str
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The API on a database of the test's own (the drill checks all of it)."""
-    container = build(base_settings.with_(database_url=fresh_database_url))
+    container = build(base_settings.with_(database_url=own_database))
     transport = httpx.ASGITransport(app=create_app(container, owns_container=False))
     async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
         yield c
@@ -71,7 +71,7 @@ async def stakes(client: httpx.AsyncClient) -> None:
 
 
 async def test_a_live_dump_restores_migrates_and_balances(
-    own_client: httpx.AsyncClient, services: tuple[str, str], fresh_database_url: str
+    own_client: httpx.AsyncClient, services: tuple[str, str], own_database: str
 ) -> None:
     traffic = await Traffic.setup(own_client)
     await stakes(own_client)
@@ -79,7 +79,7 @@ async def test_a_live_dump_restores_migrates_and_balances(
     load = run_for(traffic, LOOPS, stop)
     await asyncio.sleep(0.5)
     try:
-        code, out = await drill(fresh_database_url, services[0])  # dumped mid-load
+        code, out = await drill(own_database, services[0])  # dumped mid-load
     finally:
         stop.set()
         await load
@@ -103,15 +103,15 @@ async def test_a_live_dump_restores_migrates_and_balances(
 
 
 async def test_a_ledger_that_does_not_balance_fails_the_drill(
-    own_client: httpx.AsyncClient, services: tuple[str, str], fresh_database_url: str
+    own_client: httpx.AsyncClient, services: tuple[str, str], own_database: str
 ) -> None:
     account, _ = await make_account(own_client, 1_000)
-    conn = await asyncpg.connect(fresh_database_url)
+    conn = await asyncpg.connect(own_database)
     try:  # money that no entry explains
         await conn.execute("UPDATE wallet_account SET balance = balance + 1 WHERE id = $1", account)
     finally:
         await conn.close()
-    code, out = await drill(fresh_database_url, services[0])
+    code, out = await drill(own_database, services[0])
     assert code == 1, out
     assert "FAILED: 1 currencies whose balances do not sum to 0" in out, out
     assert "FAILED: 1 accounts whose balance is not the sum of their entries" in out, out

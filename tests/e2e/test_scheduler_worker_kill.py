@@ -13,8 +13,9 @@ from pathlib import Path
 import asyncpg
 
 from reservo.settings import Settings
-from tests.e2e.procs import env_for, running
-from tests.integration.scheduler_support import drop_namespace, make, wait_until
+from tests.helpers.procs import env_for, running
+from tests.helpers.scheduler import drop_namespace, make
+from tests.helpers.waiting import wait_until
 
 
 class Target:

@@ -16,8 +16,8 @@ import pytest
 
 from reservo.core.auth import sign_webhook
 from reservo.settings import Settings, SettingsError, check_secrets, secret_problems
-from tests.conftest import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
-from tests.e2e.procs import BIN, free_port, running, wait_http
+from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
+from tests.helpers.procs import BIN, free_port, running, wait_http
 
 GOOD = {
     "RESERVO_JWT_SECRET": JWT_SECRET,
@@ -113,11 +113,11 @@ def test_token_refuses_without_a_secret(tmp_path: Path, services: tuple[str, str
 
 @pytest.mark.slow
 def test_demo_generates_throwaway_secrets_and_says_so(
-    fresh_database_url: str, services: tuple[str, str], tmp_path: Path
+    own_database: str, services: tuple[str, str], tmp_path: Path
 ) -> None:
     port = free_port()
     env = _env(
-        fresh_database_url,
+        own_database,
         services[1],
         tmp_path,
         RESERVO_JWT_SECRET=None,

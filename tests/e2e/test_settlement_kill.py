@@ -20,8 +20,8 @@ from reservo.betting.setup import Betting
 from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.betting_helpers import make_account, make_match, post_result, result_body
-from tests.e2e.procs import env_for, running
+from tests.helpers.betting import make_account, make_match, post_result, result_body
+from tests.helpers.procs import env_for, running
 
 BETS = 1_500
 WORKER_ROLES = "results_resend,relay,settlement"
@@ -38,14 +38,14 @@ async def _wait_for(
 
 
 async def test_settlement_worker_killed_mid_chunk_settles_and_pays_once(
-    base_settings: Settings, fresh_database_url: str, tmp_path: Path
+    base_settings: Settings, own_database: str, tmp_path: Path
 ) -> None:
     settings = base_settings.with_(
-        database_url=fresh_database_url,
+        database_url=own_database,
         redis_namespace=f"{base_settings.redis_namespace}-kill-{uuid.uuid4().hex[:6]}",
     )
     container = build(settings, OffsetClock())
-    db = await asyncpg.connect(fresh_database_url)
+    db = await asyncpg.connect(own_database)
     try:
         app = create_app(container, owns_container=False)
         async with httpx.AsyncClient(

@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.e2e.procs import env_for, free_port, running, wait_http
-from tests.helpers import make_slots
+from tests.helpers.appointments import make_slots
+from tests.helpers.auth import auth, new_id
+from tests.helpers.procs import env_for, free_port, running, wait_http
 
 HEADER_S = 1.0
 BODY_S = 1.5
@@ -252,9 +252,9 @@ async def test_the_connection_cap_holds(capped: tuple[str, int]) -> None:
 
 
 async def test_reservo_up_serves_with_the_same_limits(
-    base_settings: Settings, fresh_database_url: str, tmp_path: Path
+    base_settings: Settings, own_database: str, tmp_path: Path
 ) -> None:
-    settings = base_settings.with_(database_url=fresh_database_url)
+    settings = base_settings.with_(database_url=own_database)
     served = _serve(settings, tmp_path / "up.log", "up", header_timeout_s="1", max_connections="3")
     _, port = next(served)
     try:

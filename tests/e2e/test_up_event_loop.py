@@ -12,13 +12,13 @@ import json
 from pathlib import Path
 
 from reservo.settings import Settings
-from tests.e2e.procs import env_for, free_port, running, wait_http
+from tests.helpers.procs import env_for, free_port, running, wait_http
 
 
 async def test_reservo_up_serves_on_uvloop(
-    base_settings: Settings, fresh_database_url: str, tmp_path: Path
+    base_settings: Settings, own_database: str, tmp_path: Path
 ) -> None:
-    settings = base_settings.model_copy(update={"database_url": fresh_database_url})
+    settings = base_settings.with_(database_url=own_database)
     port = free_port()
     log = tmp_path / "up.log"
     env = env_for(settings, RESERVO_LOG_LEVEL="INFO", RESERVO_LOG_JSON="true")

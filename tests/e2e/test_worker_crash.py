@@ -12,11 +12,10 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -26,18 +25,11 @@ import pytest
 from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
-from reservo.core.migrate import migrate
 from reservo.settings import Settings
-from tests.conftest import JWT_SECRET, PAY_SECRET, RESULTS_SECRET, auth, new_id
-from tests.helpers import book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET, auth, new_id
 
 LEASE_S = 2
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Provider:
@@ -92,23 +84,6 @@ class Provider:
             writer.transport.abort()
 
 
-@pytest.fixture
-async def crash_db(services: tuple[str, str]) -> AsyncIterator[str]:
-    """Its own database: the worker relays every pending row it can see, so the
-    counts below must not depend on other tests' events."""
-    admin = services[0]
-    name = f"reservo_crash_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = f"{admin.rpartition('/')[0]}/{name}"
-    await migrate(url)
-    yield url
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
-
-
 async def _start_worker(env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
     exe = Path(sys.executable).with_name("reservo")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "reservo.cli"]
@@ -134,13 +109,13 @@ async def _until(
 
 
 async def test_killing_the_worker_mid_delivery_loses_nothing(
-    crash_db: str, base_settings: Settings, redis_url: str, tmp_path: Path
+    own_database: str, base_settings: Settings, redis_url: str, tmp_path: Path
 ) -> None:
     # 1. Events through the real HTTP API: 6 bookings, 2 of them cancelled.
     # Own database, so own Redis namespace too: ids restart at 1 here, and the
     # session namespace may already hold "full" marks for slot ids of the shared DB.
     namespace = f"{base_settings.redis_namespace}-crash-{uuid.uuid4().hex[:8]}"
-    settings = base_settings.with_(database_url=crash_db, redis_namespace=namespace)
+    settings = base_settings.with_(database_url=own_database, redis_namespace=namespace)
     container = build(settings, OffsetClock())
     patients = [new_id() for _ in range(6)]
     try:
@@ -162,7 +137,7 @@ async def test_killing_the_worker_mid_delivery_loses_nothing(
     finally:
         await container.close()
 
-    db = await asyncpg.connect(crash_db)
+    db = await asyncpg.connect(own_database)
     provider = Provider()
     await provider.start()
     workers: list[asyncio.subprocess.Process] = []
@@ -172,7 +147,7 @@ async def test_killing_the_worker_mid_delivery_loses_nothing(
         assert len(events) == 8
         env = {
             **os.environ,
-            "RESERVO_DATABASE_URL": crash_db,
+            "RESERVO_DATABASE_URL": own_database,
             "RESERVO_REDIS_URL": redis_url,
             "RESERVO_REDIS_NAMESPACE": namespace,
             "RESERVO_OUTBOX_LEASE_S": str(LEASE_S),

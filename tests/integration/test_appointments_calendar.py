@@ -24,10 +24,8 @@ from reservo.appointments.calendar import feed_key
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, make_doctor, make_slots
-from tests.integration.test_appointments_errors import auth_at
-from tests.integration.test_appointments_reschedule_waitlist import reschedule
+from tests.helpers.appointments import book, make_doctor, make_slots, reschedule
+from tests.helpers.auth import ADMIN, auth, auth_at, new_id
 
 ICS = "text/calendar; charset=utf-8"
 

@@ -9,10 +9,8 @@ its rate limit and full marks, the slot list cache)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
 
 import asyncpg
 import httpx
@@ -22,49 +20,11 @@ from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, make_slots
+from tests.helpers.appointments import assert_slot_invariant, book, make_slots
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.http import codes, together
 
 pytestmark = pytest.mark.redis_cluster
-
-
-async def together(
-    n: int, request: Callable[[int], Awaitable[httpx.Response]]
-) -> list[httpx.Response]:
-    """Start n requests, hold each at a barrier until all n are waiting, then release them."""
-    release = asyncio.Event()
-    waiting = 0
-
-    async def one(i: int) -> httpx.Response:
-        nonlocal waiting
-        waiting += 1
-        if waiting == n:
-            release.set()
-        await release.wait()
-        return await request(i)
-
-    return list(await asyncio.gather(*(one(i) for i in range(n))))
-
-
-async def assert_slot_invariant(db: asyncpg.Connection, slot_ids: list[int]) -> list[Any]:
-    rows = await db.fetch(
-        """SELECT s.id, s.capacity, s.booked_count,
-                  (SELECT count(*) FROM appointment a
-                    WHERE a.slot_id = s.id AND a.status = 'BOOKED') AS booked
-             FROM time_slot s WHERE s.id = ANY($1::bigint[]) ORDER BY s.id""",
-        slot_ids,
-    )
-    assert len(rows) == len(set(slot_ids))
-    for r in rows:
-        assert r["booked_count"] == r["booked"], dict(r)
-        assert 0 <= r["booked_count"] <= r["capacity"], dict(r)
-    return rows
-
-
-def codes(responses: list[httpx.Response]) -> Counter[tuple[int, str | None]]:
-    return Counter(
-        (r.status_code, r.json().get("code") if r.status_code >= 400 else None) for r in responses
-    )
 
 
 @pytest.fixture

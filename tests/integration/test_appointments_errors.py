@@ -18,40 +18,11 @@ from reservo.bootstrap import Container
 from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.idempotency import Claim
-from tests.conftest import JWT_SECRET, auth, new_id, token
-from tests.helpers import ADMIN, book, key, make_doctor, make_slots
+from tests.helpers.appointments import book, book_as, make_doctor, make_slots
+from tests.helpers.auth import ADMIN, JWT_SECRET, auth, auth_at, new_id, token
+from tests.helpers.http import key, problem
 
 FAR = 2**62  # a valid id no row will ever have
-
-
-def problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = r.json()
-    assert {"type", "title", "status", "detail", "code"} <= set(body)
-    assert body["status"] == status and body["code"] == code
-    assert isinstance(body["type"], str) and body["type"]
-    assert isinstance(body["title"], str) and body["title"]
-    assert isinstance(body["detail"], str) and body["detail"]
-    return body
-
-
-def auth_at(clock: OffsetClock, role: str, sub: int) -> dict[str, str]:
-    """A token valid by the app's clock (which tests move forward)."""
-    return {
-        "Authorization": "Bearer "
-        + mint_token(JWT_SECRET, role, sub, timedelta(hours=1), clock.now())
-    }
-
-
-async def book_as(
-    client: httpx.AsyncClient, headers: dict[str, str], slot_id: int, patient_id: int
-) -> httpx.Response:
-    return await client.post(
-        "/api/appointments",
-        json={"slotId": slot_id, "patientId": patient_id},
-        headers={**headers, **key()},
-    )
 
 
 async def counts(db: asyncpg.Connection) -> dict[str, int]:

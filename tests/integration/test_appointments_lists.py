@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from reservo.appointments.repo import Q
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, make_slots
-from tests.integration.test_appointments_errors import problem
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.http import problem
 
 
 async def test_a_patients_appointments_soonest_first_in_keyset_pages(

@@ -17,17 +17,16 @@ import pytest
 
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import new_id
-from tests.helpers import make_slots
-from tests.integration.test_appointments_concurrency import codes, together
-from tests.integration.test_appointments_errors import auth_at, problem
-from tests.integration.test_appointments_overbooking import (
+from tests.helpers.appointments import (
     assert_counters_match,
     make_overbookable,
+    make_slots,
     overbook,
+    wait,
 )
-from tests.integration.test_appointments_reschedule_waitlist import wait
-from tests.integration.test_console_domain_pages import signed_in
+from tests.helpers.auth import auth_at, new_id
+from tests.helpers.console import signed_in
+from tests.helpers.http import codes, problem, together
 
 # Moves the app's clock for one request's task only (httpx's ASGI transport runs
 # the app in the caller's task): two requests racing on one row can then each

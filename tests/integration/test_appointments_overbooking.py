@@ -14,45 +14,17 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, make_doctor
-from tests.integration.test_appointments_concurrency import codes, together
-from tests.integration.test_appointments_errors import problem
-from tests.integration.test_appointments_reschedule_waitlist import wait
-
-
-async def make_overbookable(
-    client: httpx.AsyncClient, *, capacity: int = 1, limit: int = 2, days_ahead: int = 2
-) -> tuple[int, date, list[dict[str, Any]]]:
-    """A doctor with four 15-minute slots of ``capacity`` and ``limit`` overbooking
-    seats each, the day and its slot list."""
-    doctor = await make_doctor(client)
-    day = date.today() + timedelta(days=days_ahead)
-    r = await client.post(
-        f"/api/doctors/{doctor}/schedules",
-        headers=ADMIN,
-        json={
-            "from": day.isoformat(),
-            "to": day.isoformat(),
-            "weekdays": list(range(1, 8)),
-            "startTime": "08:00",
-            "endTime": "09:00",
-            "slotMinutes": 15,
-            "capacity": capacity,
-            "overbookLimit": limit,
-        },
-    )
-    assert r.status_code == 201, r.text
-    return doctor, day, await slot_list(client, doctor, day)
-
-
-async def slot_list(client: httpx.AsyncClient, doctor: int, day: date) -> list[dict[str, Any]]:
-    r = await client.get(
-        f"/api/doctors/{doctor}/slots", params={"date": day.isoformat()}, headers=ADMIN
-    )
-    assert r.status_code == 200, r.text
-    slots: list[dict[str, Any]] = r.json()
-    return slots
+from tests.helpers.appointments import (
+    assert_counters_match,
+    book,
+    make_doctor,
+    make_overbookable,
+    overbook,
+    slot_list,
+    wait,
+)
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.http import codes, problem, together
 
 
 async def agenda_slot(
@@ -66,39 +38,11 @@ async def agenda_slot(
     return dict(slot)
 
 
-async def overbook(
-    client: httpx.AsyncClient, slot_id: int, patient_id: int, headers: dict[str, str]
-) -> httpx.Response:
-    return await client.post(
-        "/api/appointments",
-        json={"slotId": slot_id, "patientId": patient_id, "overbook": True},
-        headers={**headers, "Idempotency-Key": str(uuid.uuid4())},
-    )
-
-
 async def counters(db: asyncpg.Connection, slot_id: int) -> tuple[int, int]:
     row = await db.fetchrow(
         "SELECT booked_count, overbooked_count FROM time_slot WHERE id = $1", slot_id
     )
     assert row is not None
-    return row["booked_count"], row["overbooked_count"]
-
-
-async def assert_counters_match(db: asyncpg.Connection, slot_id: int) -> tuple[int, int]:
-    """Both counters equal their BOOKED appointments, each within its bound."""
-    row = await db.fetchrow(
-        """SELECT s.capacity, s.booked_count, s.overbook_limit, s.overbooked_count,
-                  count(a.id) FILTER (WHERE NOT a.overbooked) AS regular,
-                  count(a.id) FILTER (WHERE a.overbooked) AS extra
-             FROM time_slot s
-             LEFT JOIN appointment a ON a.slot_id = s.id AND a.status = 'BOOKED'
-            WHERE s.id = $1
-            GROUP BY s.id""",
-        slot_id,
-    )
-    assert row is not None
-    assert row["booked_count"] == row["regular"] <= row["capacity"], dict(row)
-    assert row["overbooked_count"] == row["extra"] <= row["overbook_limit"], dict(row)
     return row["booked_count"], row["overbooked_count"]
 
 

@@ -16,40 +16,18 @@ import pytest
 
 from reservo.appointments import events
 from reservo.core.clock import OffsetClock
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, make_doctor, make_slots
-from tests.integration.test_appointments_concurrency import (
+from tests.helpers.appointments import (
     assert_slot_invariant,
-    codes,
-    together,
+    book,
+    make_doctor,
+    make_slots,
+    reschedule,
+    wait,
 )
-from tests.integration.test_appointments_errors import auth_at, problem
+from tests.helpers.auth import ADMIN, auth, auth_at, new_id
+from tests.helpers.http import codes, problem, together
 
 FAR = 2**62
-
-
-async def reschedule(
-    client: httpx.AsyncClient,
-    appointment_id: int,
-    slot_id: int,
-    headers: dict[str, str],
-    idem: str | None = None,
-) -> httpx.Response:
-    return await client.post(
-        f"/api/appointments/{appointment_id}/reschedule",
-        json={"slotId": slot_id},
-        headers={**headers, "Idempotency-Key": idem or str(uuid.uuid4())},
-    )
-
-
-async def wait(
-    client: httpx.AsyncClient, slot_id: int, patient: int, headers: dict[str, str] | None = None
-) -> httpx.Response:
-    return await client.post(
-        f"/api/slots/{slot_id}/waitlist",
-        json={"patientId": patient},
-        headers=headers or auth("patient", patient),
-    )
 
 
 async def booked(db: asyncpg.Connection, slot_id: int) -> set[int]:

@@ -4,7 +4,6 @@ doctor that never overlap, whatever their lengths, through HTTP and in SQL."""
 from __future__ import annotations
 
 import itertools
-import uuid
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
@@ -14,9 +13,10 @@ import pytest
 
 from reservo.core.clock import OffsetClock
 from reservo.core.migrate import available
-from tests.conftest import new_id
-from tests.helpers import ADMIN, make_doctor
-from tests.integration.test_appointments_errors import auth_at, book_as, problem
+from tests.helpers.appointments import book_as, make_doctor
+from tests.helpers.auth import ADMIN, auth_at, new_id
+from tests.helpers.databases import DatabaseAt
+from tests.helpers.http import problem
 
 
 async def schedule(
@@ -132,25 +132,6 @@ async def test_slots_of_different_lengths_never_overlap(
 # -- the migration and existing overlapping data -----------------------------------------
 
 
-async def _database_before_0018(admin_url: str) -> tuple[str, asyncpg.Connection]:
-    name = f"reservo_mig_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = admin_url.rpartition("/")[0] + f"/{name}"
-    conn = await asyncpg.connect(url)
-    for mig in available():
-        if mig.version < 18:
-            await conn.execute(mig.sql)
-    return name, conn
-
-
-async def _drop(admin_url: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
-
-
 def _mig_0018() -> str:
     return next(m.sql for m in available() if m.version == 18)
 
@@ -178,10 +159,9 @@ async def _old_slots(conn: asyncpg.Connection) -> tuple[int, list[int]]:
 
 
 async def test_the_migration_drops_empty_overlapping_slots_and_backfills_opens_at(
-    services: tuple[str, str],
+    database_at: DatabaseAt,
 ) -> None:
-    admin_url = services[0]
-    name, conn = await _database_before_0018(admin_url)
+    conn = await asyncpg.connect(await database_at(17))
     try:
         _, ids = await _old_slots(conn)
         async with conn.transaction():
@@ -196,14 +176,12 @@ async def test_the_migration_drops_empty_overlapping_slots_and_backfills_opens_a
         )
     finally:
         await conn.close()
-        await _drop(admin_url, name)
 
 
 async def test_the_migration_stops_when_overlapping_slots_hold_appointments(
-    services: tuple[str, str],
+    database_at: DatabaseAt,
 ) -> None:
-    admin_url = services[0]
-    name, conn = await _database_before_0018(admin_url)
+    conn = await asyncpg.connect(await database_at(17))
     try:
         _, ids = await _old_slots(conn)
         booked = ids[4]  # the 08:20-08:40 slot overlaps kept ones and was booked
@@ -220,4 +198,3 @@ async def test_the_migration_stops_when_overlapping_slots_hold_appointments(
         assert await conn.fetchval("SELECT count(*) FROM time_slot") == len(ids)
     finally:
         await conn.close()
-        await _drop(admin_url, name)

@@ -20,10 +20,10 @@ from reservo.bootstrap import build
 from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import JWT_SECRET, auth, new_id
-from tests.e2e.procs import BIN, env_for
-from tests.helpers import forge_token, make_slots
-from tests.integration.test_console_pages import sign_in
+from tests.helpers.appointments import make_slots
+from tests.helpers.auth import JWT_SECRET, auth, forge_token, new_id
+from tests.helpers.console import sign_in
+from tests.helpers.procs import BIN, env_for
 
 # Authenticated, then not found: a 404 says the token was accepted, a 401 it was not.
 PROBE = "/api/appointments/4611686018427387904"

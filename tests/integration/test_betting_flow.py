@@ -13,8 +13,9 @@ from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.core_modules import Outbox
-from tests.betting_helpers import (
-    ADMIN,
+from tests.helpers.auth import auth
+from tests.helpers.betting import (
+    balance,
     kick_off,
     make_account,
     make_match,
@@ -22,21 +23,7 @@ from tests.betting_helpers import (
     post_result,
     result_body,
 )
-from tests.conftest import auth
-
-
-async def drain(container: Container) -> None:
-    """Run the resend worker and the outbox relay until both are idle."""
-    while (
-        await container.module(Betting).resender.run_once()
-        or await container.module(Outbox).relay.run_once()
-    ):
-        pass
-
-
-async def balance(client: httpx.AsyncClient, account: int) -> int:
-    r = await client.get(f"/api/accounts/{account}", headers=ADMIN)
-    return int(r.json()["balance"])
+from tests.helpers.waiting import drain
 
 
 async def test_place_bet_debits_stake_and_refuses_bad_bets(
@@ -87,7 +74,7 @@ async def test_result_posted_twice_settles_once_and_pays_once(
     first, again = await post_result(client, body, clock), await post_result(client, body, clock)
     assert first.status_code == again.status_code == 202
     assert first.json() == {"accepted": True}
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
 
     got = await client.get(f"/api/matches/{m1['id']}", headers=auth("bettor", w_owner))
     match = got.json()
@@ -105,7 +92,7 @@ async def test_result_posted_twice_settles_once_and_pays_once(
     assert (
         await post_result(client, result_body(m2["externalId"], 1, 1), clock)
     ).status_code == 202
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     assert await balance(client, acca) == 900 + 663
     payouts = await db.fetchval(
         "SELECT count(*) FROM wallet_transfer WHERE kind = 'PAYOUT' AND reference = ANY($1)",
@@ -146,11 +133,11 @@ async def test_cancelled_match_voids_and_refunds(
     # Called off before kick-off (m1 starts in 2 hours): accepted, voids its legs.
     r = await post_result(client, result_body(m1["externalId"], 0, 0, status="CANCELLED"))
     assert r.status_code == 202, r.text
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     assert await balance(client, account) == 300 + 100  # the single refunded
     kick_off(clock, m2)
     await post_result(client, result_body(m2["externalId"], 1, 1), clock)
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     # The VOID leg counts 1.00: floor(100 * 1.70).
     assert await balance(client, account) == 400 + 170
     got = (

@@ -19,9 +19,11 @@ from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.failures import Rejected, is_transient
 from reservo.core.transport.base import Event
-from tests.betting_helpers import (
-    ADMIN,
+from reservo.core_modules import Outbox
+from tests.helpers.auth import ADMIN, JWT_SECRET, auth
+from tests.helpers.betting import (
     ODDS,
+    balance,
     kick_off,
     make_account,
     make_match,
@@ -29,8 +31,7 @@ from tests.betting_helpers import (
     post_result,
     result_body,
 )
-from tests.conftest import JWT_SECRET, auth
-from tests.integration.test_betting_flow import balance, drain
+from tests.helpers.waiting import drain
 
 LONG = {"1X2": {"HOME": "1000", "DRAW": "1000", "AWAY": "1000"}}
 CAP = 1_000_000_000  # RESERVO_BETTING_MAX_PAYOUT's default
@@ -91,7 +92,7 @@ async def test_final_result_before_kick_off_is_refused_and_stores_nothing(
 
     r = await post_result(client, body, clock)
     assert (r.status_code, r.json()["code"]) == (409, "match_not_started"), r.text
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
 
     async def stored() -> dict[str, Any]:
         row = await db.fetchrow(
@@ -129,7 +130,7 @@ async def test_final_result_before_kick_off_is_refused_and_stores_nothing(
     kick_off(clock, match)
     r = await post_result(client, body, clock)
     assert r.status_code == 202, r.text
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     assert await stored() == {
         "match": ("FINISHED", "SETTLED"),
         "bet": "WON",
@@ -177,7 +178,7 @@ async def test_cancelled_before_kick_off_and_unknown_matches_are_still_accepted(
     # Called off before kick-off: voids the bet and refunds the stake at once.
     r = await post_result(client, result_body(match["externalId"], 0, 0, status="CANCELLED"))
     assert r.status_code == 202, r.text
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     assert await balance(client, account) == 500
     got = await client.get(f"/api/bets/{bet.json()['id']}", headers=auth("bettor", owner))
     assert (got.json()["status"], got.json()["payout"]) == ("VOID", 200)

@@ -18,19 +18,12 @@ from reservo.app import create_app
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
-from tests.betting_helpers import (
-    ADMIN,
-    ODDS,
-    make_account,
-    make_match,
-    place,
-    post_result,
-    result_body,
-)
-from tests.conftest import auth, new_id
-from tests.integration.test_betting_flow import drain
-from tests.plans import plans_of
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.betting import ODDS, make_account, make_match, place, post_result, result_body
+from tests.helpers.plans import plans_of
+from tests.helpers.waiting import drain
 
 NEW_ODDS = {
     "1X2": {"HOME": "2.05", "DRAW": "3.30", "AWAY": "3.60"},
@@ -40,10 +33,10 @@ NEW_ODDS = {
 
 
 @pytest.fixture
-async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
+async def own(base_settings: Settings, own_database: str) -> AsyncIterator[Container]:
     """A database of its own: the lists show every match, so counts must not
     include other tests' matches."""
-    c = build(base_settings.with_(database_url=fresh_database_url), OffsetClock())
+    c = build(base_settings.with_(database_url=own_database), OffsetClock())
     yield c
     await c.close()
 
@@ -97,7 +90,7 @@ async def test_matches_by_status_soonest_first_page_by_page(
     settled = await make_match(oc, timedelta(hours=-3))
     r = await post_result(oc, result_body(settled["externalId"], 1, 0))
     assert r.status_code == 202, r.text
-    await drain(own)
+    await drain(own.module(Betting).resender, own.module(Outbox).relay)
     # Cancelled before kick-off, its bets not voided yet: no longer upcoming,
     # not settled: STARTED.
     cancelled = await make_match(oc, timedelta(hours=4))
@@ -258,7 +251,7 @@ async def test_patch_is_for_admins_of_known_open_matches(
     cancelled = await make_match(client, timedelta(hours=5))
     body = result_body(cancelled["externalId"], 0, 0, status="CANCELLED")
     assert (await post_result(client, body)).status_code == 202
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     r = await client.patch(
         f"/api/matches/{cancelled['id']}", json={"suspended": False}, headers=ADMIN
     )
@@ -299,7 +292,7 @@ async def _until(cond: Any, within_s: float = 10.0) -> bool:
 async def test_no_bet_at_old_odds_commits_after_the_patch(
     oc: httpx.AsyncClient,
     own: Container,
-    fresh_database_url: str,
+    own_database: str,
     patch: dict[str, Any],
     refusal: str,
 ) -> None:
@@ -314,8 +307,8 @@ async def test_no_bet_at_old_odds_commits_after_the_patch(
     mid = match["id"]
     accounts = [await make_account(oc, 1_000) for _ in range(n + 4)]
     held, late = accounts[:n], accounts[n:]
-    watcher = await asyncpg.connect(fresh_database_url)
-    barrier = await asyncpg.connect(fresh_database_url)
+    watcher = await asyncpg.connect(own_database)
+    barrier = await asyncpg.connect(own_database)
     try:
         tx = barrier.transaction()
         await tx.start()
@@ -423,7 +416,7 @@ async def test_account_bets_newest_first_by_status_page_by_page(
     container.clock.advance(timedelta(minutes=6))
     r = await post_result(client, result_body(m1["externalId"], 2, 0), container.clock)
     assert r.status_code == 202, r.text
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     me = auth("bettor", owner)
     pages = await _all_pages(client, url, {"status": "WON", "limit": 2}, me)
     assert [b["id"] for p in pages for b in p] == [ids[4], ids[2], ids[0]]
@@ -575,13 +568,11 @@ async def test_openapi_documents_the_new_endpoints(client: httpx.AsyncClient) ->
 # -- a fresh database of the module: demo data ----------------------------------------------
 
 
-async def test_demo_loads_upcoming_matches_once(
-    base_settings: Settings, fresh_database_url: str
-) -> None:
+async def test_demo_loads_upcoming_matches_once(base_settings: Settings, own_database: str) -> None:
     from reservo import demo
 
     # Built as `reservo up --demo` builds it (its recurring job calls its own address).
-    settings = base_settings.with_(database_url=fresh_database_url)
+    settings = base_settings.with_(database_url=own_database)
     own = build(demo.settings_for_demo(settings), OffsetClock())
     try:
         await demo.load(own)

@@ -21,11 +21,12 @@ from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from reservo.wallet import PAYOUT_REQUESTED
 from reservo.wallet.setup import Wallet
-from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
-from tests.integration.test_betting_flow import drain
+from tests.helpers.betting import kick_off, make_account, make_match, post_result, result_body
+from tests.helpers.waiting import drain
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ async def test_kafka_down_answers_202_from_the_fallback_then_resend_settles(
     assert row["leased_until"] - kafka_down.clock.now() <= timedelta(seconds=60)
     # A resend worker without Kafka hands it to the settlement handler.
     kafka_down.clock.advance(timedelta(seconds=61))
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     row = await db.fetchrow(
         "SELECT status FROM webhook_events_fallback WHERE provider_event_id = $1", event
     )
@@ -132,7 +133,7 @@ async def test_same_provider_event_through_kafka_handler_and_fallback_settles_on
         container.module(Betting).settlement.handle(kafka_event),
         container.module(Betting).resender.run_once(),
     )
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     assert await db.fetchval("SELECT balance FROM wallet_account WHERE id = $1", account) == 1_070
     m = await db.fetchrow(
         "SELECT settled_bets, settlement_status FROM betting_match WHERE id = $1", match["id"]
@@ -201,7 +202,7 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
     assert state["settlement_status"] == "SETTLING" and 60 <= state["settled_bets"] < 300
     # The sweeper (another worker) resumes; the relay applies payouts, twice over.
     await container.module(Betting).settlement.sweep()
-    await drain(container)
+    await drain(container.module(Betting).resender, container.module(Outbox).relay)
     state = await db.fetchrow(
         "SELECT settlement_status, settled_bets FROM betting_match WHERE id = $1", match["id"]
     )

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
-from tests.betting_helpers import ODDS
+from tests.helpers.betting import ODDS
 
 PICKS = {"1X2": ["HOME", "DRAW", "AWAY"], "TOTALS_2_5": ["OVER", "UNDER"], "BTTS": ["YES", "NO"]}
 

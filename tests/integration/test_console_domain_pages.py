@@ -4,7 +4,6 @@ The browser journeys are in tests/browser/test_console_domain.py."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 import httpx
@@ -12,10 +11,9 @@ import httpx
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
 from reservo.core_modules import Outbox
-from tests.betting_helpers import make_match
-from tests.conftest import token
-from tests.helpers import ADMIN
-from tests.integration.test_console_pages import sign_in
+from tests.helpers.auth import ADMIN
+from tests.helpers.betting import make_match
+from tests.helpers.console import signed_in
 
 PAGES = (
     "/console/clinic",
@@ -25,16 +23,6 @@ PAGES = (
     "/console/rentals/bookings",
     "/console/betting",
 )
-
-
-async def signed_in(client: httpx.AsyncClient) -> str:
-    """Signs ``client`` in; returns the session's CSRF token."""
-    r = await sign_in(client, token("admin", 1))
-    assert r.status_code == 303
-    page = await client.get("/console/clinic")
-    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
-    assert csrf is not None
-    return csrf[1]
 
 
 async def test_the_pages_need_a_session(client: httpx.AsyncClient) -> None:

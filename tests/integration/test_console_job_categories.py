@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from reservo.bootstrap import Container
-from tests.conftest import auth, token
-from tests.integration.scheduler_support import Recorder, category
-from tests.integration.test_console_pages import sign_in
+from tests.helpers.auth import auth, token
+from tests.helpers.console import sign_in
+from tests.helpers.scheduler import Recorder, category
 
 SERVICE = auth("service", 1)
 

@@ -8,19 +8,8 @@ import re
 import httpx
 
 from reservo.console.session import COOKIE, SIGN_IN_COOKIE
-from tests.conftest import token
-
-
-async def sign_in(
-    client: httpx.AsyncClient, bearer: str, next_: str = "/console"
-) -> httpx.Response:
-    form = await client.get("/console/sign-in")
-    assert form.status_code == 200
-    nonce = re.search(r'name="nonce" value="([^"]+)"', form.text)
-    assert nonce is not None
-    return await client.post(
-        "/console/sign-in", data={"token": bearer, "nonce": nonce[1], "next": next_}
-    )
+from tests.helpers.auth import token
+from tests.helpers.console import sign_in
 
 
 async def test_pages_need_a_session(client: httpx.AsyncClient) -> None:

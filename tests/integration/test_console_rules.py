@@ -13,9 +13,9 @@ from fastapi import FastAPI
 from reservo.console.session import COOKIE
 from reservo.core.pagination import encode_cursor
 from reservo.core.schemas import MAX_ID
-from tests.conftest import new_id, token
-from tests.helpers import ADMIN, book, make_slots
-from tests.integration.test_console_pages import sign_in
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import ADMIN, new_id, token
+from tests.helpers.console import sign_in
 
 
 def _app(client: httpx.AsyncClient) -> FastAPI:

@@ -23,7 +23,7 @@ from reservo.core.outbox import emit
 from reservo.core.transport.base import Event, Subscriptions
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
-from tests.conftest import auth
+from tests.helpers.auth import auth
 
 ADMIN = auth("admin", 1)
 TOPIC = "test.dead-letters.v1"
@@ -49,8 +49,8 @@ class Flaky:
 
 
 @pytest.fixture
-async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
-    c = build(base_settings.with_(database_url=fresh_database_url), OffsetClock())
+async def own(base_settings: Settings, own_database: str) -> AsyncIterator[Container]:
+    c = build(base_settings.with_(database_url=own_database), OffsetClock())
     async with c.db.connection() as conn:
         await conn.execute("CREATE TABLE replay_effect (event_id uuid NOT NULL)")
     yield c

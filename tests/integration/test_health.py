@@ -17,7 +17,7 @@ from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.helpers import make_slots
+from tests.helpers.appointments import make_slots
 
 
 def _nowhere() -> str:

@@ -9,13 +9,9 @@ Each test has a database of its own: the keeper drops every old day it sees."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from importlib import resources
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -40,6 +36,7 @@ from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
 from reservo.core.transport.local import LocalTransport
 from reservo.core_modules import PARTITION_MARGIN, partitioned
 from reservo.settings import Settings
+from tests.helpers.databases import DatabaseAt
 
 Q = Queries.load("reservo.core")
 DEFAULTS = Settings()
@@ -49,15 +46,15 @@ TOPIC = "test.history.v1"
 
 
 @pytest.fixture
-async def own_db(fresh_database_url: str) -> AsyncIterator[Database]:
-    db = Database(fresh_database_url, min_size=1, max_size=4)
+async def own_db(own_database: str) -> AsyncIterator[Database]:
+    db = Database(own_database, min_size=1, max_size=4)
     yield db
     await db.close()
 
 
 @pytest.fixture
-async def conn(fresh_database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(fresh_database_url)
+async def conn(own_database: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(own_database)
     yield c
     await c.close()
 
@@ -178,7 +175,7 @@ async def test_a_row_that_moved_out_of_the_default_partition_still_refuses_a_red
 
 
 async def test_concurrent_redeliveries_across_a_day_being_created_apply_once(
-    own_db: Database, fresh_database_url: str, conn: asyncpg.Connection
+    own_db: Database, own_database: str, conn: asyncpg.Connection
 ) -> None:
     """Deliveries of one event (each on its own connection, released together)
     race the creation of the event's day, which moves the default partition's
@@ -187,7 +184,7 @@ async def test_concurrent_redeliveries_across_a_day_being_created_apply_once(
     event = Event(uuid.uuid4(), TOPIC, "k", {}, created)
     deliveries = 12
     barrier = asyncio.Barrier(deliveries + 1)
-    db = Database(fresh_database_url, min_size=deliveries, max_size=deliveries)
+    db = Database(own_database, min_size=deliveries, max_size=deliveries)
 
     async def apply(c: asyncpg.Connection) -> None:
         await c.execute("INSERT INTO applied VALUES ($1)", event.id)
@@ -310,7 +307,7 @@ async def test_retention_drops_old_days_whole_and_keeps_days_a_redelivery_may_st
 
 
 async def test_consumers_keep_applying_while_an_old_inbox_day_is_dropped(
-    own_db: Database, fresh_database_url: str, conn: asyncpg.Connection
+    own_db: Database, own_database: str, conn: asyncpg.Connection
 ) -> None:
     """Concurrent consumers (released together with the drop) record today's
     events in the inbox while an old day is dropped: every one commits, once."""
@@ -319,7 +316,7 @@ async def test_consumers_keep_applying_while_an_old_inbox_day_is_dropped(
         await inbox_row(conn, midday(12), midday(12) + H)
     consumers, each = 12, 20
     barrier = asyncio.Barrier(consumers + 1)
-    db = Database(fresh_database_url, min_size=consumers, max_size=consumers)
+    db = Database(own_database, min_size=consumers, max_size=consumers)
 
     async def nothing(_: asyncpg.Connection) -> None:
         return None
@@ -364,13 +361,13 @@ def test_inbox_days_outlive_the_outbox_by_the_margin_whatever_the_settings() -> 
 
 
 async def test_a_result_resent_from_the_fallback_table_keeps_the_intakes_time(
-    base_settings: Settings, fresh_database_url: str
+    base_settings: Settings, own_database: str
 ) -> None:
     """Held by the fallback table while Kafka was away, then resent two days
     later: the event carries the time the intake stamped, as the Kafka publish
     it tried first did, not the resend's."""
     clock = OffsetClock()
-    c: Container = build(base_settings.with_(database_url=fresh_database_url), clock)
+    c: Container = build(base_settings.with_(database_url=own_database), clock)
     published: list[Event] = []
 
     class Recording:
@@ -395,94 +392,72 @@ async def test_a_result_resent_from_the_fallback_table_keeps_the_intakes_time(
 
 
 async def test_the_migration_keeps_every_row_and_its_key(
-    services: tuple[str, str], tmp_path: Path
+    database_at: DatabaseAt,
 ) -> None:
     """A database migrated up to 0025, with inbox and notification rows of an
     event still in the outbox and of one already pruned from it: after 0026
     every row is there with its columns (the notification with its id, and new
     ones continue the sequence); the row of the event still in the outbox has
     that event's creation time, so its redelivery is refused."""
-    package = tmp_path / "migrations_before_0026"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    for entry in resources.files("reservo.migrations").iterdir():
-        if entry.name[:4].isdigit() and int(entry.name[:4]) < 26:
-            with resources.as_file(entry) as path:
-                shutil.copy(path, package / entry.name)
-    sys.path.insert(0, str(tmp_path))
-    admin_url = services[0]
-    name = f"reservo_m26_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"{admin_url.rpartition('/')[0]}/{name}"
+    url = await database_at(25)
+    c = await asyncpg.connect(url)
     try:
-        await migrate(url, "migrations_before_0026")
-        c = await asyncpg.connect(url)
-        try:
-            created = midday(1)
-            kept, pruned = uuid.uuid4(), uuid.uuid4()
+        created = midday(1)
+        kept, pruned = uuid.uuid4(), uuid.uuid4()
+        await c.execute(
+            """INSERT INTO outbox (event_id, topic, payload, created_at, available_at,
+                                   status, published_at)
+               VALUES ($1, $2, '{}'::jsonb, $3, $3, 'DONE', $3)""",
+            kept,
+            TOPIC,
+            created,
+        )
+        for event, at in ((kept, created + H), (pruned, midday(20))):
             await c.execute(
-                """INSERT INTO outbox (event_id, topic, payload, created_at, available_at,
-                                       status, published_at)
-                   VALUES ($1, $2, '{}'::jsonb, $3, $3, 'DONE', $3)""",
-                kept,
-                TOPIC,
-                created,
+                "INSERT INTO inbox (consumer, event_id, processed_at) VALUES ('c', $1, $2)",
+                event,
+                at,
             )
-            for event, at in ((kept, created + H), (pruned, midday(20))):
-                await c.execute(
-                    "INSERT INTO inbox (consumer, event_id, processed_at) VALUES ('c', $1, $2)",
-                    event,
-                    at,
-                )
-                await c.execute(
-                    """INSERT INTO notification (event_id, topic, recipient, channel, subject,
-                                                 body, status, created_at, sent_at)
-                       VALUES ($1, $2, 1, 'log', 's', 'b', 'SENT', $3, $3)""",
-                    event,
-                    TOPIC,
-                    at,
-                )
-            inbox_before = [tuple(r) for r in await c.fetch("SELECT * FROM inbox ORDER BY 3")]
-            notes_before = [
-                tuple(r) for r in await c.fetch("SELECT * FROM notification ORDER BY 1")
-            ]
-            await migrate(url)
-            inbox_after = [
-                tuple(r)
-                for r in await c.fetch(
-                    "SELECT consumer, event_id, processed_at FROM inbox ORDER BY 3"
-                )
-            ]
-            notes_after = [
-                tuple(r)[:-1] for r in await c.fetch("SELECT * FROM notification ORDER BY 1")
-            ]
-            assert inbox_after == inbox_before
-            assert notes_after == notes_before
-            times = dict(await c.fetch("SELECT event_id, event_created_at FROM inbox"))
-            assert times == {kept: created, pruned: midday(20)}
-            times = dict(await c.fetch("SELECT event_id, event_created_at FROM notification"))
-            assert times == {kept: created, pruned: midday(20)}
-            new_id = await c.fetchval(
-                """INSERT INTO notification (event_id, topic, recipient, channel, subject, body,
-                                             event_created_at)
-                   VALUES ($1, $2, 1, 'log', 's', 'b', now()) RETURNING id""",
-                uuid.uuid4(),
+            await c.execute(
+                """INSERT INTO notification (event_id, topic, recipient, channel, subject,
+                                             body, status, created_at, sent_at)
+                   VALUES ($1, $2, 1, 'log', 's', 'b', 'SENT', $3, $3)""",
+                event,
                 TOPIC,
+                at,
             )
-            assert new_id > max(r[0] for r in notes_before)
-            db = Database(url, min_size=1, max_size=1)
-            try:
+        inbox_before = [tuple(r) for r in await c.fetch("SELECT * FROM inbox ORDER BY 3")]
+        notes_before = [tuple(r) for r in await c.fetch("SELECT * FROM notification ORDER BY 1")]
+        await migrate(url)
+        inbox_after = [
+            tuple(r)
+            for r in await c.fetch("SELECT consumer, event_id, processed_at FROM inbox ORDER BY 3")
+        ]
+        notes_after = [
+            tuple(r)[:-1] for r in await c.fetch("SELECT * FROM notification ORDER BY 1")
+        ]
+        assert inbox_after == inbox_before
+        assert notes_after == notes_before
+        times = dict(await c.fetch("SELECT event_id, event_created_at FROM inbox"))
+        assert times == {kept: created, pruned: midday(20)}
+        times = dict(await c.fetch("SELECT event_id, event_created_at FROM notification"))
+        assert times == {kept: created, pruned: midday(20)}
+        new_id = await c.fetchval(
+            """INSERT INTO notification (event_id, topic, recipient, channel, subject, body,
+                                         event_created_at)
+               VALUES ($1, $2, 1, 'log', 's', 'b', now()) RETURNING id""",
+            uuid.uuid4(),
+            TOPIC,
+        )
+        assert new_id > max(r[0] for r in notes_before)
+        db = Database(url, min_size=1, max_size=1)
+        try:
 
-                async def apply(_: asyncpg.Connection) -> None:
-                    raise AssertionError("applied twice")
+            async def apply(_: asyncpg.Connection) -> None:
+                raise AssertionError("applied twice")
 
-                assert not await once(db, "c", Event(kept, TOPIC, None, {}, created), apply)
-            finally:
-                await db.close()
+            assert not await once(db, "c", Event(kept, TOPIC, None, {}, created), apply)
         finally:
-            await c.close()
+            await db.close()
     finally:
-        sys.path.remove(str(tmp_path))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+        await c.close()

@@ -23,9 +23,9 @@ from reservo.core import metrics
 from reservo.core.clock import OffsetClock
 from reservo.core.hotroute import HotLayer, compile_route, hot_routes
 from reservo.settings import Settings
-from tests.betting_helpers import make_account
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, make_slots
+from tests.helpers.appointments import make_slots
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.betting import make_account
 
 SERVICE = auth("service", 1)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from reservo.core import metrics
-from tests.conftest import auth, new_id
+from tests.helpers.auth import auth, new_id
 
 
 def _count(method: str, route: str, status: str) -> float:

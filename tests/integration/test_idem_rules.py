@@ -31,10 +31,10 @@ from reservo.core.clock import OffsetClock
 from reservo.core.http import Roles
 from reservo.core.migrate import available
 from reservo.settings import Settings
-from tests.betting_helpers import make_account, make_match, place
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, make_slots
-from tests.integration.test_rentals_flow import at, confirmed_booking, hold, make_car
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.betting import make_account, make_match, place
+from tests.helpers.rentals import at, confirmed_booking, hold, make_car
 
 SERVICE = auth("service", 1)
 HTTP_JOB = {"category": "http", "urgency": 3, "payload": {"url": "http://x.test/"}}
@@ -438,11 +438,11 @@ async def test_dates_in_bodies_are_yyyy_mm_dd(app: tuple[httpx.AsyncClient, Cont
         assert code(r) == (422, "validation_error"), (bad, r.text)
 
 
-async def test_migration_0030_renames_stored_keys_to_their_user(fresh_database_url: str) -> None:
+async def test_migration_0030_renames_stored_keys_to_their_user(own_database: str) -> None:
     """Keys stored as "<role>:<sub>" before the upgrade keep answering their
     retries under "<sub>"; one user's same key under two roles keeps the first."""
     (sql,) = [m.sql for m in available() if m.version == 30]
-    conn = await asyncpg.connect(fresh_database_url)
+    conn = await asyncpg.connect(own_database)
     try:
         insert = (
             "INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status,"

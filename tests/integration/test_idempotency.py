@@ -18,8 +18,8 @@ from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
 from reservo.core.idempotency import Claim, Replay
 from reservo.core.retention import Pruner, RuleResult
-from tests.conftest import JWT_SECRET, auth, new_id
-from tests.helpers import ADMIN, book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import ADMIN, JWT_SECRET, auth, new_id
 
 pytestmark = pytest.mark.redis_cluster
 

@@ -11,8 +11,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from tests.betting_helpers import make_account
-from tests.conftest import auth
+from tests.helpers.auth import auth
+from tests.helpers.betting import make_account
 
 SERVICE = auth("service", 1)
 DUPLICATES = 24

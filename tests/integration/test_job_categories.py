@@ -16,17 +16,9 @@ import pytest
 
 from reservo.bootstrap import Container
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.integration.scheduler_support import (
-    Recorder,
-    Stack,
-    api_stack,
-    category,
-    make,
-    running,
-    statuses,
-    wait_until,
-)
+from tests.helpers.auth import auth, new_id
+from tests.helpers.scheduler import Recorder, Stack, api_stack, category, make, running, statuses
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 ADMIN = auth("admin", 1)
@@ -57,10 +49,10 @@ async def _pause(client: httpx.AsyncClient, cat: str, paused: bool = True) -> No
 
 
 @pytest.fixture
-async def stack(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Stack]:
+async def stack(base_settings: Settings, own_database: str) -> AsyncIterator[Stack]:
     # One executor: the order jobs start in is the order they were claimed.
     async with api_stack(
-        base_settings, fresh_database_url, scheduler_window_s=300, scheduler_executors=1
+        base_settings, own_database, scheduler_window_s=300, scheduler_executors=1
     ) as s:
         yield s
 
@@ -131,7 +123,7 @@ async def _all_done(stack: Stack, cat: str, n: int) -> bool:
 
 
 async def test_a_worker_that_has_not_seen_the_pause_never_runs_a_job_of_it(
-    stack: Stack, base_settings: Settings, fresh_database_url: str
+    stack: Stack, base_settings: Settings, own_database: str
 ) -> None:
     """The pause is in the claim: a worker process whose cache still says
     "running" takes the jobs from Redis, is refused by the claim, puts them back
@@ -139,7 +131,7 @@ async def test_a_worker_that_has_not_seen_the_pause_never_runs_a_job_of_it(
     cat, rec = category(), Recorder()
     ns = stack.container.settings.redis_namespace
     assert base_settings.redis_url is not None
-    stale = make(fresh_database_url, base_settings.redis_url, ns, category_refresh_s=3600)
+    stale = make(own_database, base_settings.redis_url, ns, category_refresh_s=3600)
     other = stack.container.scheduler
     for each in (stale, other):
         each.register(cat, rec)
@@ -206,7 +198,7 @@ async def test_rate_limit_is_set_removed_and_bad_values_are_refused(
 
 
 async def test_a_rate_limit_holds_for_two_schedulers_together(
-    stack: Stack, base_settings: Settings, fresh_database_url: str
+    stack: Stack, base_settings: Settings, own_database: str
 ) -> None:
     """The executors' side, in process: two schedulers (as two worker
     processes: own pools, own caches) share the category's bucket, so 10/s for
@@ -214,9 +206,7 @@ async def test_a_rate_limit_holds_for_two_schedulers_together(
     cat, rec = category(), Recorder()
     s = stack.container.scheduler
     assert base_settings.redis_url is not None
-    second = make(
-        fresh_database_url, base_settings.redis_url, stack.container.settings.redis_namespace
-    )
+    second = make(own_database, base_settings.redis_url, stack.container.settings.redis_namespace)
     for each in (s, second):
         each.register(cat, rec)
     r = await stack.client.put(

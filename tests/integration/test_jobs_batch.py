@@ -29,14 +29,14 @@ from reservo.scheduler.batch import Answer, JobBatch, JobRequest
 from reservo.scheduler.domain import Job
 from reservo.scheduler.setup import SchedulerModule
 from reservo.scheduler.workers import Loader
-from tests.conftest import auth
-from tests.helpers import (
+from tests.helpers.auth import auth
+from tests.helpers.batching import (
     assert_all_unavailable,
     assert_grouped,
     assert_stored_and_replayed,
-    post_together,
     unreachable_database,
 )
+from tests.helpers.http import post_together
 
 SERVICE = auth("service", 1)
 REQUESTS = 40

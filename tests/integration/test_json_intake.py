@@ -21,8 +21,9 @@ import pytest
 from reservo.scheduler.domain import Job
 from reservo.scheduler.workers import BAD_PAYLOAD, handler_failed, run
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.integration.scheduler_support import Stack, api_stack, category, wait_until
+from tests.helpers.auth import auth, new_id
+from tests.helpers.scheduler import Stack, api_stack, category
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 ADMIN = auth("admin", 1)
@@ -239,8 +240,8 @@ async def test_an_admin_creates_an_internal_job_with_a_fitting_payload(
 
 
 @pytest.fixture
-async def s(fresh_database_url: str, base_settings: Settings) -> AsyncIterator[Stack]:
-    async with api_stack(base_settings, fresh_database_url) as stack:
+async def s(own_database: str, base_settings: Settings) -> AsyncIterator[Stack]:
+    async with api_stack(base_settings, own_database) as stack:
         yield stack
 
 
@@ -280,7 +281,7 @@ async def test_last_error_never_shows_a_handlers_exception_text(s: Stack) -> Non
             a, b = await _job(s.client, failed), await _job(s.client, stale)
             return a["attempts"] >= 1 and a["lastError"] is not None and b["status"] == "DEAD"
 
-        await wait_until(settled, 30, 0.1)
+        await wait_until(settled, 30, step_s=0.1)
     finally:
         stop.set()
         await asyncio.wait_for(workers, 30)

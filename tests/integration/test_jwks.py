@@ -34,9 +34,10 @@ from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import auth, new_id, token
-from tests.helpers import key, make_slots
-from tests.integration.test_console_pages import sign_in
+from tests.helpers.appointments import make_slots
+from tests.helpers.auth import auth, new_id, token
+from tests.helpers.console import sign_in
+from tests.helpers.http import key
 
 ISSUER = "https://idp.example/realms/clinic"
 AUDIENCE = "reservo-api"

@@ -13,8 +13,8 @@ import pytest
 from reservo.appointments.gate import full_key
 from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container
-from tests.conftest import new_id
-from tests.helpers import book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import new_id
 
 
 async def test_redis_marks_of_a_booking_are_written_outside_the_transaction(

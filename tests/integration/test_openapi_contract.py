@@ -3,7 +3,7 @@ protected operations only, one Problem schema behind every error, each
 operation's own statuses and codes, required Idempotency-Keys, readable unique
 names, docs served without a CDN, problem types that resolve. (That every
 problem a test meets is declared for its operation is checked on every
-response of the `client` fixture: tests/openapi_audit.py.)"""
+response of the `client` fixture: tests/helpers/openapi_audit.py.)"""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from reservo.app import create_app, openapi_document, openapi_text
 from reservo.bootstrap import Container
 from reservo.core.http import current_principal
-from tests.conftest import auth, new_id
-from tests.openapi_audit import PROBLEM_JSON, declared
+from tests.helpers.auth import auth, new_id
+from tests.helpers.openapi_audit import PROBLEM_JSON, declared
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "docs" / "openapi.json"

@@ -21,9 +21,10 @@ from reservo.rentals.gateway import HttpGateway, TransientGatewayError
 from reservo.scheduler.handlers import call_failed
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
-from tests.conftest import auth
-from tests.integration.scheduler_support import HookServer, Stack, api_stack, wait_until
-from tests.slow_servers import SlowServer
+from tests.helpers.auth import auth
+from tests.helpers.scheduler import HookServer, Stack, api_stack
+from tests.helpers.slow_servers import SlowServer
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 LOOPBACK = {"jobs_http_allow": "127.0.0.1"}
@@ -60,10 +61,10 @@ async def _workers(stack: Stack) -> AsyncIterator[None]:
 
 
 async def test_a_huge_answer_is_read_up_to_the_limit_and_dropped(
-    fresh_database_url: str, base_settings: Settings
+    own_database: str, base_settings: Settings
 ) -> None:
     with SlowServer("huge", size=HUGE) as target:
-        async with api_stack(base_settings, fresh_database_url, **LOOPBACK) as stack:
+        async with api_stack(base_settings, own_database, **LOOPBACK) as stack:
             job = await _create(stack.client, target.url)
             async with _workers(stack):
                 await wait_until(lambda: _settled(stack, job), 20)
@@ -90,13 +91,13 @@ async def _settled(stack: Stack, *ids: int) -> bool:
 
 
 async def test_a_trickling_destination_is_cut_at_the_deadline_and_retried(
-    fresh_database_url: str, base_settings: Settings
+    own_database: str, base_settings: Settings
 ) -> None:
     # 600 bytes at one a second: ten minutes without the deadline.
     with SlowServer("trickle", size=600) as target:
         async with api_stack(
             base_settings,
-            fresh_database_url,
+            own_database,
             **LOOPBACK,
             scheduler_http_deadline_s=1.5,
             scheduler_max_attempts=2,
@@ -118,7 +119,7 @@ async def test_a_trickling_destination_is_cut_at_the_deadline_and_retried(
 
 
 async def test_trickling_destinations_do_not_delay_an_urgent_job_to_another(
-    fresh_database_url: str, base_settings: Settings
+    own_database: str, base_settings: Settings
 ) -> None:
     # The case: two executors, two trickling jobs, then an urgent job.
     with SlowServer("trickle", size=600) as slow:
@@ -126,7 +127,7 @@ async def test_trickling_destinations_do_not_delay_an_urgent_job_to_another(
             HookServer() as fast,
             api_stack(
                 base_settings,
-                fresh_database_url,
+                own_database,
                 **LOOPBACK,
                 scheduler_executors=2,
                 scheduler_http_deadline_s=10,
@@ -144,7 +145,7 @@ async def test_trickling_destinations_do_not_delay_an_urgent_job_to_another(
 
 
 async def test_one_destination_cannot_take_every_executor_slot(
-    fresh_database_url: str, base_settings: Settings
+    own_database: str, base_settings: Settings
 ) -> None:
     # One executor with four slots, at most two calls to one destination: six
     # trickling jobs leave room for the urgent job to another destination, and
@@ -154,7 +155,7 @@ async def test_one_destination_cannot_take_every_executor_slot(
             HookServer() as fast,
             api_stack(
                 base_settings,
-                fresh_database_url,
+                own_database,
                 **LOOPBACK,
                 scheduler_executors=1,
                 scheduler_executor_concurrency=4,

@@ -27,7 +27,6 @@ from reservo.core.clock import OffsetClock
 from reservo.core.db import Database, Queries
 from reservo.core.deadletters import LocalDeadLetters
 from reservo.core.inbox import once, once_many
-from reservo.core.migrate import migrate
 from reservo.core.notifications import NotificationConsumer
 from reservo.core.notify import Notification, NotificationError
 from reservo.core.outbox import OutboxRelay, emit
@@ -35,20 +34,13 @@ from reservo.core.transport.base import Event, Subscriptions
 from reservo.core.transport.local import LocalTransport
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.helpers import book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import auth, new_id
+from tests.helpers.waiting import drain
 
 Q = Queries.load("reservo.core")
 BOOKED = appointment_events.BOOKED
 CANCELLED = appointment_events.CANCELLED
-
-
-async def drain(relay: OutboxRelay, max_rounds: int = 200) -> None:
-    """run_once until it claims nothing (bounded so a bug cannot hang the suite)."""
-    for _ in range(max_rounds):
-        if await relay.run_once() == 0:
-            return
-    pytest.fail(f"relay still busy after {max_rounds} rounds")
 
 
 async def outbox_rows(
@@ -149,37 +141,9 @@ async def test_cancel_emits_one_event_even_when_repeated(
 # ------------------------------------------------------ relay mechanics (own DB)
 
 
-@pytest.fixture(scope="module")
-async def template_db(services: tuple[str, str]) -> AsyncIterator[str]:
-    """One migrated database per module, copied (fast) for each test."""
-    admin = services[0]
-    name = f"reservo_outbox_tpl_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    await migrate(f"{admin.rpartition('/')[0]}/{name}")
-    yield name
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
-
-
 @pytest.fixture
-async def own_url(services: tuple[str, str], template_db: str) -> AsyncIterator[str]:
-    admin = services[0]
-    name = f"reservo_outbox_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    await conn.close()
-    yield f"{admin.rpartition('/')[0]}/{name}"
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
-
-
-@pytest.fixture
-async def own_db(own_url: str) -> AsyncIterator[Database]:
-    database = Database(own_url, min_size=1, max_size=10)
+async def own_db(own_database: str) -> AsyncIterator[Database]:
+    database = Database(own_database, min_size=1, max_size=10)
     yield database
     await database.close()
 
@@ -321,7 +285,7 @@ async def test_a_rejected_event_is_parked_at_once_for_its_consumer_alone(
 
 
 async def test_a_consumer_outage_outlasting_any_budget_delays_no_other_consumer(
-    own_db: Database, own_url: str, base_settings: Settings, clock: OffsetClock
+    own_db: Database, own_database: str, base_settings: Settings, clock: OffsetClock
 ) -> None:
     """One consumer's dependency is away for 30 deliveries (the old budget was 8):
     the event is never DEAD, the other consumer of the topic applied it on the
@@ -369,12 +333,12 @@ async def test_a_consumer_outage_outlasting_any_budget_delays_no_other_consumer(
     # Capped backoff: the next try is never more than the cap away.
     assert row["available_at"] - clock.now() <= timedelta(seconds=relay.backoff_max_s)
     # An operator sees it: /readyz stays 200 and shows the event being retried.
-    backlog = await readyz_backlog(own_url, base_settings)
+    backlog = await readyz_backlog(own_database, base_settings)
     assert backlog["outboxRetrying"] == 1 and backlog["deadLetters"] == 0
     away = False
     await retry_until_idle(relay, clock, own_db)
     assert await applied() == ["flaky", "healthy"]
-    assert (await readyz_backlog(own_url, base_settings))["outboxPending"] == 0
+    assert (await readyz_backlog(own_database, base_settings))["outboxPending"] == 0
     async with own_db.connection() as conn:
         assert await conn.fetchval("SELECT status FROM outbox WHERE event_id = $1", event_id) == (
             "DONE"
@@ -383,7 +347,7 @@ async def test_a_consumer_outage_outlasting_any_budget_delays_no_other_consumer(
 
 
 async def test_two_concurrent_relays_deliver_each_event_exactly_once(
-    own_url: str, base_settings: Settings, clock: OffsetClock
+    own_database: str, base_settings: Settings, clock: OffsetClock
 ) -> None:
     n = 500
     calls: Counter[uuid.UUID] = Counter()
@@ -400,7 +364,7 @@ async def test_two_concurrent_relays_deliver_each_event_exactly_once(
         return handler
 
     # Two pools, like two worker processes.
-    pools = [Database(own_url, min_size=1, max_size=5) for _ in range(2)]
+    pools = [Database(own_database, min_size=1, max_size=5) for _ in range(2)]
     relays = []
     for i, pool in enumerate(pools):
         subs = Subscriptions()

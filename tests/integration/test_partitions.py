@@ -10,13 +10,9 @@ Each test has a database of its own: the keeper drops every old day it sees."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from importlib import resources
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -34,6 +30,7 @@ from reservo.core.transport.base import Event, Subscriptions
 from reservo.core.transport.local import LocalTransport
 from reservo.core_modules import partitioned
 from reservo.settings import Settings
+from tests.helpers.databases import DatabaseAt
 
 Q = Queries.load("reservo.core")
 DEFAULTS = Settings()
@@ -42,15 +39,15 @@ H = timedelta(hours=1)
 
 
 @pytest.fixture
-async def own_db(fresh_database_url: str) -> AsyncIterator[Database]:
-    db = Database(fresh_database_url, min_size=1, max_size=6)
+async def own_db(own_database: str) -> AsyncIterator[Database]:
+    db = Database(own_database, min_size=1, max_size=6)
     yield db
     await db.close()
 
 
 @pytest.fixture
-async def conn(fresh_database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(fresh_database_url)
+async def conn(own_database: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(own_database)
     yield c
     await c.close()
 
@@ -117,69 +114,50 @@ async def make_old_days(db: Database, days_ago: int) -> None:
 
 
 async def test_the_migration_moves_existing_rows_keeping_their_ids_and_the_sequence(
-    services: tuple[str, str], tmp_path: Path
+    database_at: DatabaseAt,
 ) -> None:
     """A database migrated up to before 0025, with events of every status, old
     and new: after 0025 every row is there with its id and columns, in today's
     partition or the default one, and new events continue the same sequence."""
-    # The migrations before 0025, as a package of their own.
-    package = tmp_path / "migrations_before_0025"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    for entry in resources.files("reservo.migrations").iterdir():
-        if entry.name[:4].isdigit() and int(entry.name[:4]) < 25:
-            with resources.as_file(entry) as path:
-                shutil.copy(path, package / entry.name)
-    sys.path.insert(0, str(tmp_path))
-    admin_url = services[0]
-    name = f"reservo_m25_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"{admin_url.rpartition('/')[0]}/{name}"
+    url = await database_at(24)
+    c = await asyncpg.connect(url)
     try:
-        await migrate(url, "migrations_before_0025")
-        c = await asyncpg.connect(url)
+        now = datetime.now(UTC)
+        rows = [
+            ("DONE", now - 5 * D, now - 5 * D + H),
+            ("DEAD", now - 40 * D, None),
+            ("PENDING", now - 2 * D, None),
+            ("PENDING", now, None),
+            ("DONE", now, now),
+        ]
+        ids = [await outbox(c, *r) for r in rows]
+        before = [dict(r) for r in await c.fetch("SELECT * FROM outbox ORDER BY id")]
+        await migrate(url)
+        after = [dict(r) for r in await c.fetch("SELECT * FROM outbox ORDER BY id")]
+        # Every row with its columns as they were; the columns later migrations
+        # add (0042: trace context) are empty on the rows that existed before.
+        assert [{k: r[k] for k in before[0]} for r in after] == before
+        assert {v for r in after for k, v in r.items() if k not in before[0]} == {None}
+        today = f"outbox_p{now:%Y%m%d}"
+        assert [await where(c, i) for i in ids] == [
+            "outbox_default",
+            "outbox_default",
+            "outbox_default",
+            today,
+            today,
+        ]
+        new_id = await outbox(c, "PENDING", now, None)
+        assert new_id > max(ids)
+        # The old rows are pruned by batches as before: the DONE one of 5 days ago.
+        db = Database(url, min_size=1, max_size=1)
         try:
-            now = datetime.now(UTC)
-            rows = [
-                ("DONE", now - 5 * D, now - 5 * D + H),
-                ("DEAD", now - 40 * D, None),
-                ("PENDING", now - 2 * D, None),
-                ("PENDING", now, None),
-                ("DONE", now, now),
-            ]
-            ids = [await outbox(c, *r) for r in rows]
-            before = [dict(r) for r in await c.fetch("SELECT * FROM outbox ORDER BY id")]
-            await migrate(url)
-            after = [dict(r) for r in await c.fetch("SELECT * FROM outbox ORDER BY id")]
-            # Every row with its columns as they were; the columns later migrations
-            # add (0042: trace context) are empty on the rows that existed before.
-            assert [{k: r[k] for k in before[0]} for r in after] == before
-            assert {v for r in after for k, v in r.items() if k not in before[0]} == {None}
-            today = f"outbox_p{now:%Y%m%d}"
-            assert [await where(c, i) for i in ids] == [
-                "outbox_default",
-                "outbox_default",
-                "outbox_default",
-                today,
-                today,
-            ]
-            new_id = await outbox(c, "PENDING", now, None)
-            assert new_id > max(ids)
-            # The old rows are pruned by batches as before: the DONE one of 5 days ago.
-            db = Database(url, min_size=1, max_size=1)
-            try:
-                outbox_rule = [r for r in declared_retention(DEFAULTS) if r.name == "outbox_prune"]
-                (result,) = await Pruner(db, OffsetClock(), outbox_rule).run()
-            finally:
-                await db.close()
-            assert result.rows == {"outbox": 1}
+            outbox_rule = [r for r in declared_retention(DEFAULTS) if r.name == "outbox_prune"]
+            (result,) = await Pruner(db, OffsetClock(), outbox_rule).run()
         finally:
-            await c.close()
+            await db.close()
+        assert result.rows == {"outbox": 1}
     finally:
-        sys.path.remove(str(tmp_path))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+        await c.close()
 
 
 async def test_the_migration_left_today_and_the_next_week_and_a_keeper_adds_the_days_ahead(
@@ -294,7 +272,7 @@ async def test_a_day_holding_a_pending_event_is_kept_and_the_event_is_delivered(
 
 
 async def test_a_drop_waits_for_no_writer_and_checks_the_rows_under_its_lock(
-    own_db: Database, conn: asyncpg.Connection, fresh_database_url: str
+    own_db: Database, conn: asyncpg.Connection, own_database: str
 ) -> None:
     """A transaction holding the table (here: turning an old DONE event back to
     PENDING, as an operator's replay would) keeps the drop from its lock: the
@@ -304,7 +282,7 @@ async def test_a_drop_waits_for_no_writer_and_checks_the_rows_under_its_lock(
     await make_old_days(own_db, 10)
     old_day = f"outbox_p{midday(9):%Y%m%d}"
     row = await outbox(conn, "DONE", midday(9), midday(9) + H)
-    other = await asyncpg.connect(fresh_database_url)
+    other = await asyncpg.connect(own_database)
     try:
         tx = other.transaction()
         await tx.start()
@@ -369,7 +347,7 @@ async def test_writers_keep_writing_while_a_day_is_dropped(
 
 
 async def test_concurrent_duplicate_deliveries_of_an_event_apply_it_once(
-    fresh_database_url: str, conn: asyncpg.Connection
+    own_database: str, conn: asyncpg.Connection
 ) -> None:
     """The inbox's key (consumer, event_id, event_created_at) holds under
     concurrent duplicate deliveries: 24 deliveries of one event, each on its own
@@ -378,7 +356,7 @@ async def test_concurrent_duplicate_deliveries_of_an_event_apply_it_once(
     event = Event(uuid.uuid4(), "test.dedup.v1", None, {}, datetime.now(UTC))
     deliveries = 24
     barrier = asyncio.Barrier(deliveries)
-    db = Database(fresh_database_url, min_size=deliveries, max_size=deliveries)
+    db = Database(own_database, min_size=deliveries, max_size=deliveries)
 
     async def apply(c: asyncpg.Connection) -> None:
         await c.execute("INSERT INTO applied VALUES ($1)", event.id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 import asyncpg
@@ -22,16 +22,10 @@ from reservo.core.notify import HttpChannel, SmtpChannel
 from reservo.core.transport.base import Event
 from reservo.core_modules import Notifications
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, make_doctor, make_slots
-from tests.integration.test_appointments_errors import problem
-from tests.integration.test_notify_channels import (  # noqa: F401 (fixtures)
-    TEMPLATE,
-    _Http,
-    _Smtp,
-    http_server,
-    smtp_server,
-)
+from tests.helpers.appointments import book, days_with_slots, make_doctor, make_slots, repeating
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.http import problem
+from tests.helpers.notify import TEMPLATE, HttpSink, SmtpSink
 
 # -- contact -------------------------------------------------------------------------------
 
@@ -101,7 +95,7 @@ async def test_a_confirmation_goes_to_the_patients_email_over_smtp(
     client: httpx.AsyncClient,
     db: asyncpg.Connection,
     container: Container,
-    smtp_server: _Smtp,  # noqa: F811
+    smtp_server: SmtpSink,
 ) -> None:
     _, slots = await make_slots(client)
     patient, nobody = new_id(), new_id()
@@ -124,7 +118,7 @@ async def test_a_confirmation_goes_to_the_patients_phone_over_sms(
     client: httpx.AsyncClient,
     db: asyncpg.Connection,
     container: Container,
-    http_server: _Http,  # noqa: F811
+    http_server: HttpSink,
 ) -> None:
     _, slots = await make_slots(client)
     patient = new_id()
@@ -144,34 +138,6 @@ async def test_a_confirmation_goes_to_the_patients_phone_over_sms(
 
 
 # -- repeating schedules -------------------------------------------------------------------
-
-
-async def repeating(
-    client: httpx.AsyncClient, doctor: int, first: date, minutes: int = 60
-) -> dict[str, int]:
-    r = await client.post(
-        f"/api/doctors/{doctor}/schedules",
-        headers=ADMIN,
-        json={
-            "from": first.isoformat(),
-            "weekdays": [1, 2, 3, 4, 5, 6, 7],
-            "startTime": "09:00",
-            "endTime": "10:00",
-            "slotMinutes": minutes,
-        },
-    )
-    assert r.status_code == 201, r.text
-    out: dict[str, int] = r.json()
-    return out
-
-
-async def days_with_slots(db: asyncpg.Connection, doctor: int) -> list[date]:
-    rows = await db.fetch(
-        """SELECT (start_at AT TIME ZONE 'UTC')::date AS day FROM time_slot
-            WHERE doctor_id = $1 ORDER BY start_at""",
-        doctor,
-    )
-    return [r["day"] for r in rows]
 
 
 async def test_a_schedule_without_to_is_generated_up_to_the_horizon(
@@ -255,12 +221,12 @@ async def test_an_omitted_to_is_not_bounded_by_92_days_but_the_rest_is_checked(
 
 
 async def test_the_demo_shows_a_repeating_schedule_and_a_waitlist(
-    base_settings: Settings, fresh_database_url: str
+    base_settings: Settings, own_database: str
 ) -> None:
     from reservo import demo
 
     # As `reservo up --demo` builds it: the sandbox, and its own address allowed.
-    settings = demo.settings_for_demo(base_settings.with_(database_url=fresh_database_url))
+    settings = demo.settings_for_demo(base_settings.with_(database_url=own_database))
     assert settings.jobs_http_allow == settings.http_host
     own = build(settings, OffsetClock())
     try:

@@ -2,7 +2,7 @@
 ``unavailable`` (with Retry-After, never a 500) while no primary is writable, and
 resumes on the promoted standby without a restart of its own, through a multi-host
 URL with ``target_session_attrs=read-write``. The servers are real
-(``tests/replication.py``: a primary and a hot standby streaming from it); the
+(``tests/helpers/replication.py``: a primary and a hot standby streaming from it); the
 promotion is what the HA manager does (tests/chaos/test_failover.py runs the whole
 thing under pg_auto_failover)."""
 
@@ -28,9 +28,9 @@ from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import new_id
-from tests.helpers import ADMIN, book, make_doctor
-from tests.replication import HotStandbyPair, missing_binaries
+from tests.helpers.appointments import book, make_doctor
+from tests.helpers.auth import ADMIN, new_id
+from tests.helpers.replication import HotStandbyPair, missing_binaries
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""Read replicas against a real hot standby (``tests/replication.py``): the reads
+"""Read replicas against a real hot standby (``tests/helpers/replication.py``): the reads
 allowed to be seconds stale (slot list, car search, match list) go to the
 standby, every decision stays on the primary, and a standby that lags past the
 bound or dies costs no error.
@@ -28,10 +28,10 @@ from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.betting_helpers import ODDS, make_account, make_match, place
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, make_doctor
-from tests.replication import HotStandbyPair, missing_binaries
+from tests.helpers.appointments import book, make_doctor
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.betting import ODDS, make_account, make_match, place
+from tests.helpers.replication import HotStandbyPair, missing_binaries
 
 pytestmark = pytest.mark.timeout(120)
 

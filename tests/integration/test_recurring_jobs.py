@@ -19,15 +19,9 @@ import pytest
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.scheduler import Scheduler, repo
-from tests.conftest import auth, new_id
-from tests.integration.scheduler_support import (
-    Recorder,
-    category,
-    drop_namespace,
-    make,
-    running,
-    wait_until,
-)
+from tests.helpers.auth import auth, new_id
+from tests.helpers.scheduler import Recorder, category, drop_namespace, make, running
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 NY = ZoneInfo("America/New_York")
@@ -50,8 +44,8 @@ def ns() -> str:
 
 
 @pytest.fixture
-async def sched(fresh_database_url: str, redis_url: str, ns: str) -> AsyncIterator[Scheduler]:
-    s = make(fresh_database_url, redis_url, ns, clock=OffsetClock())
+async def sched(own_database: str, redis_url: str, ns: str) -> AsyncIterator[Scheduler]:
+    s = make(own_database, redis_url, ns, clock=OffsetClock())
     yield s
     await s.close()
     await drop_namespace(redis_url, ns)
@@ -162,7 +156,7 @@ async def test_idempotency_key_replays_the_same_recurring_job(
 
 
 async def test_each_occurrence_once_none_skipped_across_passes(
-    sched: Scheduler, fresh_database_url: str
+    sched: Scheduler, own_database: str
 ) -> None:
     cat = category()
     sched.register(cat, Recorder())
@@ -175,7 +169,7 @@ async def test_each_occurrence_once_none_skipped_across_passes(
     for minutes in (0, 1, 4, 4, 9, 59, 60):
         set_now(sched, start + timedelta(minutes=minutes))
         await sched.materialise()
-    db = await asyncpg.connect(fresh_database_url)
+    db = await asyncpg.connect(own_database)
     try:
         got = await occurrences_of(db, rec.id)
         horizon = start + timedelta(minutes=60, seconds=sched.config.window_s)
@@ -198,7 +192,7 @@ async def test_each_occurrence_once_none_skipped_across_passes(
 
 
 async def test_after_a_long_outage_only_the_catch_up_period_runs_late(
-    sched: Scheduler, fresh_database_url: str
+    sched: Scheduler, own_database: str
 ) -> None:
     cat = category()
     sched.register(cat, Recorder())
@@ -208,21 +202,19 @@ async def test_after_a_long_outage_only_the_catch_up_period_runs_late(
     later = start + timedelta(hours=10)  # down for 10 hours; catch-up is 1 hour
     set_now(sched, later)
     await sched.materialise()
-    db = await asyncpg.connect(fresh_database_url)
+    db = await asyncpg.connect(own_database)
     try:
         assert await occurrences_of(db, rec.id) == [utc(2031, 6, 1, 10)]
     finally:
         await db.close()
 
 
-async def test_dst_skipped_and_repeated_hours(
-    fresh_database_url: str, redis_url: str, ns: str
-) -> None:
+async def test_dst_skipped_and_repeated_hours(own_database: str, redis_url: str, ns: str) -> None:
     """New York, 2030: 02:30 does not exist on 10 March (it runs at 03:00 EDT,
     once); 01:30 happens twice on 3 November (it runs once, the first time)."""
     cat = category()
     # A window of three days: one pass sees the whole transition.
-    wide = make(fresh_database_url, redis_url, ns, clock=OffsetClock(), window_s=3 * 86400)
+    wide = make(own_database, redis_url, ns, clock=OffsetClock(), window_s=3 * 86400)
     try:
         wide.register(cat, Recorder())
         set_now(wide, utc(2030, 3, 8, 12))
@@ -233,7 +225,7 @@ async def test_dst_skipped_and_repeated_hours(
         await wide.materialise()
         set_now(wide, utc(2030, 11, 1, 12))
         await wide.materialise()
-        db = await asyncpg.connect(fresh_database_url)
+        db = await asyncpg.connect(own_database)
         try:
             got = await occurrences_of(db, spring.id)
             assert [t.astimezone(NY).isoformat() for t in got if t.month == 3] == [
@@ -254,10 +246,10 @@ async def test_dst_skipped_and_repeated_hours(
 
 
 async def test_concurrent_materialisers_never_create_two_jobs_for_one_occurrence(
-    fresh_database_url: str, redis_url: str, ns: str
+    own_database: str, redis_url: str, ns: str
 ) -> None:
     cat = category()
-    many = [make(fresh_database_url, redis_url, ns, clock=OffsetClock()) for _ in range(8)]
+    many = [make(own_database, redis_url, ns, clock=OffsetClock()) for _ in range(8)]
     try:
         for s in many:
             s.register(cat, Recorder())
@@ -273,7 +265,7 @@ async def test_concurrent_materialisers_never_create_two_jobs_for_one_occurrence
             for s in many:  # the next round: the window moved on
                 assert isinstance(s.clock, OffsetClock)
                 s.clock.advance(timedelta(minutes=3))
-        db = await asyncpg.connect(fresh_database_url)
+        db = await asyncpg.connect(own_database)
         try:
             for rec in recs:
                 got = await occurrences_of(db, rec.id)
@@ -288,7 +280,7 @@ async def test_concurrent_materialisers_never_create_two_jobs_for_one_occurrence
 
 
 async def test_the_unique_key_refuses_a_second_job_for_one_occurrence(
-    sched: Scheduler, fresh_database_url: str
+    sched: Scheduler, own_database: str
 ) -> None:
     """Even writers that skip the recurring row's lock (a bug, an older version)
     cannot create two jobs for one occurrence: the database refuses them."""
@@ -297,7 +289,7 @@ async def test_the_unique_key_refuses_a_second_job_for_one_occurrence(
     rec = await sched.create_recurring(cat, "* * * * *", "UTC", {}, 5)
     assert rec.next_at is not None
     instants = [rec.next_at + timedelta(minutes=i) for i in range(10)]
-    conns = [await asyncpg.connect(fresh_database_url) for _ in range(8)]
+    conns = [await asyncpg.connect(own_database) for _ in range(8)]
     try:
         barrier = asyncio.Barrier(len(conns))
 

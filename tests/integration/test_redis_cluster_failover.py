@@ -23,8 +23,9 @@ from redis.crc import key_slot
 
 from reservo.core.redis import RedisGate, make_client, pipeline, startup_nodes
 from reservo.settings import Settings
-from tests.e2e.procs import env_for, free_port, running, wait_http
-from tests.helpers import ADMIN, book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import ADMIN
+from tests.helpers.procs import env_for, free_port, running, wait_http
 from tests.redis_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(180)

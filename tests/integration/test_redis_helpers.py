@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 from reservo.core.cache import Cache, GateBatch
 from reservo.core.ratelimit import Decision, RateLimiter, rate_key
 from reservo.core.redis import Client, RedisGate, ScriptCall, make_client, pipeline
+from tests.helpers.procs import free_port
 from tests.redis_cluster import RedisTarget
 
 TIMEOUT_S = 0.25
@@ -53,16 +54,9 @@ async def gate(client: Client) -> RedisGate:
 # --- a private redis-server we can kill, pause and restart -------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class PrivateRedis:
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -409,7 +403,7 @@ def _failures() -> float:
 async def test_fail_open_when_nothing_listens(ns: str, cluster: bool) -> None:
     # A cluster client with no node to read the layout from raises
     # RedisClusterUnreachableError (not a RedisError): still a fail-open default.
-    client = make_client(f"redis://127.0.0.1:{_free_port()}/0", TIMEOUT_S, cluster=cluster)
+    client = make_client(f"redis://127.0.0.1:{free_port()}/0", TIMEOUT_S, cluster=cluster)
     try:
         gate = RedisGate(client, backoff_s=0.5)
         cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)

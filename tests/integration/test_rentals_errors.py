@@ -13,16 +13,8 @@ import orjson
 from reservo.bootstrap import Container
 from reservo.core.auth import sign_webhook
 from reservo.core.clock import OffsetClock
-from tests.conftest import auth, new_id
-from tests.integration.test_rentals_flow import (
-    ADMIN,
-    PAY_SECRET,
-    at,
-    confirmed_booking,
-    hold,
-    make_car,
-    webhook,
-)
+from tests.helpers.auth import ADMIN, PAY_SECRET, auth, new_id
+from tests.helpers.rentals import at, confirmed_booking, hold, make_car, webhook
 
 
 def code(r: httpx.Response) -> tuple[int, str]:

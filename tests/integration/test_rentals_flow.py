@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from datetime import timedelta
 
 import asyncpg
 import httpx
@@ -18,14 +16,25 @@ from structlog.testing import capture_logs
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.auth import sign_webhook
 from reservo.core.clock import OffsetClock
 from reservo.core_modules import Outbox
 from reservo.rentals import events
 from reservo.rentals.gateway import SandboxGateway, link_token
 from reservo.rentals.setup import Rentals
 from reservo.settings import Settings
-from tests.conftest import PAY_SECRET, auth, new_id
+from tests.helpers.auth import PAY_SECRET, auth, new_id
+from tests.helpers.rentals import (
+    at,
+    client_with,
+    confirmed_booking,
+    count,
+    events_of,
+    hold,
+    make_car,
+    page_of,
+    webhook,
+)
+from tests.helpers.waiting import drain
 
 ADMIN = auth("admin", 1)
 
@@ -39,129 +48,11 @@ SELECT count(*) FROM booking a JOIN booking b
 """
 
 
-def at(hours: float) -> datetime:
-    """A whole-minute instant ``hours`` from now."""
-    t = datetime.now(UTC) + timedelta(hours=hours)
-    return t.replace(second=0, microsecond=0)
-
-
-async def make_car(
-    client: httpx.AsyncClient, host: int | None = None, city: str | None = None, price: int = 10_000
-) -> dict[str, Any]:
-    body = {
-        "plate": f"T-{uuid.uuid4().hex[:10]}",
-        "model": "Fiat Uno",
-        "city": city or f"city-{new_id()}",
-        "dailyPrice": price,
-        "hostId": host or new_id(),
-    }
-    r = await client.post("/api/cars", json=body, headers=ADMIN)
-    assert r.status_code == 201, r.text
-    car: dict[str, Any] = r.json()
-    return car
-
-
-async def hold(
-    client: httpx.AsyncClient,
-    car_id: int,
-    customer: int,
-    start: datetime,
-    end: datetime,
-    key: str | None = None,
-) -> httpx.Response:
-    headers = {**auth("customer", customer), "Idempotency-Key": key or str(uuid.uuid4())}
-    body = {
-        "carId": car_id,
-        "customerId": customer,
-        "from": start.isoformat(),
-        "to": end.isoformat(),
-    }
-    return await client.post("/api/bookings", json=body, headers=headers)
-
-
-async def webhook(
-    client: httpx.AsyncClient,
-    clock: OffsetClock,
-    booking_id: int,
-    amount: int,
-    txn: str | None = None,
-    secret: str = PAY_SECRET,
-) -> httpx.Response:
-    raw = orjson.dumps(
-        {
-            "bookingId": booking_id,
-            "providerTxnId": txn or f"txn-{uuid.uuid4().hex}",
-            "amount": amount,
-            "status": "SUCCEEDED",
-        }
-    )
-    sig = sign_webhook(secret, raw, int(clock.now().timestamp()))
-    return await client.post(
-        "/api/payments/webhook",
-        content=raw,
-        headers={"X-Signature": sig, "Content-Type": "application/json"},
-    )
-
-
-async def confirmed_booking(
-    client: httpx.AsyncClient, clock: OffsetClock, start_h: float, days: float = 1
-) -> tuple[dict[str, Any], dict[str, Any], int]:
-    car = await make_car(client)
-    customer = new_id()
-    r = await hold(client, car["id"], customer, at(start_h), at(start_h + 24 * days))
-    assert r.status_code == 201, r.text
-    b = r.json()
-    w = await webhook(client, clock, b["bookingId"], b["depositAmount"])
-    assert w.json() == {"result": "confirmed"}, w.text
-    return car, b, customer
-
-
-def page_of(b: dict[str, Any]) -> tuple[str, str]:
-    """(path, token) of a booking's paymentUrl: the sandbox page and its link token."""
-    url = urlsplit(b["paymentUrl"])
-    assert url.path == f"/sandbox/pay/{b['bookingId']}", b["paymentUrl"]
-    token = parse_qs(url.query)["token"]
-    assert len(token) == 1 and len(token[0]) == 32
-    return url.path, token[0]
-
-
-async def drain(c: Container) -> None:
-    """Run the relay until the outbox has nothing left to deliver now."""
-    for _ in range(200):
-        if await c.module(Outbox).relay.run_once() == 0:
-            return
-
-
-async def count(db: asyncpg.Connection, sql: str, *args: Any) -> int:
-    return int(await db.fetchval(sql, *args))
-
-
-async def events_of(db: asyncpg.Connection, topic: str, booking_id: int) -> int:
-    return await count(
-        db,
-        "SELECT count(*) FROM outbox WHERE topic = $1 AND payload->>'bookingId' = $2",
-        topic,
-        str(booking_id),
-    )
-
-
-async def _client_with(
-    base_settings: Settings, clock: OffsetClock, **update: Any
-) -> AsyncIterator[httpx.AsyncClient]:
-    c = build(base_settings.with_(**update), clock)
-    app = create_app(c, owns_container=False)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
-    ) as client:
-        yield client
-    await c.close()
-
-
 @pytest.fixture
 async def zero_buffer(
     base_settings: Settings, clock: OffsetClock
 ) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in _client_with(base_settings, clock, rentals_turnaround_minutes=0):
+    async for client in client_with(base_settings, clock, rentals_turnaround_minutes=0):
         yield client
 
 
@@ -172,7 +63,7 @@ async def patient_client(
     """100 requests share a 30-connection pool: on a busy shared machine they may
     queue longer than the default 5 s acquire timeout (503), which is not what the
     race test is about."""
-    async for client in _client_with(base_settings, clock, db_acquire_timeout_s=60.0):
+    async for client in client_with(base_settings, clock, db_acquire_timeout_s=60.0):
         yield client
 
 
@@ -370,7 +261,7 @@ async def test_webhook_after_expiry_refunds_and_the_car_stays_with_its_new_holde
     )
     assert states == {late["bookingId"]: "EXPIRED", winner.json()["bookingId"]: "HOLD"}
     # The refund consumer executes it once, even when the event is delivered again.
-    await drain(container)
+    await drain(container.module(Outbox).relay)
     refunds = "SELECT count(*) FROM payment WHERE booking_id = $1 AND type = 'REFUND'"
     assert await count(db, refunds, late["bookingId"]) == 1
     amount = await db.fetchval(
@@ -414,7 +305,7 @@ async def test_double_cancel_refunds_once(
     assert third.status_code == 200 and third.json()["refundAmount"] == b["depositAmount"]
     assert await events_of(db, events.REFUND_REQUESTED, b["bookingId"]) == 1
     assert await events_of(db, events.CANCELLED, b["bookingId"]) == 1
-    await drain(container)
+    await drain(container.module(Outbox).relay)
     refunds = "SELECT count(*) FROM payment WHERE booking_id = $1 AND type = 'REFUND'"
     assert await count(db, refunds, b["bookingId"]) == 1
 
@@ -489,7 +380,7 @@ async def test_every_status_change_notifies_the_customer(
 ) -> None:
     car, b, customer = await confirmed_booking(client, clock, start_h=100)
     await client.post(f"/api/bookings/{b['bookingId']}/cancel", headers=auth("customer", customer))
-    await drain(container)
+    await drain(container.module(Outbox).relay)
     rows = await db.fetch(
         "SELECT topic, recipient FROM notification WHERE topic LIKE 'rentals.%' "
         "AND recipient = ANY($1::bigint[]) AND status = 'SENT'",
@@ -627,7 +518,7 @@ async def test_without_a_gateway_there_is_no_sandbox_page_and_no_payment_url(
     base_settings: Settings, clock: OffsetClock, db: asyncpg.Connection
 ) -> None:
     with capture_logs() as logs:
-        clients = _client_with(base_settings, clock, rentals_payment_gateway=None)
+        clients = client_with(base_settings, clock, rentals_payment_gateway=None)
         client = await anext(clients)
     assert any(e["event"] == "rentals_no_gateway" and e["log_level"] == "warning" for e in logs)
     try:
@@ -664,10 +555,10 @@ async def test_the_sandbox_is_announced_when_it_is_on(
 
 
 async def test_a_refund_without_a_gateway_waits_until_one_is_configured(
-    base_settings: Settings, fresh_database_url: str, clock: OffsetClock
+    base_settings: Settings, own_database: str, clock: OffsetClock
 ) -> None:
-    settings = base_settings.with_(database_url=fresh_database_url, rentals_payment_gateway=None)
-    db = await asyncpg.connect(fresh_database_url)
+    settings = base_settings.with_(database_url=own_database, rentals_payment_gateway=None)
+    db = await asyncpg.connect(own_database)
     bare = build(settings, clock)
     refund_event = "SELECT status, attempts, last_error FROM outbox WHERE topic = $1"
     refunds = "SELECT count(*) FROM payment WHERE booking_id = $1 AND type = 'REFUND'"
@@ -703,8 +594,8 @@ async def test_a_refund_without_a_gateway_waits_until_one_is_configured(
     sandboxed = build(settings.with_(rentals_payment_gateway="sandbox"), clock)
     try:
         clock.advance(timedelta(seconds=5))  # past the retry's backoff
-        await drain(sandboxed)
-        await drain(sandboxed)
+        await drain(sandboxed.module(Outbox).relay)
+        await drain(sandboxed.module(Outbox).relay)
         row = await db.fetchrow(refund_event, events.REFUND_REQUESTED)
         assert row["status"] == "DONE"
         assert await count(db, refunds, b["bookingId"]) == 1

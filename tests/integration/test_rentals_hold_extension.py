@@ -14,9 +14,9 @@ from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
 from reservo.rentals import events
 from reservo.rentals.setup import Rentals
-from tests.conftest import auth, new_id
-from tests.integration.test_console_domain_pages import signed_in
-from tests.integration.test_rentals_flow import at, events_of, hold, make_car, webhook
+from tests.helpers.auth import auth, new_id
+from tests.helpers.console import signed_in
+from tests.helpers.rentals import at, events_of, hold, make_car, webhook
 
 EXTENSION = timedelta(seconds=900)  # RESERVO_RENTALS_HOLD_EXTENSION_S's default
 JOBS = """

@@ -10,8 +10,8 @@ import asyncpg
 import httpx
 
 from reservo.core.clock import OffsetClock
-from tests.conftest import auth, new_id
-from tests.integration.test_rentals_flow import at, hold, make_car
+from tests.helpers.auth import auth, new_id
+from tests.helpers.rentals import at, hold, make_car
 
 
 async def test_refused_attempts_do_not_count(client: httpx.AsyncClient, clock: OffsetClock) -> None:

@@ -15,9 +15,9 @@ from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.integration.test_rentals_flow import ADMIN, at, hold, make_car, webhook
-from tests.plans import plans_of
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.plans import plans_of
+from tests.helpers.rentals import at, hold, make_car, webhook
 
 
 def code(r: httpx.Response) -> tuple[int, str]:
@@ -333,8 +333,8 @@ async def test_quote_errors(client: httpx.AsyncClient) -> None:
 
 
 @pytest.fixture
-async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
-    c = build(base_settings.with_(database_url=fresh_database_url), OffsetClock())
+async def own(base_settings: Settings, own_database: str) -> AsyncIterator[Container]:
+    c = build(base_settings.with_(database_url=own_database), OffsetClock())
     yield c
     await c.close()
 

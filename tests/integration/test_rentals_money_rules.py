@@ -18,23 +18,23 @@ import pytest
 
 from reservo.bootstrap import Container
 from reservo.core.clock import OffsetClock
+from reservo.core_modules import Outbox
 from reservo.rentals import events
 from reservo.rentals.gateway import SandboxGateway
 from reservo.rentals.setup import Rentals
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.integration.test_rentals_flow import (
-    ADMIN,
-    _client_with,
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.rentals import (
     at,
+    client_with,
     count,
-    drain,
     events_of,
     hold,
     make_car,
     page_of,
     webhook,
 )
+from tests.helpers.waiting import drain
 
 REFUND_ROWS = "SELECT amount FROM payment WHERE booking_id = $1 AND type = 'REFUND' ORDER BY id"
 REFUND_EVENTS = (
@@ -101,8 +101,8 @@ async def test_a_payment_above_the_deposit_confirms_and_refunds_the_excess_once(
     assert await refund_events(db, bid) == [777]
     # A later replay of that transaction changes nothing either.
     assert (await webhook(client, clock, bid, due + 777, txn)).json() == {"result": "duplicate"}
-    await drain(container)
-    await drain(container)
+    await drain(container.module(Outbox).relay)
+    await drain(container.module(Outbox).relay)
     assert [a for (a,) in await db.fetch(REFUND_ROWS, bid)] == [777]
     gateway = container.module(Rentals).gateway
     assert isinstance(gateway, SandboxGateway)
@@ -134,7 +134,7 @@ async def test_a_payment_below_the_deposit_or_of_nothing_confirms_nothing(
     assert await refund_events(db, bid) == [due - 1]
     seen = await client.get(f"/api/bookings/{bid}", headers=auth("customer", customer))
     assert seen.json()["status"] == "HOLD" and seen.json()["paymentUrl"] is not None
-    await drain(container)
+    await drain(container.module(Outbox).relay)
     assert [a for (a,) in await db.fetch(REFUND_ROWS, bid)] == [due - 1]
     # The customer may still pay in full before the hold runs out.
     assert (await webhook(client, clock, bid, due)).json() == {"result": "confirmed"}
@@ -178,7 +178,7 @@ async def test_racing_payments_of_one_hold_confirm_once_and_keep_exactly_the_dep
         bid,
     )
     assert {r["outcome"]: r["n"] for r in outcomes} == {"confirmed": 1, "not_payable": 7}
-    await drain(container)
+    await drain(container.module(Outbox).relay)
     refunded = sum(a for (a,) in await db.fetch(REFUND_ROWS, bid))
     assert sum(paid) - refunded == due  # the service keeps the deposit, nothing more
 
@@ -254,7 +254,7 @@ async def test_a_pickup_within_the_lead_time_goes_on_trip(
 
 @pytest.fixture
 async def no_lead(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in _client_with(base_settings, clock, rentals_pickup_lead_minutes=0):
+    async for client in client_with(base_settings, clock, rentals_pickup_lead_minutes=0):
         yield client
 
 

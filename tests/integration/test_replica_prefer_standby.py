@@ -2,7 +2,7 @@
 (the HA set's nodes, docs/OPERATIONS.md): when no standby answered at connect,
 the replica's connections land on the primary and it serves nothing; once a
 standby answers again, the probe's next connection reaches it and the stale
-reads go to it, without a restart. A real hot standby (tests/replication.py)."""
+reads go to it, without a restart. A real hot standby (tests/helpers/replication.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from reservo.settings import Settings
+from tests.helpers.replication import HotStandbyPair, missing_binaries
 from tests.integration.test_read_replicas import routed, serving, until
-from tests.replication import HotStandbyPair, missing_binaries
 
 WHY_NOT = missing_binaries()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from datetime import date, timedelta
 from typing import Any
@@ -26,14 +25,10 @@ from reservo.appointments.slots import slots_key
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import new_id
-from tests.helpers import ADMIN, book, make_slots
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import ADMIN, new_id
+from tests.helpers.procs import free_port
+from tests.helpers.proxy import TcpProxy
 
 
 def _with_port(url: str, host: str, port: int) -> str:
@@ -41,56 +36,6 @@ def _with_port(url: str, host: str, port: int) -> str:
     userinfo = parts.netloc.rpartition("@")[0]
     netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
     return urlunsplit(parts._replace(netloc=netloc))
-
-
-class TcpProxy:
-    """Forwards a local port to PostgreSQL; ``stop`` is an outage (listener and
-    every connection closed), ``start`` brings it back on the same port."""
-
-    def __init__(self, port: int, upstream: tuple[str, int]) -> None:
-        self.port, self.upstream = port, upstream
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._pumps: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._serve, "127.0.0.1", self.port, reuse_address=True
-        )
-
-    async def stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for w in list(self._writers):
-            w.transport.abort()  # like a dead host: no polite shutdown
-        for t in list(self._pumps):
-            t.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-        await self._server.wait_closed()
-        self._server = None
-
-    async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        try:
-            ureader, uwriter = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            cwriter.transport.abort()
-            return
-        self._writers |= {cwriter, uwriter}
-        for src, dst in ((creader, uwriter), (ureader, cwriter)):
-            task = asyncio.create_task(self._pump(src, dst))
-            self._pumps.add(task)
-            task.add_done_callback(self._pumps.discard)
-
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            self._writers.discard(dst)
-            dst.transport.abort()
 
 
 @contextlib.asynccontextmanager
@@ -113,7 +58,7 @@ def _unavailable(r: httpx.Response) -> None:
 @pytest.fixture
 async def proxied(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Any]:
     pg = urlsplit(base_settings.database_url or "")
-    proxy = TcpProxy(_free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432))
+    proxy = TcpProxy(free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432))
     await proxy.start()
     settings = base_settings.with_(
         database_url=_with_port(base_settings.database_url or "", "127.0.0.1", proxy.port),
@@ -181,7 +126,7 @@ async def test_postgres_outage_answers_503_and_recovers_by_itself(proxied: Any) 
 @pytest.fixture
 async def no_redis(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Container]:
     # A port where nothing listens: every Redis call fails at once (refused).
-    settings = base_settings.with_(redis_url=f"redis://127.0.0.1:{_free_port()}/0")
+    settings = base_settings.with_(redis_url=f"redis://127.0.0.1:{free_port()}/0")
     container = build(settings, clock)
     yield container
     await container.close()

@@ -27,23 +27,18 @@ from reservo.core.db import Database
 from reservo.core.transport.kafka import KafkaTransport
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
-from tests.betting_helpers import (
-    kick_off,
-    make_account,
-    make_match,
-    post_result,
-    result_body,
-)
+from tests.helpers.betting import kick_off, make_account, make_match, post_result, result_body
+from tests.helpers.waiting import drain
 
 STUCK = "reservo-resender-stuck"
 
 
 @pytest.fixture
 async def own(
-    base_settings: Settings, fresh_database_url: str, clock: OffsetClock
+    base_settings: Settings, own_database: str, clock: OffsetClock
 ) -> AsyncIterator[Container]:
     """A container on a database of the test's own (its resender takes every row)."""
-    c = build(base_settings.with_(database_url=fresh_database_url), clock)
+    c = build(base_settings.with_(database_url=own_database), clock)
     yield c
     await c.close()
 
@@ -89,13 +84,8 @@ def stuck_resender(
     )
 
 
-async def drain(c: Container) -> None:
-    while await c.module(Betting).resender.run_once() or await c.module(Outbox).relay.run_once():
-        pass
-
-
 async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
-    own: Container, fresh_database_url: str, clock: OffsetClock
+    own: Container, own_database: str, clock: OffsetClock
 ) -> None:
     c = own
     app = create_app(c, owns_container=False)
@@ -111,7 +101,7 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
         kick_off(clock, match)
         r = await post_result(client, result_body(match["externalId"], 0, 3, event=event), clock)
         assert r.status_code == 202, r.text  # no Kafka here: held in the fallback table
-    db = await asyncpg.connect(fresh_database_url)
+    db = await asyncpg.connect(own_database)
     fallback = (
         "SELECT id, status, attempts FROM webhook_events_fallback WHERE provider_event_id = $1"
     )
@@ -120,7 +110,7 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
         hole = Blackhole()
         async with hole as bootstrap:
             stuck, stuck_db, transport = stuck_resender(
-                fresh_database_url, bootstrap, c, clock, timeout_s=60
+                own_database, bootstrap, c, clock, timeout_s=60
             )
             publishing = asyncio.create_task(stuck.run_once())
             await asyncio.wait_for(hole.connected.wait(), 10)
@@ -152,8 +142,9 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
             "PENDING"
         )
         clock.advance(timedelta(seconds=c.settings.betting.resend_lease_s + 1))
-        await drain(c)
-        await drain(c)  # a second pass changes nothing
+        await drain(c.module(Betting).resender, c.module(Outbox).relay)
+        # A second pass changes nothing.
+        await drain(c.module(Betting).resender, c.module(Outbox).relay)
         assert tuple(await db.fetchrow(fallback, event)) == (row_id, "RESENT", 1)
         settled = await db.fetchrow("SELECT status, payout FROM betting_bet WHERE id = $1", bet.id)
         assert (settled["status"], settled["payout"]) == ("WON", 420)
@@ -176,7 +167,7 @@ async def test_blocked_publish_holds_no_transaction_and_a_crash_is_resent_once(
 
 
 async def test_rows_not_started_within_half_the_lease_go_back_unspent(
-    own: Container, fresh_database_url: str, clock: OffsetClock
+    own: Container, own_database: str, clock: OffsetClock
 ) -> None:
     """A slow broker cannot make a batch outlive its lease: rows not started within
     half of it are handed back without spending an attempt."""
@@ -195,14 +186,14 @@ async def test_rows_not_started_within_half_the_lease_go_back_unspent(
     hole = Blackhole()
     async with hole as bootstrap:
         slow, slow_db, transport = stuck_resender(
-            fresh_database_url, bootstrap, own, clock, timeout_s=1.2, lease_s=2.0
+            own_database, bootstrap, own, clock, timeout_s=1.2, lease_s=2.0
         )
         try:
             assert await slow.run_once() == 2
         finally:
             await transport.stop()
             await slow_db.close()
-    db = await asyncpg.connect(fresh_database_url)
+    db = await asyncpg.connect(own_database)
     try:
         rows = await db.fetch(
             "SELECT status, attempts, leased_until, last_error FROM webhook_events_fallback"

@@ -26,8 +26,8 @@ from reservo.core.db import Database
 from reservo.core.retention import Pruner
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
-from tests.conftest import new_id
-from tests.helpers import book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import new_id
 
 DEFAULTS = Settings()
 H = timedelta(hours=1)
@@ -35,15 +35,15 @@ D = timedelta(days=1)
 
 
 @pytest.fixture
-async def own_db(fresh_database_url: str) -> AsyncIterator[Database]:
-    db = Database(fresh_database_url, min_size=1, max_size=4)
+async def own_db(own_database: str) -> AsyncIterator[Database]:
+    db = Database(own_database, min_size=1, max_size=4)
     yield db
     await db.close()
 
 
 @pytest.fixture
-async def conn(fresh_database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(fresh_database_url)
+async def conn(own_database: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(own_database)
     yield c
     await c.close()
 
@@ -313,13 +313,13 @@ async def test_prunes_in_batches_each_its_own_transaction(
 
 
 async def test_a_row_locked_by_the_hot_path_is_skipped_not_waited_for(
-    own_db: Database, conn: asyncpg.Connection, fresh_database_url: str
+    own_db: Database, conn: asyncpg.Connection, own_database: str
 ) -> None:
     clock = OffsetClock()
     now = clock.now()
     rows = [await outbox(conn, "DONE", now - 10 * D, now - 4 * D) for _ in range(35)]
     locked = rows[17]
-    holder = await asyncpg.connect(fresh_database_url)
+    holder = await asyncpg.connect(own_database)
     try:
         tx = holder.transaction()
         await tx.start()
@@ -342,13 +342,13 @@ async def test_a_row_locked_by_the_hot_path_is_skipped_not_waited_for(
 
 
 async def test_the_maintenance_role_prunes_what_a_booking_left_and_keeps_the_booking(
-    base_settings: Settings, fresh_database_url: str, conn: asyncpg.Connection
+    base_settings: Settings, own_database: str, conn: asyncpg.Connection
 ) -> None:
     """Through HTTP and the real worker role: a booking's key, event and
     notification go once old; the appointment (a business record) stays."""
     clock = OffsetClock()
     settings = base_settings.with_(
-        database_url=fresh_database_url,
+        database_url=own_database,
         redis_namespace=f"test-retention-{uuid.uuid4().hex[:8]}",
         retention_interval_s=0.1,
     )

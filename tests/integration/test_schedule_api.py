@@ -13,8 +13,8 @@ import pytest
 
 from reservo.core.auth import mint_token
 from reservo.core.clock import OffsetClock
-from tests.conftest import JWT_SECRET, auth, new_id
-from tests.helpers import ADMIN, book, make_doctor, make_slots
+from tests.helpers.appointments import book, make_doctor, make_slots
+from tests.helpers.auth import ADMIN, JWT_SECRET, auth, new_id
 
 ALL_WEEK = [1, 2, 3, 4, 5, 6, 7]
 

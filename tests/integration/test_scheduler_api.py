@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 
-from tests.conftest import auth, new_id
+from tests.helpers.auth import auth, new_id
 
 SERVICE = auth("service", 1)
 FAR = (datetime.now(UTC) + timedelta(days=30)).isoformat()

@@ -18,15 +18,8 @@ from redis.crc import key_slot
 from structlog.testing import capture_logs
 
 from reservo.scheduler.domain import Keys
-from tests.integration.scheduler_support import (
-    Recorder,
-    category,
-    done_log_duplicates,
-    make,
-    running,
-    statuses,
-    wait_until,
-)
+from tests.helpers.scheduler import Recorder, category, done_log_duplicates, make, running, statuses
+from tests.helpers.waiting import wait_until
 from tests.redis_cluster import LocalCluster, Node
 
 N = 3000
@@ -83,7 +76,7 @@ async def test_a_master_killed_mid_run_loses_no_job_and_runs_none_twice(
                         done = [(await statuses(db, c))["DONE"] for c in cats]
                         return sum(done) == N
 
-                    await wait_until(all_done, 60, 0.2)
+                    await wait_until(all_done, 60, step_s=0.2)
                     finished_s = time.monotonic() - t0
                     await asyncio.sleep(0.5)  # nothing runs a second time afterwards
             assert len(rec.calls) == N

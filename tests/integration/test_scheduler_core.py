@@ -17,7 +17,7 @@ import redis.exceptions
 
 from reservo.scheduler import Scheduler
 from reservo.scheduler.workers import Loader, handler_failed
-from tests.integration.scheduler_support import (
+from tests.helpers.scheduler import (
     Recorder,
     category,
     done_log_duplicates,
@@ -25,8 +25,8 @@ from tests.integration.scheduler_support import (
     make,
     running,
     statuses,
-    wait_until,
 )
+from tests.helpers.waiting import wait_until
 from tests.redis_cluster import RedisTarget
 
 pytestmark = pytest.mark.redis_cluster
@@ -92,7 +92,7 @@ async def test_ten_thousand_jobs_over_a_few_seconds_all_complete(
     run_ats = [base + timedelta(milliseconds=3000 * i / n) for i in range(n)]
     await sched.enqueue_bulk(cat, run_ats, [{"i": i} for i in range(n)], [i % 10 for i in range(n)])
     async with running(sched):
-        await wait_until(lambda: _all(db, cat, "DONE", n), 90, 0.2)
+        await wait_until(lambda: _all(db, cat, "DONE", n), 90, step_s=0.2)
     assert len(rec.calls) == n
     assert max(rec.calls.values()) == 1
     assert await done_log_duplicates(db, cat) == 0
@@ -123,7 +123,7 @@ async def test_two_movers_and_two_loaders_in_parallel_run_each_job_once(
             [i % 3 for i in range(n)],
         )
         async with running(a, b):
-            await wait_until(lambda: _all(db, cat, "DONE", n), 60, 0.1)
+            await wait_until(lambda: _all(db, cat, "DONE", n), 60, step_s=0.1)
             await asyncio.sleep(0.5)
         assert len(rec.calls) == n
         assert max(rec.calls.values()) == 1, "a job ran twice"

@@ -17,14 +17,10 @@ from reservo.core.egress import parse_allow
 from reservo.scheduler.handlers import POLICY_ERROR, HttpHandler, call_failed
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
-from tests.conftest import auth
-from tests.integration.scheduler_support import (
-    HookServer,
-    Stack,
-    _free_port,
-    api_stack,
-    wait_until,
-)
+from tests.helpers.auth import auth
+from tests.helpers.procs import free_port
+from tests.helpers.scheduler import HookServer, Stack, api_stack
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 
@@ -71,7 +67,7 @@ async def test_inside_destinations_and_credentials_are_422_at_post(
     client: httpx.AsyncClient, db: asyncpg.Connection
 ) -> None:
     before = await db.fetchval("SELECT count(*) FROM scheduled_job")
-    port = _free_port()
+    port = free_port()
     for url in (
         f"http://127.0.0.1:{port}/hook",
         f"http://[::1]:{port}/hook",
@@ -115,11 +111,11 @@ async def test_every_ipv6_form_carrying_an_inside_ipv4_is_422_at_post(
 
 
 async def test_a_name_resolving_to_loopback_is_refused_when_the_job_runs(
-    fresh_database_url: str, base_settings: Settings
+    own_database: str, base_settings: Settings
 ) -> None:
     async with (
         HookServer() as target,
-        api_stack(base_settings, fresh_database_url) as stack,
+        api_stack(base_settings, own_database) as stack,
     ):
         # A name is not resolved at POST: accepted there ...
         job = await _create(stack.client, f"http://localhost:{target.port}/hook")
@@ -132,12 +128,10 @@ async def test_a_name_resolving_to_loopback_is_refused_when_the_job_runs(
         assert target.requests == []
 
 
-async def test_an_allowed_destination_is_called(
-    fresh_database_url: str, base_settings: Settings
-) -> None:
+async def test_an_allowed_destination_is_called(own_database: str, base_settings: Settings) -> None:
     async with (
         HookServer() as target,
-        api_stack(base_settings, fresh_database_url, jobs_http_allow="127.0.0.1") as stack,
+        api_stack(base_settings, own_database, jobs_http_allow="127.0.0.1") as stack,
     ):
         job = await _create(stack.client, target.url)
         async with _workers(stack):
@@ -150,18 +144,18 @@ async def test_an_allowed_destination_is_called(
 
 
 async def test_closed_port_and_401_look_the_same_through_the_api(
-    fresh_database_url: str, base_settings: Settings
+    own_database: str, base_settings: Settings
 ) -> None:
     async with (
         HookServer(lambda n: 401) as target,
         api_stack(
             base_settings,
-            fresh_database_url,
+            own_database,
             jobs_http_allow="127.0.0.1",
             scheduler_max_attempts=2,
         ) as stack,
     ):
-        closed = _free_port()
+        closed = free_port()
         refused = await _create(stack.client, f"http://127.0.0.1:{closed}/hook")
         unauthorized = await _create(stack.client, target.url)
         async with _workers(stack):

@@ -18,15 +18,9 @@ import pytest
 from reservo.bootstrap import Container
 from reservo.scheduler import repo
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.integration.scheduler_support import (
-    Recorder,
-    Stack,
-    api_stack,
-    category,
-    running,
-    wait_until,
-)
+from tests.helpers.auth import auth, new_id
+from tests.helpers.scheduler import Recorder, Stack, api_stack, category, running
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 ADMIN = auth("admin", 1)
@@ -64,9 +58,9 @@ async def _pages(client: httpx.AsyncClient, params: dict[str, Any]) -> list[dict
 
 
 @pytest.fixture
-async def stack(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Stack]:
+async def stack(base_settings: Settings, own_database: str) -> AsyncIterator[Stack]:
     # A window wide enough that jobs a minute away are already in Redis.
-    async with api_stack(base_settings, fresh_database_url, scheduler_window_s=300) as s:
+    async with api_stack(base_settings, own_database, scheduler_window_s=300) as s:
         yield s
 
 
@@ -165,13 +159,13 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def test_every_list_filter_is_an_index_range_scan_without_a_sort(
-    fresh_database_url: str,
+    own_database: str,
 ) -> None:
     """Among 60,000 jobs (statistics gathered; DEAD and http jobs are rare among
     them, as in life), a page deep in the list is a backward scan of the
     index made for its filter from the cursor: no Sort node, no scan of the
     whole set, whichever page."""
-    conn = await asyncpg.connect(fresh_database_url)
+    conn = await asyncpg.connect(own_database)
     try:
         await conn.execute(
             """INSERT INTO scheduled_job (category, urgency, run_at, status, max_attempts,

@@ -18,14 +18,9 @@ import pytest
 from reservo.core.migrate import migrate
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
-from tests.conftest import auth
-from tests.integration.scheduler_support import (
-    Recorder,
-    Stack,
-    api_stack,
-    category,
-    wait_until,
-)
+from tests.helpers.auth import auth
+from tests.helpers.scheduler import Recorder, Stack, api_stack, category
+from tests.helpers.waiting import wait_until
 
 SERVICE = auth("service", 1)
 # Year 1 decodes in Python but breaks the rule; year 1 at +05:00 is year 0 in
@@ -35,8 +30,8 @@ UNDECODABLE = "0001-01-01T00:00:00+05:00"
 
 
 @pytest.fixture
-async def s(fresh_database_url: str, base_settings: Settings) -> AsyncIterator[Stack]:
-    async with api_stack(base_settings, fresh_database_url) as stack:
+async def s(own_database: str, base_settings: Settings) -> AsyncIterator[Stack]:
+    async with api_stack(base_settings, own_database) as stack:
         # What an older version could write: the rule did not exist yet.
         await stack.db.execute("ALTER TABLE scheduled_job DROP CONSTRAINT ck_job_run_at_range")
         yield stack
@@ -109,7 +104,7 @@ async def test_loader_parks_rows_it_cannot_load_and_loads_every_other_job(s: Sta
             )
             return int(n) == 21
 
-        await wait_until(all_done, 30, 0.1)
+        await wait_until(all_done, 30, step_s=0.1)
         assert not workers.done(), "the scheduler's loops stopped"
     finally:
         stop.set()
@@ -162,7 +157,7 @@ async def test_executor_and_reaper_park_what_they_cannot_handle_and_run_the_rest
             rows = await s.db.fetch("SELECT id, status FROM scheduled_job WHERE category = $1", cat)
             return all(r["status"] in ("DONE", "DEAD") for r in rows)
 
-        await wait_until(settled, 30, 0.1)
+        await wait_until(settled, 30, step_s=0.1)
         assert not workers.done(), "the scheduler's loops stopped"
     finally:
         stop.set()
@@ -179,7 +174,7 @@ async def test_executor_and_reaper_park_what_they_cannot_handle_and_run_the_rest
     assert await _poisoned(s.client, "scheduler.reaper") == before["scheduler.reaper"] + 1
 
 
-async def test_run_at_rule_is_a_database_constraint(s: Stack, fresh_database_url: str) -> None:
+async def test_run_at_rule_is_a_database_constraint(s: Stack, own_database: str) -> None:
     # Migration 0010 on legacy rows: pending ones parked, settled ones clamped,
     # then the constraint holds for every row and every new write.
     cat = category()
@@ -188,7 +183,7 @@ async def test_run_at_rule_is_a_database_constraint(s: Stack, fresh_database_url
     settled = await _legacy_row(s.db, cat, "9999-01-01T00:00:00Z", status="DONE")
     good = await _legacy_row(s.db, cat, "2030-01-01T00:00:00Z")
     await s.db.execute("DELETE FROM schema_migrations WHERE version = 10")
-    await migrate(fresh_database_url)
+    await migrate(own_database)
     for job_id in (pending, broken):
         job = await _job(s.client, job_id)
         assert job["status"] == "DEAD" and "parked by migration 0010" in job["lastError"]

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from tests.integration.scheduler_support import (
+from tests.helpers.scheduler import (
     Recorder,
     category,
     done_log_duplicates,
@@ -18,8 +18,8 @@ from tests.integration.scheduler_support import (
     own_redis,
     running,
     statuses,
-    wait_until,
 )
+from tests.helpers.waiting import wait_until
 
 N = 3000
 
@@ -47,7 +47,7 @@ async def _run_with_loss(database_url: str, db: asyncpg.Connection, restart: boo
                 async def all_done() -> bool:
                     return (await statuses(db, cat))["DONE"] == N
 
-                await wait_until(all_done, 60, 0.2)
+                await wait_until(all_done, 60, step_s=0.2)
                 await asyncio.sleep(0.5)
             assert len(rec.calls) == N
             # A job running while Redis went away may be re-popped, but the claim

@@ -14,15 +14,10 @@ import httpx
 
 from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container
-from tests.conftest import auth, new_id
-from tests.helpers import book, make_slots
-from tests.integration.scheduler_support import (
-    HookServer,
-    drop_namespace,
-    make,
-    running,
-    wait_until,
-)
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import auth, new_id
+from tests.helpers.scheduler import HookServer, drop_namespace, make, running
+from tests.helpers.waiting import wait_until
 
 
 async def test_booking_creates_a_reminder_24h_before_and_cancel_cancels_it(

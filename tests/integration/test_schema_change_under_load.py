@@ -12,14 +12,14 @@ from reservo.core.errors import DomainError
 
 
 async def test_a_column_added_under_a_prepared_statement_is_a_retryable_503(
-    fresh_database_url: str,
+    own_database: str,
 ) -> None:
-    db = Database(fresh_database_url, min_size=1, max_size=1)
+    db = Database(own_database, min_size=1, max_size=1)
     sql = "SELECT * FROM doctor ORDER BY id LIMIT 1"
     try:
         async with db.transaction() as conn:
             await conn.fetch(sql)  # prepared and cached on the pool's one connection
-        other = await asyncpg.connect(fresh_database_url)
+        other = await asyncpg.connect(own_database)
         try:
             await other.execute("ALTER TABLE doctor ADD COLUMN added_by_release int")
         finally:

@@ -16,10 +16,9 @@ from reservo.bootstrap import Container
 from reservo.core.auth import sign_webhook
 from reservo.core.clock import OffsetClock
 from reservo.core.errors import DomainError
-from tests.betting_helpers import RESULTS_SECRET, make_account, result_body
-from tests.conftest import auth, new_id
-from tests.helpers import forge_token
-from tests.integration.test_rentals_flow import PAY_SECRET, at, hold, make_car
+from tests.helpers.auth import PAY_SECRET, RESULTS_SECRET, auth, forge_token, new_id
+from tests.helpers.betting import make_account, result_body
+from tests.helpers.rentals import at, hold, make_car
 
 ADMIN = auth("admin", 1)
 NON_ASCII_MAC = "\u00e9" * 64

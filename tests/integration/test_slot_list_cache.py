@@ -27,8 +27,9 @@ from reservo.core.cache import LocalCache
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, book, key, make_doctor, make_slots
+from tests.helpers.appointments import book, make_doctor, make_slots
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.http import key
 
 pytestmark = pytest.mark.redis_cluster
 

@@ -1,5 +1,5 @@
-from tests.conftest import new_id
-from tests.helpers import book, make_slots
+from tests.helpers.appointments import book, make_slots
+from tests.helpers.auth import new_id
 
 
 async def test_book_and_cancel(client):

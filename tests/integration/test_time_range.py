@@ -10,10 +10,10 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.betting_helpers import ODDS
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, make_doctor
-from tests.integration.test_rentals_flow import make_car
+from tests.helpers.appointments import make_doctor
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.betting import ODDS
+from tests.helpers.rentals import make_car
 
 SERVICE = auth("service", 1)
 ABSURD_INSTANTS = [

@@ -26,9 +26,8 @@ from reservo.core.clock import OffsetClock
 from reservo.core.errors import DomainError
 from reservo.core.timezones import zone_names
 from reservo.scheduler.service import MATERIALISER, RECURRING_BATCH
-from tests.conftest import auth
-from tests.helpers import ADMIN, make_doctor
-from tests.integration.test_patient_contact_and_repeating import days_with_slots, repeating
+from tests.helpers.appointments import days_with_slots, make_doctor, repeating
+from tests.helpers.auth import ADMIN, auth
 
 SERVICE = auth("service", 1)
 # Names zoneinfo may list that are no place (or that PostgreSQL may not know),

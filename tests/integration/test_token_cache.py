@@ -16,8 +16,8 @@ from reservo.bootstrap import build
 from reservo.core.auth import TokenVerifier, mint_token
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.conftest import JWT_SECRET, new_id
-from tests.helpers import make_slots
+from tests.helpers.appointments import make_slots
+from tests.helpers.auth import JWT_SECRET, new_id
 
 
 def _bearer(role: str, sub: int, ttl_s: int, now: datetime) -> dict[str, str]:

@@ -28,9 +28,9 @@ from reservo.core.clock import OffsetClock
 from reservo.core.logging import configure
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.helpers import ADMIN, make_slots
-from tests.integration.test_outbox import drain
+from tests.helpers.appointments import make_slots
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.waiting import drain
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"

@@ -6,8 +6,8 @@ import uuid
 
 import httpx
 
-from tests.betting_helpers import ADMIN, SERVICE, make_account
-from tests.conftest import auth, new_id
+from tests.helpers.auth import ADMIN, SERVICE, auth, new_id
+from tests.helpers.betting import make_account
 
 
 async def test_statement_is_keyset_paginated_newest_first(client: httpx.AsyncClient) -> None:

@@ -18,7 +18,7 @@ import jwt
 import orjson
 import pytest
 
-from tests.conftest import JWT_SECRET, auth, new_id
+from tests.helpers.auth import JWT_SECRET, auth, new_id
 
 ADMIN = auth("admin", 1)
 SERVICE = auth("service", 1)
@@ -234,10 +234,10 @@ async def test_bettor_owning_nothing_cannot_move_world_or_house_money(
     before = await _ledger(db, currency)
     nobody = auth("bettor", new_id())
     for source in (world, houses[0], houses[-1]):
-        # sub "0" matched the system accounts' old owner_id 0 (the probe got 201).
-        # 404 here; 401 once the token layer refuses sub 0: either way, nothing moves.
+        # sub "0" matched the system accounts' old owner_id 0 (the probe got 201):
+        # the token layer refuses it now, as no user id (core/auth.py).
         r = await _move(client, _sub_zero_bettor(), source, account, 5_000_000)
-        assert r.status_code in (401, 404), r.text
+        assert (r.status_code, r.json()["code"]) == (401, "unauthenticated"), r.text
         # Nobody's account is answered to a bettor as one that does not exist.
         r = await _move(client, nobody, source, account, 5_000_000)
         assert (r.status_code, r.json()["code"]) == (404, "account_not_found"), r.text
@@ -328,10 +328,15 @@ async def test_system_accounts_belong_to_nobody(
         r = await client.get(f"/api/accounts/{system}", headers=ADMIN)
         assert r.status_code == 200, r.text
         assert r.json()["ownerId"] is None and r.json()["currency"] == currency
-        for headers in (_sub_zero_bettor(), auth("bettor", new_id())):
+        # Sub "0" is no user (the token is refused); a bettor is told nobody's
+        # account does not exist.
+        for headers, answer in (
+            (_sub_zero_bettor(), (401, "unauthenticated")),
+            (auth("bettor", new_id()), (404, "account_not_found")),
+        ):
             for path in (f"/api/accounts/{system}", f"/api/accounts/{system}/statement"):
                 r = await client.get(path, headers=headers)
-                assert r.status_code in (401, 403, 404), r.text
+                assert (r.status_code, r.json()["code"]) == answer, r.text
         r = await client.get(f"/api/accounts/{system}", headers=auth("bettor", new_id()))
         assert (r.status_code, r.json()["code"]) == (404, "account_not_found")
     # A customer account needs a real owner: 0 (the old "system" owner) or less is refused.

@@ -23,15 +23,15 @@ from reservo.core.idempotency import IdempotencyStore, request_hash
 from reservo.wallet.api import render_transfer
 from reservo.wallet.batch import Answer, TransferBatch, TransferRequest
 from reservo.wallet.setup import Wallet
-from tests.betting_helpers import make_account
-from tests.conftest import auth, new_id
-from tests.helpers import (
+from tests.helpers.auth import auth, new_id
+from tests.helpers.batching import (
     assert_all_unavailable,
     assert_grouped,
     assert_stored_and_replayed,
-    post_together,
     unreachable_database,
 )
+from tests.helpers.betting import make_account
+from tests.helpers.http import post_together
 
 PAIRS = 40
 

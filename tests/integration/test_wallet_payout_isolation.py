@@ -17,15 +17,17 @@ import httpx
 import pytest
 
 from reservo.app import create_app
+from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core.transport.base import Event
+from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from reservo.wallet import PAYOUT_REQUESTED, repo
 from reservo.wallet.setup import Wallet
-from tests.betting_helpers import (
-    ADMIN,
-    SERVICE,
+from tests.helpers.auth import ADMIN, SERVICE, auth
+from tests.helpers.betting import (
+    balance,
     kick_off,
     make_account,
     make_match,
@@ -33,16 +35,15 @@ from tests.betting_helpers import (
     post_result,
     result_body,
 )
-from tests.conftest import auth
-from tests.integration.test_betting_flow import balance, drain
+from tests.helpers.waiting import drain
 
 PAYOUTS = {"consumer": "wallet.payouts"}
 BALANCE_MAX = 2**63 - 1  # a bigint
 
 
 @pytest.fixture
-async def own(base_settings: Settings, fresh_database_url: str) -> AsyncIterator[Container]:
-    c = build(base_settings.with_(database_url=fresh_database_url), OffsetClock())
+async def own(base_settings: Settings, own_database: str) -> AsyncIterator[Container]:
+    c = build(base_settings.with_(database_url=own_database), OffsetClock())
     yield c
     await c.close()
 
@@ -122,7 +123,7 @@ async def test_one_bettor_who_cannot_be_paid_blocks_no_other_and_is_replayed_onc
     kick_off(own.clock, match)
     r = await post_result(api, result_body(match["externalId"], 0, 2), own.clock)
     assert r.status_code == 202, r.text
-    await drain(own)
+    await drain(own.module(Betting).resender, own.module(Outbox).relay)
 
     # The two others are paid (4.20 * 1,000) although the third cannot be.
     assert (await balance(api, a), await balance(api, b)) == (4_200, 4_200)
@@ -152,7 +153,7 @@ async def test_one_bettor_who_cannot_be_paid_blocks_no_other_and_is_replayed_onc
             PAYOUT_REQUESTED,
         )
     await own.module(Wallet).payouts.handle(Event(row[0], row[1], row[2], row[3], row[4]))
-    await drain(own)
+    await drain(own.module(Betting).resender, own.module(Outbox).relay)
 
     assert await balance(api, full) == BALANCE_MAX - 3_000 - 1_000_000 + 4_200
     assert (await balance(api, a), await balance(api, b)) == (4_200, 4_200 + 1_000_000)
@@ -230,7 +231,7 @@ async def test_system_accounts_full_to_their_range_stop_no_deposit_stake_or_payo
     kick_off(own.clock, match)
     r = await post_result(api, result_body(match["externalId"], 0, 2), own.clock)
     assert r.status_code == 202, r.text
-    await drain(own)
+    await drain(own.module(Betting).resender, own.module(Outbox).relay)
     assert await balance(api, bettor) == 900 + 420
     assert await _paid(own, bet) == [420]
     assert await _letters(api) == []

@@ -7,7 +7,8 @@ import uuid
 
 import httpx
 
-from tests.betting_helpers import ADMIN, SERVICE, make_account
+from tests.helpers.auth import ADMIN, SERVICE
+from tests.helpers.betting import make_account
 
 
 async def _deposit(

@@ -21,8 +21,8 @@ from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
 from reservo.wallet.export import HEADER, StatementCut, StatementExport
 from reservo.wallet.setup import Wallet
-from tests.betting_helpers import ADMIN, SERVICE, make_account
-from tests.conftest import auth, new_id
+from tests.helpers.auth import ADMIN, SERVICE, auth, new_id
+from tests.helpers.betting import make_account
 
 ENTRIES = "SELECT id FROM wallet_entry WHERE account_id = $1 ORDER BY id"
 

@@ -29,7 +29,8 @@ from reservo.bootstrap import (
 from reservo.core.clock import OffsetClock
 from reservo.rentals.setup import Rentals
 from reservo.settings import Settings
-from tests.betting_helpers import (
+from tests.helpers.auth import JWT_SECRET, new_id
+from tests.helpers.betting import (
     kick_off,
     make_account,
     make_match,
@@ -37,8 +38,7 @@ from tests.betting_helpers import (
     post_result,
     result_body,
 )
-from tests.conftest import JWT_SECRET, new_id
-from tests.e2e.procs import BIN, env_for
+from tests.helpers.procs import BIN, env_for
 
 
 def test_up_runs_every_subscribed_consumer(container: Container) -> None:
@@ -99,19 +99,19 @@ def test_token_prints_only_the_token() -> None:
 
 
 async def test_up_roles_without_kafka_settle_pay_and_refund(
-    base_settings: Settings, fresh_database_url: str
+    base_settings: Settings, own_database: str
 ) -> None:
     """The local transport: the relay runs every subscription in-process and the
     resender hands results to settlement, so `up`'s roles lose nothing either."""
     own = {  # its scheduler role must not meet other tests' job ids in Redis
-        "database_url": fresh_database_url,
+        "database_url": own_database,
         "redis_namespace": f"{base_settings.redis_namespace}-roles-{uuid.uuid4().hex[:6]}",
     }
     clock = OffsetClock()
     c = build(base_settings.with_(**own), clock)
     stop = asyncio.Event()
     workers = asyncio.create_task(run_workers(c, cli.UP_ROLES, stop))
-    db = await asyncpg.connect(fresh_database_url)
+    db = await asyncpg.connect(own_database)
     try:
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=create_app(c, owns_container=False)),

@@ -5,10 +5,8 @@ with their local-transport relays)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
@@ -16,7 +14,8 @@ import pytest
 from reservo.core.clock import OffsetClock
 from reservo.core.db import Database
 from reservo.core.embedded import EmbeddedKafka
-from reservo.core.migrate import migrate
+from tests.helpers.databases import create_database, drop_database
+from tests.helpers.kafka import Background
 
 EFFECT_TABLE = """
 CREATE TABLE kafka_test_effect (
@@ -36,21 +35,15 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-async def kafka_database_url(services: tuple[str, str]) -> AsyncIterator[str]:
-    admin_url = services[0]
-    name = f"reservo_kafka_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = f"{admin_url.rpartition('/')[0]}/{name}"
-    await migrate(url)
+async def kafka_database_url(
+    services: tuple[str, str], migrated_template: str
+) -> AsyncIterator[str]:
+    url = await create_database(services[0], "reservo_kafka", template=migrated_template)
     conn = await asyncpg.connect(url)
     await conn.execute(EFFECT_TABLE)
     await conn.close()
     yield url
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
+    await drop_database(services[0], url)
 
 
 @pytest.fixture
@@ -65,19 +58,6 @@ def kclock() -> OffsetClock:
     return OffsetClock()
 
 
-class Background:
-    """Background workers of one test, stopped (and awaited) even when the test fails."""
-
-    def __init__(self) -> None:
-        self.stop = asyncio.Event()
-        self.tasks: list[asyncio.Task[None]] = []
-
-    def start(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.create_task(work)
-        self.tasks.append(task)
-        return task
-
-
 @pytest.fixture
 async def background() -> AsyncIterator[Background]:
     bg = Background()
@@ -89,7 +69,3 @@ async def background() -> AsyncIterator[Background]:
     for task in done:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-
-
-def unique_topic(name: str) -> str:
-    return f"test.{name}{uuid.uuid4().hex[:8]}.v1"

@@ -15,7 +15,7 @@ import uuid
 from reservo.core.clock import SystemClock
 from reservo.core.db import Database
 from reservo.core.transport.base import Event
-from tests.integration.kafka.helpers import effect_handler, runner
+from tests.helpers.kafka import effect_handler, runner
 
 
 async def main(bootstrap: str, db_url: str, topic: str, consumer: str, victim: str) -> None:

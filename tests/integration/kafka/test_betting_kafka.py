@@ -20,8 +20,8 @@ from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build, run_workers
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
-from tests.integration.kafka.helpers import wait_until
+from tests.helpers.betting import kick_off, make_account, make_match, post_result, result_body
+from tests.helpers.waiting import wait_until
 
 
 @pytest.fixture

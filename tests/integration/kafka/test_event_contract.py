@@ -31,12 +31,11 @@ from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build, run_workers
 from reservo.core.clock import OffsetClock
 from reservo.settings import Settings
-from tests.betting_helpers import kick_off, make_account, make_match, post_result, result_body
-from tests.conftest import auth, new_id
-from tests.helpers import book, make_slots
-from tests.integration.kafka.helpers import wait_until
-from tests.integration.test_appointments_reschedule_waitlist import reschedule, wait
-from tests.integration.test_rentals_flow import at, hold, make_car, webhook
+from tests.helpers.appointments import book, make_slots, reschedule, wait
+from tests.helpers.auth import auth, new_id
+from tests.helpers.betting import kick_off, make_account, make_match, post_result, result_body
+from tests.helpers.rentals import at, hold, make_car, webhook
+from tests.helpers.waiting import wait_until
 
 ck = pytest.importorskip("confluent_kafka", reason="dev extra: confluent-kafka")
 ce_kafka = pytest.importorskip("cloudevents.core.bindings.kafka", reason="dev extra: cloudevents")

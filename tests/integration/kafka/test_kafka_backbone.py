@@ -23,8 +23,8 @@ from reservo.core.inbox import once_many
 from reservo.core.outbox import OutboxRelay
 from reservo.core.transport.envelope import from_record
 from reservo.core.transport.kafka import KafkaConsumerRunner
-from tests.integration.kafka.conftest import Background, unique_topic
-from tests.integration.kafka.helpers import (
+from tests.helpers.kafka import (
+    Background,
     count_status,
     effect_handler,
     effects,
@@ -33,8 +33,9 @@ from tests.integration.kafka.helpers import (
     relay,
     runner,
     transport,
-    wait_until,
+    unique_topic,
 )
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 REPO_ROOT = str(Path(__file__).resolve().parents[3])

@@ -19,8 +19,8 @@ from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.core.embedded import EmbeddedKafka
 from reservo.settings import Settings
-from tests.e2e.procs import free_port
-from tests.integration.test_resilience import TcpProxy
+from tests.helpers.procs import free_port
+from tests.helpers.proxy import TcpProxy
 
 
 @asynccontextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,10 +23,10 @@ from reservo.bootstrap import Container, build
 from reservo.core.clock import OffsetClock
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
-from tests.conftest import auth, new_id
-from tests.e2e.procs import env_for, free_port, running, wait_http
-from tests.helpers import ADMIN, make_slots
-from tests.integration.kafka.helpers import read_topic
+from tests.helpers.appointments import make_slots
+from tests.helpers.auth import ADMIN, auth, new_id
+from tests.helpers.kafka import read_topic
+from tests.helpers.procs import env_for, free_port, running, wait_http
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
@@ -88,11 +89,11 @@ async def test_traceparent_and_request_id_in_come_out_in_the_records_headers(
 
 
 async def test_up_with_kafka_writes_only_json_lines(
-    base_settings: Settings, fresh_database_url: str, tmp_path: Path
+    base_settings: Settings, own_database: str, tmp_path: Path
 ) -> None:
     port = free_port()
     settings = base_settings.with_(
-        database_url=fresh_database_url,
+        database_url=own_database,
         redis_namespace=f"{base_settings.redis_namespace}-json-{uuid.uuid4().hex[:6]}",
     )
     env = env_for(
@@ -108,7 +109,7 @@ async def test_up_with_kafka_writes_only_json_lines(
     env.pop("RESERVO_KAFKA_BOOTSTRAP", None)  # `--kafka` then starts its own broker
     log = tmp_path / "up.log"
     base = f"http://127.0.0.1:{port}"
-    db = await asyncpg.connect(fresh_database_url)
+    db = await asyncpg.connect(own_database)
     sent: dict[int, str] = {}  # patient -> the request id of their booking
     try:
         with running(["up", "--kafka"], env, log) as proc:
@@ -130,11 +131,14 @@ async def test_up_with_kafka_writes_only_json_lines(
                             "traceparent": f"00-{uuid.uuid4().hex}-b7ad6b7169203331-01",
                         },
                     )
-                    assert r.status_code in (201, 409), r.text
+                    answers.append((r.status_code, r.json().get("code")))
                     if r.status_code == 201:
                         sent[patient] = rid
 
+                answers: list[tuple[int, str | None]] = []
                 await asyncio.gather(*(one(i) for i in range(16)))
+                # Each of the 8 one-seat slots was asked twice: one booked, one refused.
+                assert Counter(answers) == {(201, None): 8, (409, "slot_full"): 8}, answers
                 assert (
                     await client.get("/healthz", headers={"X-Request-ID": "a b"})
                 ).status_code == 400

@@ -18,9 +18,9 @@ import psutil
 
 from reservo.core.auth import sign_webhook
 from reservo.settings import Settings
-from tests.betting_helpers import ADMIN, SERVICE, place, result_body
-from tests.conftest import PAY_SECRET, RESULTS_SECRET, auth, new_id
-from tests.e2e.procs import env_for, free_port, running, wait_http
+from tests.helpers.auth import ADMIN, PAY_SECRET, RESULTS_SECRET, SERVICE, auth, new_id
+from tests.helpers.betting import place, result_body
+from tests.helpers.procs import env_for, free_port, running, wait_http
 
 
 async def _until(db: asyncpg.Connection, sql: str, *args: object, want: object) -> None:
@@ -36,11 +36,11 @@ def _at(hours: float) -> str:
 
 
 async def test_up_with_kafka_settles_pays_and_refunds(
-    base_settings: Settings, fresh_database_url: str, tmp_path: Path
+    base_settings: Settings, own_database: str, tmp_path: Path
 ) -> None:
     port = free_port()
     settings = base_settings.with_(
-        database_url=fresh_database_url,
+        database_url=own_database,
         redis_namespace=f"{base_settings.redis_namespace}-up-{uuid.uuid4().hex[:6]}",
     )
     env = env_for(
@@ -53,7 +53,7 @@ async def test_up_with_kafka_settles_pays_and_refunds(
     env.pop("RESERVO_KAFKA_BOOTSTRAP", None)  # `--kafka` then starts its own broker
     log = tmp_path / "up.log"
     base = f"http://127.0.0.1:{port}"
-    db = await asyncpg.connect(fresh_database_url)
+    db = await asyncpg.connect(own_database)
     broker: int | None = None
     try:
         with running(["up", "--kafka"], env, log) as proc:

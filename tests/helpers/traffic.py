@@ -17,7 +17,7 @@ import httpx
 import orjson
 
 from reservo.core.auth import sign_webhook
-from tests.conftest import PAY_SECRET, auth, new_id
+from tests.helpers.auth import PAY_SECRET, auth, new_id
 
 ADMIN = auth("admin", 1)
 SERVICE = auth("service", 1)

@@ -11,10 +11,8 @@ import orjson
 
 from reservo.core.auth import sign_webhook
 from reservo.core.clock import Clock, OffsetClock
-from tests.conftest import RESULTS_SECRET, auth, new_id
+from tests.helpers.auth import ADMIN, RESULTS_SECRET, SERVICE, auth, new_id
 
-ADMIN = auth("admin", 1)
-SERVICE = auth("service", 1)
 ODDS = {
     "1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"},
     "TOTALS_2_5": {"OVER": "1.95", "UNDER": "1.85"},
@@ -116,3 +114,8 @@ def kick_off(clock: Clock, *matches: dict[str, Any]) -> None:
     ahead = latest - clock.now() + timedelta(seconds=1)
     if ahead > timedelta(0):
         clock.advance(ahead)
+
+
+async def balance(client: httpx.AsyncClient, account: int) -> int:
+    r = await client.get(f"/api/accounts/{account}", headers=ADMIN)
+    return int(r.json()["balance"])

@@ -6,7 +6,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -34,14 +34,6 @@ async def emit_events(
             event_id = await emit(conn, topic, key, {"seq": seq, "key": key}, clock.now())
             out.append((event_id, key, seq))
     return out
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def count_status(db: Database, topic: str, status: str) -> int:
@@ -155,3 +147,20 @@ async def effects(db: Database, consumer: str) -> list[tuple[uuid.UUID, str, int
             consumer,
         )
     return [(r["event_id"], r["key"], r["seq"]) for r in rows]
+
+
+class Background:
+    """Background workers of one test, stopped (and awaited) even when the test fails."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self.tasks.append(task)
+        return task
+
+
+def unique_topic(name: str) -> str:
+    return f"test.{name}{uuid.uuid4().hex[:8]}.v1"

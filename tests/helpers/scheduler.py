@@ -27,6 +27,7 @@ from reservo.core.db import Database
 from reservo.scheduler import Job, Scheduler, SchedulerSettings
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
+from tests.helpers.procs import free_port
 from tests.redis_cluster import RedisTarget
 
 # A plain URL is a single Redis.
@@ -158,15 +159,6 @@ async def running(*schedulers: Scheduler) -> AsyncIterator[asyncio.Event]:
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
 
 
-async def wait_until(pred: Any, timeout_s: float, step_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await pred():
-            return
-        await asyncio.sleep(step_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")
-
-
 async def statuses(db: asyncpg.Connection, cat: str) -> Counter[str]:
     rows = await db.fetch(
         "SELECT status, count(*) AS n FROM scheduled_job WHERE category = $1 GROUP BY status", cat
@@ -243,17 +235,11 @@ class HookServer:
             writer.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class OwnRedis:
     """A private redis-server (no persistence) this test may flush and restart."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="sched-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -1,0 +1,200 @@
+"""Builders shared by the appointments tests."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import date, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+
+from tests.helpers.auth import ADMIN, auth
+from tests.helpers.http import key
+
+
+async def make_doctor(client: httpx.AsyncClient, tz: str = "Europe/Lisbon") -> int:
+    r = await client.post("/api/doctors", json={"name": "Dr. Test", "timezone": tz}, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+async def make_slots(
+    client: httpx.AsyncClient,
+    *,
+    capacity: int = 1,
+    days_ahead: int = 2,
+    start: str = "08:00",
+    end: str = "09:00",
+    minutes: int = 15,
+    tz: str = "Europe/Lisbon",
+) -> tuple[int, list[dict[str, Any]]]:
+    doctor = await make_doctor(client, tz)
+    day = date.today() + timedelta(days=days_ahead)
+    r = await client.post(
+        f"/api/doctors/{doctor}/schedules",
+        headers=ADMIN,
+        json={
+            "from": day.isoformat(),
+            "to": day.isoformat(),
+            "weekdays": list(range(1, 8)),
+            "startTime": start,
+            "endTime": end,
+            "slotMinutes": minutes,
+            "capacity": capacity,
+        },
+    )
+    assert r.status_code == 201, r.text
+    slots = await client.get(
+        f"/api/doctors/{doctor}/slots", params={"date": day.isoformat()}, headers=ADMIN
+    )
+    assert slots.status_code == 200, slots.text
+    return doctor, slots.json()
+
+
+async def book(
+    client: httpx.AsyncClient, slot_id: int, patient_id: int, idem: str | None = None
+) -> httpx.Response:
+    headers = {**auth("patient", patient_id), "Idempotency-Key": idem or str(uuid.uuid4())}
+    return await client.post(
+        "/api/appointments", json={"slotId": slot_id, "patientId": patient_id}, headers=headers
+    )
+
+
+async def book_as(
+    client: httpx.AsyncClient, headers: dict[str, str], slot_id: int, patient_id: int
+) -> httpx.Response:
+    return await client.post(
+        "/api/appointments",
+        json={"slotId": slot_id, "patientId": patient_id},
+        headers={**headers, **key()},
+    )
+
+
+async def assert_slot_invariant(db: asyncpg.Connection, slot_ids: list[int]) -> list[Any]:
+    rows = await db.fetch(
+        """SELECT s.id, s.capacity, s.booked_count,
+                  (SELECT count(*) FROM appointment a
+                    WHERE a.slot_id = s.id AND a.status = 'BOOKED') AS booked
+             FROM time_slot s WHERE s.id = ANY($1::bigint[]) ORDER BY s.id""",
+        slot_ids,
+    )
+    assert len(rows) == len(set(slot_ids))
+    for r in rows:
+        assert r["booked_count"] == r["booked"], dict(r)
+        assert 0 <= r["booked_count"] <= r["capacity"], dict(r)
+    return rows
+
+
+async def make_overbookable(
+    client: httpx.AsyncClient, *, capacity: int = 1, limit: int = 2, days_ahead: int = 2
+) -> tuple[int, date, list[dict[str, Any]]]:
+    """A doctor with four 15-minute slots of ``capacity`` and ``limit`` overbooking
+    seats each, the day and its slot list."""
+    doctor = await make_doctor(client)
+    day = date.today() + timedelta(days=days_ahead)
+    r = await client.post(
+        f"/api/doctors/{doctor}/schedules",
+        headers=ADMIN,
+        json={
+            "from": day.isoformat(),
+            "to": day.isoformat(),
+            "weekdays": list(range(1, 8)),
+            "startTime": "08:00",
+            "endTime": "09:00",
+            "slotMinutes": 15,
+            "capacity": capacity,
+            "overbookLimit": limit,
+        },
+    )
+    assert r.status_code == 201, r.text
+    return doctor, day, await slot_list(client, doctor, day)
+
+
+async def overbook(
+    client: httpx.AsyncClient, slot_id: int, patient_id: int, headers: dict[str, str]
+) -> httpx.Response:
+    return await client.post(
+        "/api/appointments",
+        json={"slotId": slot_id, "patientId": patient_id, "overbook": True},
+        headers={**headers, "Idempotency-Key": str(uuid.uuid4())},
+    )
+
+
+async def assert_counters_match(db: asyncpg.Connection, slot_id: int) -> tuple[int, int]:
+    """Both counters equal their BOOKED appointments, each within its bound."""
+    row = await db.fetchrow(
+        """SELECT s.capacity, s.booked_count, s.overbook_limit, s.overbooked_count,
+                  count(a.id) FILTER (WHERE NOT a.overbooked) AS regular,
+                  count(a.id) FILTER (WHERE a.overbooked) AS extra
+             FROM time_slot s
+             LEFT JOIN appointment a ON a.slot_id = s.id AND a.status = 'BOOKED'
+            WHERE s.id = $1
+            GROUP BY s.id""",
+        slot_id,
+    )
+    assert row is not None
+    assert row["booked_count"] == row["regular"] <= row["capacity"], dict(row)
+    assert row["overbooked_count"] == row["extra"] <= row["overbook_limit"], dict(row)
+    return row["booked_count"], row["overbooked_count"]
+
+
+async def reschedule(
+    client: httpx.AsyncClient,
+    appointment_id: int,
+    slot_id: int,
+    headers: dict[str, str],
+    idem: str | None = None,
+) -> httpx.Response:
+    return await client.post(
+        f"/api/appointments/{appointment_id}/reschedule",
+        json={"slotId": slot_id},
+        headers={**headers, "Idempotency-Key": idem or str(uuid.uuid4())},
+    )
+
+
+async def wait(
+    client: httpx.AsyncClient, slot_id: int, patient: int, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    return await client.post(
+        f"/api/slots/{slot_id}/waitlist",
+        json={"patientId": patient},
+        headers=headers or auth("patient", patient),
+    )
+
+
+async def repeating(
+    client: httpx.AsyncClient, doctor: int, first: date, minutes: int = 60
+) -> dict[str, int]:
+    r = await client.post(
+        f"/api/doctors/{doctor}/schedules",
+        headers=ADMIN,
+        json={
+            "from": first.isoformat(),
+            "weekdays": [1, 2, 3, 4, 5, 6, 7],
+            "startTime": "09:00",
+            "endTime": "10:00",
+            "slotMinutes": minutes,
+        },
+    )
+    assert r.status_code == 201, r.text
+    out: dict[str, int] = r.json()
+    return out
+
+
+async def days_with_slots(db: asyncpg.Connection, doctor: int) -> list[date]:
+    rows = await db.fetch(
+        """SELECT (start_at AT TIME ZONE 'UTC')::date AS day FROM time_slot
+            WHERE doctor_id = $1 ORDER BY start_at""",
+        doctor,
+    )
+    return [r["day"] for r in rows]
+
+
+async def slot_list(client: httpx.AsyncClient, doctor: int, day: date) -> list[dict[str, Any]]:
+    r = await client.get(
+        f"/api/doctors/{doctor}/slots", params={"date": day.isoformat()}, headers=ADMIN
+    )
+    assert r.status_code == 200, r.text
+    slots: list[dict[str, Any]] = r.json()
+    return slots
