@@ -39,8 +39,8 @@ import asyncpg
 import psutil
 import redis
 
-from reservo.core.auth import mint_token
-from reservo.core.migrate import migrate
+from reservo.core.db.migrate import migrate
+from reservo.core.http.auth import mint_token
 
 BENCH_DIR = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -262,7 +262,7 @@ def http_get(url: str, token: str | None = None, timeout: float = 2.0) -> tuple[
 # How the API under test is served. ``uvicorn``: `reservo api --workers N` (uvicorn,
 # uvloop, httptools with the slow-client guards), what production runs. ``granian``:
 # the same app factory under granian (a Rust HTTP server) with N workers, to compare
-# servers; it carries none of core/slow_clients.py's guards. ``up``: `reservo up`,
+# servers; it carries none of core/http/slow_clients.py's guards. ``up``: `reservo up`,
 # one process holding the API and every background role, as a newcomer runs it.
 SERVERS = ("uvicorn", "granian", "up")
 

@@ -23,8 +23,8 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
-from reservo.core.migrate import migrate
+from reservo.core.db.migrate import migrate
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
 from tests.helpers.databases import DatabaseAt, create_database, drop_database, migrate_up_to

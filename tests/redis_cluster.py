@@ -20,7 +20,7 @@ from typing import Self
 import redis
 from redis.crc import key_slot
 
-from reservo.core.redis import Client, make_client
+from reservo.core.redis.client import Client, make_client
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchlib import JWT_SECRET, NAMESPACE, PG_ADMIN_URL, REDIS_URL, SECRET_SETTINGS, db_url
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.auth import mint_token
-from reservo.core.clock import SystemClock
-from reservo.core.migrate import migrate
+from reservo.core.db.migrate import migrate
+from reservo.core.http.auth import mint_token
+from reservo.core.kernel.clock import SystemClock
 from reservo.settings import Settings
 
 DOMAIN_DB = "reservo_bench_console_domain"

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import NAMESPACE, PG_ADMIN_URL, REDIS_URL, connect, db_url
-from reservo.core.migrate import migrate
-from reservo.core.redis import make_client
+from reservo.core.db.migrate import migrate
+from reservo.core.redis.client import make_client
 from reservo.scheduler.dispatch import Dispatch
 from reservo.scheduler.domain import Keys, ms
 

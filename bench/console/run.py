@@ -27,9 +27,9 @@ from benchlib import JWT_SECRET, NAMESPACE, REDIS_URL, SECRET_SETTINGS, db_url
 from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.console.setup import Console
-from reservo.core import metrics
-from reservo.core.auth import mint_token
-from reservo.core.clock import SystemClock
+from reservo.core.http.auth import mint_token
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import SystemClock
 from reservo.settings import Settings
 
 PAGES = (

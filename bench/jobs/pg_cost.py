@@ -24,12 +24,12 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib
-from reservo.core.db import Queries
-from reservo.core.migrate import migrate
+from reservo.core.db.database import Queries
+from reservo.core.db.migrate import migrate
 
 DB = "reservo_bench_jobs_pg_cost"
 ENDPOINT = "POST /api/jobs"
-CORE = Queries.load("reservo.core")
+CORE = Queries.load("reservo.core.http")
 JOBS = Queries.load("reservo.scheduler")
 # A stored 201 of the size the API stores.
 BODY = (

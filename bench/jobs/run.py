@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis
 
 import benchlib
-from reservo.core.auth import mint_token
+from reservo.core.http.auth import mint_token
 from reservo.scheduler.domain import Keys
 
 benchlib.NAMESPACE = "bench-jobs"

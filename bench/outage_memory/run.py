@@ -45,8 +45,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import JWT_SECRET, PG_ADMIN_URL, Reservo, free_port
-from reservo.core.auth import mint_token
-from reservo.core.migrate import migrate
+from reservo.core.db.migrate import migrate
+from reservo.core.http.auth import mint_token
 
 DB = "reservo_outage_bench"
 PG_HOST, PG_PORT = "127.0.0.1", 5432

@@ -49,10 +49,10 @@ def db_url(name: str) -> str:
 
 
 async def relay_main(args: argparse.Namespace) -> None:
-    from reservo.core.clock import SystemClock
-    from reservo.core.db import Database
-    from reservo.core.outbox import OutboxRelay
-    from reservo.core.transport.kafka import KafkaTransport
+    from reservo.core.db.database import Database
+    from reservo.core.kernel.clock import SystemClock
+    from reservo.core.messaging.outbox import OutboxRelay
+    from reservo.core.messaging.transport.kafka import KafkaTransport
 
     db = Database(args.db, min_size=1, max_size=4)
     transport = KafkaTransport(
@@ -79,11 +79,11 @@ async def relay_main(args: argparse.Namespace) -> None:
 
 
 async def consumer_main(args: argparse.Namespace) -> None:
-    from reservo.core.clock import SystemClock
-    from reservo.core.db import Database
-    from reservo.core.inbox import once, once_many
-    from reservo.core.transport.base import Event
-    from reservo.core.transport.kafka import KafkaConsumerRunner
+    from reservo.core.db.database import Database
+    from reservo.core.kernel.clock import SystemClock
+    from reservo.core.messaging.inbox import once, once_many
+    from reservo.core.messaging.transport.base import Event
+    from reservo.core.messaging.transport.kafka import KafkaConsumerRunner
 
     db = Database(args.db, min_size=1, max_size=args.concurrency + 2)
 
@@ -130,7 +130,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 async def prepare(name: str, rows: int, keys: int) -> float:
-    from reservo.core.migrate import migrate
+    from reservo.core.db.migrate import migrate
 
     admin = await asyncpg.connect(PG_URL)
     await admin.execute(f'CREATE DATABASE "{name}"')

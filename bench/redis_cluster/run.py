@@ -27,12 +27,12 @@ from pathlib import Path
 
 import asyncpg
 
-from reservo.core.cache import Cache
-from reservo.core.clock import SystemClock
-from reservo.core.db import Database
-from reservo.core.migrate import migrate
-from reservo.core.ratelimit import RateLimiter
-from reservo.core.redis import RedisGate
+from reservo.core.db.database import Database
+from reservo.core.db.migrate import migrate
+from reservo.core.kernel.clock import SystemClock
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.client import RedisGate
+from reservo.core.redis.ratelimit import RateLimiter
 from reservo.scheduler import Job, Scheduler, SchedulerSettings
 from reservo.scheduler.workers import run
 

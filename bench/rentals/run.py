@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import asyncpg
 
 import benchlib
-from reservo.core.auth import mint_token
+from reservo.core.http.auth import mint_token
 
 HERE = Path(__file__).resolve().parent
 CARS, CITIES, POPULAR = 20_000, 20, 300

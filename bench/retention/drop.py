@@ -7,13 +7,13 @@ on this table).
 once; then each pair of days goes one way:
 
 1. writers alone for --window seconds (the baseline);
-2. days 12-11 ago: dropped (reservo.core.partitions' keeper, with a clock set so
+2. days 12-11 ago: dropped (reservo.core.maintenance.partitions' keeper, with a clock set so
    that only these two days are past the 72 h retention), nothing else running;
 3. days 10-9 ago: dropped the same way, while the writers write;
 4. days 8-7 ago: deleted by the outbox rule's statement in batches (default
    batch size and pause), nothing else running, then VACUUM of those two days
    (the dead tuples a DELETE leaves are part of its cost; a drop leaves none);
-5. days 6-5 ago: deleted by the pruner itself (reservo.core.retention), while
+5. days 6-5 ago: deleted by the pruner itself (reservo.core.maintenance.retention), while
    the writers write, then VACUUM.
 
 Each step starts after a CHECKPOINT (both ways pay full-page images from the
@@ -50,11 +50,11 @@ import asyncpg
 import psutil
 
 from reservo.bootstrap import declared_retention
-from reservo.core.clock import OffsetClock
-from reservo.core.db import Database, Queries
-from reservo.core.migrate import migrate
-from reservo.core.partitions import PartitionKeeper
-from reservo.core.retention import Pruner
+from reservo.core.db.database import Database, Queries
+from reservo.core.db.migrate import migrate
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.maintenance.partitions import PartitionKeeper
+from reservo.core.maintenance.retention import Pruner
 from reservo.core_modules import partitioned
 from reservo.settings import Settings
 
@@ -62,7 +62,7 @@ os.environ.setdefault("BENCH_DB", "reservo_bench_partitions")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # after BENCH_DB is set
 
-Q = Queries.load("reservo.core")
+Q = Queries.load("reservo.core.messaging")
 D = timedelta(days=1)
 TOPIC = "bench.partitions.old.v1"
 SETTINGS = Settings()

@@ -1,5 +1,5 @@
 """Retention of the inbox and the notification table (migration 0026): one day
-of N rows dropped whole by reservo.core.partitions' keeper vs another day of N
+of N rows dropped whole by reservo.core.maintenance.partitions' keeper vs another day of N
 rows deleted the way those tables were pruned before 0026 (5,000-row
 statements by ctid, in time order, with the pruner's 0.05 s pause), then
 VACUUM of that day (the dead tuples a DELETE leaves are part of its cost).
@@ -27,10 +27,10 @@ from pathlib import Path
 import asyncpg
 import psutil
 
-from reservo.core.clock import OffsetClock
-from reservo.core.db import Database
-from reservo.core.migrate import migrate
-from reservo.core.partitions import PartitionKeeper
+from reservo.core.db.database import Database
+from reservo.core.db.migrate import migrate
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.maintenance.partitions import PartitionKeeper
 from reservo.core_modules import partitioned
 from reservo.settings import Settings
 

@@ -4,7 +4,7 @@ The outbox gets N DONE events published 4 days ago (older than the 72 h
 retention) in one `INSERT ... SELECT generate_series`. Then the booking storm
 (bench/booking_storm: 30 hot slots, 20,000 patients, `reservo api` + `reservo
 worker` as real processes, wrk) runs twice for the same time: once alone, once
-while the retention pruner (reservo.core.retention with the default rules,
+while the retention pruner (reservo.core.maintenance.retention with the default rules,
 batch size and pause) deletes those rows. Printed: the storm's attempts/s and
 latency with and without pruning, and the prune rate (rows/s) during the storm
 and, for what it left, afterwards without the storm.
@@ -40,9 +40,9 @@ from typing import Any
 import psutil
 
 from reservo.bootstrap import declared_retention
-from reservo.core.clock import SystemClock
-from reservo.core.db import Database
-from reservo.core.retention import Pruner
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import SystemClock
+from reservo.core.maintenance.retention import Pruner
 from reservo.settings import Settings
 
 # Before benchlib reads it: a database of its own, beside the other benchmarks'.

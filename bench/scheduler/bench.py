@@ -33,10 +33,10 @@ from typing import Any
 
 import asyncpg
 
-from reservo.core.clock import SystemClock
-from reservo.core.db import Database
-from reservo.core.migrate import migrate
-from reservo.core.redis import make_client
+from reservo.core.db.database import Database
+from reservo.core.db.migrate import migrate
+from reservo.core.kernel.clock import SystemClock
+from reservo.core.redis.client import make_client
 from reservo.scheduler import Job, Scheduler, SchedulerSettings, repo
 from reservo.scheduler.workers import Loader, run
 
@@ -197,7 +197,7 @@ async def bulk(s: Scheduler, run_ats: list[datetime], chunk: int = 20_000) -> fl
 
 async def as_api(s: Scheduler, run_ats: list[datetime], chunk: int = 128) -> float:
     """Enqueues as POST /api/jobs writes (scheduler/batch.py): batches of at
-    most 128 jobs (core.batching's largest), one statement each, the jobs due
+    most 128 jobs (core.http.batching's largest), one statement each, the jobs due
     within the window written QUEUED under a job_push row and pushed to Redis
     after the commit, so each is written once. enqueue_bulk writes rows only,
     and the loader then pushes them and marks them pushed: a second write of

@@ -41,7 +41,7 @@ import asyncpg
 import bench
 
 import benchlib
-from reservo.core.migrate import migrate
+from reservo.core.db.migrate import migrate
 
 ENTRYPOINT = "bench_noop"
 # pgqueuer's dequeue batch, as in the measurement (its default is 10).

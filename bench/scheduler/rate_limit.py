@@ -26,7 +26,7 @@ from pathlib import Path
 
 import asyncpg
 
-from reservo.core.migrate import migrate
+from reservo.core.db.migrate import migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import CAT, OwnRedis, _scheduler, start_workers, stop_workers

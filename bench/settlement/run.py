@@ -30,8 +30,8 @@ import psutil
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.auth import mint_token, sign_webhook
-from reservo.core.migrate import migrate
+from reservo.core.db.migrate import migrate
+from reservo.core.http.auth import mint_token, sign_webhook
 from reservo.settings import Settings
 
 SECRET = "bench-results-secret-not-for-production-0123456789"

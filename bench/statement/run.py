@@ -34,7 +34,7 @@ os.environ.setdefault("BENCH_DB", "reservo_bench_statement")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import benchlib
-from reservo.core.auth import mint_token
+from reservo.core.http.auth import mint_token
 
 DAY = datetime(2031, 6, 1, tzinfo=UTC)
 OWNER_BASE = 9_100_000_000

@@ -19,9 +19,9 @@ import uuid
 import asyncpg
 from accounts import seed
 
-from reservo.core.clock import SystemClock
-from reservo.core.db import Database
-from reservo.core.migrate import migrate
+from reservo.core.db.database import Database
+from reservo.core.db.migrate import migrate
+from reservo.core.kernel.clock import SystemClock
 from reservo.wallet.service import Payout, pay_many_in_tx, transfer_in_tx
 
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from accounts import seed
 
 import benchlib
-from reservo.core.auth import mint_token
+from reservo.core.http.auth import mint_token
 
 HERE = Path(__file__).resolve().parent
 BALANCE = 1_000_000

@@ -19,20 +19,20 @@ from starlette.types import Receive, Scope, Send
 
 from reservo import __version__
 from reservo.bootstrap import Container
-from reservo.core import metrics, tracing
-from reservo.core.auth import TokenVerifier
-from reservo.core.contract import asyncapi_text
-from reservo.core.graceful import STATE_KEY, Drain, draining
-from reservo.core.hotroute import HotLayer, hot_routes
-from reservo.core.http import (
+from reservo.core.http.auth import TokenVerifier
+from reservo.core.http.glue import (
     install_body_limit,
     install_error_handlers,
     install_json_intake,
     install_metrics,
 )
-from reservo.core.jwks import Provider, ProviderConfig, provider_from
-from reservo.core.openapi import finish, install_pages
-from reservo.core.tracing import TracedRequests
+from reservo.core.http.graceful import STATE_KEY, Drain, draining
+from reservo.core.http.hotroute import HotLayer, hot_routes
+from reservo.core.http.jwks import Provider, ProviderConfig, provider_from
+from reservo.core.http.openapi import finish, install_pages
+from reservo.core.kernel import metrics, tracing
+from reservo.core.kernel.contract import asyncapi_text
+from reservo.core.kernel.tracing import TracedRequests
 from reservo.settings import Settings
 
 TITLE = "reservo"
@@ -40,15 +40,15 @@ log = structlog.get_logger(__name__)
 
 
 class ReservoAPI(FastAPI):
-    """FastAPI with the hot routes' dispatcher (core/hotroute.py) in front of its
-    middleware stack, and every request's trace and request id (core/tracing.py)
+    """FastAPI with the hot routes' dispatcher (core/http/hotroute.py) in front of its
+    middleware stack, and every request's trace and request id (core/kernel/tracing.py)
     in front of both."""
 
     hot: HotLayer | None = None
     _finished: dict[str, Any] | None = None
 
     def openapi(self) -> dict[str, Any]:
-        """FastAPI's document, finished once (core/openapi.py): security, problem
+        """FastAPI's document, finished once (core/http/openapi.py): security, problem
         responses per operation, required Idempotency-Keys. FastAPI makes a new
         one whenever routes were added since."""
         doc = super().openapi()
@@ -84,7 +84,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         if provider is not None:  # the key set, fetched now and kept fresh
             companions.append(asyncio.ensure_future(provider.keys.run(stop)))
         drain.install()
-        # In the lifespan state: the server's connections read it (core/slow_clients.py).
+        # In the lifespan state: the server's connections read it (core/http/slow_clients.py).
         yield {STATE_KEY: drain}
         drain.uninstall()
         stop.set()
@@ -103,8 +103,8 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Never double-book, never double-spend, never lose an event.",
-        # reservo exports Prometheus metrics (core/metrics.py) and makes its own
-        # spans (core/tracing.py: one per request, only when an exporter is
+        # reservo exports Prometheus metrics (core/kernel/metrics.py) and makes its own
+        # spans (core/kernel/tracing.py: one per request, only when an exporter is
         # configured); with FastAPI's native hooks on, every request looked the
         # global tracer, meter and logger providers up, most often to find them unset.
         telemetry={"tracing": False, "metrics": False, "logs": False},
@@ -233,7 +233,7 @@ def identity_provider(settings: Settings) -> Provider | None:
 def from_environment() -> FastAPI:
     """uvicorn factory for `reservo api`: each API process builds its own graph."""
     from reservo.bootstrap import build
-    from reservo.core.logging import configure
+    from reservo.core.kernel.logging import configure
 
     settings = Settings()
     configure(settings.log_level, settings.log_json)

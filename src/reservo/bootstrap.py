@@ -17,21 +17,21 @@ from typing import TypeVar
 import structlog
 
 from reservo import __version__, core_modules
-from reservo.core import errors
-from reservo.core.cache import Cache
-from reservo.core.clock import Clock, SystemClock
-from reservo.core.contract import asyncapi_text
-from reservo.core.db import Database
-from reservo.core.health import Check, Readiness, Report
-from reservo.core.idempotency import IdempotencyStore
+from reservo.core.db.database import Database
+from reservo.core.db.replicas import Replicas
+from reservo.core.http.health import Check, Readiness, Report
+from reservo.core.http.idempotency import IdempotencyStore
 from reservo.core.jobqueue import JobQueue
+from reservo.core.kernel import errors
+from reservo.core.kernel.clock import Clock, SystemClock
+from reservo.core.kernel.contract import asyncapi_text
+from reservo.core.maintenance.retention import PruneRule
+from reservo.core.messaging.transport.base import Subscriptions
+from reservo.core.messaging.transport.kafka import broker_answers
 from reservo.core.module import Module, Role
-from reservo.core.ratelimit import RateLimiter
-from reservo.core.redis import RedisGate, make_client
-from reservo.core.replicas import Replicas
-from reservo.core.retention import PruneRule
-from reservo.core.transport.base import Subscriptions
-from reservo.core.transport.kafka import broker_answers
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.client import RedisGate, make_client
+from reservo.core.redis.ratelimit import RateLimiter
 from reservo.scheduler.setup import build_scheduler
 from reservo.settings import SECRETS, Settings, SettingsError, check_secrets
 from reservo.shared import Shared, consumer_from_settings

@@ -25,9 +25,9 @@ from typer.core import TyperCommand, TyperOption
 
 from reservo import __version__
 from reservo.bootstrap import ALL
-from reservo.core import tracing
-from reservo.core.logging import configure as configure_logging
-from reservo.core.slow_clients import HttpLimits, ServerConfig, serve
+from reservo.core.http.slow_clients import HttpLimits, ServerConfig, serve
+from reservo.core.kernel import tracing
+from reservo.core.kernel.logging import configure as configure_logging
 from reservo.settings import Settings, SettingsError, check_secrets, env_name
 
 app = typer.Typer(
@@ -113,7 +113,7 @@ def http_server_config(
     app: Any, settings: Settings, host: str | None = None, port: int | None = None, **kwargs: Any
 ) -> ServerConfig:
     """The one HTTP server configuration of `reservo api` and `reservo up`: uvloop,
-    httptools with the slow-client limits (core/slow_clients.py) from the settings."""
+    httptools with the slow-client limits (core/http/slow_clients.py) from the settings."""
     limits = HttpLimits(
         header_timeout_s=settings.http_header_timeout_s,
         body_timeout_s=settings.http_body_timeout_s,
@@ -127,7 +127,7 @@ def http_server_config(
         host=host or settings.http_host,
         port=port or settings.http_port,
         loop="uvloop",
-        # After the drain (core/graceful.py): how long requests in flight may finish.
+        # After the drain (core/http/graceful.py): how long requests in flight may finish.
         timeout_graceful_shutdown=settings.http_shutdown_timeout_s,
         **kwargs,
     )
@@ -136,7 +136,7 @@ def http_server_config(
 @db_app.command("migrate", epilog="Reads RESERVO_DATABASE_URL.")
 def db_migrate() -> None:
     """Apply pending migrations (safe to run from several processes at once)."""
-    from reservo.core.migrate import migrate
+    from reservo.core.db.migrate import migrate
 
     settings = _settings(secrets=False)
     if not settings.database_url:
@@ -160,8 +160,8 @@ def token(
 ) -> None:
     """Print a bearer token signed with RESERVO_JWT_SECRET (or, where that is not
     set, with the throwaway secret a `reservo up --demo` in this directory made)."""
-    from reservo.core.auth import mint_token
-    from reservo.core.clock import SystemClock
+    from reservo.core.http.auth import mint_token
+    from reservo.core.kernel.clock import SystemClock
     from reservo.demo import SECRETS_FILE, saved_demo_secret
 
     settings = _read_settings()
@@ -431,7 +431,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     from reservo import demo as demo_data
     from reservo.app import create_app
     from reservo.bootstrap import build, run_workers
-    from reservo.core.migrate import migrate
+    from reservo.core.db.migrate import migrate
 
     assert settings.database_url
     applied = await migrate(settings.database_url)

@@ -18,23 +18,25 @@ from datetime import timedelta
 
 import structlog
 
-from reservo.core import metrics
-from reservo.core.db import Database, Queries
-from reservo.core.deadletters import LocalDeadLetters
-from reservo.core.loops import run_every
+from reservo.core.aio.loops import run_every
+from reservo.core.db.database import Database, Queries
+from reservo.core.kernel import metrics
+from reservo.core.maintenance.partitions import PartitionedTable, PartitionKeeper
+from reservo.core.maintenance.retention import Pruner, PruneRule
+from reservo.core.messaging.deadletters import LocalDeadLetters
+from reservo.core.messaging.outbox import OutboxRelay
+from reservo.core.messaging.transport.base import Transport
+from reservo.core.messaging.transport.local import LocalTransport
 from reservo.core.module import Consumes, Module, Renderer
-from reservo.core.notifications import CONSUMER, NotificationConsumer
-from reservo.core.notify import Channel
-from reservo.core.outbox import OutboxRelay
-from reservo.core.partitions import PartitionedTable, PartitionKeeper
-from reservo.core.retention import Pruner, PruneRule
-from reservo.core.transport.base import Transport
-from reservo.core.transport.local import LocalTransport
+from reservo.notifications.channels import Channel
+from reservo.notifications.consumer import CONSUMER, NotificationConsumer
 from reservo.settings import Settings
 from reservo.shared import Shared, channel_from_settings, transport_from_settings
 
 log = structlog.get_logger(__name__)
-CORE_SQL = Queries.load("reservo.core")
+CORE_SQL_http = Queries.load("reservo.core.http")
+CORE_SQL_messaging = Queries.load("reservo.core.messaging")
+CORE_SQL_notifications = Queries.load("reservo.notifications")
 # How often the maintenance role samples the outbox gauges.
 OUTBOX_METRICS_PERIOD_S = 5.0
 # How much longer than the outbox's retention a day of the inbox or of the
@@ -53,7 +55,7 @@ class Outbox(Module):
         """Work waiting, for /readyz: an outage shows here as a growing backlog
         being retried, not as lost events."""
         async with self.db.connection() as conn:
-            row = await conn.fetchrow(CORE_SQL.backlog, self.relay.clock.now())
+            row = await conn.fetchrow(CORE_SQL_messaging.backlog, self.relay.clock.now())
         return {
             "outboxPending": row["pending"],
             "outboxRetrying": row["retrying"],
@@ -121,7 +123,7 @@ def notifications(shared: Shared, renderers: Mapping[str, Renderer]) -> Notifica
             PruneRule(
                 "notification_prune",
                 "notification",
-                CORE_SQL.notification_prune,
+                CORE_SQL_notifications.notification_prune,
                 timedelta(days=shared.settings.retention_notification_days),
             )
         ],
@@ -135,22 +137,25 @@ def outbox_retention(s: Settings) -> list[PruneRule]:
         PruneRule.by_ctid(
             "idem_prune",
             "idempotency_key",
-            CORE_SQL.idem_prunable,
+            CORE_SQL_http.idem_prunable,
             timedelta(hours=s.idempotency_retention_hours),
         ),
         PruneRule(
             "outbox_prune",
             "outbox",
-            CORE_SQL.outbox_prune,
+            CORE_SQL_messaging.outbox_prune,
             timedelta(hours=s.retention_outbox_hours),
         ),
         PruneRule(
-            "inbox_prune", "inbox", CORE_SQL.inbox_prune, timedelta(hours=s.retention_inbox_hours)
+            "inbox_prune",
+            "inbox",
+            CORE_SQL_messaging.inbox_prune,
+            timedelta(hours=s.retention_inbox_hours),
         ),
         PruneRule.by_ctid(
             "dead_letter_prune",
             "dead_letter",
-            CORE_SQL.dead_letter_prunable,
+            CORE_SQL_messaging.dead_letter_prunable,
             timedelta(days=s.retention_dead_letter_days),
         ),
     ]
@@ -170,20 +175,20 @@ def partitioned(s: Settings) -> list[PartitionedTable]:
         PartitionedTable(
             "outbox",
             outbox_keep,
-            CORE_SQL.outbox_partition_blocked,
+            CORE_SQL_messaging.outbox_partition_blocked,
             keep_column="status",
             keep_values=("DEAD",),
         ),
         PartitionedTable(
             "inbox",
             max(timedelta(hours=s.retention_inbox_hours), floor),
-            CORE_SQL.inbox_partition_blocked,
+            CORE_SQL_messaging.inbox_partition_blocked,
             keep_column="consumer",  # no keep_values: nothing outlives an inbox day
         ),
         PartitionedTable(
             "notification",
             max(timedelta(days=s.retention_notification_days), floor),
-            CORE_SQL.notification_partition_blocked,
+            CORE_SQL_notifications.notification_partition_blocked,
             keep_column="status",
             keep_values=("PENDING",),
         ),
@@ -230,8 +235,8 @@ async def _relay(relay: OutboxRelay, stop: asyncio.Event) -> None:
 
 async def _sample_outbox(shared: Shared) -> None:
     async with shared.db.connection() as conn:
-        lag = await conn.fetchrow(CORE_SQL.outbox_lag, shared.clock.now())
-        dead = await conn.fetchval(CORE_SQL.outbox_dead_count)
+        lag = await conn.fetchrow(CORE_SQL_messaging.outbox_lag, shared.clock.now())
+        dead = await conn.fetchval(CORE_SQL_messaging.outbox_dead_count)
     metrics.OUTBOX_PENDING.set(lag["pending"])
     metrics.OUTBOX_OLDEST.set(lag["oldest_s"])
     metrics.OUTBOX_DEAD.set(dead)

@@ -15,7 +15,7 @@ from reservo.appointments.domain import ScheduleRule
 from reservo.appointments.setup import Appointments
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
-from reservo.core.errors import DomainError
+from reservo.core.kernel.errors import DomainError
 from reservo.rentals.setup import Rentals
 from reservo.scheduler.setup import SchedulerModule
 from reservo.settings import SECRETS, Settings, env_name

@@ -14,10 +14,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reservo.appointments.config import AppointmentsSettings
 from reservo.betting.config import BettingSettings
-from reservo.core.auth import ROLES
-from reservo.core.egress import parse_allow
+from reservo.core.http.auth import ROLES
 from reservo.rentals.config import RentalsSettings
 from reservo.scheduler.config import SchedulerSettings
+from reservo.scheduler.egress import parse_allow
 from reservo.wallet.config import WalletSettings
 
 # What a deployment must set, by setting name, with what each one protects.
@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".reservo")
     http_host: str = "127.0.0.1"
     http_port: int = 8000
-    # Slow clients (core/slow_clients.py). A request's headers must arrive within
+    # Slow clients (core/http/slow_clients.py). A request's headers must arrive within
     # http_header_timeout_s of its first byte, and its body within
     # http_body_timeout_s of the headers (408, then the connection is closed), so a
     # socket that sends half a request holds a descriptor that long at most.
@@ -64,14 +64,14 @@ class Settings(BaseSettings):
     # Request line and headers of one request, at most (431 above it, then close):
     # httptools sets no bound, so a fast client could otherwise fill memory.
     http_max_header_bytes: int = Field(default=65_536, ge=1024, le=16_777_216)
-    # Graceful stop (core/graceful.py). On SIGTERM an API process keeps serving for
+    # Graceful stop (core/http/graceful.py). On SIGTERM an API process keeps serving for
     # http_drain_s while /readyz answers 503, so the load balancer stops sending it
     # requests before it stops accepting; 0 stops at once (SIGINT always does).
     http_drain_s: float = Field(default=5.0, ge=0, le=600)
     # Then requests in flight get this long to finish before they are cancelled
     # (keep drain + this under the orchestrator's kill deadline: 30 s in Kubernetes).
     http_shutdown_timeout_s: float = Field(default=20.0, gt=0, le=3600)
-    # Readiness (core/health.py): each dependency's check gets this long (under a
+    # Readiness (core/http/health.py): each dependency's check gets this long (under a
     # Kubernetes probe's default 1 s timeout), and an answer is reused this long, so
     # a flood of probes costs the dependencies one check per period per process.
     ready_timeout_s: float = Field(default=0.8, gt=0, le=30)
@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     jwt_max_lifetime_s: int = Field(default=24 * 3600, ge=60, le=366 * 86400)
     # An identity provider (Keycloak, Auth0, Entra, Cognito, ...): its tokens
     # (RS256, ES256, EdDSA, ...) are verified against the keys it publishes at
-    # this JWKS URL (core/jwks.py). None: reservo's own HS256 tokens only.
+    # this JWKS URL (core/http/jwks.py). None: reservo's own HS256 tokens only.
     jwt_jwks_url: str | None = None
     # Checked when set: the token's iss must equal it, its aud must contain one of
     # these (comma-separated). A provider serves many applications: without the
@@ -154,7 +154,7 @@ class Settings(BaseSettings):
     jwt_jwks_min_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
     jwt_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
     # Hand the hottest routes' requests straight to their handler, in front of
-    # the middleware stack (core/hotroute.py); same handler, same answers. False
+    # the middleware stack (core/http/hotroute.py); same handler, same answers. False
     # sends them through the stack like every other request.
     lean_paths: bool = True
     # The console (/console): an admin signs in with an admin JWT once and gets a
@@ -182,7 +182,7 @@ class Settings(BaseSettings):
     # about a minute of an outage's end.
     outbox_backoff_max_s: float = 60.0
 
-    # Kafka (core/transport/kafka.py). Unset bootstrap = the in-process local transport.
+    # Kafka (core/messaging/transport/kafka.py). Unset bootstrap = the in-process local transport.
     kafka_bootstrap: str | None = None
     # Tansu's in-memory store (`reservo up --kafka`) refuses InitProducerId: set False there.
     kafka_idempotence: bool = True
@@ -227,7 +227,7 @@ class Settings(BaseSettings):
     notify_deadline_s: float = Field(default=30.0, gt=0)
 
     # Destinations `http` jobs may call although the default policy refuses them
-    # (loopback, private, link-local/metadata, reserved ranges; core/egress.py):
+    # (loopback, private, link-local/metadata, reserved ranges; scheduler/egress.py):
     # comma-separated host names, addresses and CIDR networks, e.g.
     # "callbacks.internal,10.1.0.0/16". Empty: public addresses only.
     jobs_http_allow: str = ""
@@ -317,7 +317,7 @@ class Settings(BaseSettings):
         parse_allow(value)  # a typo fails at start, not at the first job
         return value
 
-    # Retention (core/retention.py): the `maintenance` role deletes rows nothing
+    # Retention (core/maintenance/retention.py): the `maintenance` role deletes rows nothing
     # needs any more every `retention_interval_s`, in batches of
     # `retention_batch_size` rows (each its own transaction) with a pause between
     # batches. Never pruned: PENDING and DEAD outbox rows, notifications not SENT,
@@ -360,7 +360,7 @@ class Settings(BaseSettings):
     # One log line per HTTP request (method, route, status, duration, request id).
     # Off by default: at thousands of requests a second the lines cost more CPU
     # than the cheap requests themselves; the request id is on every line a
-    # request logs anyway (core/tracing.py).
+    # request logs anyway (core/kernel/tracing.py).
     access_log: bool = False
 
     @property

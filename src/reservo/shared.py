@@ -11,17 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from reservo.core.cache import Cache
-from reservo.core.clock import Clock
-from reservo.core.contract import EventRegistry
-from reservo.core.db import Database
-from reservo.core.idempotency import IdempotencyStore
+from reservo.core.db.database import Database
+from reservo.core.http.idempotency import IdempotencyStore
 from reservo.core.jobqueue import JobQueue
-from reservo.core.notify import Channel, build_channel
-from reservo.core.ratelimit import RateLimiter
-from reservo.core.redis import Client, RedisGate
-from reservo.core.transport.base import Subscription, Subscriptions
-from reservo.core.transport.kafka import KafkaConsumerRunner, KafkaTransport
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.contract import EventRegistry
+from reservo.core.messaging.transport.base import Subscription, Subscriptions
+from reservo.core.messaging.transport.kafka import KafkaConsumerRunner, KafkaTransport
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.client import Client, RedisGate
+from reservo.core.redis.ratelimit import RateLimiter
+from reservo.notifications.channels import Channel, build_channel
 from reservo.settings import Settings
 
 

@@ -12,7 +12,7 @@ import orjson
 from structlog.testing import capture_logs
 
 from reservo.betting.setup import Betting
-from reservo.core.auth import sign_webhook
+from reservo.core.http.auth import sign_webhook
 from reservo.core_modules import Outbox
 from tests.helpers.auth import ADMIN, PAY_SECRET, auth, new_id
 from tests.helpers.betting import kick_off, make_account, make_match, place

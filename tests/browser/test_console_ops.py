@@ -13,10 +13,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from reservo.core.failures import Rejected
-from reservo.core.inbox import once
-from reservo.core.outbox import emit
-from reservo.core.transport.base import Event
+from reservo.core.messaging.failures import Rejected
+from reservo.core.messaging.inbox import once
+from reservo.core.messaging.outbox import emit
+from reservo.core.messaging.transport.base import Event
 from reservo.core_modules import Outbox
 from reservo.scheduler.domain import Job, JobFailure
 from reservo.settings import Settings

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import orjson
 
-from reservo.core.auth import mint_token, sign_webhook
-from reservo.core.clock import SystemClock
+from reservo.core.http.auth import mint_token, sign_webhook
+from reservo.core.kernel.clock import SystemClock
 from tests.chaos.stack import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
 
 ODDS = {

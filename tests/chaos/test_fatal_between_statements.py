@@ -26,7 +26,7 @@ import httpx
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import new_id

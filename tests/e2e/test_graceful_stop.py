@@ -1,5 +1,5 @@
 """SIGTERM under load against a real ``reservo api`` (one process and
-``--workers 2``) and ``reservo up`` (core/graceful.py).
+``--workers 2``) and ``reservo up`` (core/http/graceful.py).
 
 A balancer polls /readyz and stops routing to the process a while after it reads
 503 (its propagation delay); clients keep sending requests until then. The test

@@ -3,7 +3,7 @@ bits, NaN and Infinity, NUL, nesting far past 32 levels) sent to EVERY JSON inta
 of a real `reservo api` process (every POST, PUT and PATCH of its OpenAPI document,
 with an admin token, which every role check admits) are answered, never with a
 5xx and never with a dropped connection; a body the intake rules refuse
-(core.schemas.read_json) is 422 `validation_error` whatever the route."""
+(core.http.schemas.read_json) is 422 `validation_error` whatever the route."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reservo.core.schemas import JsonRefused, read_json
+from reservo.core.http.schemas import JsonRefused, read_json
 from reservo.settings import Settings
 from tests.helpers.auth import token
 from tests.helpers.procs import env_for, free_port, running, wait_http

@@ -23,7 +23,7 @@ import asyncpg
 import httpx
 import pytest
 
-from reservo.core.migrate import available, migrate
+from reservo.core.db.migrate import available, migrate
 from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
 from tests.helpers.databases import DatabaseAt
 from tests.helpers.procs import free_port, wait_http

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from reservo.core.auth import sign_webhook
+from reservo.core.http.auth import sign_webhook
 from reservo.settings import Settings, SettingsError, check_secrets, secret_problems
 from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET
 from tests.helpers.procs import BIN, free_port, running, wait_http

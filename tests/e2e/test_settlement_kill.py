@@ -18,7 +18,7 @@ from reservo.app import create_app
 from reservo.betting.domain import Leg
 from reservo.betting.setup import Betting
 from reservo.bootstrap import build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.betting import make_account, make_match, post_result, result_body
 from tests.helpers.procs import env_for, running

@@ -1,4 +1,4 @@
-"""Slow clients against a real ``reservo api`` process (core/slow_clients.py).
+"""Slow clients against a real ``reservo api`` process (core/http/slow_clients.py).
 
 A socket that sends half a request line, headers without the blank line that ends
 them, or a Content-Length and then less body is answered 408 ``request_timeout``

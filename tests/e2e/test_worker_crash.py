@@ -24,7 +24,7 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import JWT_SECRET, PAY_SECRET, RESULTS_SECRET, auth, new_id

@@ -8,8 +8,8 @@ import hmac
 import os
 from datetime import timedelta
 
-from reservo.core.auth import mint_token
-from reservo.core.clock import OffsetClock, SystemClock
+from reservo.core.http.auth import mint_token
+from reservo.core.kernel.clock import OffsetClock, SystemClock
 
 # Throwaway secrets of this test run (a deployment must set its own: settings.py).
 JWT_SECRET = "test-secret-for-reservo-tests-0123456789"

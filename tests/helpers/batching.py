@@ -8,8 +8,8 @@ import asyncpg
 import httpx
 import orjson
 
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.db.database import Database
+from reservo.core.kernel.errors import DomainError
 
 
 async def assert_grouped(db: asyncpg.Connection, table: str, ids: list[int]) -> None:

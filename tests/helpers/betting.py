@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import orjson
 
-from reservo.core.auth import sign_webhook
-from reservo.core.clock import Clock, OffsetClock
+from reservo.core.http.auth import sign_webhook
+from reservo.core.kernel.clock import Clock, OffsetClock
 from tests.helpers.auth import ADMIN, RESULTS_SECRET, SERVICE, auth, new_id
 
 ODDS = {

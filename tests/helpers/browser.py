@@ -17,7 +17,7 @@ import uvicorn
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.auth import ADMIN, auth, new_id, token
 

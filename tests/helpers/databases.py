@@ -11,7 +11,7 @@ from pathlib import Path
 
 import asyncpg
 
-from reservo.core.migrate import available, migrate
+from reservo.core.db.migrate import available, migrate
 
 # The ``database_at`` fixture (tests/conftest.py): ``await database_at(n)`` is the URL
 # of a database of the test's own migrated up to migration ``n``.

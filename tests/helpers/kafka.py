@@ -11,13 +11,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.failures import Rejected
-from reservo.core.inbox import once
-from reservo.core.outbox import OutboxRelay, emit
-from reservo.core.transport.base import Event, Handler
-from reservo.core.transport.kafka import KafkaConsumerRunner, KafkaTransport
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import Clock
+from reservo.core.messaging.failures import Rejected
+from reservo.core.messaging.inbox import once
+from reservo.core.messaging.outbox import OutboxRelay, emit
+from reservo.core.messaging.transport.base import Event, Handler
+from reservo.core.messaging.transport.kafka import KafkaConsumerRunner, KafkaTransport
 
 
 async def emit_events(

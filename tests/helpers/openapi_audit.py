@@ -54,5 +54,5 @@ class ProblemAudit:
         assert code in declared(op, response.status_code), (
             f"{response.request.method} {template} answered {response.status_code} "
             f"{code!r}, which its OpenAPI operation {op['operationId']} does not list: add it "
-            f"to the route's raises(...) (core/openapi.py)"
+            f"to the route's raises(...) (core/http/openapi.py)"
         )

@@ -14,8 +14,8 @@ import orjson
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.auth import sign_webhook
-from reservo.core.clock import OffsetClock
+from reservo.core.http.auth import sign_webhook
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.auth import ADMIN, PAY_SECRET, auth, new_id
 

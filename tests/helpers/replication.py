@@ -22,9 +22,9 @@ from pathlib import Path
 import asyncpg
 import psutil
 
+from reservo.core.db.migrate import migrate
 from reservo.core.embedded import EmbeddedError, EmbeddedPostgres
 from reservo.core.embedded.postgres import DEFAULT_PG_RUN_AS, pg_bin
-from reservo.core.migrate import migrate
 
 LSN_SQL = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
 REPLAYED_SQL = "SELECT pg_last_wal_replay_lsn() - '0/0'::pg_lsn"

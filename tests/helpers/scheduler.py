@@ -22,8 +22,8 @@ import httpx
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import Clock, OffsetClock, SystemClock
-from reservo.core.db import Database
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import Clock, OffsetClock, SystemClock
 from reservo.scheduler import Job, Scheduler, SchedulerSettings
 from reservo.scheduler.workers import run
 from reservo.settings import Settings

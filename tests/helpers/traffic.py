@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import orjson
 
-from reservo.core.auth import sign_webhook
+from reservo.core.http.auth import sign_webhook
 from tests.helpers.auth import PAY_SECRET, auth, new_id
 
 ADMIN = auth("admin", 1)

@@ -22,7 +22,7 @@ import pytest
 from reservo.app import create_app
 from reservo.appointments.calendar import feed_key
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_doctor, make_slots, reschedule
 from tests.helpers.auth import ADMIN, auth, auth_at, new_id

@@ -18,7 +18,7 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import assert_slot_invariant, book, make_slots
 from tests.helpers.auth import ADMIN, auth, new_id

@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from reservo.bootstrap import Container
-from reservo.core.auth import mint_token
-from reservo.core.clock import OffsetClock
-from reservo.core.idempotency import Claim
+from reservo.core.http.auth import mint_token
+from reservo.core.http.idempotency import Claim
+from reservo.core.kernel.clock import OffsetClock
 from tests.helpers.appointments import book, book_as, make_doctor, make_slots
 from tests.helpers.auth import ADMIN, JWT_SECRET, auth, auth_at, new_id, token
 from tests.helpers.http import key, problem

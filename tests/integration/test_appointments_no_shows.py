@@ -15,7 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import (
     assert_counters_match,

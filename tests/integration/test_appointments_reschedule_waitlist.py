@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from reservo.appointments import events
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from tests.helpers.appointments import (
     assert_slot_invariant,
     book,

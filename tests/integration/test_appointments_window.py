@@ -11,8 +11,8 @@ import asyncpg
 import httpx
 import pytest
 
-from reservo.core.clock import OffsetClock
-from reservo.core.migrate import available
+from reservo.core.db.migrate import available
+from reservo.core.kernel.clock import OffsetClock
 from tests.helpers.appointments import book_as, make_doctor
 from tests.helpers.auth import ADMIN, auth_at, new_id
 from tests.helpers.databases import DatabaseAt

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from reservo.bootstrap import Container, declared_asyncapi
-from reservo.core.contract import NAME_STYLE, STREAM_STYLE, TYPE_PREFIX
+from reservo.core.kernel.contract import NAME_STYLE, STREAM_STYLE, TYPE_PREFIX
 
 CHECKED_IN = Path(__file__).resolve().parents[2] / "docs" / "asyncapi.json"
 REGENERATE = "reservo asyncapi --out docs/asyncapi.json"

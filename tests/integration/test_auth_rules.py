@@ -17,8 +17,8 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.auth import mint_token
-from reservo.core.clock import OffsetClock
+from reservo.core.http.auth import mint_token
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import make_slots
 from tests.helpers.auth import JWT_SECRET, auth, forge_token, new_id

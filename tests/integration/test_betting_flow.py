@@ -11,7 +11,7 @@ import httpx
 
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.core_modules import Outbox
 from tests.helpers.auth import auth
 from tests.helpers.betting import (

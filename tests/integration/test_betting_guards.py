@@ -15,10 +15,10 @@ import pytest
 from reservo.betting.events import RESULT_TOPIC
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container
-from reservo.core.auth import mint_token
-from reservo.core.clock import OffsetClock
-from reservo.core.failures import Rejected, is_transient
-from reservo.core.transport.base import Event
+from reservo.core.http.auth import mint_token
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.messaging.failures import Rejected, is_transient
+from reservo.core.messaging.transport.base import Event
 from reservo.core_modules import Outbox
 from tests.helpers.auth import ADMIN, JWT_SECRET, auth
 from tests.helpers.betting import (

@@ -17,7 +17,7 @@ import pytest
 from reservo.app import create_app
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.helpers.auth import ADMIN, auth, new_id

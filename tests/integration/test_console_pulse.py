@@ -7,11 +7,11 @@ import uuid
 from datetime import timedelta
 
 from reservo.bootstrap import Container
+from reservo.console.pulse import Pulse
 from reservo.console.setup import Console
-from reservo.core import metrics
-from reservo.core.clock import OffsetClock
-from reservo.core.pulse import Pulse
-from reservo.core.redis import RedisGate, make_client
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.redis.client import RedisGate, make_client
 
 
 def own_namespace(container: Container) -> str:

@@ -11,8 +11,8 @@ import pytest
 from fastapi import FastAPI
 
 from reservo.console.session import COOKIE
-from reservo.core.pagination import encode_cursor
-from reservo.core.schemas import MAX_ID
+from reservo.core.http.pagination import encode_cursor
+from reservo.core.http.schemas import MAX_ID
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import ADMIN, new_id, token
 from tests.helpers.console import sign_in

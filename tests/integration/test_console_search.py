@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 
 from reservo.bootstrap import Container
 from reservo.console.search import FIND
-from reservo.core.pagination import encode_cursor
+from reservo.core.http.pagination import encode_cursor
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import ADMIN, auth, new_id
 from tests.helpers.betting import ODDS, make_account

@@ -14,13 +14,13 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock, SystemClock
-from reservo.core.db import Database
-from reservo.core.deadletters import DeadLetterBox, Q
-from reservo.core.failures import Rejected
-from reservo.core.inbox import once
-from reservo.core.outbox import emit
-from reservo.core.transport.base import Event, Subscriptions
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import OffsetClock, SystemClock
+from reservo.core.messaging.deadletters import DeadLetterBox, Q
+from reservo.core.messaging.failures import Rejected
+from reservo.core.messaging.inbox import once
+from reservo.core.messaging.outbox import emit
+from reservo.core.messaging.transport.base import Event, Subscriptions
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.helpers.auth import auth

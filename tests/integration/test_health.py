@@ -1,4 +1,4 @@
-"""Liveness and readiness as an orchestrator reads them (core/health.py).
+"""Liveness and readiness as an orchestrator reads them (core/http/health.py).
 
 /healthz never looks at a dependency. /readyz fails only on what serving needs
 (PostgreSQL); Redis down reads ``degraded`` in its body and in
@@ -15,7 +15,7 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import make_slots
 

@@ -21,24 +21,23 @@ from reservo.betting import repo as betting_repo
 from reservo.betting.resender import FallbackResender
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build, declared_retention
-from reservo.core.clock import OffsetClock
-from reservo.core.db import Database, Queries
-from reservo.core.deadletters import LocalDeadLetters
-from reservo.core.inbox import once
-from reservo.core.migrate import migrate
-from reservo.core.notifications import NotificationConsumer
-from reservo.core.notify import Notification
-from reservo.core.outbox import OutboxRelay, emit
-from reservo.core.partitions import PartitionKeeper
-from reservo.core.retention import Pruner
-from reservo.core.transport.base import Event, Subscriptions
-from reservo.core.transport.envelope import from_cloudevent, to_cloudevent
-from reservo.core.transport.local import LocalTransport
+from reservo.core.db.database import Database
+from reservo.core.db.migrate import migrate
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.maintenance.partitions import PartitionKeeper
+from reservo.core.maintenance.retention import Pruner
+from reservo.core.messaging.deadletters import LocalDeadLetters
+from reservo.core.messaging.inbox import once
+from reservo.core.messaging.notify import Notification
+from reservo.core.messaging.outbox import OutboxRelay, emit
+from reservo.core.messaging.transport.base import Event, Subscriptions
+from reservo.core.messaging.transport.envelope import from_cloudevent, to_cloudevent
+from reservo.core.messaging.transport.local import LocalTransport
 from reservo.core_modules import PARTITION_MARGIN, partitioned
+from reservo.notifications.consumer import NotificationConsumer
 from reservo.settings import Settings
 from tests.helpers.databases import DatabaseAt
 
-Q = Queries.load("reservo.core")
 DEFAULTS = Settings()
 D = timedelta(days=1)
 H = timedelta(hours=1)

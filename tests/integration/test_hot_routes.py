@@ -1,4 +1,4 @@
-"""The hot routes (core/hotroute.py) through HTTP: each is served by the handler
+"""The hot routes (core/http/hotroute.py) through HTTP: each is served by the handler
 compiled from its own FastAPI declaration, straight from the dispatcher in front
 of the middleware stack, for every request of its method and path (401, 403,
 422, problems included); only a body that is not one Content-Length within the
@@ -19,9 +19,9 @@ from starlette.types import Receive, Scope, Send
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core import metrics
-from reservo.core.clock import OffsetClock
-from reservo.core.hotroute import HotLayer, compile_route, hot_routes
+from reservo.core.http.hotroute import HotLayer, compile_route, hot_routes
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import make_slots
 from tests.helpers.auth import ADMIN, auth, new_id
@@ -286,7 +286,7 @@ async def test_a_hot_route_must_be_a_route_of_the_app_in_the_supported_shape() -
 async def test_one_rule_stores_refusals_for_a_key_on_every_path(
     base_settings: Settings, db: asyncpg.Connection, front: bool
 ) -> None:
-    """core.idempotency.is_stored: a request's own refusal (409) is stored for
+    """core.http.idempotency.is_stored: a request's own refusal (409) is stored for
     its key and replayed; who may not act (403) is not, its claim is dropped.
     The transfer batch stored its 403s; the booking's run_idempotent did not."""
     container = build(base_settings.model_copy(update={"lean_paths": front}), OffsetClock())

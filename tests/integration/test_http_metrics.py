@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from reservo.core import metrics
+from reservo.core.kernel import metrics
 from tests.helpers.auth import auth, new_id
 
 

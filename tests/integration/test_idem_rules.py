@@ -26,10 +26,10 @@ from fastapi.routing import APIRoute
 from reservo.app import create_app
 from reservo.appointments.gate import seen_key
 from reservo.bootstrap import Container, build
-from reservo.core.auth import ROLES
-from reservo.core.clock import OffsetClock
-from reservo.core.http import Roles
-from reservo.core.migrate import available
+from reservo.core.db.migrate import available
+from reservo.core.http.auth import ROLES
+from reservo.core.http.glue import Roles
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import ADMIN, auth, new_id

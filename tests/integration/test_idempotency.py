@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from reservo.bootstrap import Container, declared_retention
-from reservo.core.auth import mint_token
-from reservo.core.clock import OffsetClock
-from reservo.core.idempotency import Claim, Replay
-from reservo.core.retention import Pruner, RuleResult
+from reservo.core.http.auth import mint_token
+from reservo.core.http.idempotency import Claim, Replay
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.maintenance.retention import Pruner, RuleResult
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import ADMIN, JWT_SECRET, auth, new_id
 

@@ -17,12 +17,12 @@ import orjson
 import pytest
 
 from reservo.bootstrap import Container
-from reservo.core.auth import Principal
-from reservo.core.batching import Outcome
-from reservo.core.clock import SystemClock
-from reservo.core.errors import DomainError
-from reservo.core.idempotency import IdempotencyStore, request_hash
-from reservo.core.redis import make_client
+from reservo.core.http.auth import Principal
+from reservo.core.http.batching import Outcome
+from reservo.core.http.idempotency import IdempotencyStore, request_hash
+from reservo.core.kernel.clock import SystemClock
+from reservo.core.kernel.errors import DomainError
+from reservo.core.redis.client import make_client
 from reservo.scheduler import Scheduler, SchedulerSettings
 from reservo.scheduler.api import created
 from reservo.scheduler.batch import Answer, JobBatch, JobRequest

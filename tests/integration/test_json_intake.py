@@ -1,4 +1,4 @@
-"""Every JSON intake holds to one set of rules (core.schemas.read_json), free-form
+"""Every JSON intake holds to one set of rules (core.http.schemas.read_json), free-form
 fields included: a lone UTF-16 surrogate, an integer past 64 bits, NaN, a NUL are
 422 `validation_error` on every route, the hot path's and FastAPI's, and change
 nothing. Job payloads are checked per category at intake: `http` headers may not

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import make_slots
 from tests.helpers.auth import auth, new_id, token

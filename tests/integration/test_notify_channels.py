@@ -7,10 +7,10 @@ import json
 import pytest
 from structlog.testing import capture_logs
 
-from reservo.core.notify import (
+from reservo.core.messaging.notify import Notification
+from reservo.notifications.channels import (
     HttpChannel,
     LogChannel,
-    Notification,
     NotificationError,
     SmtpChannel,
     build_channel,

@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 
 from reservo.app import create_app, openapi_document, openapi_text
 from reservo.bootstrap import Container
-from reservo.core.http import current_principal
+from reservo.core.http.glue import current_principal
 from tests.helpers.auth import auth, new_id
 from tests.helpers.openapi_audit import PROBLEM_JSON, declared
 

@@ -1,6 +1,6 @@
 """Every outbound call is bounded: an ``http`` job reads at most a prefix of the
 answer and ends at its deadline, however the destination behaves, and a slow
-destination never keeps the jobs of the others waiting (core/outbound.py,
+destination never keeps the jobs of the others waiting (core/http/outbound.py,
 scheduler/handlers.py, the executor). SMS, SMTP and refunds get the same
 deadline."""
 
@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from reservo.core import outbound
-from reservo.core.notify import HttpChannel, Notification, NotificationError, SmtpChannel
+from reservo.core.http import outbound
+from reservo.core.messaging.notify import Notification
+from reservo.notifications.channels import HttpChannel, NotificationError, SmtpChannel
 from reservo.rentals.gateway import HttpGateway, TransientGatewayError
 from reservo.scheduler.handlers import call_failed
 from reservo.scheduler.workers import run

@@ -23,22 +23,23 @@ from reservo.app import create_app
 from reservo.appointments import events as appointment_events
 from reservo.appointments.gate import full_key
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
-from reservo.core.db import Database, Queries
-from reservo.core.deadletters import LocalDeadLetters
-from reservo.core.inbox import once, once_many
-from reservo.core.notifications import NotificationConsumer
-from reservo.core.notify import Notification, NotificationError
-from reservo.core.outbox import OutboxRelay, emit
-from reservo.core.transport.base import Event, Subscriptions
-from reservo.core.transport.local import LocalTransport
+from reservo.core.db.database import Database, Queries
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.messaging.deadletters import LocalDeadLetters
+from reservo.core.messaging.inbox import once, once_many
+from reservo.core.messaging.notify import Notification
+from reservo.core.messaging.outbox import OutboxRelay, emit
+from reservo.core.messaging.transport.base import Event, Subscriptions
+from reservo.core.messaging.transport.local import LocalTransport
 from reservo.core_modules import Outbox
+from reservo.notifications.channels import NotificationError
+from reservo.notifications.consumer import NotificationConsumer
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import auth, new_id
 from tests.helpers.waiting import drain
 
-Q = Queries.load("reservo.core")
+Q = Queries.load("reservo.core.messaging")
 BOOKED = appointment_events.BOOKED
 CANCELLED = appointment_events.CANCELLED
 

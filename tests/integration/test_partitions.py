@@ -1,4 +1,4 @@
-"""The outbox's day partitions (migration 0025, reservo.core.partitions): days
+"""The outbox's day partitions (migration 0025, reservo.core.maintenance.partitions): days
 are created ahead, a day wholly past retention whose rows are all finished is
 dropped whole, a day holding a pending event is not (the event survives and is
 delivered), rows no day covers land in the default partition, and the consumer
@@ -18,21 +18,22 @@ import asyncpg
 import pytest
 
 from reservo.bootstrap import declared_retention
-from reservo.core.clock import OffsetClock
-from reservo.core.db import Database, Queries
-from reservo.core.deadletters import LocalDeadLetters
-from reservo.core.inbox import once
-from reservo.core.migrate import migrate
-from reservo.core.outbox import OutboxRelay
-from reservo.core.partitions import PartitionKeeper
-from reservo.core.retention import Pruner
-from reservo.core.transport.base import Event, Subscriptions
-from reservo.core.transport.local import LocalTransport
+from reservo.core.db.database import Database, Queries
+from reservo.core.db.migrate import migrate
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.maintenance.partitions import PartitionKeeper
+from reservo.core.maintenance.retention import Pruner
+from reservo.core.messaging.deadletters import LocalDeadLetters
+from reservo.core.messaging.inbox import once
+from reservo.core.messaging.outbox import OutboxRelay
+from reservo.core.messaging.transport.base import Event, Subscriptions
+from reservo.core.messaging.transport.local import LocalTransport
 from reservo.core_modules import partitioned
 from reservo.settings import Settings
 from tests.helpers.databases import DatabaseAt
 
-Q = Queries.load("reservo.core")
+Q_maintenance = Queries.load("reservo.core.maintenance")
+Q_messaging = Queries.load("reservo.core.messaging")
 DEFAULTS = Settings()
 D = timedelta(days=1)
 H = timedelta(hours=1)
@@ -95,7 +96,7 @@ async def outbox(
 
 
 async def partitions(c: asyncpg.Connection) -> list[str]:
-    return [r["name"] for r in await c.fetch(Q.partition_list, "outbox")]
+    return [r["name"] for r in await c.fetch(Q_maintenance.partition_list, "outbox")]
 
 
 async def where(c: asyncpg.Connection, row_id: int) -> str | None:
@@ -320,7 +321,7 @@ async def test_writers_keep_writing_while_a_day_is_dropped(
         for _ in range(each):
             async with own_db.transaction() as c:
                 await c.execute(
-                    Q.outbox_insert,
+                    Q_messaging.outbox_insert,
                     uuid.uuid4(),
                     "test.storm.v1",
                     None,

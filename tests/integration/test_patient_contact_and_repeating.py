@@ -16,11 +16,11 @@ import pytest
 
 from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
-from reservo.core.notifications import NotificationConsumer
-from reservo.core.notify import HttpChannel, SmtpChannel
-from reservo.core.transport.base import Event
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.messaging.transport.base import Event
 from reservo.core_modules import Notifications
+from reservo.notifications.channels import HttpChannel, SmtpChannel
+from reservo.notifications.consumer import NotificationConsumer
 from reservo.settings import Settings
 from tests.helpers.appointments import book, days_with_slots, make_doctor, make_slots, repeating
 from tests.helpers.auth import ADMIN, auth, new_id

@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_doctor
 from tests.helpers.auth import ADMIN, new_id

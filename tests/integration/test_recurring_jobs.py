@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from reservo.bootstrap import Container
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.scheduler import Scheduler, repo
 from tests.helpers.auth import auth, new_id
 from tests.helpers.scheduler import Recorder, category, drop_namespace, make, running

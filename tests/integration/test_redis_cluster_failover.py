@@ -21,7 +21,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from reservo.core.redis import RedisGate, make_client, pipeline, startup_nodes
+from reservo.core.redis.client import RedisGate, make_client, pipeline, startup_nodes
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import ADMIN

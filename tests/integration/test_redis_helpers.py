@@ -19,9 +19,10 @@ from prometheus_client import REGISTRY
 from redis.crc import key_slot
 from structlog.testing import capture_logs
 
-from reservo.core.cache import Cache, GateBatch
-from reservo.core.ratelimit import Decision, RateLimiter, rate_key
-from reservo.core.redis import Client, RedisGate, ScriptCall, make_client, pipeline
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.client import Client, RedisGate, ScriptCall, make_client, pipeline
+from reservo.core.redis.gate_batch import GateBatch
+from reservo.core.redis.ratelimit import Decision, RateLimiter, rate_key
 from tests.helpers.procs import free_port
 from tests.redis_cluster import RedisTarget
 

@@ -11,8 +11,8 @@ import httpx
 import orjson
 
 from reservo.bootstrap import Container
-from reservo.core.auth import sign_webhook
-from reservo.core.clock import OffsetClock
+from reservo.core.http.auth import sign_webhook
+from reservo.core.kernel.clock import OffsetClock
 from tests.helpers.auth import ADMIN, PAY_SECRET, auth, new_id
 from tests.helpers.rentals import at, confirmed_booking, hold, make_car, webhook
 

@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.core_modules import Outbox
 from reservo.rentals import events
 from reservo.rentals.gateway import SandboxGateway, link_token
@@ -274,7 +274,7 @@ async def test_webhook_after_expiry_refunds_and_the_car_stays_with_its_new_holde
         events.REFUND_REQUESTED,
         str(late["bookingId"]),
     )
-    from reservo.core.transport.base import Event
+    from reservo.core.messaging.transport.base import Event
 
     event = Event(
         row["event_id"],

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from reservo.core.failures import is_transient
+from reservo.core.messaging.failures import is_transient
 from reservo.rentals.gateway import HttpGateway, RefundRefused, TransientGatewayError
 
 

@@ -11,7 +11,7 @@ import asyncpg
 import httpx
 
 from reservo.bootstrap import Container
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.rentals import events
 from reservo.rentals.setup import Rentals
 from tests.helpers.auth import auth, new_id

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from tests.helpers.auth import auth, new_id
 from tests.helpers.rentals import at, hold, make_car
 

@@ -13,7 +13,7 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.auth import ADMIN, auth, new_id
 from tests.helpers.plans import plans_of

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from reservo.bootstrap import Container
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.core_modules import Outbox
 from reservo.rentals import events
 from reservo.rentals.gateway import SandboxGateway

@@ -23,7 +23,7 @@ from reservo.app import create_app
 from reservo.appointments.gate import full_key
 from reservo.appointments.slots import slots_key
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import ADMIN, new_id

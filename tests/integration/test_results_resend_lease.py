@@ -22,9 +22,9 @@ from reservo.betting.publisher import TransportPublisher
 from reservo.betting.resender import FallbackResender
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
-from reservo.core.db import Database
-from reservo.core.transport.kafka import KafkaTransport
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.messaging.transport.kafka import KafkaTransport
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.helpers.betting import kick_off, make_account, make_match, post_result, result_body

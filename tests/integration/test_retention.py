@@ -21,9 +21,9 @@ from pydantic import ValidationError
 
 from reservo.app import create_app
 from reservo.bootstrap import build, declared_retention, run_workers
-from reservo.core.clock import OffsetClock
-from reservo.core.db import Database
-from reservo.core.retention import Pruner
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.maintenance.retention import Pruner
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots

@@ -11,8 +11,8 @@ import asyncpg
 import httpx
 import pytest
 
-from reservo.core.auth import mint_token
-from reservo.core.clock import OffsetClock
+from reservo.core.http.auth import mint_token
+from reservo.core.kernel.clock import OffsetClock
 from tests.helpers.appointments import book, make_doctor, make_slots
 from tests.helpers.auth import ADMIN, JWT_SECRET, auth, new_id
 

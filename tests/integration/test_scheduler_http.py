@@ -1,4 +1,4 @@
-"""``http`` jobs may only call destinations the policy allows (core.egress,
+"""``http`` jobs may only call destinations the policy allows (scheduler.egress,
 RESERVO_JOBS_HTTP_ALLOW): checked at POST /api/jobs for what needs no DNS, and
 again when the job runs, on every address the host resolves to. What the API
 says about a failed call is the same whatever the destination did."""
@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from reservo.core.egress import parse_allow
+from reservo.scheduler.egress import parse_allow
 from reservo.scheduler.handlers import POLICY_ERROR, HttpHandler, call_failed
 from reservo.scheduler.workers import run
 from reservo.settings import Settings

@@ -15,7 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
-from reservo.core.migrate import migrate
+from reservo.core.db.migrate import migrate
 from reservo.scheduler.workers import run
 from reservo.settings import Settings
 from tests.helpers.auth import auth

@@ -83,7 +83,7 @@ async def test_http_job_sends_idempotency_key_and_retries_until_2xx(
     # refuses: this test's handler allows it, as RESERVO_JOBS_HTTP_ALLOW would.
     # (It used to hand the handler an in-process ASGI client for a made-up
     # host; the handler now resolves and pins the address itself.)
-    from reservo.core.egress import parse_allow
+    from reservo.scheduler.egress import parse_allow
     from reservo.scheduler.handlers import HttpHandler
 
     ns = f"http-{uuid.uuid4().hex[:8]}"

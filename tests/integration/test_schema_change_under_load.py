@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.db.database import Database
+from reservo.core.kernel.errors import DomainError
 
 
 async def test_a_column_added_under_a_prepared_statement_is_a_retryable_503(

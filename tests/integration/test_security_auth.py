@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from reservo.bootstrap import Container
-from reservo.core.auth import sign_webhook
-from reservo.core.clock import OffsetClock
-from reservo.core.errors import DomainError
+from reservo.core.http.auth import sign_webhook
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.kernel.errors import DomainError
 from tests.helpers.auth import PAY_SECRET, RESULTS_SECRET, auth, forge_token, new_id
 from tests.helpers.betting import make_account, result_body
 from tests.helpers.rentals import at, hold, make_car

@@ -23,9 +23,9 @@ from reservo.app import create_app
 from reservo.appointments.setup import Appointments
 from reservo.appointments.slots import slots_key
 from reservo.bootstrap import Container, build
-from reservo.core.cache import LocalCache
-from reservo.core.clock import OffsetClock
-from reservo.core.transport.base import Event
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.messaging.transport.base import Event
+from reservo.core.redis.local_cache import LocalCache
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_doctor, make_slots
 from tests.helpers.auth import ADMIN, auth, new_id

@@ -1,7 +1,7 @@
 """One zone rule at every intake, and materialisers that park a bad row.
 
 A time zone is accepted only when both Python and PostgreSQL know it
-(core.timezones). A row written before the rule (inserted here straight into the
+(core.kernel.timezones). A row written before the rule (inserted here straight into the
 database) is parked, logged and counted by the loop that meets it (repeating
 schedules, recurring jobs) while every other row goes on; a lost connection is
 an outage, never a bad row."""
@@ -22,9 +22,9 @@ import pytest
 from reservo.appointments.schedules import SCHEDULE_BATCH, SCHEDULES_LOOP
 from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container
-from reservo.core.clock import OffsetClock
-from reservo.core.errors import DomainError
-from reservo.core.timezones import zone_names
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.kernel.errors import DomainError
+from reservo.core.kernel.timezones import zone_names
 from reservo.scheduler.service import MATERIALISER, RECURRING_BATCH
 from tests.helpers.appointments import days_with_slots, make_doctor, repeating
 from tests.helpers.auth import ADMIN, auth

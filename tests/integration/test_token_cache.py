@@ -13,8 +13,8 @@ from fastapi import FastAPI
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.auth import TokenVerifier, mint_token
-from reservo.core.clock import OffsetClock
+from reservo.core.http.auth import TokenVerifier, mint_token
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import make_slots
 from tests.helpers.auth import JWT_SECRET, new_id

@@ -1,4 +1,4 @@
-"""Traces and request ids end to end (core/tracing.py), through HTTP: the
+"""Traces and request ids end to end (core/kernel/tracing.py), through HTTP: the
 request id accepted or made and echoed (on the hot path and FastAPI's), a bad
 one refused; the trace of a booking followed by an in-memory span exporter from
 its POST through the outbox and the consumer to its confirmation notification;
@@ -23,9 +23,9 @@ import structlog
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core import tracing
-from reservo.core.clock import OffsetClock
-from reservo.core.logging import configure
+from reservo.core.kernel import tracing
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.kernel.logging import configure
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.helpers.appointments import make_slots

@@ -235,7 +235,7 @@ async def test_bettor_owning_nothing_cannot_move_world_or_house_money(
     nobody = auth("bettor", new_id())
     for source in (world, houses[0], houses[-1]):
         # sub "0" matched the system accounts' old owner_id 0 (the probe got 201):
-        # the token layer refuses it now, as no user id (core/auth.py).
+        # the token layer refuses it now, as no user id (core/http/auth.py).
         r = await _move(client, _sub_zero_bettor(), source, account, 5_000_000)
         assert (r.status_code, r.json()["code"]) == (401, "unauthenticated"), r.text
         # Nobody's account is answered to a bettor as one that does not exist.

@@ -15,11 +15,11 @@ import orjson
 import pytest
 
 from reservo.bootstrap import Container
-from reservo.core.auth import Principal
-from reservo.core.batching import Outcome
-from reservo.core.clock import SystemClock
-from reservo.core.errors import DomainError
-from reservo.core.idempotency import IdempotencyStore, request_hash
+from reservo.core.http.auth import Principal
+from reservo.core.http.batching import Outcome
+from reservo.core.http.idempotency import IdempotencyStore, request_hash
+from reservo.core.kernel.clock import SystemClock
+from reservo.core.kernel.errors import DomainError
 from reservo.wallet.api import render_transfer
 from reservo.wallet.batch import Answer, TransferBatch, TransferRequest
 from reservo.wallet.setup import Wallet

@@ -19,8 +19,8 @@ import pytest
 from reservo.app import create_app
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
-from reservo.core.transport.base import Event
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.messaging.transport.base import Event
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from reservo.wallet import PAYOUT_REQUESTED, repo

@@ -17,7 +17,7 @@ import pytest
 
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from reservo.wallet.export import HEADER, StatementCut, StatementExport
 from reservo.wallet.setup import Wallet

@@ -26,7 +26,7 @@ from reservo.bootstrap import (
     declared_consumers,
     run_workers,
 )
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.rentals.setup import Rentals
 from reservo.settings import Settings
 from tests.helpers.auth import JWT_SECRET, new_id

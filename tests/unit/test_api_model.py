@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from reservo.core.schemas import ApiModel
+from reservo.core.http.schemas import ApiModel
 
 
 class Body(ApiModel):

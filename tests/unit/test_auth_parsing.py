@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reservo.core.auth import (
+from reservo.core.http.auth import (
     _MINTED_HEADER,
     MAX_SUB,
     ROLES,
@@ -26,7 +26,7 @@ from reservo.core.auth import (
     sign_webhook,
     verify_webhook,
 )
-from reservo.core.errors import DomainError
+from reservo.core.kernel.errors import DomainError
 from tests.helpers.auth import JWT_SECRET, forge_token
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)

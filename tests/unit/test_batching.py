@@ -1,4 +1,4 @@
-"""core.batching.Batcher: what arrives while a batch runs is the next batch."""
+"""core.http.batching.Batcher: what arrives while a batch runs is the next batch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from reservo.core.batching import AGAIN, Batcher, Outcome
+from reservo.core.http.batching import AGAIN, Batcher, Outcome
 
 
 class Recorder:

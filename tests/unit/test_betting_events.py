@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 
 from reservo.betting import events
-from reservo.core.transport.base import Event
+from reservo.core.messaging.transport.base import Event
 
 
 def test_each_bet_gets_the_uuid5_message_id_of_its_event() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reservo.core.breaker import BREAKER_STATE, BreakerOpen, CircuitBreaker, State
-from reservo.core.retry import RETRIES, RETRIES_EXHAUSTED, retry_async
+from reservo.core.aio.breaker import BREAKER_STATE, BreakerOpen, CircuitBreaker, State
+from reservo.core.aio.retry import RETRIES, RETRIES_EXHAUSTED, retry_async
 
 
 class FakeClock:

@@ -13,10 +13,10 @@ import pytest
 
 from reservo.betting.setup import Betting
 from reservo.bootstrap import MODULES, build, declared_retention
-from reservo.core.clock import Clock
-from reservo.core.db import Database
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import Clock
 from reservo.core.module import Module
-from reservo.core.redis import make_client
+from reservo.core.redis.client import make_client
 from reservo.core_modules import Notifications, Outbox
 from reservo.ops.setup import Ops
 from reservo.scheduler import Scheduler, SchedulerSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from reservo.console.session import Sessions, csrf_matches
-from reservo.core.auth import Principal
+from reservo.core.http.auth import Principal
 
 SECRET = "console-test-secret-0123456789abcdef"
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""The destination policy of outbound calls a client chooses (core.egress)."""
+"""The destination policy of outbound calls a client chooses (scheduler.egress)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reservo.core.egress import (
+from reservo.scheduler.egress import (
     AllowList,
     address_refusal,
     literal_address,

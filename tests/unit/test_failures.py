@@ -7,11 +7,11 @@ import httpx
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from reservo.core.breaker import BreakerOpen
-from reservo.core.errors import DomainError
-from reservo.core.failures import Rejected, is_transient
-from reservo.core.notify import NotificationError
-from reservo.core.transport.base import TransportUnavailable
+from reservo.core.aio.breaker import BreakerOpen
+from reservo.core.kernel.errors import DomainError
+from reservo.core.messaging.failures import Rejected, is_transient
+from reservo.core.messaging.transport.base import TransportUnavailable
+from reservo.notifications.channels import NotificationError
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from reservo.core.transport.base import Event
-from reservo.core.transport.envelope import (
+from reservo.core.messaging.transport.base import Event
+from reservo.core.messaging.transport.envelope import (
     from_cloudevent,
     from_record,
     to_cloudevent,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from redis.crc import key_slot
 
-from reservo.core.cache import Cache
-from reservo.core.ratelimit import rate_key
-from reservo.core.redis import RedisGate, make_client
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.client import RedisGate, make_client
+from reservo.core.redis.ratelimit import rate_key
 from reservo.scheduler.domain import Keys
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from reservo.core.replicas import Replicas, sampled_before
+from reservo.core.db.replicas import Replicas, sampled_before
 from reservo.settings import Settings
 
 SAMPLES = [(10.0, 100), (10.5, 100), (11.0, 250), (11.5, 400)]

@@ -19,7 +19,7 @@ from reservo.appointments.domain import (
     local_instant,
     zone,
 )
-from reservo.core.timezones import UnknownZone, zone_names
+from reservo.core.kernel.timezones import UnknownZone, zone_names
 
 ALL_DAYS = frozenset(range(1, 8))
 LISBON, NEW_YORK = ZoneInfo("Europe/Lisbon"), ZoneInfo("America/New_York")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from reservo.core.turns import Turns
+from reservo.core.aio.turns import Turns
 
 
 async def test_one_holder_per_key_in_arrival_order_and_nothing_kept_after() -> None:

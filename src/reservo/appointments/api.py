@@ -31,9 +31,8 @@ from reservo.appointments.schemas import (
 )
 from reservo.appointments.schemas import Doctor as DoctorOut
 from reservo.appointments.service import AppointmentService
-from reservo.core.auth import Principal
-from reservo.core.errors import DomainError
-from reservo.core.http import (
+from reservo.core.http.auth import Principal
+from reservo.core.http.glue import (
     AdminCaller,
     Caller,
     IdempotencyKey,
@@ -49,9 +48,9 @@ from reservo.core.http import (
     run_idempotent,
     run_idempotent_route,
 )
-from reservo.core.idempotency import IdempotencyStore, Within, validate_key
-from reservo.core.openapi import raises
-from reservo.core.pagination import (
+from reservo.core.http.idempotency import IdempotencyStore, Within, validate_key
+from reservo.core.http.openapi import raises
+from reservo.core.http.pagination import (
     DEFAULT_LIMIT,
     After,
     Limit,
@@ -59,13 +58,14 @@ from reservo.core.pagination import (
     malformed_cursor,
     page,
 )
-from reservo.core.schemas import Day
+from reservo.core.http.schemas import Day
+from reservo.core.kernel.errors import DomainError
 
 router = APIRouter(prefix="/api", tags=["appointments"])
 
 
 _svc = from_state(AppointmentService, "appointments")
-# Who may use which route, checked before the request is parsed (core.http.Roles).
+# Who may use which route, checked before the request is parsed (core.http.glue.Roles).
 Patient = Annotated[Principal, role_caller("patient")]
 Doctor = Annotated[Principal, role_caller("doctor")]
 # Booking: patients for themselves; the slot's doctor only to overbook.
@@ -252,7 +252,7 @@ async def overbook_flow(
     return await run_idempotent(store, caller, endpoint, key, raw, overbook_once, render)
 
 
-# The two hottest routes, served on the fast path (core/hotroute.py).
+# The two hottest routes, served on the fast path (core/http/hotroute.py).
 HOT_ROUTES = (list_slots, book)
 
 

@@ -34,10 +34,11 @@ from typing import Literal
 import structlog
 
 from reservo.appointments import ical, repo
-from reservo.core.cache import Cache, LocalCache
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.local_cache import LocalCache
 
 log = structlog.get_logger(__name__)
 

@@ -13,8 +13,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from reservo.core import timezones
-from reservo.core.rows import FromRow, build
+from reservo.core.db.rows import FromRow, build
+from reservo.core.kernel import timezones
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class Slot:
 
 
 def zone(name: str) -> ZoneInfo:
-    """The doctor's zone by the one rule of every zone (core.timezones):
+    """The doctor's zone by the one rule of every zone (core.kernel.timezones):
     UnknownZone (a ValueError) for a name it refuses."""
     return timezones.zone(name)
 

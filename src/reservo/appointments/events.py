@@ -6,9 +6,9 @@ from datetime import datetime
 from typing import Any
 
 from reservo.appointments.domain import Appointment
-from reservo.core.contract import EventSpec
-from reservo.core.notify import Notification
-from reservo.core.transport.base import Event
+from reservo.core.kernel.contract import EventSpec
+from reservo.core.messaging.notify import Notification
+from reservo.core.messaging.transport.base import Event
 
 # An appointment's whole life, under one key: the first appointment of its
 # reschedule chain (a reschedule books a new appointment in place of the old).
@@ -136,7 +136,7 @@ def notifications(event: Event) -> list[Notification]:
     return [message]
 
 
-# -- the contract (core/contract.py): what a subscriber may rely on ---------------
+# -- the contract (core/kernel/contract.py): what a subscriber may rely on ---------------
 
 _ID = {"type": "integer", "minimum": 1}
 _TIME = {"type": "string", "format": "date-time"}

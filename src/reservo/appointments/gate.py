@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from reservo.appointments.domain import Limits
-from reservo.core import metrics
-from reservo.core.cache import Cache
-from reservo.core.errors import DomainError
-from reservo.core.ratelimit import RateLimiter
-from reservo.core.turns import Turns
+from reservo.core.aio.turns import Turns
+from reservo.core.kernel import metrics
+from reservo.core.kernel.errors import DomainError
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.ratelimit import RateLimiter
 
 # The gate's two counters, looked up once (``labels()`` locks on every call).
 _RATE_LIMITED = metrics.CONFLICTS.labels("appointments", "rate_limited", "redis")

@@ -273,7 +273,7 @@ SELECT s.id, s.doctor_id, d.timezone, s.first_day, s.weekdays, s.start_time, s.e
  ORDER BY s.id;
 
 -- name: park_schedule
--- A schedule the worker cannot extend even alone (core.poison): skipped from now
+-- A schedule the worker cannot extend even alone (core.messaging.poison): skipped from now
 -- on, with the reason. Reads none of the row's values.
 UPDATE doctor_schedule SET parked_at = $2, last_error = $3 WHERE id = $1;
 

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 
 from reservo.appointments import repo
-from reservo.core.errors import DomainError
+from reservo.core.kernel.errors import DomainError
 
 
 async def slot_refusal(

@@ -10,11 +10,11 @@ import asyncpg
 
 from reservo.appointments import events, repo
 from reservo.appointments.domain import Appointment
-from reservo.core.clock import Clock
-from reservo.core.db import Database
+from reservo.core.db.database import Database
+from reservo.core.http.schemas import ApiModel, Id
 from reservo.core.jobqueue import JobQueue
-from reservo.core.outbox import emit
-from reservo.core.schemas import ApiModel, Id
+from reservo.core.kernel.clock import Clock
+from reservo.core.messaging.outbox import emit
 from reservo.scheduler import Job
 
 # A reminder job runs this long before the slot starts (skipped when booked later).

@@ -8,7 +8,7 @@ from typing import TypeAlias
 
 import asyncpg
 
-from reservo.core.db import Queries
+from reservo.core.db.database import Queries
 
 Q = Queries.load("reservo.appointments")
 

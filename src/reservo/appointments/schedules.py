@@ -15,7 +15,7 @@ import structlog
 
 from reservo.appointments import domain, repo
 from reservo.appointments.slots import SlotLists
-from reservo.core.poison import isolate
+from reservo.core.messaging.poison import isolate
 
 log = structlog.get_logger(__name__)
 
@@ -108,7 +108,7 @@ class Schedules(SlotLists):
         number of workers: each schedule is locked (SKIP LOCKED) by one of them, and
         a slot generated twice is skipped by the database. A schedule that cannot
         be extended even alone (its doctor's zone unknown, a value out of range)
-        is parked and the others go on (core.poison). Returns how many schedules
+        is parked and the others go on (core.messaging.poison). Returns how many schedules
         it claimed (a full batch means: run again at once)."""
         now = self.clock.now()
         # No zone is more than a day ahead of UTC: a bound the index can use.

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
-from reservo.core.schemas import ApiModel, Day, Id
-from reservo.core.timezones import Zone
+from reservo.core.http.schemas import ApiModel, Day, Id
+from reservo.core.kernel.timezones import Zone
 
 
 class DoctorIn(ApiModel):

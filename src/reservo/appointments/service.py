@@ -21,16 +21,17 @@ from reservo.appointments.gate import Gate
 from reservo.appointments.refusals import no_show_refusal, not_reschedulable, slot_refusal
 from reservo.appointments.schedules import Schedules
 from reservo.appointments.waitlist import Waitlist
-from reservo.core import contacts, metrics
-from reservo.core.cache import Cache
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
-from reservo.core.idempotency import Within
+from reservo.core.aio.turns import Turns
+from reservo.core.db.database import Database
+from reservo.core.http.idempotency import Within
 from reservo.core.jobqueue import JobQueue
-from reservo.core.outbox import emit
-from reservo.core.ratelimit import RateLimiter
-from reservo.core.turns import Turns
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError
+from reservo.core.messaging.outbox import emit
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.ratelimit import RateLimiter
+from reservo.notifications import contacts
 
 log = structlog.get_logger(__name__)
 

@@ -14,8 +14,8 @@ from reservo.appointments.errors import CONSTRAINTS, ERRORS
 from reservo.appointments.reminders import REMINDER_JOB, ReminderJob
 from reservo.appointments.schedules import SCHEDULE_BATCH
 from reservo.appointments.service import AppointmentService
-from reservo.core.clock import HOUR_S
-from reservo.core.loops import run_every
+from reservo.core.aio.loops import run_every
+from reservo.core.kernel.clock import HOUR_S
 from reservo.core.module import Consumes, JobKind, Module
 from reservo.shared import Shared
 

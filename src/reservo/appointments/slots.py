@@ -13,12 +13,13 @@ import structlog
 
 from reservo.appointments import calendar, domain, events, repo
 from reservo.appointments.domain import Appointment, Limits
-from reservo.core.cache import Cache, LocalCache
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
-from reservo.core.reads import read_one
-from reservo.core.transport.base import Event
+from reservo.core.db.database import Database
+from reservo.core.db.reads import read_one
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError
+from reservo.core.messaging.transport.base import Event
+from reservo.core.redis.cache import Cache
+from reservo.core.redis.local_cache import LocalCache
 
 log = structlog.get_logger(__name__)
 

@@ -11,10 +11,10 @@ from reservo.appointments import domain, events, repo
 from reservo.appointments.domain import Appointment
 from reservo.appointments.refusals import slot_refusal
 from reservo.appointments.reminders import Reminders
-from reservo.core import metrics
-from reservo.core.errors import DomainError
-from reservo.core.idempotency import Within
-from reservo.core.outbox import emit
+from reservo.core.http.idempotency import Within
+from reservo.core.kernel import metrics
+from reservo.core.kernel.errors import DomainError
+from reservo.core.messaging.outbox import emit
 
 
 class Waitlist(Reminders):

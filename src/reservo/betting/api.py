@@ -30,9 +30,8 @@ from reservo.betting.schemas import (
     odds_text,
 )
 from reservo.betting.service import BettingService
-from reservo.core.auth import Principal
-from reservo.core.errors import DomainError
-from reservo.core.http import (
+from reservo.core.http.auth import Principal
+from reservo.core.http.glue import (
     AdminCaller,
     Caller,
     PathId,
@@ -44,9 +43,9 @@ from reservo.core.http import (
     role_caller,
     run_idempotent_route,
 )
-from reservo.core.idempotency import Within
-from reservo.core.openapi import raises, raw_body
-from reservo.core.pagination import (
+from reservo.core.http.idempotency import Within
+from reservo.core.http.openapi import raises, raw_body
+from reservo.core.http.pagination import (
     DEFAULT_LIMIT,
     After,
     Limit,
@@ -55,12 +54,13 @@ from reservo.core.pagination import (
     time_cursor,
     time_key,
 )
+from reservo.core.kernel.errors import DomainError
 
 router = APIRouter(prefix="/api", tags=["betting"])
 
 
 _svc = from_state(BettingService, "betting")
-# Who may use which route, checked before the request is parsed (core.http.Roles).
+# Who may use which route, checked before the request is parsed (core.http.glue.Roles).
 Bettor = Annotated[Principal, role_caller("bettor")]
 _intake = from_state(ResultIntake, "results")
 # MatchOut is a dataclass (the domain's Fixture on the wire): dumped through this.

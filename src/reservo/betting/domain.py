@@ -11,7 +11,7 @@ from datetime import datetime
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
-from reservo.core.rows import FromRow, build
+from reservo.core.db.rows import FromRow, build
 
 MARKETS: dict[str, tuple[str, ...]] = {
     "1X2": ("HOME", "DRAW", "AWAY"),

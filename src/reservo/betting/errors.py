@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reservo.core.codes import by_status
+from reservo.core.kernel.codes import by_status
 
 ERRORS = by_status(
     not_found=["match_not_found", "bet_not_found"],

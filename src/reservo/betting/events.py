@@ -6,9 +6,9 @@ import hashlib
 import uuid
 from typing import Any
 
-from reservo.core.contract import EventSpec
-from reservo.core.notify import Notification
-from reservo.core.transport.base import Event
+from reservo.core.kernel.contract import EventSpec
+from reservo.core.messaging.notify import Notification
+from reservo.core.messaging.transport.base import Event
 
 # A match's result and its settlement, in order on one stream under one key.
 STREAM = "betting.match.v1"
@@ -77,7 +77,7 @@ def _uuid5_text(sha1: bytes) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-# -- the contract (core/contract.py): what a subscriber may rely on ---------------
+# -- the contract (core/kernel/contract.py): what a subscriber may rely on ---------------
 
 _KEY_DOC = "the match (its external id): its result, then its settlement, in order"
 CONTRACT = (

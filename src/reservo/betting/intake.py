@@ -13,14 +13,14 @@ from pydantic import ValidationError
 from reservo.betting import domain, events, repo
 from reservo.betting.publisher import Publisher
 from reservo.betting.schemas import ResultIn
-from reservo.core import metrics
-from reservo.core.auth import verify_webhook
-from reservo.core.breaker import BreakerOpen, CircuitBreaker
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError, validation_error
-from reservo.core.retry import retry_async
-from reservo.core.transport.base import Event
+from reservo.core.aio.breaker import BreakerOpen, CircuitBreaker
+from reservo.core.aio.retry import retry_async
+from reservo.core.db.database import Database
+from reservo.core.http.auth import verify_webhook
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError, validation_error
+from reservo.core.messaging.transport.base import Event
 
 log = structlog.get_logger(__name__)
 

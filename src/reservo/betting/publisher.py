@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
-from reservo.core.transport.base import Event, Transport
+from reservo.core.messaging.transport.base import Event, Transport
 
 
 class Publisher(Protocol):

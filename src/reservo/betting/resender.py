@@ -11,12 +11,12 @@ import structlog
 from reservo.betting import events, repo
 from reservo.betting.publisher import Publisher
 from reservo.betting.settlement import Settlement
-from reservo.core import metrics
-from reservo.core.backoff import backoff_delay
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.failures import is_transient
-from reservo.core.transport.base import Event
+from reservo.core.aio.backoff import backoff_delay
+from reservo.core.db.database import Database
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import Clock
+from reservo.core.messaging.failures import is_transient
+from reservo.core.messaging.transport.base import Event
 
 log = structlog.get_logger(__name__)
 
@@ -24,7 +24,7 @@ log = structlog.get_logger(__name__)
 class FallbackResender:
     """Republishes PENDING fallback rows and marks them RESENT. A transient failure
     (Kafka away, breaker open) leaves the row PENDING with a capped backoff, for as
-    long as the outage lasts; only a result refused for good (core.failures) is
+    long as the outage lasts; only a result refused for good (core.messaging.failures) is
     FAILED, parked for an operator. No transaction stays open while it publishes (the outbox
     relay's pattern): a batch is leased (FOR UPDATE SKIP LOCKED and ``leased_until``
     in one committed statement), published with no connection held, then marked

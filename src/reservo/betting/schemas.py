@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from reservo.betting.domain import MARKETS, MAX_SELECTIONS, Fixture
-from reservo.core.schemas import ApiModel, Id, Instant
+from reservo.core.http.schemas import ApiModel, Id, Instant
 
 Market = Literal["1X2", "TOTALS_2_5", "BTTS"]
 # Decimal strings with at most two decimals, between 1.01 and 1000.

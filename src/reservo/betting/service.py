@@ -11,13 +11,13 @@ import asyncpg
 from reservo import wallet
 from reservo.betting import domain, repo
 from reservo.betting.domain import Bet, Match, Selection
-from reservo.core import metrics
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError, validation_error
-from reservo.core.idempotency import Within
-from reservo.core.reads import read_one
-from reservo.core.schemas import MAX_ID
+from reservo.core.db.database import Database
+from reservo.core.db.reads import read_one
+from reservo.core.http.idempotency import Within
+from reservo.core.http.schemas import MAX_ID
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError, validation_error
 
 # Below every match's start (betting_match_starts_at_range): the first page's key.
 _BEFORE_ANY_MATCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -18,12 +18,12 @@ import structlog
 from reservo import wallet
 from reservo.betting import domain, events, repo
 from reservo.betting.schemas import ResultIn
-from reservo.core import metrics
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.failures import Rejected
-from reservo.core.outbox import emit
-from reservo.core.transport.base import Event
+from reservo.core.db.database import Database
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import Clock
+from reservo.core.messaging.failures import Rejected
+from reservo.core.messaging.outbox import emit
+from reservo.core.messaging.transport.base import Event
 
 log = structlog.get_logger(__name__)
 

@@ -14,10 +14,10 @@ from reservo.betting.repo import Q
 from reservo.betting.resender import FallbackResender
 from reservo.betting.service import BettingService
 from reservo.betting.settlement import Settlement
-from reservo.core.breaker import CircuitBreaker
-from reservo.core.loops import run_every
+from reservo.core.aio.breaker import CircuitBreaker
+from reservo.core.aio.loops import run_every
+from reservo.core.maintenance.retention import PruneRule
 from reservo.core.module import Consumes, Module
-from reservo.core.retention import PruneRule
 from reservo.settings import Settings
 from reservo.shared import Shared, transport_from_settings
 

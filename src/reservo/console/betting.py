@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from reservo.betting import BettingService, Match, ResultIn, ResultIntake
 from reservo.console.figures import Figures, Settling
 from reservo.console.web import SignedIn, Verified, render, site
-from reservo.core.errors import DomainError
-from reservo.core.pagination import page, time_cursor, time_key
+from reservo.core.http.pagination import page, time_cursor, time_key
+from reservo.core.kernel.errors import DomainError
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 25

@@ -22,8 +22,8 @@ from reservo.console.web import (
     render_refused,
     site,
 )
-from reservo.core import timezones
-from reservo.core.errors import DomainError, validation_error
+from reservo.core.kernel import timezones
+from reservo.core.kernel.errors import DomainError, validation_error
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 WAITLIST_SHOWN = 100

@@ -13,8 +13,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from reservo.console.figures import Figures
 from reservo.console.web import SignedIn, Verified, render, render_refused
-from reservo.core.deadletters import DeadLetterBox
-from reservo.core.errors import DomainError
+from reservo.core.kernel.errors import DomainError
+from reservo.core.messaging.deadletters import DeadLetterBox
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 50

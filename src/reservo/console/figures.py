@@ -16,11 +16,11 @@ import structlog
 
 from reservo.console import repo
 from reservo.console.charts import Sparkline, percent, sparkline
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.pulse import Pulse
-from reservo.core.redis import RedisGate
-from reservo.core.transport.kafka import broker_answers, group_lag
+from reservo.console.pulse import Pulse
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import Clock
+from reservo.core.messaging.transport.kafka import broker_answers, group_lag
+from reservo.core.redis.client import RedisGate
 
 log = structlog.get_logger(__name__)
 

@@ -15,8 +15,8 @@ from fastapi.responses import HTMLResponse
 
 from reservo.console.session import Session
 from reservo.console.web import render, render_refused
-from reservo.core.errors import DomainError, validation_error
-from reservo.core.pagination import decode_cursor, malformed_cursor
+from reservo.core.http.pagination import decode_cursor, malformed_cursor
+from reservo.core.kernel.errors import DomainError, validation_error
 
 PAGE = 25
 MAX_TEXT = 100

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from reservo.console.figures import Figures
 from reservo.console.web import SignedIn, Verified, render, render_refused
-from reservo.core.errors import DomainError
+from reservo.core.kernel.errors import DomainError
 from reservo.scheduler import CANCELLABLE, RETRYABLE, STATUSES, Job, Scheduler, valid_category
 
 router = APIRouter(prefix="/console", include_in_schema=False)

@@ -1,6 +1,6 @@
 """People: patients and customers found by user id or by part of their e-mail.
 
-A user id is global (core.contacts): the same person may hold appointments
+A user id is global (notifications.contacts): the same person may hold appointments
 (patient), car bookings (customer) and wallet accounts. Their e-mail lives in
 one place, the contact notifications are sent to (``PUT
 /api/patients/{id}/contact``). So one lookup serves both: each person found
@@ -23,10 +23,10 @@ from reservo.appointments import Appointment, AppointmentService
 from reservo.console import repo
 from reservo.console.finder import PAGE, Cursor, Found, Text, show
 from reservo.console.web import SignedIn, render, render_refused, site
-from reservo.core import timezones
-from reservo.core.errors import DomainError, validation_error
-from reservo.core.pagination import decode_cursor, page, time_cursor, time_key
-from reservo.core.schemas import MAX_ID
+from reservo.core.http.pagination import decode_cursor, page, time_cursor, time_key
+from reservo.core.http.schemas import MAX_ID
+from reservo.core.kernel import timezones
+from reservo.core.kernel.errors import DomainError, validation_error
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 ACCOUNTS_SHOWN = 10  # a person's wallet accounts on the page (one per currency)

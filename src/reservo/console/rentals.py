@@ -14,9 +14,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from reservo.console.web import SignedIn, parse_day, render, render_refused, site
-from reservo.core.errors import DomainError
-from reservo.core.pagination import page, time_cursor, time_key
-from reservo.core.schemas import LATEST
+from reservo.core.http.pagination import page, time_cursor, time_key
+from reservo.core.http.schemas import LATEST
+from reservo.core.kernel.errors import DomainError
 from reservo.rentals import BlockedPeriod, Booking, BookingStatus, RentalService
 
 router = APIRouter(prefix="/console", include_in_schema=False)

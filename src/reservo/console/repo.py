@@ -8,10 +8,10 @@ from typing import Any
 
 import asyncpg
 
-from reservo.core.db import Queries
+from reservo.core.db.database import Queries
 
 Q = Queries.load("reservo.console")
-CORE = Queries.load("reservo.core")
+CORE = Queries.load("reservo.core.messaging")
 Row = Any
 
 

@@ -16,8 +16,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from reservo.console import repo
 from reservo.console.finder import PAGE, Cursor, Found, Text, name_cursor, show
 from reservo.console.web import SignedIn, site
-from reservo.core.pagination import page, time_cursor, time_key
-from reservo.core.schemas import LATEST, MAX_ID
+from reservo.core.http.pagination import page, time_cursor, time_key
+from reservo.core.http.schemas import LATEST, MAX_ID
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from itsdangerous import BadSignature, URLSafeSerializer
 
-from reservo.core.auth import Principal
+from reservo.core.http.auth import Principal
 
 COOKIE = "reservo_console"
 # Holds the sign-in form's own CSRF value until the admin signs in.

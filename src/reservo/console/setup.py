@@ -1,5 +1,5 @@
 """Builds the console: its pages, its session cookies and the pulse (the
-per-second figures every process writes to Redis, core/pulse.py)."""
+per-second figures every process writes to Redis, console/pulse.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from reservo.console import (
     signin,
 )
 from reservo.console.figures import Figures
+from reservo.console.pulse import Pulse
 from reservo.console.session import Sessions
 from reservo.console.web import Site, static
 from reservo.core.module import Module
-from reservo.core.pulse import Pulse
 from reservo.shared import Shared
 
 

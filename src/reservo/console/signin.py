@@ -17,8 +17,8 @@ from reservo.console.web import (
     safe_next,
     site,
 )
-from reservo.core.auth import TokenVerifier
-from reservo.core.errors import DomainError
+from reservo.core.http.auth import TokenVerifier
+from reservo.core.kernel.errors import DomainError
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 # A JWT of reservo's is a few hundred characters; anything far longer is not one.

@@ -22,10 +22,10 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from reservo.console import repo
 from reservo.console.figures import capped
 from reservo.console.session import COOKIE, Session, Sessions, csrf_matches
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
-from reservo.core.schemas import EARLIEST_DAY, LATEST_DAY
+from reservo.core.db.database import Database
+from reservo.core.http.schemas import EARLIEST_DAY, LATEST_DAY
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError
 
 SIGN_IN = "/console/sign-in"
 CSRF_HEADER = "X-CSRF-Token"

@@ -18,10 +18,10 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from reservo.core.contract import EventSpec
-from reservo.core.notify import Notification
-from reservo.core.retention import PruneRule
-from reservo.core.transport.base import BatchHandler, Event, Handler
+from reservo.core.kernel.contract import EventSpec
+from reservo.core.maintenance.retention import PruneRule
+from reservo.core.messaging.notify import Notification
+from reservo.core.messaging.transport.base import BatchHandler, Event, Handler
 
 # A background role: runs until ``stop`` is set (``reservo worker --roles <name>``).
 Role = Callable[[asyncio.Event], Awaitable[None]]
@@ -69,21 +69,21 @@ class Module:
     name: str
     routers: Sequence[APIRouter] = ()
     # The endpoints of those routes' hottest ones, served on the fast path
-    # (core/hotroute.py).
+    # (core/http/hotroute.py).
     hot: Sequence[Callable[..., Any]] = ()
     consumes: Sequence[Consumes] = ()
     jobs: Sequence[JobKind] = ()
     roles: Mapping[str, Role] = field(default_factory=dict)
     # Run in every process that hosts the graph (each API process and each
     # ``reservo worker``), whatever its roles, until it stops: per-process
-    # duties such as sampling that process's counters (core/pulse.py).
+    # duties such as sampling that process's counters (console/pulse.py).
     companions: Sequence[Role] = ()
     # code -> HTTP status of every DomainError code the module raises.
     errors: Mapping[str, int] = field(default_factory=dict)
     # constraint name -> (code, detail): a refused write becomes that DomainError.
     constraints: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     # The events it emits (or takes in and republishes): name, topic, key and
-    # payload schema (core/contract.py); the AsyncAPI document is made of these.
+    # payload schema (core/kernel/contract.py); the AsyncAPI document is made of these.
     events: Sequence[EventSpec] = ()
     # topic -> renderer: the notifications the module's events become.
     notifications: Mapping[str, Renderer] = field(default_factory=dict)

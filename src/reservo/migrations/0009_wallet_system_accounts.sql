@@ -14,7 +14,7 @@ ALTER TABLE wallet_account ADD CONSTRAINT wallet_account_owner CHECK (
     OR (kind <> 'CUSTOMER' AND owner_id IS NULL)
 );
 
--- 2. The database's copy of the API's Instant rule (core.schemas.Instant): a
+-- 2. The database's copy of the API's Instant rule (core.http.schemas.Instant): a
 --    start outside [2000-01-01Z, 2100-01-01Z) was once stored without its offset
 --    and made every bet on the match fail. NOT VALID: rows written before the API
 --    refused such instants stay readable; every new or updated row is checked.

@@ -1,5 +1,5 @@
 -- A job's run_at lies in the range every accepted instant lies in
--- (reservo.core.schemas.Instant: [2000-01-01Z, 2100-01-01Z)). The API refuses
+-- (reservo.core.http.schemas.Instant: [2000-01-01Z, 2100-01-01Z)). The API refuses
 -- others with 422; the database repeats the rule so that no writer (an older
 -- version, a script, a bulk import) can store a row the workers cannot read:
 -- year 1 minus an offset is year 0, which Python cannot decode, and one such row

@@ -1,4 +1,4 @@
--- Retention (reservo.core.retention, run by the `maintenance` role): indexes that
+-- Retention (reservo.core.maintenance.retention, run by the `maintenance` role): indexes that
 -- let each prune statement find the oldest prunable rows in time order without
 -- scanning the table. Each prune batch walks one of these in its time order and
 -- stops after the batch, so a batch costs the same on a table of a thousand rows

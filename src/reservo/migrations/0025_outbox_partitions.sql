@@ -1,7 +1,7 @@
 -- The outbox, partitioned by day of created_at (UTC), so that retention drops a
 -- whole day of delivered events (a catalog change and an unlink: no per-row
 -- WAL, no dead tuples, no vacuum) instead of deleting it 5,000 rows at a time.
--- reservo.core.partitions creates the days ahead and retires the old ones; a
+-- reservo.core.maintenance.partitions creates the days ahead and retires the old ones; a
 -- DEFAULT partition takes any row no day partition covers, so an insert never
 -- fails (the batch pruner keeps pruning it). docs/OPERATIONS.md, Retention.
 --
@@ -109,7 +109,7 @@ END $$;
 --    kept), same indexes per partition. Keys must contain the partition key:
 --    the primary key becomes (id, created_at) (ids still come from one
 --    sequence) and event_id is unique per created_at (event ids are random
---    UUIDs minted by reservo.core.outbox.emit; nothing looks an event up by it
+--    UUIDs minted by reservo.core.messaging.outbox.emit; nothing looks an event up by it
 --    on a hot path, and consumers deduplicate through their own inboxes).
 ALTER TABLE outbox RENAME TO outbox_before_0025;
 ALTER TABLE outbox_before_0025 RENAME CONSTRAINT outbox_pkey TO outbox_before_0025_pkey;

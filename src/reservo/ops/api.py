@@ -8,15 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from reservo.core.deadletters import DeadLetter, DeadLetterBox
-from reservo.core.http import (
+from reservo.core.http.glue import (
     AdminCaller,
     PathId,
     from_state,
     json_response,
 )
-from reservo.core.openapi import raises
-from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.http.openapi import raises
+from reservo.core.http.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.messaging.deadletters import DeadLetter, DeadLetterBox
 from reservo.ops.schemas import DeadLetterOut, DeadLetterPage, Replayed
 
 router = APIRouter(prefix="/api/ops", tags=["operations"])

@@ -8,8 +8,8 @@ from typing import Annotated
 
 from pydantic import Field, with_config
 
-from reservo.core.deadletters import DeadLetter
-from reservo.core.schemas import ApiModel
+from reservo.core.http.schemas import ApiModel
+from reservo.core.messaging.deadletters import DeadLetter
 
 
 # A dead letter on the wire: the letter itself, its fields in camelCase, but for

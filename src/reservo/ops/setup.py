@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reservo.core.deadletters import DeadLetterBox
+from reservo.core.messaging.deadletters import DeadLetterBox
 from reservo.core.module import Module
 from reservo.ops.api import router
 from reservo.shared import Shared

@@ -11,9 +11,8 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from reservo.core.auth import Principal, verify_webhook
-from reservo.core.errors import DomainError, validation_error
-from reservo.core.http import (
+from reservo.core.http.auth import Principal, verify_webhook
+from reservo.core.http.glue import (
     AdminCaller,
     Caller,
     IdempotencyKey,
@@ -26,9 +25,9 @@ from reservo.core.http import (
     role_caller,
     run_idempotent_route,
 )
-from reservo.core.idempotency import Within, validate_key
-from reservo.core.openapi import raises, raw_body
-from reservo.core.pagination import (
+from reservo.core.http.idempotency import Within, validate_key
+from reservo.core.http.openapi import raises, raw_body
+from reservo.core.http.pagination import (
     DEFAULT_LIMIT,
     After,
     Limit,
@@ -36,7 +35,8 @@ from reservo.core.pagination import (
     time_cursor,
     time_key,
 )
-from reservo.core.schemas import Instant
+from reservo.core.http.schemas import Instant
+from reservo.core.kernel.errors import DomainError, validation_error
 from reservo.rentals import domain
 from reservo.rentals.domain import Booking, Car
 from reservo.rentals.gateway import WebhookKey
@@ -60,7 +60,7 @@ router = APIRouter(prefix="/api", tags=["rentals"])
 
 
 svc_of = from_state(RentalService, "rentals")
-# Who may use which route, checked before the request is parsed (core.http.Roles).
+# Who may use which route, checked before the request is parsed (core.http.glue.Roles).
 Customer = Annotated[Principal, role_caller("customer")]
 Host = Annotated[Principal, role_caller("host")]
 CustomerOrHost = Annotated[Principal, role_caller("customer", "host")]
@@ -137,7 +137,7 @@ async def search_cars(
     return Response(body, media_type="application/json")
 
 
-# Served on the fast path (core/hotroute.py).
+# Served on the fast path (core/http/hotroute.py).
 HOT_ROUTES = (search_cars,)
 
 

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
 
-from reservo.core.rows import FromRow
+from reservo.core.db.rows import FromRow
 
 Status = Literal["HOLD", "CONFIRMED", "ON_TRIP", "COMPLETED", "CANCELLED", "EXPIRED"]
 # Statuses that occupy the car (the exclusion constraint's predicate).

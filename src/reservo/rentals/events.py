@@ -8,9 +8,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from reservo.core.contract import EventSpec
-from reservo.core.notify import Notification
-from reservo.core.transport.base import Event
+from reservo.core.kernel.contract import EventSpec
+from reservo.core.messaging.notify import Notification
+from reservo.core.messaging.transport.base import Event
 from reservo.rentals.domain import Booking
 
 # A booking's whole life (hold, payment, trip, refund) on one stream, one key.
@@ -113,7 +113,7 @@ def notifications(event: Event) -> list[Notification]:
     return [Notification(r, subject, body, str(event.id)) for r in recipients]
 
 
-# -- the contract (core/contract.py): what a subscriber may rely on ---------------
+# -- the contract (core/kernel/contract.py): what a subscriber may rely on ---------------
 
 _ID = {"type": "integer", "minimum": 1}
 _MONEY = {"type": "integer", "minimum": 0, "description": "Minor units."}

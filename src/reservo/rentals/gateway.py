@@ -30,10 +30,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from reservo.core import outbound
-from reservo.core.auth import sign_webhook
-from reservo.core.breaker import CircuitBreaker
-from reservo.core.failures import Rejected
+from reservo.core.aio.breaker import CircuitBreaker
+from reservo.core.http import outbound
+from reservo.core.http.auth import sign_webhook
+from reservo.core.messaging.failures import Rejected
 
 log = structlog.get_logger(__name__)
 

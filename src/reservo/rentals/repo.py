@@ -7,7 +7,7 @@ from typing import TypeAlias
 
 import asyncpg
 
-from reservo.core.db import Queries
+from reservo.core.db.database import Queries
 from reservo.rentals.domain import StoredPeriod
 
 Q = Queries.load("reservo.rentals")

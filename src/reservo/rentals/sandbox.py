@@ -23,8 +23,8 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse
 
-from reservo.core.errors import DomainError
-from reservo.core.http import PathId
+from reservo.core.http.glue import PathId
+from reservo.core.kernel.errors import DomainError
 from reservo.rentals import domain
 from reservo.rentals.api import process_webhook, svc_of
 from reservo.rentals.gateway import SandboxGateway

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, StrictInt, StringConstraints, with_config
 
-from reservo.core.schemas import ApiModel, Id, Instant
+from reservo.core.http.schemas import ApiModel, Id, Instant
 from reservo.rentals import domain
 
 Money = Annotated[StrictInt, Field(ge=0, le=10**15)]

@@ -13,17 +13,17 @@ from typing import Any
 import asyncpg
 import structlog
 
-from reservo.core import metrics
-from reservo.core.cache import Cache
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError, validation_error
-from reservo.core.idempotency import Within
+from reservo.core.db.database import Database
+from reservo.core.db.reads import read_one
+from reservo.core.http.idempotency import Within
+from reservo.core.http.schemas import MAX_ID, ApiModel, Id
 from reservo.core.jobqueue import JobQueue
-from reservo.core.outbox import emit
-from reservo.core.reads import read_one
-from reservo.core.schemas import MAX_ID, ApiModel, Id
-from reservo.core.transport.base import Event
+from reservo.core.kernel import metrics
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError, validation_error
+from reservo.core.messaging.outbox import emit
+from reservo.core.messaging.transport.base import Event
+from reservo.core.redis.cache import Cache
 from reservo.rentals import domain, events, repo
 from reservo.rentals.config import RentalsSettings
 from reservo.rentals.domain import BlockedPeriod, Booking, Car

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import structlog
 from fastapi import APIRouter
 
-from reservo.core.loops import run_every
+from reservo.core.aio.loops import run_every
 from reservo.core.module import Consumes, JobKind, Module
 from reservo.rentals import events, sandbox
 from reservo.rentals.api import HOT_ROUTES, router

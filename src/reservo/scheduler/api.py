@@ -10,9 +10,8 @@ import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from reservo.core.auth import Principal
-from reservo.core.errors import validation_error
-from reservo.core.http import (
+from reservo.core.http.auth import Principal
+from reservo.core.http.glue import (
     AdminCaller,
     IdempotencyKey,
     PathId,
@@ -23,9 +22,10 @@ from reservo.core.http import (
     role_caller,
     run_idempotent_route,
 )
-from reservo.core.idempotency import Within, request_hash, validate_key
-from reservo.core.openapi import raises
-from reservo.core.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.http.idempotency import Within, request_hash, validate_key
+from reservo.core.http.openapi import raises
+from reservo.core.http.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.kernel.errors import validation_error
 from reservo.scheduler import domain
 from reservo.scheduler.batch import JobBatch, JobRequest
 from reservo.scheduler.domain import Job, Recurring
@@ -128,7 +128,7 @@ async def create_job_flow(
     return json_bytes(answer.status, orjson.dumps(answer.body))
 
 
-# Served on the fast path (core/hotroute.py).
+# Served on the fast path (core/http/hotroute.py).
 HOT_ROUTES = (create_job,)
 
 

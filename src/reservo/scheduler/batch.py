@@ -1,7 +1,7 @@
 """POST /api/jobs as a group commit: many enqueues, one transaction.
 
 The requests a process receives while its previous batch runs form the next
-batch (``core.batching``); a batch runs in ONE transaction, set-based:
+batch (``core.http.batching``); a batch runs in ONE transaction, set-based:
 
 1. read every key of the batch in one statement (``known_many``): a known key
    replays its stored response or is 422, a claim in flight elsewhere is 409; a
@@ -39,10 +39,10 @@ from typing import Any
 import asyncpg
 import orjson
 
-from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, GroupCommit, Outcome
-from reservo.core.errors import DomainError
-from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
+from reservo.core.http.auth import Principal
+from reservo.core.http.batching import AGAIN, GroupCommit, Outcome
+from reservo.core.http.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
+from reservo.core.kernel.errors import DomainError
 from reservo.scheduler.domain import QUEUED, Job
 from reservo.scheduler.service import Scheduler
 

@@ -12,7 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from reservo.core.db import Database
+from reservo.core.db.database import Database
 from reservo.scheduler import repo
 
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from reservo.core.redis import Client, Command, ScriptCall, pipeline
+from reservo.core.redis.client import Client, Command, ScriptCall, pipeline
 from reservo.scheduler import lua
 from reservo.scheduler.domain import Keys, pair, unpair
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from cronsim import CronSim, CronSimError
 
-from reservo.core import timezones
-from reservo.core.rows import FromRow
-from reservo.core.schemas import EARLIEST, LATEST
+from reservo.core.db.rows import FromRow
+from reservo.core.http.schemas import EARLIEST, LATEST
+from reservo.core.kernel import timezones
 
 SCHEDULED, QUEUED, RUNNING, DONE = "SCHEDULED", "QUEUED", "RUNNING", "DONE"
 FAILED, DEAD, CANCELLED = "FAILED", "DEAD", "CANCELLED"
@@ -128,7 +128,7 @@ def resolve_run_at(now: datetime, run_at: datetime | None, delay: timedelta | No
 
 
 def check_run_at(run_at: datetime) -> None:
-    """The accepted range of every instant (core.schemas.Instant), which the
+    """The accepted range of every instant (core.http.schemas.Instant), which the
     database repeats (ck_job_run_at_range). A row outside it was written by
     something older than the rule: the loops park it instead of running it."""
     if not EARLIEST <= run_at < LATEST:
@@ -145,7 +145,7 @@ _MAX_GAP = timedelta(hours=25)
 
 
 def parse_zone(name: str) -> zoneinfo.ZoneInfo:
-    """A time zone by the one rule of every zone (core.timezones); UnknownZone
+    """A time zone by the one rule of every zone (core.kernel.timezones); UnknownZone
     (a ValueError) for anything else."""
     return timezones.zone(name)
 

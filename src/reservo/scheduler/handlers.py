@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import structlog
 
-from reservo.core import egress, outbound
-from reservo.core.errors import DomainError
+from reservo.core.http import outbound
+from reservo.core.kernel.errors import DomainError
+from reservo.scheduler import egress
 from reservo.scheduler.domain import Job, JobDeferred, JobFailure
 
 log = structlog.get_logger(__name__)
@@ -57,7 +58,7 @@ class HttpHandler:
     """Category ``http``: payload ``{url, method?, headers?, body?}``. Sends
     ``Idempotency-Key: <jobId>`` so the receiver can drop a repeated delivery.
 
-    Destinations follow ``core.egress`` (loopback, private, link-local and the
+    Destinations follow ``scheduler.egress`` (loopback, private, link-local and the
     like are refused unless ``allow`` lists them): checked when the job is
     created (URL only, no DNS) and when it runs (every resolved address).
 

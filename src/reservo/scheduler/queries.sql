@@ -330,7 +330,7 @@ SELECT attempt, worker, started_at, finished_at, outcome, error
   FROM job_execution WHERE job_id = $1 ORDER BY attempt;
 
 -- name: job_prune_finished
--- Retention (core/retention.py): DONE and CANCELLED jobs finished before $1, at
+-- Retention (core/maintenance/retention.py): DONE and CANCELLED jobs finished before $1, at
 -- most $2, with their executions (same statement, by job_execution's key).
 -- SCHEDULED/QUEUED/RUNNING/FAILED jobs are never pruned.
 WITH gone AS (
@@ -448,7 +448,7 @@ SELECT id FROM recurring_job
 SELECT * FROM recurring_job WHERE id = ANY($1::bigint[]) ORDER BY next_at, id;
 
 -- name: park_recurring
--- A recurring job the materialiser cannot expand even alone (core.poison):
+-- A recurring job the materialiser cannot expand even alone (core.messaging.poison):
 -- skipped from now on, with the reason. Reads none of the row's values.
 UPDATE recurring_job SET parked_at = $2, last_error = $3 WHERE id = $1;
 

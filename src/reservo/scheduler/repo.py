@@ -8,8 +8,8 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
-from reservo.core.db import Queries
-from reservo.core.schemas import MAX_ID
+from reservo.core.db.database import Queries
+from reservo.core.http.schemas import MAX_ID
 from reservo.scheduler.domain import Category, Job, Recurring
 
 Q = Queries.load("reservo.scheduler")

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, HttpUrl
 
-from reservo.core.schemas import ApiModel, Instant
-from reservo.core.timezones import Zone
+from reservo.core.http.schemas import ApiModel, Instant
+from reservo.core.kernel.timezones import Zone
 from reservo.scheduler.domain import MAX_RATE, MIN_RATE
 
 MAX_DELAY_MS = 5 * 366 * 24 * 3600 * 1000

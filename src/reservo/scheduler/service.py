@@ -20,13 +20,13 @@ import asyncpg
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError, validation_error
-from reservo.core.idempotency import Within
-from reservo.core.poison import isolate
-from reservo.core.reads import read_one
-from reservo.core.redis import Client
+from reservo.core.db.database import Database
+from reservo.core.db.reads import read_one
+from reservo.core.http.idempotency import Within
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError, validation_error
+from reservo.core.messaging.poison import isolate
+from reservo.core.redis.client import Client
 from reservo.scheduler import domain, repo
 from reservo.scheduler.categories import CategoryRules
 from reservo.scheduler.config import SchedulerSettings
@@ -505,7 +505,7 @@ class Scheduler:
         (recurring_id, occurs_at) refuses a second job for one occurrence anyway.
         A recurring job that cannot be expanded even alone (a zone the rule
         refuses, a row that cannot be decoded) is parked and the others go on
-        (core.poison). Returns how many recurring jobs it claimed and the jobs
+        (core.messaging.poison). Returns how many recurring jobs it claimed and the jobs
         it created."""
         now = self.clock.now()
         window = _Window.at(now, self.config)

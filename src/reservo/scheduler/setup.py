@@ -8,15 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from reservo.core import outbound
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.egress import parse_allow
+from reservo.core.db.database import Database
+from reservo.core.http import outbound
+from reservo.core.kernel.clock import Clock
+from reservo.core.maintenance.retention import PruneRule
 from reservo.core.module import JobKind, Module
-from reservo.core.redis import make_client
-from reservo.core.retention import PruneRule
+from reservo.core.redis.client import make_client
 from reservo.scheduler.api import HOT_ROUTES, created, router
 from reservo.scheduler.batch import JobBatch
+from reservo.scheduler.egress import parse_allow
 from reservo.scheduler.errors import CONSTRAINTS, ERRORS
 from reservo.scheduler.handlers import HttpHandler
 from reservo.scheduler.repo import Q

@@ -19,9 +19,9 @@ import asyncpg
 import structlog
 from pydantic import ValidationError
 
-from reservo.core.backoff import backoff_delay
-from reservo.core.loops import run_paced
-from reservo.core.poison import ROW_ERRORS, isolate, report
+from reservo.core.aio.backoff import backoff_delay
+from reservo.core.aio.loops import run_paced
+from reservo.core.messaging.poison import ROW_ERRORS, isolate, report
 from reservo.scheduler import domain, repo
 from reservo.scheduler.categories import Rules
 from reservo.scheduler.domain import Job, JobDeferred, JobFailure
@@ -56,7 +56,7 @@ MIN_WAIT_S = 0.005
 # slow job's batch-mates never wait for it.
 WAVE_S = 0.005
 # job_push rows the loader's recovery reads per page (each names the jobs of one
-# POST /api/jobs batch: at most core.batching's 128).
+# POST /api/jobs batch: at most core.http.batching's 128).
 PUSHES_PAGE = 50
 Groups = dict[tuple[str, int], list[int]]
 # The `loop` label of reservo_poison_rows_total.

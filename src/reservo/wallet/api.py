@@ -8,9 +8,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from reservo.core.auth import Principal
-from reservo.core.errors import validation_error
-from reservo.core.http import (
+from reservo.core.http.auth import Principal
+from reservo.core.http.glue import (
     AdminCaller,
     PathId,
     RequiredIdempotencyKey,
@@ -20,9 +19,10 @@ from reservo.core.http import (
     role_caller,
     run_idempotent_route,
 )
-from reservo.core.idempotency import Within, request_hash
-from reservo.core.openapi import raises
-from reservo.core.schemas import MAX_ID
+from reservo.core.http.idempotency import Within, request_hash
+from reservo.core.http.openapi import raises
+from reservo.core.http.schemas import MAX_ID
+from reservo.core.kernel.errors import validation_error
 from reservo.wallet.batch import TransferBatch, TransferRequest
 from reservo.wallet.domain import Account, BadRange, Transfer, may_act_for, statement_window
 from reservo.wallet.errors import account_not_found
@@ -53,7 +53,7 @@ def render_transfer(t: Transfer) -> dict[str, Any]:
     return TransferOut.model_validate(t, from_attributes=True).wire()
 
 
-# Who may use which route, checked before the request is parsed (core.http.Roles).
+# Who may use which route, checked before the request is parsed (core.http.glue.Roles).
 Bettor = Annotated[Principal, role_caller("bettor")]
 Service = Annotated[Principal, role_caller("service")]
 
@@ -178,7 +178,7 @@ async def transfer_flow(
     return json_response(answer.status, answer.body)
 
 
-# Served on the fast path (core/hotroute.py).
+# Served on the fast path (core/http/hotroute.py).
 HOT_ROUTES = (transfer,)
 
 

@@ -1,7 +1,7 @@
 """POST /api/transfers as a group commit: many transfers, one transaction.
 
 The requests a process receives while its previous batch runs form the next
-batch (``core.batching``); a batch runs in ONE transaction, set-based, and
+batch (``core.http.batching``); a batch runs in ONE transaction, set-based, and
 takes its account locks as late as it can (they are what concurrent batches
 queue on):
 
@@ -46,12 +46,12 @@ import asyncpg
 import orjson
 import structlog
 
-from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, GroupCommit, Outcome, take_claims
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
-from reservo.core.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
+from reservo.core.db.database import Database
+from reservo.core.http.auth import Principal
+from reservo.core.http.batching import AGAIN, GroupCommit, Outcome, take_claims
+from reservo.core.http.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError
 from reservo.wallet import domain, repo
 from reservo.wallet.domain import Transfer
 from reservo.wallet.errors import account_not_found

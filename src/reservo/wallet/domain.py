@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
-from reservo.core.auth import Principal
-from reservo.core.rows import FromRow
+from reservo.core.db.rows import FromRow
+from reservo.core.http.auth import Principal
 
 KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from reservo.core.codes import by_status
-from reservo.core.errors import DomainError
+from reservo.core.kernel.codes import by_status
+from reservo.core.kernel.errors import DomainError
 
 ERRORS = by_status(
     not_found=["account_not_found"],

@@ -9,12 +9,12 @@ from typing import Any
 
 import asyncpg
 
-from reservo.core import deadletters, inbox
-from reservo.core.clock import Clock
-from reservo.core.contract import EventSpec
-from reservo.core.db import Database
-from reservo.core.failures import Rejected, is_transient
-from reservo.core.transport.base import Event
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.contract import EventSpec
+from reservo.core.messaging import deadletters, inbox
+from reservo.core.messaging.failures import Rejected, is_transient
+from reservo.core.messaging.transport.base import Event
 from reservo.wallet import domain
 from reservo.wallet.service import Payout, pay_many_in_tx
 
@@ -149,7 +149,7 @@ def _readable(item: Payout, exc: Exception) -> Exception:
     return exc
 
 
-# -- the contract (core/contract.py): what a subscriber may rely on ---------------
+# -- the contract (core/kernel/contract.py): what a subscriber may rely on ---------------
 
 CONTRACT = (
     EventSpec(

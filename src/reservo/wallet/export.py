@@ -22,8 +22,8 @@ import structlog
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
+from reservo.core.db.database import Database
+from reservo.core.kernel.errors import DomainError
 from reservo.wallet import repo
 from reservo.wallet.config import WalletSettings
 

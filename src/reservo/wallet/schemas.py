@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, StrictInt
 
-from reservo.core.schemas import ApiModel, Id
+from reservo.core.http.schemas import ApiModel, Id
 
 # Positive and far below bigint overflow even after many credits.
 Amount = Annotated[StrictInt, Field(ge=1, le=10**15)]

@@ -12,10 +12,10 @@ from datetime import datetime
 
 import asyncpg
 
-from reservo.core.clock import Clock
-from reservo.core.db import Database
-from reservo.core.errors import DomainError
-from reservo.core.idempotency import Within
+from reservo.core.db.database import Database
+from reservo.core.http.idempotency import Within
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError
 from reservo.wallet import domain, repo
 from reservo.wallet.domain import Account, Entry, Transfer
 from reservo.wallet.errors import account_not_found

@@ -11,9 +11,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from reservo.core.clock import OffsetClock
-from reservo.core.db import Database
+from reservo.core.db.database import Database
 from reservo.core.embedded import EmbeddedKafka
+from reservo.core.kernel.clock import OffsetClock
 from tests.helpers.databases import create_database, drop_database
 from tests.helpers.kafka import Background
 

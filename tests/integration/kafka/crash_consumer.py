@@ -12,9 +12,9 @@ import signal
 import sys
 import uuid
 
-from reservo.core.clock import SystemClock
-from reservo.core.db import Database
-from reservo.core.transport.base import Event
+from reservo.core.db.database import Database
+from reservo.core.kernel.clock import SystemClock
+from reservo.core.messaging.transport.base import Event
 from tests.helpers.kafka import effect_handler, runner
 
 

@@ -8,7 +8,7 @@ import uuid
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from reservo.core.transport.kafka import ensure_topics, group_lag
+from reservo.core.messaging.transport.kafka import ensure_topics, group_lag
 
 
 async def test_lag_is_what_each_group_has_not_committed(kafka_bootstrap: str) -> None:

@@ -29,7 +29,7 @@ from reservo.appointments import events as appointment_events
 from reservo.betting.domain import Leg
 from reservo.betting.setup import Betting
 from reservo.bootstrap import Container, build, run_workers
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots, reschedule, wait
 from tests.helpers.auth import auth, new_id

@@ -15,14 +15,14 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from reservo.core.clock import OffsetClock
-from reservo.core.contract import TYPE_PREFIX
-from reservo.core.db import Database
+from reservo.core.db.database import Database
 from reservo.core.embedded import EmbeddedKafka
-from reservo.core.inbox import once_many
-from reservo.core.outbox import OutboxRelay
-from reservo.core.transport.envelope import from_record
-from reservo.core.transport.kafka import KafkaConsumerRunner
+from reservo.core.kernel.clock import OffsetClock
+from reservo.core.kernel.contract import TYPE_PREFIX
+from reservo.core.messaging.inbox import once_many
+from reservo.core.messaging.outbox import OutboxRelay
+from reservo.core.messaging.transport.envelope import from_record
+from reservo.core.messaging.transport.kafka import KafkaConsumerRunner
 from tests.helpers.kafka import (
     Background,
     count_status,

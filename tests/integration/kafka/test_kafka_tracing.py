@@ -20,7 +20,7 @@ import pytest
 from reservo.app import create_app
 from reservo.appointments import events as appointment_events
 from reservo.bootstrap import Container, build
-from reservo.core.clock import OffsetClock
+from reservo.core.kernel.clock import OffsetClock
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
 from tests.helpers.appointments import make_slots

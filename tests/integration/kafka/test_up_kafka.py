@@ -16,7 +16,7 @@ import httpx
 import orjson
 import psutil
 
-from reservo.core.auth import sign_webhook
+from reservo.core.http.auth import sign_webhook
 from reservo.settings import Settings
 from tests.helpers.auth import ADMIN, PAY_SECRET, RESULTS_SECRET, SERVICE, auth, new_id
 from tests.helpers.betting import place, result_body

@@ -1,0 +1,353 @@
+"""Idempotency-Key semantics (docs/openapi.json, the Idempotency-Key header),
+stored in PostgreSQL.
+
+A request first *claims* (caller, endpoint, key) in its own short statement. The
+business transaction then *completes* the claim with the response, so the
+created thing and its stored response commit together. A retry finds either the
+stored response (replayed; 201 becomes 200), a claim still in flight (409
+request_in_progress), or a different body under the same key (422).
+
+A group commit claims its keys together (``claim_many``) and completes them
+(``complete_many``); or, when its transaction alone writes what it answers,
+reads them (``known_many``) and writes each answer once (``store_many``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import asyncpg
+import orjson
+
+from reservo.core.db.database import Database, Queries
+from reservo.core.kernel.clock import Clock
+from reservo.core.kernel.errors import DomainError
+
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+Q = Queries.load("reservo.core.http")
+T = TypeVar("T")
+# A hook a use case runs inside its own transaction with what it created. The
+# API stores its idempotent response there, so the response and the effect
+# commit together ("created but not recorded" cannot happen).
+Within = Callable[[asyncpg.Connection, T], Awaitable[None]]
+
+
+def validate_key(key: str | None, *, required: bool) -> str | None:
+    if key is None or key == "":
+        if required:
+            raise DomainError(
+                "idempotency_key_required",
+                "this endpoint requires an Idempotency-Key header",
+            )
+        return None
+    if not _KEY.match(key):
+        raise DomainError(
+            "idempotency_key_required",
+            "Idempotency-Key must be 1-255 visible ASCII characters",
+        )
+    return key
+
+
+def request_hash(body: bytes) -> bytes:
+    """Hash of the request body; JSON is canonicalised so key order and spacing
+    of a retried body do not matter."""
+    try:
+        canonical = orjson.dumps(orjson.loads(body), option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONDecodeError:
+        canonical = body
+    return hashlib.sha256(canonical).digest()
+
+
+def in_progress() -> DomainError:
+    return DomainError(
+        "request_in_progress",
+        "a request with this Idempotency-Key is still being processed",
+        headers={"Retry-After": "1"},
+    )
+
+
+# The one rule for every way a key is claimed (run_idempotent, the job and
+# transfer batches): refusals not stored are who may not act (401/403: a retry
+# is judged on who asks then, and a stored 403 would keep answering after the
+# grant) and passing conditions (429/503); every other refusal is the request's
+# own and replays as it was.
+_NOT_STORED = frozenset((401, 403, 429, 503))
+
+
+def is_stored(err: DomainError) -> bool:
+    """Whether a refusal raised once a key was claimed is stored for the key
+    (replayed on a retry) rather than forgotten with the claim."""
+    return err.status not in _NOT_STORED
+
+
+def _replay(row: Mapping[str, Any]) -> Replay:
+    """A DONE key's stored response as replayed: a stored 201 is replayed as 200."""
+    status = row["response_status"]
+    return Replay(200 if status == 201 else status, row["response_body"])
+
+
+def _stored_answer(row: Mapping[str, Any], digest: bytes, now: datetime) -> Replay | None:
+    """What a stored key answers a request with ``digest``: the replay of its
+    response, or 422 (another body) or 409 (a claim in flight) raised. None: a
+    claim whose lease ran out, which the request may take over."""
+    if bytes(row["request_hash"]) != digest:
+        raise DomainError(
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request body",
+        )
+    if row["status"] == "DONE":
+        return _replay(row)
+    if row["locked_until"] is not None and row["locked_until"] < now:
+        return None
+    raise in_progress()
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """A key to claim (``IdempotencyStore.claim_many``): whose, which, and the
+    hash of its request's body (``request_hash``)."""
+
+    caller: str
+    key: str
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class Replay:
+    status: int
+    body: Any
+
+
+@dataclass(frozen=True)
+class Claim:
+    caller: str
+    endpoint: str
+    key: str
+
+    async def complete(self, conn: asyncpg.Connection, status: int, body: Any) -> None:
+        """Store the response; call inside the business transaction."""
+        await conn.execute(Q.idem_complete, self.caller, self.endpoint, self.key, status, body)
+
+    async def forget(self, conn: asyncpg.Connection) -> None:
+        """Drop the claim inside the business transaction (a refusal that is not
+        stored): a retry runs again."""
+        await conn.execute(Q.idem_release, self.caller, self.endpoint, self.key)
+
+    def storing(self, status: int, render: Callable[[T], Any]) -> Within[T]:
+        """The hook that completes this claim with ``render(created)``."""
+
+        async def within(conn: asyncpg.Connection, created: T) -> None:
+            await self.complete(conn, status, render(created))
+
+        return within
+
+
+class IdempotencyStore:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        lease_s: int = 60,
+    ) -> None:
+        self.db, self.clock = db, clock
+        self.lease = timedelta(seconds=lease_s)
+
+    async def begin(self, caller: str, endpoint: str, key: str, body: bytes) -> Claim | Replay:
+        digest = request_hash(body)
+        now = self.clock.now()
+        async with self.db.connection() as conn:
+            if await conn.fetchval(
+                Q.idem_insert, caller, endpoint, key, digest, now + self.lease, now
+            ):
+                return Claim(caller, endpoint, key)
+            known = await self._known(conn, Claim(caller, endpoint, key), digest, now)
+            # None: pruned between the two statements, the key is free again.
+            return known or await self.begin(caller, endpoint, key, body)
+
+    async def finished(self, caller: str, endpoint: str, key: str, body: bytes) -> Replay | None:
+        """The stored answer of the finished request under this key with this
+        body, or None (nothing stored, another body, still running). It only
+        reads: a request refused before it may claim its key (a rate limit)
+        still gets the answer its key's first request got."""
+        async with self.db.connection() as conn:
+            row = await conn.fetchrow(Q.idem_get, caller, endpoint, key)
+        if row is None or row["status"] != "DONE":
+            return None
+        if bytes(row["request_hash"]) != request_hash(body):
+            return None
+        return _replay(row)
+
+    async def _known(
+        self, conn: asyncpg.Connection, claim: Claim, digest: bytes, now: datetime
+    ) -> Claim | Replay | None:
+        """What a key already stored answers: its response, a take-over of a claim
+        whose request died, or 409/422 (raised). None when the key is gone."""
+        row = await conn.fetchrow(Q.idem_get, claim.caller, claim.endpoint, claim.key)
+        if row is None:
+            return None
+        return await self._answer_row(conn, claim, row, digest, now)
+
+    async def _answer_row(
+        self,
+        conn: asyncpg.Connection,
+        claim: Claim,
+        row: asyncpg.Record,
+        digest: bytes,
+        now: datetime,
+    ) -> Claim | Replay:
+        """What a stored key's row answers: its response, a take-over of a claim
+        whose request died, or 409/422 (raised)."""
+        known = _stored_answer(row, digest, now)
+        if known is not None:
+            return known
+        if await self._take_over(conn, claim, row["locked_until"], now):
+            return claim
+        raise in_progress()
+
+    async def _answer_or_error(
+        self,
+        conn: asyncpg.Connection,
+        claim: Claim,
+        row: asyncpg.Record,
+        digest: bytes,
+        now: datetime,
+    ) -> Claim | Replay | DomainError:
+        """``_answer_row`` for one key of a batch: its refusal is returned, not
+        raised (the other keys go on)."""
+        try:
+            return await self._answer_row(conn, claim, row, digest, now)
+        except DomainError as err:
+            return err
+
+    async def _take_over(
+        self, conn: asyncpg.Connection, claim: Claim, locked_until: datetime, now: datetime
+    ) -> bool:
+        return bool(
+            await conn.fetchval(
+                Q.idem_take_over,
+                claim.caller,
+                claim.endpoint,
+                claim.key,
+                locked_until,
+                now + self.lease,
+            )
+        )
+
+    async def claim_many(
+        self, conn: asyncpg.Connection, endpoint: str, wanted: Sequence[Wanted], now: datetime
+    ) -> list[Claim | Replay | DomainError | None]:
+        """``begin`` for many keys of one endpoint at once, inside the caller's
+        transaction (a group commit): the claims commit with the effect or not at
+        all. One answer per key, in order: a Claim to
+        complete in this transaction, the Replay of a stored response, the
+        DomainError to answer (422 another body, 409 a claim in flight
+        elsewhere), or None: the key was claimed or pruned by a transaction that
+        ended while this one waited for it, so ask again in a later transaction.
+        The keys must be distinct (a repeated key is the later request's to ask
+        again once this one is known)."""
+        rows = await conn.fetch(
+            Q.idem_claim_many,
+            [w.caller for w in wanted],
+            [w.key for w in wanted],
+            [w.digest for w in wanted],
+            endpoint,
+            now + self.lease,
+            now,
+        )
+        answers: list[Claim | Replay | DomainError | None] = []
+        for w, row in zip(wanted, rows, strict=True):
+            claim = Claim(w.caller, endpoint, w.key)
+            if row["claimed"]:
+                answers.append(claim)
+            elif row["status"] is None:
+                answers.append(None)
+            else:
+                answers.append(await self._answer_or_error(conn, claim, row, w.digest, now))
+        return answers
+
+    async def known_many(
+        self, conn: asyncpg.Connection, endpoint: str, wanted: Sequence[Wanted], now: datetime
+    ) -> list[Claim | Replay | DomainError | Wanted]:
+        """``claim_many`` without writing a claim for a free key, for a group
+        commit whose claims would never be seen (they commit with their answers):
+        one answer per key, in order: the Wanted itself when the key is free
+        (store its answer with ``store_many`` in this transaction), the Replay
+        of a stored response, the DomainError to answer (422 another body, 409 a
+        claim in flight elsewhere), or a Claim when this took over a claim whose
+        lease ran out (complete it with ``complete_many``). The keys must be
+        distinct."""
+        rows = await conn.fetch(
+            Q.idem_known_many, [w.caller for w in wanted], [w.key for w in wanted], endpoint
+        )
+        answers: list[Claim | Replay | DomainError | Wanted] = []
+        for w, row in zip(wanted, rows, strict=True):
+            if row["status"] is None:
+                answers.append(w)
+                continue
+            claim = Claim(w.caller, endpoint, w.key)
+            answers.append(await self._answer_or_error(conn, claim, row, w.digest, now))
+        return answers
+
+    async def store_many(
+        self,
+        conn: asyncpg.Connection,
+        endpoint: str,
+        wanted: Sequence[Wanted],
+        statuses: Sequence[int],
+        bodies: Sequence[bytes],
+        now: datetime,
+    ) -> set[tuple[str, str]]:
+        """Writes the answers of keys ``known_many`` found free, DONE, inside the
+        business transaction; returns the (caller, key) pairs written. A key
+        missing from it was written meanwhile by another transaction (this one
+        waited for it): its request must not take effect here (roll its effect
+        back, and ask again in a later transaction, which replays that one)."""
+        if not wanted:
+            return set()
+        rows = await conn.fetch(
+            Q.idem_store_many,
+            endpoint,
+            [w.caller for w in wanted],
+            [w.key for w in wanted],
+            [w.digest for w in wanted],
+            list(statuses),
+            [b.decode() for b in bodies],
+            now,
+        )
+        return {(r["caller"], r["key"]) for r in rows}
+
+    async def complete_many(
+        self,
+        conn: asyncpg.Connection,
+        endpoint: str,
+        claims: Sequence[Claim],
+        statuses: Sequence[int],
+        bodies: Sequence[bytes],
+    ) -> None:
+        """``Claim.complete`` of many claims of one endpoint in one statement
+        (bodies already serialised JSON), inside the business transaction."""
+        if not claims:
+            return
+        await conn.execute(
+            Q.idem_complete_many,
+            endpoint,
+            [c.caller for c in claims],
+            [c.key for c in claims],
+            list(statuses),
+            [b.decode() for b in bodies],
+        )
+
+    async def finish(self, claim: Claim, status: int, body: Any) -> None:
+        """Store a refusal (a deterministic 4xx) outside any business transaction."""
+        async with self.db.connection() as conn:
+            await claim.complete(conn, status, body)
+
+    async def release(self, claim: Claim) -> None:
+        """Forget a claim whose request failed for a passing reason, so a retry may run."""
+        async with self.db.connection() as conn:
+            await conn.execute(Q.idem_release, claim.caller, claim.endpoint, claim.key)

@@ -1,0 +1,101 @@
+-- Named queries of core/http: the Idempotency-Key store (core/http/idempotency.py).
+
+-- name: idem_insert
+-- Claim an Idempotency-Key (IN_PROGRESS until $5); no row when it is taken.
+INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, locked_until, created_at)
+VALUES ($1, $2, $3, $4, 'IN_PROGRESS', $5, $6)
+ON CONFLICT (caller, endpoint, key) DO NOTHING
+RETURNING caller;
+
+-- name: idem_claim_many
+-- Claim many keys of one endpoint ($4) in the caller's transaction (the group
+-- commit of transfers): the claims commit with the effect or not at all. The
+-- keys are inserted in (caller, key) order, so two such transactions waiting on
+-- each other's keys wait in one order and never deadlock. One row per key, in
+-- the order given: claimed, or (from this statement's snapshot) what the key
+-- already holds; neither means it was written by a transaction that ended while
+-- this one waited for it.
+WITH items AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY
+                  AS t(caller, key, request_hash, ord)
+), ins AS (
+    INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, locked_until, created_at)
+    SELECT caller, $4, key, request_hash, 'IN_PROGRESS', $5, $6 FROM items ORDER BY caller, key
+    ON CONFLICT (caller, endpoint, key) DO NOTHING
+    RETURNING caller, key
+)
+SELECT (ins.caller IS NOT NULL) AS claimed, k.request_hash, k.status, k.locked_until,
+       k.response_status, k.response_body
+  FROM items i
+  LEFT JOIN ins ON ins.caller = i.caller AND ins.key = i.key
+  LEFT JOIN idempotency_key k ON k.caller = i.caller AND k.endpoint = $4 AND k.key = i.key
+ ORDER BY i.ord;
+
+-- name: idem_complete_many
+-- Store the answers of many claimed keys of one endpoint ($1) at once.
+UPDATE idempotency_key k
+   SET status = 'DONE', locked_until = NULL, response_status = v.status,
+       response_body = v.body::json
+  FROM unnest($2::text[], $3::text[], $4::int[], $5::text[]) AS v(caller, key, status, body)
+ WHERE k.caller = v.caller AND k.endpoint = $1 AND k.key = v.key;
+
+-- name: idem_known_many
+-- What many keys of one endpoint ($3) already hold, read without claiming them
+-- (IdempotencyStore.known_many): one row per key, in the order given; status
+-- NULL when the key is free. One primary-key lookup per key (the LIMIT keeps
+-- the subquery from being flattened into a join): as a plain join, the plan
+-- cached while the table was new (a hash join over a sequential scan) read the
+-- whole table for every batch as it grew.
+SELECT k.request_hash, k.status, k.locked_until, k.response_status, k.response_body
+  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(caller, key, ord)
+  LEFT JOIN LATERAL (
+      SELECT * FROM idempotency_key i
+       WHERE i.caller = t.caller AND i.endpoint = $3 AND i.key = t.key
+       LIMIT 1
+  ) k ON true
+ ORDER BY t.ord;
+
+-- name: idem_store_many
+-- The answers of many free keys of one endpoint ($1), written DONE at once in
+-- the business transaction (IdempotencyStore.store_many): one write per key
+-- instead of a claim and then its completion. Inserted in (caller, key) order,
+-- as idem_claim_many, so two such transactions never deadlock on keys. A key
+-- another transaction wrote since it was read is left alone (after waiting for
+-- that transaction): its (caller, key) is missing from the rows returned.
+INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, response_status,
+                             response_body, created_at)
+SELECT t.caller, $1, t.key, t.request_hash, 'DONE', t.status, t.body::json, $7
+  FROM unnest($2::text[], $3::text[], $4::bytea[], $5::int[], $6::text[])
+       AS t(caller, key, request_hash, status, body)
+ ORDER BY t.caller, t.key
+ON CONFLICT (caller, endpoint, key) DO NOTHING
+RETURNING caller, key;
+
+-- name: idem_get
+-- The stored state of an Idempotency-Key: its request hash and answer.
+SELECT request_hash, status, locked_until, response_status, response_body
+  FROM idempotency_key
+ WHERE caller = $1 AND endpoint = $2 AND key = $3;
+
+-- name: idem_take_over
+-- A crashed request left its claim behind; take it over only if nobody else did.
+UPDATE idempotency_key
+   SET locked_until = $5
+ WHERE caller = $1 AND endpoint = $2 AND key = $3
+   AND status = 'IN_PROGRESS' AND locked_until = $4
+RETURNING caller;
+
+-- name: idem_complete
+-- Store the answer of a claimed key, to replay it to a retry.
+UPDATE idempotency_key
+   SET status = 'DONE', locked_until = NULL, response_status = $4, response_body = $5
+ WHERE caller = $1 AND endpoint = $2 AND key = $3;
+
+-- name: idem_release
+-- Free a key whose request failed, so a retry runs again.
+DELETE FROM idempotency_key
+ WHERE caller = $1 AND endpoint = $2 AND key = $3 AND status = 'IN_PROGRESS';
+
+-- name: idem_prunable
+-- Retention: keys created before $1 (pruned by prune_by_ctid).
+SELECT ctid FROM idempotency_key WHERE created_at < $1 ORDER BY created_at;
