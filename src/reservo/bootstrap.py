@@ -32,6 +32,7 @@ from reservo.core.module import Module, Role
 from reservo.core.redis.cache import Cache
 from reservo.core.redis.client import RedisGate, make_client
 from reservo.core.redis.ratelimit import RateLimiter
+from reservo.notifications import setup as notifications_setup
 from reservo.scheduler.setup import build_scheduler
 from reservo.settings import SECRETS, Settings, SettingsError, check_secrets
 from reservo.shared import Shared, consumer_from_settings
@@ -222,7 +223,7 @@ def build(
     shared = build_shared(settings, clock or SystemClock(), announce=announce, queue=queue)
     business = [(setups or {}).get(p, setup_of(p))(shared) for p in MODULES]
     renderers = {t: r for m in business for t, r in m.notifications.items()}
-    notifications = core_modules.notifications(shared, renderers)
+    notifications = notifications_setup.setup(shared, renderers)
     kept = [rule for m in (notifications, *business) for rule in m.retention]
     modules = (core_modules.outbox(shared, kept), notifications, *business)
     wire(shared, modules)

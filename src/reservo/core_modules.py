@@ -12,7 +12,7 @@ event settled a match: one row per result)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,11 +27,9 @@ from reservo.core.messaging.deadletters import LocalDeadLetters
 from reservo.core.messaging.outbox import OutboxRelay
 from reservo.core.messaging.transport.base import Transport
 from reservo.core.messaging.transport.local import LocalTransport
-from reservo.core.module import Consumes, Module, Renderer
-from reservo.notifications.channels import Channel
-from reservo.notifications.consumer import CONSUMER, NotificationConsumer
+from reservo.core.module import Module
 from reservo.settings import Settings
-from reservo.shared import Shared, channel_from_settings, transport_from_settings
+from reservo.shared import Shared, transport_from_settings
 
 log = structlog.get_logger(__name__)
 CORE_SQL_http = Queries.load("reservo.core.http")
@@ -63,12 +61,6 @@ class Outbox(Module):
             "deadEvents": row["dead_events"],
             "deadLetters": row["dead_letters"],
         }
-
-
-@dataclass(frozen=True, kw_only=True)
-class Notifications(Module):
-    consumer: NotificationConsumer
-    channel: Channel
 
 
 def outbox(shared: Shared, retention: Sequence[PruneRule]) -> Outbox:
@@ -106,27 +98,6 @@ def outbox(shared: Shared, retention: Sequence[PruneRule]) -> Outbox:
             "maintenance": lambda stop: _maintenance(shared, rules, stop),
         },
         retention=own,
-    )
-
-
-def notifications(shared: Shared, renderers: Mapping[str, Renderer]) -> Notifications:
-    channel = channel_from_settings(shared.settings)
-    consumer = NotificationConsumer(shared.db, channel, shared.clock, renderers)
-    aclose = getattr(channel, "aclose", None)
-    return Notifications(
-        name="notifications",
-        consumer=consumer,
-        channel=channel,
-        consumes=[Consumes(CONSUMER, consumer.topics, consumer.handle, consumer.handle_many)],
-        closers=[aclose] if aclose is not None else [],
-        retention=[
-            PruneRule(
-                "notification_prune",
-                "notification",
-                CORE_SQL_notifications.notification_prune,
-                timedelta(days=shared.settings.retention_notification_days),
-            )
-        ],
     )
 
 

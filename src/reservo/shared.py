@@ -21,7 +21,6 @@ from reservo.core.messaging.transport.kafka import KafkaConsumerRunner, KafkaTra
 from reservo.core.redis.cache import Cache
 from reservo.core.redis.client import Client, RedisGate
 from reservo.core.redis.ratelimit import RateLimiter
-from reservo.notifications.channels import Channel, build_channel
 from reservo.settings import Settings
 
 
@@ -45,23 +44,6 @@ class Shared:
     events: EventRegistry = field(default_factory=EventRegistry)
     # Log the start-up warnings (off when the graph is built only to read it).
     announce: bool = True
-
-
-def channel_from_settings(settings: Settings) -> Channel:
-    return build_channel(
-        settings.notify_channel,
-        smtp_host=settings.notify_smtp_host,
-        smtp_port=settings.notify_smtp_port,
-        smtp_sender=settings.notify_smtp_sender,
-        smtp_username=settings.notify_smtp_username,
-        smtp_password=settings.notify_smtp_password,
-        smtp_starttls=settings.notify_smtp_starttls,
-        email_template=settings.notify_email_template,
-        http_url=settings.notify_http_url,
-        http_token=settings.notify_http_token,
-        timeout_s=settings.notify_timeout_s,
-        deadline_s=settings.notify_deadline_s,
-    )
 
 
 def transport_from_settings(
