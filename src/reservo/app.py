@@ -79,6 +79,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         # Start anyway when PostgreSQL is away: requests answer 503 until it is back.
         with contextlib.suppress(Exception):
             await container.db.connect()
+        container.stale.start()
         stop = asyncio.Event()
         companions = [asyncio.ensure_future(run(stop)) for run in container.companions()]
         if provider is not None:  # the key set, fetched now and kept fresh
@@ -185,8 +186,9 @@ def _install_operations(app: FastAPI, container: Container) -> None:
         if report.checks["postgres"] == "up":
             with contextlib.suppress(Exception):  # detail only: never fails readiness
                 body["backlog"] = await container.backlog()
-        if container.db.replicas is not None:  # detail only: reads fall back to the primary
-            body["replicas"] = container.db.replicas.status()
+        replicas = container.stale.status()
+        if replicas is not None:  # detail only: reads fall back to the primary
+            body["replicas"] = replicas
         return JSONResponse(body, status_code=200 if report.ready else 503)
 
     # The event contract (AsyncAPI 3), made from what the modules declare.

@@ -18,7 +18,7 @@ import structlog
 
 from reservo import __version__, core_modules
 from reservo.core.db.database import Database
-from reservo.core.db.replicas import Replicas
+from reservo.core.db.replicas import Replicas, StaleReads
 from reservo.core.http.health import Check, Readiness, Report
 from reservo.core.http.idempotency import IdempotencyStore
 from reservo.core.jobqueue import JobQueue
@@ -117,6 +117,7 @@ class Container(Shared):
     # -- life cycle ------------------------------------------------------------------
 
     async def close(self) -> None:
+        await self.stale.close()
         await self.db.close()
         await self.redis.aclose()
         await self.scheduler.close()
@@ -168,6 +169,7 @@ def build_shared(
         settings=settings,
         clock=clock,
         db=db,
+        stale=StaleReads(db, _replicas(settings)),
         redis=client,
         gate=gate,
         cache=Cache(gate, settings.redis_namespace),
@@ -181,18 +183,6 @@ def build_shared(
 
 def _database(settings: Settings) -> Database:
     assert settings.database_url
-    replicas = (
-        Replicas(
-            settings.replica_urls,
-            max_lag_s=settings.replica_max_lag_s,
-            probe_interval_s=settings.replica_probe_interval_s,
-            timeout_s=settings.replica_timeout_s,
-            min_size=settings.db_replica_pool_min,
-            max_size=settings.db_replica_pool_max,
-        )
-        if settings.replica_urls
-        else None
-    )
     return Database(
         settings.database_url,
         min_size=settings.db_pool_min,
@@ -200,7 +190,20 @@ def _database(settings: Settings) -> Database:
         command_timeout=settings.db_command_timeout_s,
         acquire_timeout=settings.db_acquire_timeout_s,
         unavailable_hold_s=settings.db_unavailable_hold_s,
-        replicas=replicas,
+    )
+
+
+def _replicas(settings: Settings) -> Replicas | None:
+    """The read replicas the stale reads may go to, if any are configured."""
+    if not settings.replica_urls:
+        return None
+    return Replicas(
+        settings.replica_urls,
+        max_lag_s=settings.replica_max_lag_s,
+        probe_interval_s=settings.replica_probe_interval_s,
+        timeout_s=settings.replica_timeout_s,
+        min_size=settings.db_replica_pool_min,
+        max_size=settings.db_replica_pool_max,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from reservo.core.db.database import Database
+from reservo.core.db.replicas import StaleReads
 from reservo.core.http.idempotency import IdempotencyStore
 from reservo.core.jobqueue import JobQueue
 from reservo.core.kernel.clock import Clock
@@ -29,6 +30,8 @@ class Shared:
     settings: Settings
     clock: Clock
     db: Database
+    # The reads that may be seconds stale: on a replica when there are.
+    stale: StaleReads
     redis: Client
     gate: RedisGate
     cache: Cache

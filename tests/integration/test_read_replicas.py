@@ -77,7 +77,9 @@ async def routed(
     container = build(settings, OffsetClock())
     app = create_app(container, owns_container=False)
     try:
-        await container.db.connect()  # what the app's lifespan does: starts the probe
+        # What the app's lifespan does: connects, and starts the replica probe.
+        await container.db.connect()
+        container.stale.start()
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
         ) as client:
@@ -107,8 +109,8 @@ async def until(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 
 
 
 def serving(c: Container) -> bool:
-    assert c.db.replicas is not None
-    return bool(c.db.replicas.status()[0]["serving"])
+    assert c.stale.replicas is not None
+    return bool(c.stale.replicas.status()[0]["serving"])
 
 
 async def doctor_with_slots(client: httpx.AsyncClient, capacity: int, days: int = 1) -> int:
@@ -353,8 +355,8 @@ async def test_a_read_on_a_replica_that_just_died_is_asked_again_of_the_primary(
     async with routed(pair, base_settings, **settings) as (c, client):
         await make_match(client)
         await pair.caught_up()
-        assert c.db.replicas is not None
-        await c.db.replicas.probe()
+        assert c.stale.replicas is not None
+        await c.stale.replicas.probe()
         assert serving(c)
         await asyncio.to_thread(pair.kill_standby)
         try:
@@ -365,5 +367,5 @@ async def test_a_read_on_a_replica_that_just_died_is_asked_again_of_the_primary(
             assert not serving(c)  # left out until a probe finds it back
         finally:
             await pair.restart_standby()
-        await c.db.replicas.probe()
+        await c.stale.replicas.probe()
         assert serving(c)

@@ -23,6 +23,7 @@ from reservo.appointments.schedules import Schedules
 from reservo.appointments.waitlist import Waitlist
 from reservo.core.aio.turns import Turns
 from reservo.core.db.database import Database
+from reservo.core.db.replicas import StaleReads
 from reservo.core.http.idempotency import Within
 from reservo.core.jobqueue import JobQueue
 from reservo.core.kernel import metrics
@@ -51,8 +52,11 @@ class AppointmentService(Schedules, Waitlist, Gate):
         scheduler: JobQueue | None = None,
         window: domain.Window = domain.Window(),
         no_shows: domain.NoShowPolicy = domain.NoShowPolicy(),
+        *,
+        stale: StaleReads,
     ) -> None:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
+        self.stale = stale
         self.scheduler = scheduler
         self.limits = limits
         self.window = window

@@ -45,6 +45,7 @@ def setup(shared: Shared) -> Appointments:
         scheduler=shared.scheduler,
         window=Window(own.horizon_days, own.opening_time),
         no_shows=NoShowPolicy(own.no_show_limit, own.no_show_block_days),
+        stale=shared.stale,
     )
     feeds = CalendarFeeds(
         shared.db,

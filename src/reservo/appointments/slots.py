@@ -15,6 +15,7 @@ from reservo.appointments import calendar, domain, events, repo
 from reservo.appointments.domain import Appointment, Limits
 from reservo.core.db.database import Database
 from reservo.core.db.reads import read_one
+from reservo.core.db.replicas import StaleReads
 from reservo.core.kernel.clock import Clock
 from reservo.core.kernel.errors import DomainError
 from reservo.core.messaging.transport.base import Event
@@ -68,6 +69,7 @@ class SlotLists:
     every use case on a doctor's local dates) compute in."""
 
     db: Database
+    stale: StaleReads
     clock: Clock
     cache: Cache
     limits: Limits
@@ -125,7 +127,7 @@ class SlotLists:
 
         # A replica may serve it (seconds stale, like the cache); one that has not
         # seen a new doctor yet is not trusted with its 404.
-        body, first, next_open = await self.db.stale_read(read, recheck=("doctor_not_found",))
+        body, first, next_open = await self.stale.read(read, recheck=("doctor_not_found",))
         fresh = SlotList(body, first.isoformat() if first is not None else "")
         life = self._slot_list_life(now, next_open)
         if generation is None or life <= 0:
@@ -139,8 +141,8 @@ class SlotLists:
         """How long a freshly read list may be kept: long from the primary (every
         change drops it), short from a replica (it may predate a dropped change),
         and never past the moment the day's next slot opens (the list grows then)."""
-        replicas = self.db.replicas is not None
-        life = float(self.limits.slots_cache_ttl_s if replicas else self.limits.slots_cache_life_s)
+        lags = self.stale.may_lag
+        life = float(self.limits.slots_cache_ttl_s if lags else self.limits.slots_cache_life_s)
         if next_open is not None:
             life = min(life, (next_open - now).total_seconds())
         return life

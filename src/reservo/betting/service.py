@@ -13,6 +13,7 @@ from reservo.betting import domain, repo
 from reservo.betting.domain import Bet, Match, Selection
 from reservo.core.db.database import Database
 from reservo.core.db.reads import read_one
+from reservo.core.db.replicas import StaleReads
 from reservo.core.http.idempotency import Within
 from reservo.core.http.schemas import MAX_ID
 from reservo.core.kernel import metrics
@@ -32,8 +33,11 @@ class BettingService:
         clock: Clock,
         house_shards: int = 8,
         max_payout: int = 1_000_000_000,
+        *,
+        stale: StaleReads,
     ) -> None:
         self.db, self.clock, self.house_shards = db, clock, house_shards
+        self.stale = stale
         self.max_payout = max_payout
 
     def potential_payout(self, stake: int, legs: Sequence[domain.Leg]) -> int:
@@ -93,9 +97,7 @@ class BettingService:
         primary's odds (409 odds_changed)."""
         key = after or (_BEFORE_ANY_MATCH, 0)
         now = self.clock.now()
-        rows = await self.db.stale_read(
-            lambda conn: repo.matches_page(conn, status, now, key, limit)
-        )
+        rows = await self.stale.read(lambda conn: repo.matches_page(conn, status, now, key, limit))
         return [Match.from_row(r) for r in rows]
 
     async def customer_owner(self, account_id: int) -> int | None:

@@ -35,7 +35,9 @@ class Betting(Module):
 def setup(shared: Shared) -> Betting:
     s, db, clock = shared.settings, shared.db, shared.clock
     own = s.betting
-    service = BettingService(db, clock, s.wallet.house_shards, max_payout=own.max_payout)
+    service = BettingService(
+        db, clock, s.wallet.house_shards, max_payout=own.max_payout, stale=shared.stale
+    )
     settlement = Settlement(
         db,
         clock,

@@ -15,6 +15,7 @@ import structlog
 
 from reservo.core.db.database import Database
 from reservo.core.db.reads import read_one
+from reservo.core.db.replicas import StaleReads
 from reservo.core.http.idempotency import Within
 from reservo.core.http.schemas import MAX_ID, ApiModel, Id
 from reservo.core.jobqueue import JobQueue
@@ -57,8 +58,10 @@ class RentalService:
         config: RentalsSettings,
         scheduler: JobQueue | None = None,
         gateway: PaymentGateway | None = None,
+        *,
+        stale: StaleReads,
     ) -> None:
-        self.db, self.clock, self.cache = db, clock, cache
+        self.db, self.clock, self.cache, self.stale = db, clock, cache, stale
         self.config, self.scheduler, self.gateway = config, scheduler, gateway
         self._searches = cache.local(config.search_local_ttl_s)
 
@@ -125,7 +128,7 @@ class RentalService:
             period = domain.stored_period(start, end, self.config.turnaround)
             now = self.clock.now()
             # A replica may answer (seconds stale, like the cache): the hold decides.
-            rows = await self.db.stale_read(
+            rows = await self.stale.read(
                 lambda conn: repo.search_available(conn, city, period, now, limit)
             )
             body = render([Car.from_row(r) for r in rows])

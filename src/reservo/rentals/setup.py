@@ -47,6 +47,7 @@ def setup(shared: Shared) -> Rentals:
         own,
         scheduler=shared.scheduler,  # one expiry job per hold
         gateway=gateway,
+        stale=shared.stale,
     )
     refunds = RefundConsumer(shared.db, gateway, shared.clock)
     routers: list[APIRouter] = [router]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -25,9 +25,6 @@ import structlog
 from prometheus_client import Counter
 
 from reservo.core.kernel.errors import DomainError, translate, validation_error
-
-if TYPE_CHECKING:
-    from reservo.core.db.replicas import Replicas
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -130,8 +127,9 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
 
 class Database:
     """A lazily (re)connecting pool. Requests made while PostgreSQL is down get
-    503; the pool heals itself when it comes back. With ``replicas``, the reads
-    that may be seconds stale (``stale_read``) go to a streaming replica."""
+    503; the pool heals itself when it comes back. It always reaches the
+    primary: the reads that may be seconds stale go through ``StaleReads``
+    (core/db/replicas.py), built over it."""
 
     def __init__(
         self,
@@ -143,7 +141,6 @@ class Database:
         acquire_timeout: float = 5.0,
         statement_cache_size: int = 100,
         connect_timeout: float = 60.0,
-        replicas: Replicas | None = None,
         unavailable_hold_s: float = 0.0,
     ) -> None:
         self.dsn = dsn
@@ -159,7 +156,6 @@ class Database:
         self._acquire_timeout = acquire_timeout
         self._pool: asyncpg.Pool | None = None
         self._lock = asyncio.Lock()
-        self.replicas = replicas
         # After the database failed a request, the following ones answer 503 at once
         # for this long instead of each waiting on a connect or a pool slot: during a
         # failover or an outage, requests do not pile up (nor their memory).
@@ -183,13 +179,9 @@ class Database:
         return self._pool
 
     async def connect(self) -> None:
-        if self.replicas is not None:
-            self.replicas.start(self)
         await self._get_pool()
 
     async def close(self) -> None:
-        if self.replicas is not None:
-            await self.replicas.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -250,23 +242,6 @@ class Database:
             DB_AWAY.inc()
             log.warning("database_unavailable", error=repr(exc), hold_s=self._hold_s)
         self._away_until = time.monotonic() + self._hold_s
-
-    async def stale_read(
-        self,
-        read: Callable[[asyncpg.Connection], Awaitable[T]],
-        *,
-        recheck: Collection[str] = (),
-    ) -> T:
-        """Run ``read``, a read whose answer may be seconds stale by contract (never
-        one a decision is taken on), on a replica within the lag bound, else on
-        the primary. A replica failing it is re-asked to the primary, once: a
-        replica's death never becomes an error. ``recheck`` lists error codes a
-        lagging replica may give about a row created since (``doctor_not_found``):
-        the primary confirms them."""
-        if self.replicas is None:
-            async with self.connection() as conn:
-                return await read(conn)
-        return await self.replicas.read(self, read, recheck)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.Connection]:

@@ -1,11 +1,13 @@
 """Streaming replicas for the reads that may be seconds stale.
 
-A few reads may lag by seconds: the slot list (cached for seconds anyway, see
-appointments.domain.Limits), the car search and the match list (a stale answer
-costs at most a 409 at the decision). Those call ``Database.stale_read`` and may be served by a hot
+A few reads may lag by seconds: the slot list (documented as possibly a few
+seconds stale), the car search and the match list (a stale answer costs at most
+a 409 at the decision). Those go through ``StaleReads`` and may be served by a hot
 standby. Nothing else routes: bookings, holds, transfers, settlement,
 idempotency and every check a decision rests on use ``Database.connection`` /
-``transaction``, which always reach the primary.
+``transaction``, which always reach the primary. ``StaleReads`` is built over the
+primary's ``Database`` (which knows nothing of replicas) and the ``Replicas``,
+if any: a service asks it for a stale read the same way with or without them.
 
 How far behind a replica is, in seconds of the primary's history, is measured
 with this process's monotonic clock (no clock skew between machines; right when
@@ -74,8 +76,8 @@ class Replica:
 
 
 class Replicas:
-    """One pool per replica, a probe every ``probe_interval_s`` (started by the
-    primary's ``connect`` or first ``stale_read``), and the routing of stale reads."""
+    """One pool per replica, a probe every ``probe_interval_s`` (started by
+    ``StaleReads.start`` or the first stale read), and the routing of stale reads."""
 
     def __init__(
         self,
@@ -273,3 +275,48 @@ class Replicas:
                 }
             )
         return out
+
+
+class StaleReads:
+    """The reads that may be seconds stale by contract (never one a decision is
+    taken on): on a replica within the lag bound when there are replicas, else
+    on the primary."""
+
+    def __init__(self, primary: Database, replicas: Replicas | None = None) -> None:
+        self.primary = primary
+        self.replicas = replicas
+
+    @property
+    def may_lag(self) -> bool:
+        """True when a read may come from a replica, so it may predate a change
+        the primary already has (a cache filled from it should live shorter)."""
+        return self.replicas is not None
+
+    def start(self) -> None:
+        """Starts probing the replicas (the first read would, later)."""
+        if self.replicas is not None:
+            self.replicas.start(self.primary)
+
+    async def close(self) -> None:
+        if self.replicas is not None:
+            await self.replicas.close()
+
+    def status(self) -> list[dict[str, Any]] | None:
+        """For /readyz (detail only); None without replicas."""
+        return None if self.replicas is None else self.replicas.status()
+
+    async def read(
+        self,
+        read: Callable[[asyncpg.Connection], Awaitable[T]],
+        *,
+        recheck: Collection[str] = (),
+    ) -> T:
+        """Run ``read`` on a replica within the lag bound, else on the primary. A
+        replica failing it is re-asked to the primary, once: a replica's death
+        never becomes an error. ``recheck`` lists error codes a lagging replica
+        may give about a row created since (``doctor_not_found``): the primary
+        confirms them."""
+        if self.replicas is None:
+            async with self.primary.connection() as conn:
+                return await read(conn)
+        return await self.replicas.read(self.primary, read, recheck)
