@@ -13,8 +13,9 @@ import reservo
 NAME = re.compile(r"^-- name: (\w+)$")
 
 
-# The queries.sql of core and of every module that has one.
-QUERY_FILES = sorted(Path(reservo.__file__).parent.glob("*/queries.sql"))
+ROOT = Path(reservo.__file__).parent
+# The queries.sql of each of core's compartments and of every module that has one.
+QUERY_FILES = sorted(ROOT.rglob("queries.sql"))
 
 
 def undescribed(text: str) -> list[str]:
@@ -32,11 +33,25 @@ def undescribed(text: str) -> list[str]:
 
 
 def test_the_query_files_are_found() -> None:
-    parents = {f.parent.name for f in QUERY_FILES}
-    assert {"core", "appointments", "rentals", "wallet", "betting", "scheduler"} <= parents
+    places = {f.parent.relative_to(ROOT).as_posix() for f in QUERY_FILES}
+    assert {
+        "core/db",
+        "core/http",
+        "core/messaging",
+        "core/maintenance",
+        "notifications",
+        "appointments",
+        "rentals",
+        "wallet",
+        "betting",
+        "scheduler",
+    } <= places
+    assert "core" not in places  # each compartment holds its own queries
 
 
-@pytest.mark.parametrize("queries", QUERY_FILES, ids=lambda f: f.parent.name)
+@pytest.mark.parametrize(
+    "queries", QUERY_FILES, ids=lambda f: f.parent.relative_to(ROOT).as_posix()
+)
 def test_every_named_block_has_a_description_line(queries: Path) -> None:
     text = queries.read_text(encoding="utf-8")
     assert "-- name:" in text

@@ -1,0 +1,1 @@
+"""What keeps growing tables bounded: the batched pruner and day partitions."""
