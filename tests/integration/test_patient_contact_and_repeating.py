@@ -18,9 +18,9 @@ from reservo.appointments.setup import Appointments
 from reservo.bootstrap import Container, build
 from reservo.core.kernel.clock import OffsetClock
 from reservo.core.messaging.transport.base import Event
-from reservo.core_modules import Notifications
 from reservo.notifications.channels import HttpChannel, SmtpChannel
 from reservo.notifications.consumer import NotificationConsumer
+from reservo.notifications.setup import Notifications
 from reservo.settings import Settings
 from tests.helpers.appointments import book, days_with_slots, make_doctor, make_slots, repeating
 from tests.helpers.auth import ADMIN, auth, new_id

@@ -17,7 +17,8 @@ from reservo.core.db.database import Database
 from reservo.core.kernel.clock import Clock
 from reservo.core.module import Module
 from reservo.core.redis.client import make_client
-from reservo.core_modules import Notifications, Outbox
+from reservo.core_modules import Outbox
+from reservo.notifications.setup import Notifications
 from reservo.ops.setup import Ops
 from reservo.scheduler import Scheduler, SchedulerSettings
 from reservo.scheduler.setup import SchedulerModule
