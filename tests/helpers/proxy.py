@@ -7,10 +7,13 @@ import asyncio
 
 class TcpProxy:
     """Forwards a local port to PostgreSQL; ``stop`` is an outage (listener and
-    every connection closed), ``start`` brings it back on the same port."""
+    every connection closed), ``start`` brings it back on the same port;
+    ``blackhole`` is a lost machine (connections accepted, never answered, the
+    open ones cut) until ``forward`` again."""
 
     def __init__(self, port: int, upstream: tuple[str, int]) -> None:
         self.port, self.upstream = port, upstream
+        self.holes = False
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._pumps: set[asyncio.Task[None]] = set()
@@ -31,7 +34,20 @@ class TcpProxy:
         await self._server.wait_closed()
         self._server = None
 
+    def blackhole(self) -> None:
+        self.holes = True
+        for w in list(self._writers):
+            w.transport.abort()
+
+    def forward(self) -> None:
+        self.holes = False
+        for w in list(self._writers):
+            w.transport.abort()  # the held connections: a client reconnects
+
     async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        if self.holes:
+            self._writers.add(cwriter)  # held open, never answered
+            return
         try:
             ureader, uwriter = await asyncio.open_connection(*self.upstream)
         except OSError:

@@ -161,6 +161,12 @@ class Database:
         # failover or an outage, requests do not pile up (nor their memory).
         self._hold_s = unavailable_hold_s
         self._away_until = 0.0
+        # Once the hold is over, the database has not answered yet: one request at
+        # a time tries it (the trial) and the others still answer 503 at once. A
+        # host that accepts connections and never answers (a lost machine) would
+        # otherwise cost every request an acquire timeout after every hold.
+        self._recovering = False
+        self._trial = False
 
     async def _get_pool(self, *, probe: bool = False) -> asyncpg.Pool:
         if self._pool is not None:
@@ -195,8 +201,25 @@ class Database:
     async def connection(self, *, probe: bool = False) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection; ``probe`` tries even while the database is away
         (readiness checks: they are what finds it back)."""
-        if self.away and not probe:
+        if probe or not self._recovering:
+            if self.away and not probe:
+                raise unavailable()
+            async with self._connection(probe=probe) as conn:
+                yield conn
+            return
+        if self.away or self._trial:
             raise unavailable()
+        self._trial = True
+        try:
+            async with self._connection() as conn:
+                yield conn
+        finally:
+            self._trial = False
+            if not self.away:  # it answered (a failure would have started a hold)
+                self._recovering = False
+
+    @asynccontextmanager
+    async def _connection(self, *, probe: bool = False) -> AsyncIterator[asyncpg.Connection]:
         pool = await self._get_pool(probe=probe)
         try:
             async with pool.acquire(timeout=self._acquire_timeout) as conn:
@@ -242,6 +265,7 @@ class Database:
             DB_AWAY.inc()
             log.warning("database_unavailable", error=repr(exc), hold_s=self._hold_s)
         self._away_until = time.monotonic() + self._hold_s
+        self._recovering = self._hold_s > 0
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
@@ -253,6 +277,7 @@ class Database:
             async with self.connection(probe=True) as conn:
                 await conn.fetchval("SELECT 1")
             self._away_until = 0.0  # back: requests need not wait out the hold
+            self._recovering = False
             return True
         except DomainError:
             return False
