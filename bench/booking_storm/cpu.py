@@ -44,7 +44,6 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from hello_app import app as hello_app  # noqa: E402
-
 from reservo.app import create_app  # noqa: E402
 from reservo.bootstrap import build  # noqa: E402
 from reservo.core.auth import mint_token  # noqa: E402
