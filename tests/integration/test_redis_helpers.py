@@ -287,6 +287,8 @@ async def test_cluster_scripts_reload_after_script_flush(
         assert d == Decision(True, 4, 0) and marked and not other
         await client.script_flush()
         assert await limiter.hit(ns, 1, 5, 60) == Decision(True, 3, 0)
+        await client.script_flush()
+        assert await cache.get_versioned("v") == (None, 0.0, b"0")
         assert gate.available
         await client.delete(rate_key(ns, 1), cache.mark_key("m"))
     finally:
@@ -353,6 +355,33 @@ async def test_gate_checks_of_one_loop_turn_go_as_one_command_with_their_own_ans
     await single.delete(cache.mark_key("slot:odd"), cache.mark_key("seen:7"))
 
 
+async def test_versioned_reads_of_one_loop_turn_go_as_one_command_with_their_own_answers(
+    single: Client, ns: str
+) -> None:
+    gate = CountingGate(single, backoff_s=1.0)
+    cache = Cache(gate, namespace=ns)
+    for i in range(0, 40, 2):  # the even keys hold a value, odd ones none
+        assert await cache.set_bytes(f"v:{i}", b"[%d]" % i, 60)
+    await cache.bump("v:3")  # a generation that is not the default
+    gate.calls = 0
+
+    results = await _released_together(40, lambda i: cache.get_versioned(f"v:{i}"))
+    assert gate.calls == 1
+    for i, (raw, life_s, generation) in enumerate(results):
+        assert raw == (b"[%d]" % i if i % 2 == 0 else None)
+        assert (59 < life_s <= 60) if i % 2 == 0 else life_s == 0.0
+        assert generation == (b"1" if i == 3 else b"0")
+    await single.delete(*(cache.value_key(f"v:{i}") for i in range(40)))
+    await single.delete(cache.generation_key("v:3"))
+
+    dead = RedisGate(make_client("redis://127.0.0.1:1/0", TIMEOUT_S), backoff_s=1.0)
+    failed = await _released_together(
+        3, lambda i: Cache(dead, namespace=ns).get_versioned(f"v:{i}")
+    )
+    assert failed == [(None, 0.0, None)] * 3  # nothing may be stored without Redis
+    await dead.client.aclose()
+
+
 async def test_a_large_gate_batch_is_split_and_a_failure_answers_every_call(
     single: Client, ns: str
 ) -> None:
@@ -384,6 +413,8 @@ async def test_scripts_reload_after_script_flush(private_redis: PrivateRedis, ns
         assert d == Decision(True, 4, 0) and not marked
         await client.script_flush()
         assert await limiter.hit(ns, 1, 5, 60) == Decision(True, 3, 0)
+        await client.script_flush()
+        assert await cache.get_versioned("v") == (None, 0.0, b"0")
         assert gate.available
     finally:
         await client.aclose()

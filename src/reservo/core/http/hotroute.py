@@ -355,21 +355,42 @@ class _Problem:
     for it (same bytes, same headers in the same order), without building the
     Response: its header handling and the standard library's JSON encoder were
     a visible share of a refused booking's CPU (orjson writes the same compact
-    JSON with raw UTF-8)."""
+    JSON with raw UTF-8). A problem without extras (a storm's thousands of
+    ``slot_full``) is rendered once and its bytes reused."""
 
-    __slots__ = ("body", "start")
+    __slots__ = ("body", "headers", "status")
 
     def __init__(self, err: DomainError) -> None:
-        body = orjson.dumps(err.problem())
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
-        raw.append((b"content-length", str(len(body)).encode("latin-1")))
-        raw.append((b"content-type", PROBLEM_JSON.encode("latin-1")))
-        self.start: Message = {"type": "http.response.start", "status": err.status, "headers": raw}
-        self.body: Message = {"type": "http.response.body", "body": body}
+        key = None if err.extra else (err.status, err.code, err.detail, *err.headers.items())
+        rendered = _RENDERED.get(key) if key is not None else None
+        if rendered is None:
+            rendered = _render(err)
+            if key is not None:
+                if len(_RENDERED) >= _RENDERED_MAX:
+                    _RENDERED.clear()  # a few codes repeat; anything else is rare
+                _RENDERED[key] = rendered
+        self.status = err.status
+        self.headers, self.body = rendered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send(self.start)
-        await send(self.body)
+        # Fresh messages: what is sent may be changed on its way out.
+        await send(
+            {"type": "http.response.start", "status": self.status, "headers": [*self.headers]}
+        )
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def _render(err: DomainError) -> tuple[tuple[tuple[bytes, bytes], ...], bytes]:
+    body = orjson.dumps(err.problem())
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
+    raw.append((b"content-length", str(len(body)).encode("latin-1")))
+    raw.append((b"content-type", PROBLEM_JSON.encode("latin-1")))
+    return tuple(raw), body
+
+
+# Rendered problems by (status, code, detail, headers), for those without extras.
+_RENDERED: dict[Any, tuple[tuple[tuple[bytes, bytes], ...], bytes]] = {}
+_RENDERED_MAX = 512
 
 
 def _sized_within(scope: Scope, limit: int) -> bool:

@@ -26,7 +26,7 @@ from reservo.core.redis.client import (
     is_cluster,
     pipeline,
 )
-from reservo.core.redis.gate_batch import GateBatch
+from reservo.core.redis.gate_batch import GateBatch, ScriptBatch
 from reservo.core.redis.local_cache import LocalCache
 from reservo.core.redis.ratelimit import Decision, RateLimiter, decide, fail_open, rate_key
 
@@ -41,6 +41,17 @@ _GET_VERSIONED_LUA = (
     "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]),"
     " redis.call('GET', KEYS[2]) or '0'}"
 )
+# The same for several keys at once: KEYS come in pairs (a value, its
+# generation), one triple answered per pair, in order (VersionedBatch).
+_GET_VERSIONED_MANY_LUA = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  out[#out + 1] = redis.call('GET', KEYS[i])
+  out[#out + 1] = redis.call('PTTL', KEYS[i])
+  out[#out + 1] = redis.call('GET', KEYS[i + 1]) or '0'
+end
+return out
+"""
 # Store a fill only if no change bumped the generation since the fill began: a
 # read that raced a booking can then never outlive it in the cache.
 _SET_IF_GENERATION_LUA = """
@@ -67,6 +78,14 @@ def _ttl_ms(ttl_s: float) -> int:
     return ttl_ms
 
 
+def _versioned(raw: Any, pttl: Any, generation: Any) -> tuple[bytes | None, float, bytes]:
+    """A value, its remaining life (s) and its generation, as the versioned
+    scripts answer them; an entry without a life left is a miss."""
+    if raw is None or int(pttl) <= 0:
+        return None, 0.0, bytes(generation)
+    return bytes(raw), int(pttl) / 1000, bytes(generation)
+
+
 class Cache:
     """Keys are ``{namespace}:cache:{key}`` for values, ``{namespace}:mark:{key}`` for marks.
 
@@ -82,6 +101,9 @@ class Cache:
         self._get_versioned = gate.client.register_script(_GET_VERSIONED_LUA)
         self._set_if_generation = gate.client.register_script(_SET_IF_GENERATION_LUA)
         self._bump = gate.client.register_script(_BUMP_LUA)
+        self._versioned_batch = ScriptBatch(
+            gate, gate.client.register_script(_GET_VERSIONED_MANY_LUA), (), 2, 3
+        )
         self._locals: list[LocalCache[Any]] = []
         self._gate_batches: dict[tuple[RateLimiter, int, int, int], GateBatch] = {}
 
@@ -171,14 +193,23 @@ class Cache:
     async def get_versioned(self, key: str) -> tuple[bytes | None, float, bytes | None]:
         """The cached value, the seconds Redis keeps it still, and the key's
         generation to hand back to ``set_if_unchanged`` after a database read:
-        ``(None, 0, None)`` with Redis down (then nothing may be stored)."""
+        ``(None, 0, None)`` with Redis down (then nothing may be stored).
+
+        On a single Redis the reads made in one turn of the event loop go as
+        one command (``ScriptBatch``): a cached slot list that is not in the
+        process's own copy (most uniform reads) paid redis-py's whole call,
+        over twice the CPU of the rest of its request. Each read still gets
+        its own atomic GET, PTTL and generation. On a cluster the keys of
+        different reads live in different slots: one command each."""
         keys = [self.value_key(key), self.generation_key(key)]
+        if not self.cluster:
+            got = await self._versioned_batch.check(keys)
+            if got is None:
+                return None, 0.0, None
+            return _versioned(*got)
 
         async def _get(client: Client) -> tuple[bytes | None, float, bytes | None]:
-            raw, pttl, generation = await evalsha(client, self._get_versioned, keys)
-            if raw is None or int(pttl) <= 0:
-                return None, 0.0, bytes(generation)
-            return bytes(raw), int(pttl) / 1000, bytes(generation)
+            return _versioned(*await evalsha(client, self._get_versioned, keys))
 
         return await self.gate.call(_get, (None, 0.0, None))
 

@@ -1,51 +1,57 @@
-"""Rate-limit-and-marks checks made in the same turn of the event loop, sent to
-Redis as one command (``Cache.hit_and_check`` under load)."""
+"""Script calls made in the same turn of the event loop, sent to Redis as one
+command: the rate-limit-and-marks checks (``Cache.hit_and_check``) and the
+versioned reads of cached lists (``Cache.get_versioned``) under load."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from redis.commands.core import AsyncScript
+from redis.typing import EncodableT
 
 from reservo.core.redis.client import Client, RedisGate, evalsha
 from reservo.core.redis.ratelimit import RateLimiter
 
 
-class GateBatch:
-    """Rate-limit-and-marks checks of one shape (window, keys per call) made in
-    the same turn of the event loop, sent as one EVALSHA.
+class ScriptBatch:
+    """Calls of one script made in the same turn of the event loop, sent as one
+    EVALSHA: each call's ``keys_per_call`` keys in order, ``args`` once, and
+    each call answered with its ``width`` values of the flat reply.
 
     The first call of a turn schedules the send; every call made before it runs
     joins the batch. A batch is at most ``max_calls`` calls (one script run
     holds Redis for a few microseconds per call); more are sent as further
     commands. On NOSCRIPT (Redis restarted or flushed its script cache) nothing
     ran, so the script is loaded and the command retried once. A failure answers
-    every call of the batch with None (the caller fails open)."""
+    every call of the batch with None (the caller fails open). Every key must
+    live on one server (a single Redis)."""
 
     def __init__(
         self,
         gate: RedisGate,
-        limiter: RateLimiter,
-        window_ms: int,
+        script: AsyncScript,
+        args: Sequence[EncodableT],
         keys_per_call: int,
-        spare: int = 0,
+        width: int,
         max_calls: int = 200,
     ) -> None:
-        self.gate, self.script = gate, limiter.check_script
-        self.window_ms, self.per, self.max_calls = window_ms, keys_per_call, max_calls
-        self.spare = spare  # the mark that spares a call from counting (0: none)
+        self.gate, self.script, self.args = gate, script, tuple(args)
+        self.per, self.width, self.max_calls = keys_per_call, width, max_calls
         self._keys: list[str] = []
-        self._waiters: list[asyncio.Future[list[int] | None]] = []
+        self._waiters: list[asyncio.Future[list[Any] | None]] = []
         self._sending: set[asyncio.Task[None]] = set()  # strong references
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def check(self, keys: list[str]) -> list[int] | None:
-        """The script's answer for these keys (count, pttl, one flag per mark), or
-        None when Redis did not answer."""
+    async def check(self, keys: list[str]) -> list[Any] | None:
+        """The script's answer for these keys, or None when Redis did not answer."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a batch left behind by a loop that stopped
             self._loop, self._keys, self._waiters = loop, [], []
         if not self._waiters:
             loop.call_soon(self._send_pending)
-        waiter: asyncio.Future[list[int] | None] = loop.create_future()
+        waiter: asyncio.Future[list[Any] | None] = loop.create_future()
         self._keys.extend(keys)
         self._waiters.append(waiter)
         return await waiter
@@ -60,10 +66,10 @@ class GateBatch:
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, keys: list[str], waiters: list[asyncio.Future[list[int] | None]]) -> None:
-        script, args = self.script, (self.window_ms, self.per, self.spare)
+    async def _send(self, keys: list[str], waiters: list[asyncio.Future[list[Any] | None]]) -> None:
+        script, args = self.script, self.args
 
-        async def _run(client: Client) -> list[int]:
+        async def _run(client: Client) -> list[Any]:
             return list(await evalsha(client, script, keys, args))
 
         try:
@@ -77,7 +83,27 @@ class GateBatch:
                 if not waiter.done():
                     waiter.set_exception(exc)
             return
-        width = self.per + 1  # count, pttl, then one flag per mark
+        width = self.width
         for n, waiter in enumerate(waiters):
             if not waiter.done():  # a caller cancelled meanwhile needs no answer
                 waiter.set_result(None if raw is None else raw[n * width : (n + 1) * width])
+
+
+class GateBatch(ScriptBatch):
+    """Rate-limit-and-marks checks of one shape (window, keys per call, the
+    sparing mark) made in the same turn of the event loop: each call answered
+    with its count, pttl and one flag per mark."""
+
+    def __init__(
+        self,
+        gate: RedisGate,
+        limiter: RateLimiter,
+        window_ms: int,
+        keys_per_call: int,
+        spare: int = 0,
+        max_calls: int = 200,
+    ) -> None:
+        args = (window_ms, keys_per_call, spare)
+        super().__init__(
+            gate, limiter.check_script, args, keys_per_call, keys_per_call + 1, max_calls
+        )
