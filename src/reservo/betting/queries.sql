@@ -158,11 +158,14 @@ SELECT result_status, home_score, away_score, settlement_status, external_id
 -- thousands of row records.
 -- The keyset ($7) matters: graded legs leave dead entries at the front of the
 -- partial index until VACUUM, and restarting from the front each chunk would
--- make a match's settlement quadratic in its bets. The claimed legs and their
--- bets are found by primary key (= ANY of an array): joining the CTE instead let
--- the planner hash the match's every leg (a seq scan per chunk, seconds at 500k
--- legs). A single is paid as settle_bets pays it: floor(stake * odds) when WON,
--- its stake back when VOID.
+-- make a match's settlement quadratic in its bets. The claimed legs are found
+-- again by primary key (= ANY of an array): joining the CTE instead let the
+-- planner hash the match's every leg (a seq scan per chunk, seconds at 500k
+-- legs). Their bets are one primary-key probe each (lateral), and the singles'
+-- UPDATE joins those few rows by key; an "id = ANY(array)" condition there too
+-- made the planner rescan the whole array per bet (25 s for a chunk of 5,000).
+-- A single is paid as settle_bets pays it: floor(stake * odds) when WON, its
+-- stake back when VOID.
 WITH claimed AS (
     SELECT bet_id FROM betting_selection
      WHERE match_id = $1 AND status = 'PENDING' AND bet_id > $7
@@ -181,8 +184,7 @@ WITH claimed AS (
     RETURNING s.bet_id, s.status, s.odds
 ), bets AS (
     SELECT b.id, b.legs, g.status, g.odds FROM graded g
-      JOIN betting_bet b ON b.id = g.bet_id
-     WHERE b.id = ANY (ARRAY(SELECT bet_id FROM graded))
+     CROSS JOIN LATERAL (SELECT id, legs FROM betting_bet WHERE id = g.bet_id) b
 ), singles AS (
     UPDATE betting_bet b
        SET status = s.status,
@@ -191,8 +193,7 @@ WITH claimed AS (
                                   ELSE 0 END,
            settled_at = $8
       FROM bets s
-     WHERE b.id = ANY (ARRAY(SELECT id FROM bets WHERE legs = 1))
-       AND b.id = s.id AND b.status = 'PENDING'
+     WHERE s.legs = 1 AND b.id = s.id AND b.status = 'PENDING'
     RETURNING b.id, b.account_id, b.owner_id, b.status, b.payout
 )
 SELECT (SELECT count(*) FROM graded)::int AS graded,
