@@ -101,12 +101,13 @@ async def seed(url: str, bets: int, unrelated: int, accounts: int) -> dict[str, 
     target = mid["bench-1"]
     t = time.perf_counter()
     # Bets on the target match: 70 % singles, 30 % accumulators (2-3 legs; the
-    # other legs already WON, or LOST for one in ten accumulators).
+    # other legs already WON, or LOST for one in ten accumulators), each bet with
+    # its count of legs, which settlement reads (a single is settled by grading).
     await conn.execute(
         f"""INSERT INTO betting_bet (account_id, owner_id, currency, stake, potential_payout,
-                                     created_at)
+                                     created_at, legs)
             SELECT {first_account} + g % {accounts}, 1000000 + 1 + g % {accounts}, 'EUR',
-                   100 + g % 900, 0, now()
+                   100 + g % 900, 0, now(), 1 + (g % 10 >= 7)::int + (g % 10 = 9)::int
               FROM generate_series(1, {bets}) g"""
     )
     lo = await conn.fetchval("SELECT min(id) FROM betting_bet")
@@ -317,6 +318,15 @@ async def main() -> None:
         """SELECT coalesce(sum(jsonb_array_length(payload->'bets')), 0) FROM outbox
             WHERE topic = 'betting.match.bets-settled.v1' AND status = 'DONE'"""
     )
+    # The wallet's invariants after the credits: money conserved (the seeded
+    # accounts start at 0, so every balance sums to 0) and every balance its ledger.
+    ledger = await conn.fetchrow(
+        """SELECT sum(balance) AS total,
+                  count(*) FILTER (WHERE balance <> coalesce(e.sum, 0)) AS off
+             FROM wallet_account a
+             LEFT JOIN (SELECT account_id, sum(amount) FROM wallet_entry GROUP BY 1) e
+               ON e.account_id = a.id"""
+    )
     total = max(settled_at or 0, paid_at or 0, notified_at or 0)
     disk = await conn.fetchrow(
         """SELECT pg_database_size(current_database()) AS db,
@@ -328,7 +338,8 @@ async def main() -> None:
         f"bets={args.bets} unrelated={args.unrelated} chunk={args.chunk} parallel={args.parallel}\n"
         f"  all bets settled      {settled_at:.2f} s  (unsettled left: {unsettled})\n"
         f"  all payouts credited  {paid_at:.2f} s  ({credited} credits for {winners} winning/void"
-        f" bets, upper bound {expected_credits})\n"
+        f" bets, upper bound {expected_credits}; balances sum to {ledger['total']},"
+        f" {ledger['off']} off their ledger)\n"
         f"  all notifications     {notified_at:.2f} s  ({notes} settled-bet notifications)\n"
         f"  total                 {total:.2f} s  = {args.bets / total * 60:,.0f} bets/min\n"
         f"  worker peak RSS       {peak / 2**20:.0f} MB\n"

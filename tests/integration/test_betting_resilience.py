@@ -23,7 +23,7 @@ from reservo.core.kernel.clock import OffsetClock
 from reservo.core.messaging.transport.base import Event
 from reservo.core_modules import Outbox
 from reservo.settings import Settings
-from reservo.wallet import PAYOUT_REQUESTED
+from reservo.wallet import PAYOUT_REQUESTED, Payout, payout_request
 from reservo.wallet.setup import Wallet
 from tests.helpers.betting import kick_off, make_account, make_match, post_result, result_body
 from tests.helpers.waiting import drain
@@ -200,16 +200,30 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         "SELECT settlement_status, settled_bets FROM betting_match WHERE id = $1", match["id"]
     )
     assert state["settlement_status"] == "SETTLING" and 60 <= state["settled_bets"] < 300
-    # The sweeper (another worker) resumes; the relay applies payouts, twice over.
+    # Paid as settled, before any relay ran: a winning bet is credited by the very
+    # transaction that settled it, and nothing is left to the payout consumer.
+    ids = [b.id for b in bets]
+    won_so_far = await db.fetch(
+        "SELECT 'bet:' || id AS reference, payout FROM betting_bet"
+        " WHERE id = ANY($1) AND status = 'WON' ORDER BY id",
+        ids,
+    )
+    assert won_so_far
+    credited = await db.fetch(
+        "SELECT reference, amount AS payout FROM wallet_transfer"
+        " WHERE kind = 'PAYOUT' AND reference = ANY($1) ORDER BY to_account_id, reference",
+        [f"bet:{i}" for i in ids],
+    )
+    assert sorted(map(tuple, credited)) == sorted(map(tuple, won_so_far))
+    # The sweeper (another worker) resumes.
     await container.module(Betting).settlement.sweep()
     await drain(container.module(Betting).resender, container.module(Outbox).relay)
     state = await db.fetchrow(
         "SELECT settlement_status, settled_bets FROM betting_match WHERE id = $1", match["id"]
     )
     assert (state["settlement_status"], state["settled_bets"]) == ("SETTLED", 300)
-    ids = [b.id for b in bets]
     rows = await db.fetch(
-        "SELECT id, stake, status, payout FROM betting_bet WHERE id = ANY($1)", ids
+        "SELECT id, account_id, stake, status, payout FROM betting_bet WHERE id = ANY($1)", ids
     )
     expected_total = 0
     for r in rows:
@@ -241,18 +255,22 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
     before = await db.fetchval(
         "SELECT sum(balance) FROM wallet_account WHERE id = ANY($1)", [a for a, _ in accounts]
     )
-    payload = await db.fetchval(
-        "SELECT payload FROM outbox WHERE topic = $1"
-        " AND (payload->'items'->0->>'accountId')::bigint = ANY($2) LIMIT 1",
+    assert not await db.fetchval(
+        "SELECT count(*) FROM outbox WHERE topic = $1"
+        " AND (payload->'items'->0->>'accountId')::bigint = ANY($2)",
         PAYOUT_REQUESTED,
         [a for a, _ in accounts],
     )
+    won = [r for r in rows if r["status"] == "WON"]
     await container.module(Wallet).payouts.handle(
         Event(
             uuid.uuid4(),
             PAYOUT_REQUESTED,
             "dup",
-            orjson_loads(payload),
+            payout_request(
+                [Payout("PAYOUT", f"bet:{r['id']}", r["account_id"], r["payout"]) for r in won],
+                0,
+            ),
             datetime.now(UTC),
         )
     )
@@ -260,9 +278,3 @@ async def test_settlement_killed_mid_chunk_resumes_and_pays_once(
         "SELECT sum(balance) FROM wallet_account WHERE id = ANY($1)", [a for a, _ in accounts]
     )
     assert before == after
-
-
-def orjson_loads(value: str) -> dict:
-    import orjson
-
-    return dict(orjson.loads(value))

@@ -85,11 +85,13 @@ async def test_sql_settlement_matches_the_model(
                 orjson.dumps(ODDS).decode(),
             )
         )
+    # legs as placement writes it: settlement settles a single-leg bet by its one leg.
     bet_id = await db.fetchval(
         """INSERT INTO betting_bet (account_id, owner_id, currency, stake, potential_payout,
-                                    created_at)
-           VALUES (0, 0, 'EUR', $1, 0, now()) RETURNING id""",
+                                    created_at, legs)
+           VALUES (0, 0, 'EUR', $1, 0, now(), $2) RETURNING id""",
         stake,
+        len(legs),
     )
     for match_id, ((market, pick), odds, _) in zip(match_ids, legs, strict=True):
         await db.execute(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from reservo.core.kernel.contract import EventSpec
@@ -32,9 +33,8 @@ def result_event_id(provider_event_id: str) -> uuid.UUID:
     return uuid.uuid5(_RESULT_NS, provider_event_id)
 
 
-def settled_payload(match_id: int, external_id: str, rows: list[Any]) -> dict[str, Any]:
-    """``rows``: settle_bets' (id, account_id, owner_id, status, payout), read by
-    position (by name cost a third more at 5,000 rows a chunk)."""
+def settled_payload(match_id: int, external_id: str, rows: Iterable[Any]) -> dict[str, Any]:
+    """``rows``: (id, account_id, owner_id, status, payout) per settled bet."""
     return {
         "matchId": match_id,
         "matchExternalId": external_id,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeAlias
@@ -137,34 +139,75 @@ async def match_result(conn: asyncpg.Connection, match_id: int) -> Row | None:
     return await conn.fetchrow(Q.match_result, match_id)
 
 
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """Settled bets, one list per column (the same index is the same bet)."""
+
+    ids: list[int]
+    accounts: list[int]
+    owners: list[int]
+    statuses: list[str]
+    payouts: list[int]
+
+    @classmethod
+    def from_row(cls, row: Row, at: int = 0) -> Settled:
+        """From the five array columns of ``row`` starting at position ``at``."""
+        return cls(*(list(row[at + i]) for i in range(5)))
+
+    def rows(self) -> Iterator[tuple[int, int, int, str, int]]:
+        """(id, account_id, owner_id, status, payout) per bet."""
+        return zip(self.ids, self.accounts, self.owners, self.statuses, self.payouts, strict=True)
+
+    def __add__(self, other: Settled) -> Settled:
+        return Settled(
+            self.ids + other.ids,
+            self.accounts + other.accounts,
+            self.owners + other.owners,
+            self.statuses + other.statuses,
+            self.payouts + other.payouts,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Graded:
+    """A graded chunk: how many legs, the last bet graded, the accumulators to
+    recompute and the singles already settled."""
+
+    count: int
+    last: int | None
+    accumulators: list[int]
+    singles: Settled
+
+
 async def grade_chunk(
     conn: asyncpg.Connection,
     match_id: int,
     limit: int,
     void: bool,
     picks: dict[str, str],
-    after: int = 0,
-) -> list[int]:
-    return list(
-        await conn.fetchval(
-            Q.grade_chunk,
-            match_id,
-            limit,
-            void,
-            picks.get("1X2", ""),
-            picks.get("TOTALS_2_5", ""),
-            picks.get("BTTS", ""),
-            after,
-        )
+    after: int,
+    now: datetime,
+) -> Graded:
+    row = await conn.fetchrow(
+        Q.grade_chunk,
+        match_id,
+        limit,
+        void,
+        picks.get("1X2", ""),
+        picks.get("TOTALS_2_5", ""),
+        picks.get("BTTS", ""),
+        after,
+        now,
     )
+    return Graded(row[0], row[1], list(row[2]), Settled.from_row(row, 3))
 
 
 async def lock_bets(conn: asyncpg.Connection, bet_ids: list[int]) -> None:
     await conn.execute(Q.lock_bets, bet_ids)
 
 
-async def settle_bets(conn: asyncpg.Connection, bet_ids: list[int], now: datetime) -> list[Row]:
-    return list(await conn.fetch(Q.settle_bets, bet_ids, now))
+async def settle_bets(conn: asyncpg.Connection, bet_ids: list[int], now: datetime) -> Settled:
+    return Settled.from_row(await conn.fetchrow(Q.settle_bets, bet_ids, now))
 
 
 async def add_progress(conn: asyncpg.Connection, match_id: int, n: int) -> None:
