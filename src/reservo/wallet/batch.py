@@ -5,12 +5,15 @@ batch (``core.batching``); a batch runs in ONE transaction, set-based, and
 takes its account locks as late as it can (they are what concurrent batches
 queue on):
 
-1. read the batch's accounts without a lock (``read_accounts``: owner, currency
-   and kind never change; the balances are a guess);
+1. read the batch's accounts without a lock (owner, currency and kind never
+   change; the balances are a guess) and take one transfer id per request, in
+   one statement (``read_batch``);
 2. per request, in arrival order, the checks run before the key is claimed
    today: the source exists and the caller may act for it (404 / 403, not stored);
-3. claim every remaining key in one statement (``claim_many``): a known key
-   replays its stored response or is 422, a claim in flight elsewhere is 409;
+3. read every remaining key in one statement (``known_many``): a known key
+   replays its stored response or is 422, a claim in flight elsewhere is 409; a
+   free key is not claimed (nobody could see a claim made in this transaction:
+   it commits with its answer), its answer is written once, in step 6;
 4. plan the transfers in arrival order in Python with the domain's rules on the
    guessed balances; a refusal (404 target, 422 same account, 403 system
    account, 409 currency or funds) is that request's alone, stored for its key.
@@ -21,11 +24,13 @@ queue on):
    ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with stakes,
    deposits or payouts); if a batch that committed meanwhile moved a balance out
    of its bounds, plan again on the locked balances (held now);
-6. write balances, transfers, entries and every stored response in one
-   statement (``write_transfers``); COMMIT.
+6. write balances, transfers, entries and every answer in one statement
+   (``write_transfers``: a free key's row inserted DONE); COMMIT. A key another
+   transaction wrote since step 3 fails that statement: the batch rolls back
+   and runs again, where the key replays the other's answer.
 
-So an account is locked for two statements and the commit, not across the
-claim, the planning and four statements as before.
+So an account is locked for two statements and the commit, a batch is five
+statements and the commit, and a key's row is written once.
 
 The answers, their statuses and bodies are those of the one-request flow. The
 batch runs detached from the requests: a client cut off mid-flight no longer
@@ -46,7 +51,7 @@ import orjson
 import structlog
 
 from reservo.core.auth import Principal
-from reservo.core.batching import AGAIN, GroupCommit, Outcome, take_claims
+from reservo.core.batching import AGAIN, GroupCommit, Outcome
 from reservo.core.clock import Clock
 from reservo.core.db import Database
 from reservo.core.errors import DomainError
@@ -105,13 +110,26 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
         self.db, self.clock, self.idempotency, self.render = db, clock, idempotency, render
 
     async def _once(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
+        try:
+            return await self._in_transaction(items)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != repo.KEY_TAKEN:
+                raise
+            # A key this batch read free was written by another transaction
+            # since: nothing of the batch committed; the next batch replays
+            # that one's answer and decides the others again.
+            log.info(f"{EVENT}_key_taken", items=len(items))
+            return [AGAIN] * len(items)
+
+    async def _in_transaction(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
         now = self.clock.now()
         outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
         async with self.db.transaction() as conn:
             # No lock yet: owner, currency and kind never change, and the
-            # balances are only what the plan guesses (settle checks it).
-            read = await repo.read_accounts(
-                conn, [i for item in items for i in (item.source, item.target)]
+            # balances are only what the plan guesses (settle checks it). One
+            # transfer id per request: no plan makes more transfers.
+            read, ids = await repo.read_batch(
+                conn, [i for item in items for i in (item.source, item.target)], len(items)
             )
             rows = {r["id"]: r for r in read}
             # Before the key, as the one-request flow: the source exists and the
@@ -127,16 +145,9 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
                     outcomes[n] = err
                     continue
                 allowed.append(n)
-            answers = await self.idempotency.claim_many(
-                conn,
-                ENDPOINT,
-                [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed],
-                now,
-            )
-            claims = take_claims(allowed, answers, outcomes, _replayed)
+            claims = await self._keys(conn, items, allowed, now, outcomes)
             guessed = {i: r["balance"] for i, r in rows.items()}
             plan = _plan(items, claims, rows, guessed)
-            ids = await repo.transfer_ids(conn, len(plan.moves))
             # The locks, as late as they can be: from here to the commit.
             locked = await self._lock(conn, plan)
             if not _holds(plan, locked):
@@ -145,22 +156,55 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
                 # (every account a plan of these claims can touch is locked).
                 log.info(f"{EVENT}_replanned", items=len(items))
                 plan = _plan(items, claims, rows, locked)
-                ids = await repo.transfer_ids(conn, len(plan.moves))
             decided, transfers, stored = self._answers(items, claims, plan, ids, now)
-            await repo.write_transfers(
-                conn, locked, plan.accounts, transfers, now, ENDPOINT, stored
-            )
+            await self._write(conn, locked, plan, transfers, now, stored)
         for n, answer in decided.items():
             outcomes[n] = answer
         return outcomes
 
+    async def _keys(
+        self,
+        conn: asyncpg.Connection,
+        items: list[TransferRequest],
+        allowed: list[int],
+        now: datetime,
+        outcomes: list[Outcome[Answer]],
+    ) -> dict[int, Claim | Wanted]:
+        """The keys of the ``allowed`` items read at once (``known_many``): a
+        known key's replay or refusal is its item's outcome; the others, by
+        item: free (its answer is inserted once, with the transfers: a claim
+        first would never be seen, it commits with its answer) or a claim
+        whose lease ran out, taken over (completed with the transfers)."""
+        wanted = [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed]
+        known = await self.idempotency.known_many(conn, ENDPOINT, wanted, now) if wanted else []
+        keys: dict[int, Claim | Wanted] = {}
+        for n, answer in zip(allowed, known, strict=True):
+            if isinstance(answer, Claim | Wanted):
+                keys[n] = answer
+            elif isinstance(answer, Replay):
+                outcomes[n] = _replayed(answer)
+            else:
+                outcomes[n] = answer
+        return keys
+
     async def _lock(self, conn: asyncpg.Connection, plan: _Plan) -> dict[int, int]:
         return await repo.lock_balances(conn, [a.id for a in plan.accounts])
+
+    async def _write(
+        self,
+        conn: asyncpg.Connection,
+        locked: dict[int, int],
+        plan: _Plan,
+        transfers: list[repo.PlannedTransfer],
+        now: datetime,
+        stored: list[repo.StoredAnswer],
+    ) -> None:
+        await repo.write_transfers(conn, locked, plan.accounts, transfers, now, ENDPOINT, stored)
 
     def _answers(
         self,
         items: list[TransferRequest],
-        claims: dict[int, Claim],
+        claims: dict[int, Claim | Wanted],
         plan: _Plan,
         ids: list[int],
         now: datetime,
@@ -171,7 +215,7 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
         stored: list[repo.StoredAnswer] = []
         transfers: list[repo.PlannedTransfer] = []
         for (n, item, source_offset, target_offset), transfer_id in zip(
-            plan.moves, ids, strict=True
+            plan.moves, ids[: len(plan.moves)], strict=True
         ):
             transfers.append(
                 repo.PlannedTransfer(
@@ -205,8 +249,9 @@ def _holds(plan: _Plan, locked: dict[int, int]) -> bool:
     return True
 
 
-def _stored(claim: Claim, status: int, body: Any) -> repo.StoredAnswer:
-    return repo.StoredAnswer(claim.caller, claim.key, status, orjson.dumps(body).decode())
+def _stored(key: Claim | Wanted, status: int, body: Any) -> repo.StoredAnswer:
+    digest = key.digest if isinstance(key, Wanted) else None
+    return repo.StoredAnswer(key.caller, key.key, status, orjson.dumps(body).decode(), digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +267,7 @@ class _Plan:
 
 def _plan(
     items: list[TransferRequest],
-    claims: dict[int, Claim],
+    claims: dict[int, Claim | Wanted],
     rows: dict[int, repo.Row],
     balances: dict[int, int],
 ) -> _Plan:
