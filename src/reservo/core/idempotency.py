@@ -249,6 +249,19 @@ class IdempotencyStore:
         rows = await conn.fetch(
             Q.idem_known_many, [w.caller for w in wanted], [w.key for w in wanted], endpoint
         )
+        return await self.known_rows(conn, endpoint, wanted, rows, now)
+
+    async def known_rows(
+        self,
+        conn: asyncpg.Connection,
+        endpoint: str,
+        wanted: Sequence[Wanted],
+        rows: Sequence[asyncpg.Record],
+        now: datetime,
+    ) -> list[Claim | Replay | DomainError | Wanted]:
+        """``known_many`` on rows the caller read with its own statement (one
+        per key, in order, with ``idem_known_many``'s columns: ``status`` NULL
+        for a free key), to save a round trip."""
         answers: list[Claim | Replay | DomainError | Wanted] = []
         for w, row in zip(wanted, rows, strict=True):
             if row["status"] is None:

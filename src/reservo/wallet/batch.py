@@ -5,32 +5,32 @@ batch (``core.batching``); a batch runs in ONE transaction, set-based, and
 takes its account locks as late as it can (they are what concurrent batches
 queue on):
 
-1. read the batch's accounts without a lock (owner, currency and kind never
-   change; the balances are a guess) and take one transfer id per request, in
-   one statement (``read_batch``);
+1. read, in one statement (``read_batch``), the batch's accounts without a lock
+   (owner, currency and kind never change; the balances are a guess), one new
+   transfer id per request, and what every key holds (nothing is claimed: a
+   claim made in this transaction would never be seen, it commits with its
+   answer);
 2. per request, in arrival order, the checks run before the key is claimed
-   today: the source exists and the caller may act for it (404 / 403, not stored);
-3. read every remaining key in one statement (``known_many``): a known key
-   replays its stored response or is 422, a claim in flight elsewhere is 409; a
-   free key is not claimed (nobody could see a claim made in this transaction:
-   it commits with its answer), its answer is written once, in step 6;
-4. plan the transfers in arrival order in Python with the domain's rules on the
+   today: the source exists and the caller may act for it (404 / 403, not
+   stored); then its key: a known key replays its stored response or is 422, a
+   claim in flight elsewhere is 409 (one whose lease ran out is taken over);
+3. plan the transfers in arrival order in Python with the domain's rules on the
    guessed balances; a refusal (404 target, 422 same account, 403 system
    account, 409 currency or funds) is that request's alone, stored for its key.
    Each funds check bounds its source's balance at the start of the batch from
    below (passed) or above (refused): any balances within the bounds give the
    same decisions;
-5. lock the accounts (``lock_balances``: ascending ids, the order
+4. lock the accounts (``lock_balances``: ascending ids, the order
    ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with stakes,
    deposits or payouts); if a batch that committed meanwhile moved a balance out
    of its bounds, plan again on the locked balances (held now);
-6. write balances, transfers, entries and every answer in one statement
-   (``write_transfers``: a free key's row inserted DONE); COMMIT. A key another
-   transaction wrote since step 3 fails that statement: the batch rolls back
-   and runs again, where the key replays the other's answer.
+5. write balances, transfers, entries and every answer in one statement
+   (``write_transfers``: a free key's row inserted DONE, once); COMMIT. A key
+   another transaction wrote since step 1 fails that statement: the batch rolls
+   back and runs again, where the key replays the other's answer.
 
-So an account is locked for two statements and the commit, a batch is five
-statements and the commit, and a key's row is written once.
+So an account is locked for two statements and the commit, a batch is three
+statements between its BEGIN and COMMIT, and a key's row is written once.
 
 The answers, their statuses and bodies are those of the one-request flow. The
 batch runs detached from the requests: a client cut off mid-flight no longer
@@ -128,10 +128,15 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
             # No lock yet: owner, currency and kind never change, and the
             # balances are only what the plan guesses (settle checks it). One
             # transfer id per request: no plan makes more transfers.
-            read, ids = await repo.read_batch(
-                conn, [i for item in items for i in (item.source, item.target)], len(items)
+            read = await repo.read_batch(
+                conn,
+                [i for item in items for i in (item.source, item.target)],
+                len(items),
+                ENDPOINT,
+                [(item.caller, item.key) for item in items],
             )
-            rows = {r["id"]: r for r in read}
+            ids = read.transfer_ids
+            rows = {r["id"]: r for r in read.accounts}
             # Before the key, as the one-request flow: the source exists and the
             # caller may act for it, else 404 either way (refusals not stored:
             # who may not act learns nothing from a retry).
@@ -145,7 +150,7 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
                     outcomes[n] = err
                     continue
                 allowed.append(n)
-            claims = await self._keys(conn, items, allowed, now, outcomes)
+            claims = await self._keys(conn, items, allowed, read.keys, now, outcomes)
             guessed = {i: r["balance"] for i, r in rows.items()}
             plan = _plan(items, claims, rows, guessed)
             # The locks, as late as they can be: from here to the commit.
@@ -167,18 +172,20 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
         conn: asyncpg.Connection,
         items: list[TransferRequest],
         allowed: list[int],
+        known: list[repo.Row],
         now: datetime,
         outcomes: list[Outcome[Answer]],
     ) -> dict[int, Claim | Wanted]:
-        """The keys of the ``allowed`` items read at once (``known_many``): a
-        known key's replay or refusal is its item's outcome; the others, by
-        item: free (its answer is inserted once, with the transfers: a claim
-        first would never be seen, it commits with its answer) or a claim
-        whose lease ran out, taken over (completed with the transfers)."""
+        """What the keys of the ``allowed`` items hold (``known``: read_batch's
+        row per item): a known key's replay or refusal is its item's outcome;
+        the others, by item: free (its answer is inserted once, with the
+        transfers) or a claim whose lease ran out, taken over (completed with
+        the transfers)."""
         wanted = [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed]
-        known = await self.idempotency.known_many(conn, ENDPOINT, wanted, now) if wanted else []
+        rows = [known[n] for n in allowed]
+        answers = await self.idempotency.known_rows(conn, ENDPOINT, wanted, rows, now)
         keys: dict[int, Claim | Wanted] = {}
-        for n, answer in zip(allowed, known, strict=True):
+        for n, answer in zip(allowed, answers, strict=True):
             if isinstance(answer, Claim | Wanted):
                 keys[n] = answer
             elif isinstance(answer, Replay):

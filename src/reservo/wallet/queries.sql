@@ -91,18 +91,34 @@ WITH allowed AS (
 SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at FROM t;
 
 -- name: read_batch
--- A batch's accounts without a lock (wallet/batch.py): owner, currency and kind
--- never change, and the balances are only the guess the batch plans on
--- (lock_balances gives the balances the plan is checked against); and, in the
--- same round trip, $2 transfer ids (one per request: at most that many
--- transfers), taken before any lock so the stored answers can be rendered with
--- them. A row is an account (transfer_id NULL) or an id (id NULL). Unused ids
--- (refusals, a rollback) leave gaps, as any sequence does.
-SELECT id, owner_id, currency, kind, balance, NULL::bigint AS transfer_id
+-- What a batch reads before it locks anything, in one round trip (wallet/batch.py):
+-- * its accounts ($1), without a lock: owner, currency and kind never change,
+--   and the balances are only the guess the batch plans on (lock_balances
+--   gives the balances the plan is checked against);
+-- * $2 transfer ids (one per request: at most that many transfers), so the
+--   answers can be rendered before the locks; unused ids (refusals, a
+--   rollback) leave gaps, as any sequence does;
+-- * what its keys ($3 callers, $4 keys, of endpoint $5) hold, as
+--   idem_known_many (core/queries.sql): one row per key, ord its place in
+--   the arrays, status NULL when the key is free.
+-- A row is an account, an id or a key (its `what`).
+SELECT 'account' AS what, id, owner_id, currency, kind, balance, NULL::bigint AS ord,
+       NULL::bytea AS request_hash, NULL::text AS status, NULL::timestamptz AS locked_until,
+       NULL::int AS response_status, NULL::json AS response_body
   FROM wallet_account WHERE id = ANY($1::bigint[])
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, nextval('wallet_transfer_id_seq')
-  FROM generate_series(1, $2::int);
+SELECT 'id', nextval('wallet_transfer_id_seq'), NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL
+  FROM generate_series(1, $2::int)
+UNION ALL
+SELECT 'key', NULL, NULL, NULL, NULL, NULL, t.ord,
+       k.request_hash, k.status, k.locked_until, k.response_status, k.response_body
+  FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS t(caller, key, ord)
+  LEFT JOIN LATERAL (
+      SELECT * FROM idempotency_key i
+       WHERE i.caller = t.caller AND i.endpoint = $5 AND i.key = t.key
+       LIMIT 1
+  ) k ON true;
 
 -- name: lock_balances
 -- The balances of a planned batch's accounts, locked (ascending ids, as

@@ -70,17 +70,38 @@ async def apply_transfer(
 
 
 async def read_batch(
-    conn: asyncpg.Connection, ids: Sequence[int], count: int
-) -> tuple[list[Row], list[int]]:
-    """The accounts ``ids`` without a lock, and ``count`` new transfer ids (ascending)."""
+    conn: asyncpg.Connection,
+    ids: Sequence[int],
+    count: int,
+    endpoint: str,
+    keys: Sequence[tuple[str, str]],
+) -> Read:
+    """The accounts ``ids`` without a lock, ``count`` new transfer ids
+    (ascending), and what the (caller, key) ``keys`` of ``endpoint`` hold."""
     accounts: list[Row] = []
     transfer_ids: list[int] = []
-    for r in await conn.fetch(Q.read_batch, list(set(ids)), count):
-        if r["transfer_id"] is None:
+    by_key: dict[int, Row] = {}
+    rows = await conn.fetch(
+        Q.read_batch, list(set(ids)), count, [c for c, _ in keys], [k for _, k in keys], endpoint
+    )
+    for r in rows:
+        if r["what"] == "account":
             accounts.append(r)
+        elif r["what"] == "id":
+            transfer_ids.append(r["id"])
         else:
-            transfer_ids.append(r["transfer_id"])
-    return accounts, sorted(transfer_ids)
+            by_key[r["ord"]] = r
+    return Read(accounts, sorted(transfer_ids), [by_key[n] for n in range(1, len(keys) + 1)])
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What ``read_batch`` read: account rows, transfer ids, and a row per key
+    in the order asked (``idem_known_many``'s columns)."""
+
+    accounts: list[Row]
+    transfer_ids: list[int]
+    keys: list[Row]
 
 
 async def lock_balances(conn: asyncpg.Connection, ids: Sequence[int]) -> dict[int, int]:
