@@ -147,14 +147,12 @@ class GroupCommit(ABC, Generic[K, R]):
     one, each batch is ``_once(items)`` in one transaction (run again on a
     rollback, split on a failure of the whole: ``in_one_transaction``), and a
     request whose key an earlier request of the batch has waits for the next
-    batch (``once_per_key``). ``event`` names the log lines; ``lanes`` how
-    many batches of the endpoint a process runs at once."""
+    batch (``once_per_key``). ``event`` names the log lines."""
 
     event: str
-    lanes = LANES
 
     def __init__(self) -> None:
-        self._batcher: Batcher[K, R] = Batcher(self._run, lanes=self.lanes)
+        self._batcher: Batcher[K, R] = Batcher(self._run)
         # How many transactions the batches ran (tests read it).
         self.transactions = 0
 
