@@ -10,8 +10,8 @@ queue on):
    transfer id per request, and what every key holds (nothing is claimed: a
    claim made in this transaction would never be seen, it commits with its
    answer);
-2. per request, in arrival order, the checks run before the key is claimed
-   today: the source exists and the caller may act for it (404 / 403, not
+2. per request, in arrival order, the checks the one-request flow runs before
+   its key: the source exists and the caller may act for it (404 / 403, not
    stored); then its key: a known key replays its stored response or is 422, a
    claim in flight elsewhere is 409 (one whose lease ran out is taken over);
 3. plan the transfers in arrival order in Python with the domain's rules on the
