@@ -1,10 +1,10 @@
 """PostgreSQL's own work per enqueue of POST /api/jobs' batch path, without HTTP.
 
 Runs the statements of one batch (``scheduler/batch.py``) the way a batch runs
-them, on one connection, in a scratch database: claim the keys
-(``idem_claim_many``), insert the jobs (``insert_jobs``: QUEUED, with one
+them, on one connection, in a scratch database: read the keys
+(``idem_known_many``), insert the jobs (``insert_jobs``: QUEUED, with one
 job_push row; the previous batch's row deleted on the way), store the answers
-(``idem_complete_many``), COMMIT. Reports the backend's CPU per job (read from
+once (``idem_store_many``), COMMIT. Reports the backend's CPU per job (read from
 the process table, so the server must run on this machine), which other work on the machine
 barely moves, unlike a rate. ``--no-keys``: enqueues without Idempotency-Key.
 

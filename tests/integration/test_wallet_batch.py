@@ -405,3 +405,150 @@ async def test_racing_processes_keep_the_bank_and_every_answer_true(
     assert await db.fetchval(
         "SELECT count(*) FROM wallet_transfer WHERE from_account_id = ANY($1)", ids
     ) == len(made)
+
+
+class _Counted(TransferBatch):
+    """A batch that counts, on its own connection, the key rows it inserts and
+    updates: from reading its keys to its locks, and in its write."""
+
+    before_locks: tuple[int, int] | None = None
+    in_write: tuple[int, int] | None = None
+    _mark: tuple[int, int] = (0, 0)
+
+    async def _keys(self, conn: asyncpg.Connection, *args: Any) -> Any:
+        self._mark = await _key_writes(conn)
+        return await super()._keys(conn, *args)
+
+    async def _lock(self, conn: asyncpg.Connection, *args: Any) -> Any:
+        self.before_locks, self._mark = await self._since(conn)
+        return await super()._lock(conn, *args)
+
+    async def _write(self, conn: asyncpg.Connection, *args: Any) -> None:
+        await super()._write(conn, *args)
+        self.in_write, self._mark = await self._since(conn)
+
+    async def _since(self, conn: asyncpg.Connection) -> tuple[tuple[int, int], tuple[int, int]]:
+        now = await _key_writes(conn)
+        return (now[0] - self._mark[0], now[1] - self._mark[1]), now
+
+
+async def _key_writes(conn: asyncpg.Connection) -> tuple[int, int]:
+    """Rows of idempotency_key inserted and updated on this connection and not
+    yet reported to the statistics (a running count: read differences)."""
+    row = await conn.fetchrow(
+        "SELECT pg_stat_get_xact_tuples_inserted('idempotency_key'::regclass) AS ins, "
+        "pg_stat_get_xact_tuples_updated('idempotency_key'::regclass) AS upd"
+    )
+    return row["ins"], row["upd"]
+
+
+async def test_a_batch_writes_each_key_once_after_its_locks(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """A free key is not claimed before the transfer (nobody could see the
+    claim: it commits with its answer): its row is inserted once, DONE, by the
+    batch's write, never inserted and then updated."""
+    source, owner = await make_account(client, 100)
+    target, _ = await make_account(client, 0)
+    batch = _Counted(container.db, container.clock, container.idempotency, render_transfer)
+    keys = [f"once-{uuid.uuid4()}" for _ in range(3)]
+    answers = await asyncio.gather(
+        *(batch.submit(_request(source, target, owner, 10, k)) for k in keys)
+    )
+    assert [a.status for a in answers] == [201] * 3 and batch.transactions == 1
+    assert batch.before_locks == (0, 0)
+    assert batch.in_write == (3, 0)
+    stored = await db.fetch(
+        "SELECT key, status, response_status, response_body FROM idempotency_key "
+        "WHERE key = ANY($1)",
+        keys,
+    )
+    assert {r["key"]: (r["status"], r["response_status"]) for r in stored} == {
+        k: ("DONE", 201) for k in keys
+    }
+    assert sorted(orjson.loads(r["response_body"])["id"] for r in stored) == sorted(
+        a.body["id"] for a in answers
+    )
+    assert await _ledger_holds(db, [source, target]) == {source: 70, target: 30}
+
+
+class _Raced(TransferBatch):
+    """A batch before whose locks another process's batch commits the same
+    request under the same key (the key was free when this batch read it)."""
+
+    rival: TransferBatch | None = None
+    rival_answer: Answer | None = None
+    request: TransferRequest | None = None
+
+    async def _lock(self, *args: Any) -> Any:
+        if self.rival is not None and self.rival_answer is None:
+            assert self.request is not None
+            self.rival_answer = await self.rival.submit(self.request)
+        return await super()._lock(*args)
+
+
+async def test_a_key_written_by_another_process_meanwhile_keeps_its_answer(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """The batch's write of a key another transaction wrote since the batch
+    read it fails: nothing of the batch commits (no second transfer), and the
+    request is answered, in the next batch, with the other's transfer."""
+    source, owner = await make_account(client, 100)
+    target, _ = await make_account(client, 0)
+    other_source, other_owner = await make_account(client, 100)
+    key = f"race-{uuid.uuid4()}"
+    request = _request(source, target, owner, 30, key)
+    batch = _Raced(container.db, container.clock, container.idempotency, render_transfer)
+    batch.rival = TransferBatch(
+        container.db, container.clock, container.idempotency, render_transfer
+    )
+    batch.request = request
+    other = _request(other_source, target, other_owner, 20, f"other-{uuid.uuid4()}")
+    answer, other_answer = await asyncio.gather(batch.submit(request), batch.submit(other))
+    assert batch.rival_answer is not None and batch.rival_answer.status == 201
+    assert (answer.status, answer.body) == (200, batch.rival_answer.body)
+    assert other_answer.status == 201  # decided again in the next batch, made once
+    assert batch.transactions == 2
+    stored = await db.fetch(
+        "SELECT response_status, response_body FROM idempotency_key WHERE key = $1", key
+    )
+    assert [(r["response_status"], orjson.loads(r["response_body"])) for r in stored] == [
+        (201, batch.rival_answer.body)
+    ]
+    assert await _ledger_holds(db, [source, other_source, target]) == {
+        source: 70,
+        other_source: 80,
+        target: 50,
+    }
+
+
+async def test_a_claim_left_by_the_two_commit_path_is_409_then_taken_over(
+    container: Container, client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """A key claimed IN_PROGRESS by ``begin`` (the one-request flow) answers 409
+    while its lease runs; after it, the batch takes the claim over, makes the
+    transfer and completes the claim with its answer (stored, replayed)."""
+    source, owner = await make_account(client, 100)
+    target, _ = await make_account(client, 0)
+    batch = container.module(Wallet).transfers
+    key = f"leased-{uuid.uuid4()}"
+    body = orjson.dumps({"fromAccountId": source, "toAccountId": target, "amount": 40})
+    await container.idempotency.begin(str(owner), "POST /api/transfers", key, body)
+    request = _request(source, target, owner, 40, key)
+    with pytest.raises(DomainError) as busy:
+        await batch.submit(request)
+    assert busy.value.code == "request_in_progress"
+    await db.execute(
+        "UPDATE idempotency_key SET locked_until = locked_until - interval '1 hour' WHERE key = $1",
+        key,
+    )
+    answer = await batch.submit(request)
+    assert answer.status == 201
+    stored = await db.fetchrow(
+        "SELECT status, response_status, response_body FROM idempotency_key WHERE key = $1", key
+    )
+    assert (stored["status"], stored["response_status"]) == ("DONE", 201)
+    assert orjson.loads(stored["response_body"]) == answer.body
+    again = await batch.submit(request)
+    assert (again.status, again.body) == (200, answer.body)
+    assert await _ledger_holds(db, [source, target]) == {source: 60, target: 40}

@@ -5,28 +5,33 @@ batch (``core.http.batching``); a batch runs in ONE transaction, set-based, and
 takes its account locks as late as it can (they are what concurrent batches
 queue on):
 
-1. read the batch's accounts without a lock (``read_accounts``: owner, currency
-   and kind never change; the balances are a guess);
-2. per request, in arrival order, the checks run before the key is claimed
-   today: the source exists and the caller may act for it (404 / 403, not stored);
-3. claim every remaining key in one statement (``claim_many``): a known key
-   replays its stored response or is 422, a claim in flight elsewhere is 409;
-4. plan the transfers in arrival order in Python with the domain's rules on the
+1. read, in one statement (``read_batch``), the batch's accounts without a lock
+   (owner, currency and kind never change; the balances are a guess), one new
+   transfer id per request, and what every key holds (nothing is claimed: a
+   claim made in this transaction would never be seen, it commits with its
+   answer);
+2. per request, in arrival order, the checks the one-request flow runs before
+   its key: the source exists and the caller may act for it (404 / 403, not
+   stored); then its key: a known key replays its stored response or is 422, a
+   claim in flight elsewhere is 409 (one whose lease ran out is taken over);
+3. plan the transfers in arrival order in Python with the domain's rules on the
    guessed balances; a refusal (404 target, 422 same account, 403 system
    account, 409 currency or funds) is that request's alone, stored for its key
    when ``is_stored`` says so (the one rule: not the 403, whose claim is dropped).
    Each funds check bounds its source's balance at the start of the batch from
    below (passed) or above (refused): any balances within the bounds give the
    same decisions;
-5. lock the accounts (``lock_balances``: ascending ids, the order
+4. lock the accounts (``lock_balances``: ascending ids, the order
    ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with stakes,
    deposits or payouts); if a batch that committed meanwhile moved a balance out
    of its bounds, plan again on the locked balances (held now);
-6. write balances, transfers, entries and every stored response in one
-   statement (``write_transfers``); COMMIT.
+5. write balances, transfers, entries and every answer in one statement
+   (``write_transfers``: a free key's row inserted DONE, once); COMMIT. A key
+   another transaction wrote since step 1 fails that statement: the batch rolls
+   back and runs again, where the key replays the other's answer.
 
-So an account is locked for two statements and the commit, not across the
-claim, the planning and four statements as before.
+So an account is locked for two statements and the commit, a batch is three
+statements between its BEGIN and COMMIT, and a key's row is written once.
 
 The answers, their statuses and bodies are those of the one-request flow. The
 batch runs detached from the requests: a client cut off mid-flight no longer
@@ -48,7 +53,7 @@ import structlog
 
 from reservo.core.db.database import Database
 from reservo.core.http.auth import Principal
-from reservo.core.http.batching import AGAIN, GroupCommit, Outcome, take_claims
+from reservo.core.http.batching import AGAIN, GroupCommit, Outcome
 from reservo.core.http.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
 from reservo.core.kernel.clock import Clock
 from reservo.core.kernel.errors import DomainError
@@ -106,15 +111,33 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
         self.db, self.clock, self.idempotency, self.render = db, clock, idempotency, render
 
     async def _once(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
+        try:
+            return await self._in_transaction(items)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != repo.KEY_TAKEN:
+                raise
+            # A key this batch read free was written by another transaction
+            # since: nothing of the batch committed; the next batch replays
+            # that one's answer and decides the others again.
+            log.info(f"{EVENT}_key_taken", items=len(items))
+            return [AGAIN] * len(items)
+
+    async def _in_transaction(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
         now = self.clock.now()
         outcomes: list[Outcome[Answer]] = [AGAIN] * len(items)
         async with self.db.transaction() as conn:
             # No lock yet: owner, currency and kind never change, and the
-            # balances are only what the plan guesses (settle checks it).
-            read = await repo.read_accounts(
-                conn, [i for item in items for i in (item.source, item.target)]
+            # balances are only what the plan guesses (settle checks it). One
+            # transfer id per request: no plan makes more transfers.
+            read = await repo.read_batch(
+                conn,
+                [i for item in items for i in (item.source, item.target)],
+                len(items),
+                ENDPOINT,
+                [(item.caller, item.key) for item in items],
             )
-            rows = {r["id"]: r for r in read}
+            ids = read.transfer_ids
+            rows = {r["id"]: r for r in read.accounts}
             # Before the key, as the one-request flow: the source exists and the
             # caller may act for it, else 404 either way (refusals not stored:
             # who may not act learns nothing from a retry).
@@ -128,16 +151,9 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
                     outcomes[n] = err
                     continue
                 allowed.append(n)
-            answers = await self.idempotency.claim_many(
-                conn,
-                ENDPOINT,
-                [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed],
-                now,
-            )
-            claims = take_claims(allowed, answers, outcomes, _replayed)
+            claims = await self._keys(conn, items, allowed, read.keys, now, outcomes)
             guessed = {i: r["balance"] for i, r in rows.items()}
             plan = _plan(items, claims, rows, guessed)
-            ids = await repo.transfer_ids(conn, len(plan.moves))
             # The locks, as late as they can be: from here to the commit.
             locked = await self._lock(conn, plan)
             if not _holds(plan, locked):
@@ -146,25 +162,64 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
                 # (every account a plan of these claims can touch is locked).
                 log.info(f"{EVENT}_replanned", items=len(items))
                 plan = _plan(items, claims, rows, locked)
-                ids = await repo.transfer_ids(conn, len(plan.moves))
             decided, transfers, stored = self._answers(items, claims, plan, ids, now)
             for n, refusal in plan.refusals:
-                if not is_stored(refusal):
-                    await claims[n].forget(conn)
-            await repo.write_transfers(
-                conn, locked, plan.accounts, transfers, now, ENDPOINT, stored
-            )
+                key = claims[n]
+                # A free key's refusal that is not stored writes nothing; a claim
+                # taken over from a dead request is dropped, as the one-request
+                # flow drops it (a retry is judged again).
+                if not is_stored(refusal) and isinstance(key, Claim):
+                    await key.forget(conn)
+            await self._write(conn, locked, plan, transfers, now, stored)
         for n, answer in decided.items():
             outcomes[n] = answer
         return outcomes
 
+    async def _keys(
+        self,
+        conn: asyncpg.Connection,
+        items: list[TransferRequest],
+        allowed: list[int],
+        known: list[repo.Row],
+        now: datetime,
+        outcomes: list[Outcome[Answer]],
+    ) -> dict[int, Claim | Wanted]:
+        """What the keys of the ``allowed`` items hold (``known``: read_batch's
+        row per item): a known key's replay or refusal is its item's outcome;
+        the others, by item: free (its answer is inserted once, with the
+        transfers) or a claim whose lease ran out, taken over (completed with
+        the transfers)."""
+        wanted = [Wanted(items[n].caller, items[n].key, items[n].digest) for n in allowed]
+        rows = [known[n] for n in allowed]
+        answers = await self.idempotency.known_rows(conn, ENDPOINT, wanted, rows, now)
+        keys: dict[int, Claim | Wanted] = {}
+        for n, answer in zip(allowed, answers, strict=True):
+            if isinstance(answer, Claim | Wanted):
+                keys[n] = answer
+            elif isinstance(answer, Replay):
+                outcomes[n] = _replayed(answer)
+            else:
+                outcomes[n] = answer
+        return keys
+
     async def _lock(self, conn: asyncpg.Connection, plan: _Plan) -> dict[int, int]:
         return await repo.lock_balances(conn, [a.id for a in plan.accounts])
+
+    async def _write(
+        self,
+        conn: asyncpg.Connection,
+        locked: dict[int, int],
+        plan: _Plan,
+        transfers: list[repo.PlannedTransfer],
+        now: datetime,
+        stored: list[repo.StoredAnswer],
+    ) -> None:
+        await repo.write_transfers(conn, locked, plan.accounts, transfers, now, ENDPOINT, stored)
 
     def _answers(
         self,
         items: list[TransferRequest],
-        claims: dict[int, Claim],
+        claims: dict[int, Claim | Wanted],
         plan: _Plan,
         ids: list[int],
         now: datetime,
@@ -175,7 +230,7 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
         stored: list[repo.StoredAnswer] = []
         transfers: list[repo.PlannedTransfer] = []
         for (n, item, source_offset, target_offset), transfer_id in zip(
-            plan.moves, ids, strict=True
+            plan.moves, ids[: len(plan.moves)], strict=True
         ):
             transfers.append(
                 repo.PlannedTransfer(
@@ -194,7 +249,7 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
             stored.append(_stored(claims[n], 201, body))
         for n, err in plan.refusals:
             decided[n] = err
-            if is_stored(err):  # else its claim is forgotten (_once)
+            if is_stored(err):  # else nothing is written (a taken-over claim is dropped)
                 stored.append(_stored(claims[n], err.status, err.problem()))
         return decided, transfers, stored
 
@@ -210,8 +265,9 @@ def _holds(plan: _Plan, locked: dict[int, int]) -> bool:
     return True
 
 
-def _stored(claim: Claim, status: int, body: Any) -> repo.StoredAnswer:
-    return repo.StoredAnswer(claim.caller, claim.key, status, orjson.dumps(body).decode())
+def _stored(key: Claim | Wanted, status: int, body: Any) -> repo.StoredAnswer:
+    digest = key.digest if isinstance(key, Wanted) else None
+    return repo.StoredAnswer(key.caller, key.key, status, orjson.dumps(body).decode(), digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +283,7 @@ class _Plan:
 
 def _plan(
     items: list[TransferRequest],
-    claims: dict[int, Claim],
+    claims: dict[int, Claim | Wanted],
     rows: dict[int, repo.Row],
     balances: dict[int, int],
 ) -> _Plan:

@@ -90,17 +90,35 @@ WITH allowed AS (
 )
 SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at FROM t;
 
--- name: read_accounts
--- The batch's accounts without a lock (wallet/batch.py): owner, currency and
--- kind never change, and the balances are only the guess the batch plans on;
--- lock_balances gives the balances the plan is checked against.
-SELECT id, owner_id, currency, kind, balance FROM wallet_account WHERE id = ANY($1::bigint[]);
-
--- name: transfer_ids
--- Ids for a batch's transfers, taken before any lock so the stored answers can
--- be rendered with them (a batch that refuses or rolls back leaves gaps, as any
--- sequence does).
-SELECT nextval('wallet_transfer_id_seq') AS id FROM generate_series(1, $1::int);
+-- name: read_batch
+-- What a batch reads before it locks anything, in one round trip (wallet/batch.py):
+-- * its accounts ($1), without a lock: owner, currency and kind never change,
+--   and the balances are only the guess the batch plans on (lock_balances
+--   gives the balances the plan is checked against);
+-- * $2 transfer ids (one per request: at most that many transfers), so the
+--   answers can be rendered before the locks; unused ids (refusals, a
+--   rollback) leave gaps, as any sequence does;
+-- * what its keys ($3 callers, $4 keys, of endpoint $5) hold, as
+--   idem_known_many (core/queries.sql): one row per key, ord its place in
+--   the arrays, status NULL when the key is free.
+-- A row is an account, an id or a key (its `what`).
+SELECT 'account' AS what, id, owner_id, currency, kind, balance, NULL::bigint AS ord,
+       NULL::bytea AS request_hash, NULL::text AS status, NULL::timestamptz AS locked_until,
+       NULL::int AS response_status, NULL::json AS response_body
+  FROM wallet_account WHERE id = ANY($1::bigint[])
+UNION ALL
+SELECT 'id', nextval('wallet_transfer_id_seq'), NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL
+  FROM generate_series(1, $2::int)
+UNION ALL
+SELECT 'key', NULL, NULL, NULL, NULL, NULL, t.ord,
+       k.request_hash, k.status, k.locked_until, k.response_status, k.response_body
+  FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS t(caller, key, ord)
+  LEFT JOIN LATERAL (
+      SELECT * FROM idempotency_key i
+       WHERE i.caller = t.caller AND i.endpoint = $5 AND i.key = t.key
+       LIMIT 1
+  ) k ON true;
 
 -- name: lock_balances
 -- The balances of a planned batch's accounts, locked (ascending ids, as
@@ -117,9 +135,13 @@ SELECT id, balance FROM wallet_account WHERE id = ANY($1::bigint[])
 -- A planned batch of customer transfers on the balances lock_balances returned
 -- (wallet/batch.py): each account's new balance written once, each transfer
 -- with its id and two entries in the batch's order (entry ids follow it, so an
--- account's newest entry holds its balance), and every key's stored answer.
--- The answers are idem_complete_many's update (core/queries.sql), folded in to
--- save a round trip while the accounts are locked.
+-- account's newest entry holds its balance), and every key's answer: a free key
+-- (digest given) inserted DONE once, as idem_store_many (core/queries.sql) in
+-- (caller, key) order, never claimed first (nobody could see the claim: it
+-- would commit with its answer); a claim taken over (digest NULL) completed as
+-- idem_complete_many. No ON CONFLICT: a key another transaction wrote since the
+-- batch read it fails the whole statement (unique violation), so no transfer
+-- commits without its own stored answer.
 WITH balances AS (
     UPDATE wallet_account a SET balance = b.balance
       FROM unnest($1::bigint[], $2::bigint[]) AS b(id, balance)
@@ -140,11 +162,20 @@ WITH balances AS (
             SELECT target, id, amount, target_after, ord, 1 FROM items) AS sides
      ORDER BY ord, side
 ), answers AS (
+    SELECT * FROM unnest($11::text[], $12::text[], $13::int[], $14::text[], $15::bytea[])
+                  AS v(caller, key, status, body, digest)
+), stored AS (
+    INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, response_status,
+                                 response_body, created_at)
+    SELECT caller, $10, key, digest, 'DONE', status, body::json, $9
+      FROM answers WHERE digest IS NOT NULL
+     ORDER BY caller, key
+), completed AS (
     UPDATE idempotency_key k
        SET status = 'DONE', locked_until = NULL, response_status = v.status,
            response_body = v.body::json
-      FROM unnest($11::text[], $12::text[], $13::int[], $14::text[]) AS v(caller, key, status, body)
-     WHERE k.caller = v.caller AND k.endpoint = $10 AND k.key = v.key
+      FROM answers v
+     WHERE v.digest IS NULL AND k.caller = v.caller AND k.endpoint = $10 AND k.key = v.key
 )
 SELECT count(*)::int AS transfers FROM items;
 

@@ -15,6 +15,9 @@ Q = Queries.load("reservo.wallet")
 
 Row: TypeAlias = asyncpg.Record
 
+# The constraint a key written twice violates (write_transfers).
+KEY_TAKEN = "idempotency_key_pkey"
+
 
 async def insert_account(
     conn: asyncpg.Connection, owner_id: int, currency: str, now: datetime
@@ -66,12 +69,39 @@ async def apply_transfer(
     return await conn.fetchrow(Q.apply_transfer, source, target, amount, kind, reference, now)
 
 
-async def read_accounts(conn: asyncpg.Connection, ids: Sequence[int]) -> list[Row]:
-    return list(await conn.fetch(Q.read_accounts, list(set(ids))))
+async def read_batch(
+    conn: asyncpg.Connection,
+    ids: Sequence[int],
+    count: int,
+    endpoint: str,
+    keys: Sequence[tuple[str, str]],
+) -> Read:
+    """The accounts ``ids`` without a lock, ``count`` new transfer ids
+    (ascending), and what the (caller, key) ``keys`` of ``endpoint`` hold."""
+    accounts: list[Row] = []
+    transfer_ids: list[int] = []
+    by_key: dict[int, Row] = {}
+    rows = await conn.fetch(
+        Q.read_batch, list(set(ids)), count, [c for c, _ in keys], [k for _, k in keys], endpoint
+    )
+    for r in rows:
+        if r["what"] == "account":
+            accounts.append(r)
+        elif r["what"] == "id":
+            transfer_ids.append(r["id"])
+        else:
+            by_key[r["ord"]] = r
+    return Read(accounts, sorted(transfer_ids), [by_key[n] for n in range(1, len(keys) + 1)])
 
 
-async def transfer_ids(conn: asyncpg.Connection, count: int) -> list[int]:
-    return [r["id"] for r in await conn.fetch(Q.transfer_ids, count)] if count else []
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What ``read_batch`` read: account rows, transfer ids, and a row per key
+    in the order asked (``idem_known_many``'s columns)."""
+
+    accounts: list[Row]
+    transfer_ids: list[int]
+    keys: list[Row]
 
 
 async def lock_balances(conn: asyncpg.Connection, ids: Sequence[int]) -> dict[int, int]:
@@ -89,7 +119,10 @@ async def write_transfers(
     answers: Sequence[StoredAnswer],
 ) -> None:
     """On the ``locked`` balances (``lock_balances``): add each account's delta,
-    write the ``transfers`` with their entries and store the ``answers``."""
+    write the ``transfers`` with their entries and store the ``answers``. A key
+    of ``answers`` another transaction wrote meanwhile raises
+    ``asyncpg.UniqueViolationError`` (constraint ``KEY_TAKEN``): nothing of the
+    batch may commit."""
     moved = [a for a in accounts if a.delta]
     await conn.execute(
         Q.write_transfers,
@@ -107,6 +140,7 @@ async def write_transfers(
         [a.key for a in answers],
         [a.status for a in answers],
         [a.body for a in answers],
+        [a.digest for a in answers],
     )
 
 
@@ -137,12 +171,15 @@ class PlannedTransfer:
 
 @dataclass(frozen=True, slots=True)
 class StoredAnswer:
-    """The response stored for a claimed key (body: serialised JSON)."""
+    """The response stored for a key (body: serialised JSON): inserted for a
+    free key with its request's ``digest``, or completing a claim taken over
+    (``digest`` None)."""
 
     caller: str
     key: str
     status: int
     body: str
+    digest: bytes | None
 
 
 async def pay_many(

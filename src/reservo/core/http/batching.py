@@ -242,24 +242,3 @@ async def _one_by_one(
 ) -> list[Outcome[R]]:
     log.warning(f"{event}_split", items=len(items), error=repr(exc))
     return [(await in_one_transaction([item], once, event))[0] for item in items]
-
-
-def take_claims(
-    indices: Sequence[int],
-    answers: Sequence[Claim | Replay | DomainError | None],
-    outcomes: list[Outcome[R]],
-    replay: Callable[[Replay], R],
-) -> dict[int, Claim]:
-    """Sort what ``IdempotencyStore.claim_many`` answered for the items at
-    ``indices``: the claims taken, by item; a stored response (``replay``) or a
-    refusal becomes that item's outcome; None (a transaction that ended while
-    this one waited wrote the key) leaves the item AGAIN, for the next batch."""
-    claims: dict[int, Claim] = {}
-    for n, answer in zip(indices, answers, strict=True):
-        if isinstance(answer, Claim):
-            claims[n] = answer
-        elif isinstance(answer, Replay):
-            outcomes[n] = replay(answer)
-        elif answer is not None:
-            outcomes[n] = answer
-    return claims

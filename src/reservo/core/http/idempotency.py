@@ -7,9 +7,9 @@ created thing and its stored response commit together. A retry finds either the
 stored response (replayed; 201 becomes 200), a claim still in flight (409
 request_in_progress), or a different body under the same key (422).
 
-A group commit claims its keys together (``claim_many``) and completes them
-(``complete_many``); or, when its transaction alone writes what it answers,
-reads them (``known_many``) and writes each answer once (``store_many``).
+A group commit, whose transaction alone writes what it answers, reads its keys
+together (``known_many``) and writes each answer once (``store_many``; a claim
+it took over is completed with ``complete_many``).
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def _stored_answer(row: Mapping[str, Any], digest: bytes, now: datetime) -> Repl
 
 @dataclass(frozen=True, slots=True)
 class Wanted:
-    """A key to claim (``IdempotencyStore.claim_many``): whose, which, and the
-    hash of its request's body (``request_hash``)."""
+    """A key a group commit asks for (``IdempotencyStore.known_many``): whose,
+    which, and the hash of its request's body (``request_hash``)."""
 
     caller: str
     key: str
@@ -238,52 +238,33 @@ class IdempotencyStore:
             )
         )
 
-    async def claim_many(
-        self, conn: asyncpg.Connection, endpoint: str, wanted: Sequence[Wanted], now: datetime
-    ) -> list[Claim | Replay | DomainError | None]:
-        """``begin`` for many keys of one endpoint at once, inside the caller's
-        transaction (a group commit): the claims commit with the effect or not at
-        all. One answer per key, in order: a Claim to
-        complete in this transaction, the Replay of a stored response, the
-        DomainError to answer (422 another body, 409 a claim in flight
-        elsewhere), or None: the key was claimed or pruned by a transaction that
-        ended while this one waited for it, so ask again in a later transaction.
-        The keys must be distinct (a repeated key is the later request's to ask
-        again once this one is known)."""
-        rows = await conn.fetch(
-            Q.idem_claim_many,
-            [w.caller for w in wanted],
-            [w.key for w in wanted],
-            [w.digest for w in wanted],
-            endpoint,
-            now + self.lease,
-            now,
-        )
-        answers: list[Claim | Replay | DomainError | None] = []
-        for w, row in zip(wanted, rows, strict=True):
-            claim = Claim(w.caller, endpoint, w.key)
-            if row["claimed"]:
-                answers.append(claim)
-            elif row["status"] is None:
-                answers.append(None)
-            else:
-                answers.append(await self._answer_or_error(conn, claim, row, w.digest, now))
-        return answers
-
     async def known_many(
         self, conn: asyncpg.Connection, endpoint: str, wanted: Sequence[Wanted], now: datetime
     ) -> list[Claim | Replay | DomainError | Wanted]:
-        """``claim_many`` without writing a claim for a free key, for a group
-        commit whose claims would never be seen (they commit with their answers):
-        one answer per key, in order: the Wanted itself when the key is free
-        (store its answer with ``store_many`` in this transaction), the Replay
-        of a stored response, the DomainError to answer (422 another body, 409 a
-        claim in flight elsewhere), or a Claim when this took over a claim whose
-        lease ran out (complete it with ``complete_many``). The keys must be
-        distinct."""
+        """What many keys of one endpoint hold, read without writing a claim for
+        a free key, for a group commit whose claims would never be seen (they
+        commit with their answers): one answer per key, in order: the Wanted
+        itself when the key is free (store its answer with ``store_many`` in
+        this transaction), the Replay of a stored response, the DomainError to
+        answer (422 another body, 409 a claim in flight elsewhere), or a Claim
+        when this took over a claim whose lease ran out (complete it with
+        ``complete_many``). The keys must be distinct."""
         rows = await conn.fetch(
             Q.idem_known_many, [w.caller for w in wanted], [w.key for w in wanted], endpoint
         )
+        return await self.known_rows(conn, endpoint, wanted, rows, now)
+
+    async def known_rows(
+        self,
+        conn: asyncpg.Connection,
+        endpoint: str,
+        wanted: Sequence[Wanted],
+        rows: Sequence[asyncpg.Record],
+        now: datetime,
+    ) -> list[Claim | Replay | DomainError | Wanted]:
+        """``known_many`` on rows the caller read with its own statement (one
+        per key, in order, with ``idem_known_many``'s columns: ``status`` NULL
+        for a free key), to save a round trip."""
         answers: list[Claim | Replay | DomainError | Wanted] = []
         for w, row in zip(wanted, rows, strict=True):
             if row["status"] is None:

@@ -7,30 +7,6 @@ VALUES ($1, $2, $3, $4, 'IN_PROGRESS', $5, $6)
 ON CONFLICT (caller, endpoint, key) DO NOTHING
 RETURNING caller;
 
--- name: idem_claim_many
--- Claim many keys of one endpoint ($4) in the caller's transaction (the group
--- commit of transfers): the claims commit with the effect or not at all. The
--- keys are inserted in (caller, key) order, so two such transactions waiting on
--- each other's keys wait in one order and never deadlock. One row per key, in
--- the order given: claimed, or (from this statement's snapshot) what the key
--- already holds; neither means it was written by a transaction that ended while
--- this one waited for it.
-WITH items AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY
-                  AS t(caller, key, request_hash, ord)
-), ins AS (
-    INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, locked_until, created_at)
-    SELECT caller, $4, key, request_hash, 'IN_PROGRESS', $5, $6 FROM items ORDER BY caller, key
-    ON CONFLICT (caller, endpoint, key) DO NOTHING
-    RETURNING caller, key
-)
-SELECT (ins.caller IS NOT NULL) AS claimed, k.request_hash, k.status, k.locked_until,
-       k.response_status, k.response_body
-  FROM items i
-  LEFT JOIN ins ON ins.caller = i.caller AND ins.key = i.key
-  LEFT JOIN idempotency_key k ON k.caller = i.caller AND k.endpoint = $4 AND k.key = i.key
- ORDER BY i.ord;
-
 -- name: idem_complete_many
 -- Store the answers of many claimed keys of one endpoint ($1) at once.
 UPDATE idempotency_key k
@@ -59,7 +35,7 @@ SELECT k.request_hash, k.status, k.locked_until, k.response_status, k.response_b
 -- The answers of many free keys of one endpoint ($1), written DONE at once in
 -- the business transaction (IdempotencyStore.store_many): one write per key
 -- instead of a claim and then its completion. Inserted in (caller, key) order,
--- as idem_claim_many, so two such transactions never deadlock on keys. A key
+-- so two such transactions never deadlock on keys. A key
 -- another transaction wrote since it was read is left alone (after waiting for
 -- that transaction): its (caller, key) is missing from the rows returned.
 INSERT INTO idempotency_key (caller, endpoint, key, request_hash, status, response_status,
