@@ -1,5 +1,6 @@
-"""Setup of core's own modules, which every deployment has: the outbox (the
-``relay`` and ``maintenance`` roles) and the notifications consumer.
+"""Setup of core's own module, which every deployment has: the outbox (the
+``relay`` and ``maintenance`` roles); notifications is a module of its own
+(reservo/notifications).
 
 Retention: core's tables are pruned after the settings below, and every other
 module declares the rules of its own tables (``Module.retention``); the outbox's

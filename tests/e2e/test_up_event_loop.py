@@ -4,7 +4,7 @@
 background role), so uvicorn's ``loop="uvloop"`` setting never applies there: the
 loop is the one `up` itself starts. On the standard asyncio loop the one process
 spent much of a booking storm in its socket writes (bench/booking_storm/run.py
---server up; docs/_notes/i-granian.md)."""
+--server up; docs/BENCHMARKS.md, "`reservo up` per core")."""
 
 from __future__ import annotations
 

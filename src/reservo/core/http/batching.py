@@ -21,7 +21,6 @@ import asyncpg
 import structlog
 
 from reservo.core.db.database import unavailable
-from reservo.core.http.idempotency import Claim, Replay
 from reservo.core.kernel.errors import DomainError
 
 I = TypeVar("I")  # noqa: E741 - the item, as R is the result

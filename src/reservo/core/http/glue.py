@@ -105,7 +105,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def unexpected_error(exc: Exception) -> JSONResponse:
-    """The 500 of an exception nobody expected, logged (the lean path's too)."""
+    """The 500 of an exception nobody expected, logged (a hot route's too)."""
     log.exception("unhandled_error", error=repr(exc))
     return JSONResponse(
         problem_body(500, "internal_error", "unexpected error"),
@@ -342,7 +342,7 @@ async def current_principal(
     except UnknownKey as unknown:
         # An identity provider's key not in the set yet (a rotation): the set is
         # fetched again (rate limited, shared by every request), then one retry.
-        # The lean path never awaits this: it hands such a request to this route.
+        # Hot routes call this same function (core/http/hotroute.py).
         await tokens.learn(unknown)
         return tokens.principal(authorization, clock.now())
 

@@ -147,7 +147,7 @@ def read_json(raw: bytes) -> Any:
     """A JSON document under the intake rules every body follows (docs/OPERATIONS.md,
     "Input limits"), or JsonRefused: UTF-8 only, no lone surrogate, no NaN or
     Infinity, no NUL, integers within 64 bits, at most MAX_DEPTH levels. The one
-    reader of every JSON intake (core/http/glue.py's middleware, the lean path), so a
+    reader of every JSON intake (core/http/glue.py's middleware, the hot routes), so a
     free-form field (a job's payload) holds to the same rules as a typed one."""
     try:
         value = orjson.loads(raw)
