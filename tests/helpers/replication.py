@@ -12,19 +12,31 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import shutil
 import signal
 import stat
 import subprocess
 import tempfile
 import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+import httpx
 import psutil
+import pytest
+from prometheus_client import REGISTRY
 
+from reservo.app import create_app
+from reservo.bootstrap import Container, build
 from reservo.core.db.migrate import migrate
 from reservo.core.embedded import EmbeddedError, EmbeddedPostgres
 from reservo.core.embedded.postgres import DEFAULT_PG_RUN_AS, pg_bin
+from reservo.core.kernel.clock import OffsetClock
+from reservo.settings import Settings
 
 LSN_SQL = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
 REPLAYED_SQL = "SELECT pg_last_wal_replay_lsn() - '0/0'::pg_lsn"
@@ -175,3 +187,66 @@ def _kill(server: EmbeddedPostgres) -> None:
     while any(_alive(p) for p in everyone):
         assert time.monotonic() < deadline, "the server outlived SIGKILL"
         time.sleep(0.01)
+
+
+@asynccontextmanager
+async def routed(
+    pair: HotStandbyPair, base: Settings, **overrides: Any
+) -> AsyncIterator[tuple[Container, httpx.AsyncClient]]:
+    """The service on the pair's primary, its standby as the read replica."""
+    settings = base.with_(
+        **{
+            "database_url": pair.primary_url,
+            "database_replica_urls": pair.standby_url,
+            "redis_namespace": f"test-{uuid.uuid4().hex[:8]}",
+            # Every list read below reaches the database unless a test says otherwise.
+            "appointments_slots_local_ttl_s": 0.0,
+            "appointments_slots_cache_ttl_s": 1,
+            "replica_probe_interval_s": 0.05,
+            # Generous: a probe that times out on a loaded test machine would mark the
+            # replica down and route the read for another reason than the test's.
+            "replica_timeout_s": 5.0,
+            **overrides,
+        }
+    )
+    container = build(settings, OffsetClock())
+    app = create_app(container, owns_container=False)
+    try:
+        # What the app's lifespan does: connects, and starts the replica probe.
+        await container.db.connect()
+        container.stale.start()
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
+        ) as client:
+            yield container, client
+    finally:
+        await container.close()
+
+
+def served(pool: str, reason: str) -> float:
+    return (
+        REGISTRY.get_sample_value("reservo_db_stale_reads_total", {"pool": pool, "reason": reason})
+        or 0.0
+    )
+
+
+def serving(c: Container) -> bool:
+    assert c.stale.replicas is not None
+    return bool(c.stale.replicas.status()[0]["serving"])
+
+
+@asynccontextmanager
+async def started_pair(prefix: str) -> AsyncIterator[HotStandbyPair]:
+    """A primary and its hot standby for a test module (or one test), removed after.
+    Not under pytest's tmp dir: when we are root the servers run as another user,
+    and every pytest session starting on the machine makes that tree 0700 again."""
+    if why := missing_binaries():
+        pytest.skip(f"no hot standby can be started here: {why}")
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    pair = HotStandbyPair(root)
+    try:
+        await pair.start()
+        yield pair
+    finally:
+        await asyncio.to_thread(pair.stop)
+        shutil.rmtree(root, ignore_errors=True)

@@ -41,15 +41,21 @@ async def drain(*workers: Worker, timeout_s: float = 30.0) -> None:
 
 
 async def wait_until(
-    check: Callable[[], Awaitable[bool]],
-    timeout_s: float,
+    check: Callable[[], Awaitable[bool] | bool],
+    timeout_s: float = 10.0,
     what: str = "the condition",
     step_s: float = 0.05,
-) -> None:
-    """Poll ``check`` (a state to read, with no event to wait on) until it is true;
-    fails the test with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() >= deadline:
+) -> float:
+    """Poll ``check`` (a state to read, with no event to wait on; sync or async)
+    until it is true and return the seconds it took; fails the test with ``what``
+    after ``timeout_s``."""
+    t0 = time.monotonic()
+    while True:
+        ok = check()
+        if not isinstance(ok, bool):
+            ok = await ok
+        if ok:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 >= timeout_s:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(step_s)

@@ -9,15 +9,12 @@ thing under pg_auto_failover)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import date, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,7 +27,7 @@ from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_doctor
 from tests.helpers.auth import ADMIN, new_id
-from tests.helpers.replication import HotStandbyPair, missing_binaries
+from tests.helpers.replication import HotStandbyPair, missing_binaries, started_pair
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,16 +37,8 @@ WHY_NOT = missing_binaries()
 @pytest.fixture
 async def pair() -> AsyncIterator[HotStandbyPair]:
     """A pair of its own per test: the tests kill and promote."""
-    if WHY_NOT:
-        pytest.skip(f"no hot standby can be started here: {WHY_NOT}")
-    root = Path(tempfile.mkdtemp(prefix="reservo-failover-"))
-    p = HotStandbyPair(root)
-    try:
-        await p.start()
+    async with started_pair("reservo-failover-") as p:
         yield p
-    finally:
-        await asyncio.to_thread(p.stop)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def multi_host(pair: HotStandbyPair) -> str:

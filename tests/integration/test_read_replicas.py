@@ -10,28 +10,27 @@ standby's older view, while the decision taken right after sees the write."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
 
-from reservo.app import create_app
-from reservo.bootstrap import Container, build
-from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_doctor
 from tests.helpers.auth import ADMIN, auth, new_id
 from tests.helpers.betting import ODDS, make_account, make_match, place
-from tests.helpers.replication import HotStandbyPair, missing_binaries
+from tests.helpers.replication import (
+    HotStandbyPair,
+    missing_binaries,
+    routed,
+    served,
+    serving,
+    started_pair,
+)
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,77 +39,8 @@ WHY_NOT = missing_binaries()
 
 @pytest.fixture(scope="module")
 async def pair() -> AsyncIterator[HotStandbyPair]:
-    if WHY_NOT:
-        pytest.skip(f"no hot standby can be started here: {WHY_NOT}")
-    # Not under pytest's tmp dir: when we are root the servers run as another user,
-    # and every pytest session starting on the machine makes that tree 0700 again.
-    root = Path(tempfile.mkdtemp(prefix="reservo-replication-"))
-    p = HotStandbyPair(root)
-    try:
-        await p.start()
+    async with started_pair("reservo-replication-") as p:
         yield p
-    finally:
-        await asyncio.to_thread(p.stop)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@asynccontextmanager
-async def routed(
-    pair: HotStandbyPair, base: Settings, **overrides: Any
-) -> AsyncIterator[tuple[Container, httpx.AsyncClient]]:
-    """The service on the pair's primary, its standby as the read replica."""
-    settings = base.with_(
-        **{
-            "database_url": pair.primary_url,
-            "database_replica_urls": pair.standby_url,
-            "redis_namespace": f"test-{uuid.uuid4().hex[:8]}",
-            # Every list read below reaches the database unless a test says otherwise.
-            "appointments_slots_local_ttl_s": 0.0,
-            "appointments_slots_cache_ttl_s": 1,
-            "replica_probe_interval_s": 0.05,
-            # Generous: a probe that times out on a loaded test machine would mark the
-            # replica down and route the read for another reason than the test's.
-            "replica_timeout_s": 5.0,
-            **overrides,
-        }
-    )
-    container = build(settings, OffsetClock())
-    app = create_app(container, owns_container=False)
-    try:
-        # What the app's lifespan does: connects, and starts the replica probe.
-        await container.db.connect()
-        container.stale.start()
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
-        ) as client:
-            yield container, client
-    finally:
-        await container.close()
-
-
-def served(pool: str, reason: str) -> float:
-    return (
-        REGISTRY.get_sample_value("reservo_db_stale_reads_total", {"pool": pool, "reason": reason})
-        or 0.0
-    )
-
-
-async def until(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 10.0) -> float:
-    """Poll ``check`` until true; returns the seconds it took."""
-    t0 = time.monotonic()
-    while True:
-        ok = check()
-        if not isinstance(ok, bool):
-            ok = await ok
-        if ok:
-            return time.monotonic() - t0
-        assert time.monotonic() - t0 < timeout_s, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
-def serving(c: Container) -> bool:
-    assert c.stale.replicas is not None
-    return bool(c.stale.replicas.status()[0]["serving"])
 
 
 async def doctor_with_slots(client: httpx.AsyncClient, capacity: int, days: int = 1) -> int:
@@ -149,7 +79,7 @@ async def test_slot_list_comes_from_the_replica_while_bookings_decide_on_the_pri
     async with routed(pair, base_settings, replica_max_lag_s=30.0) as (c, client):
         doctor = await doctor_with_slots(client, capacity=2)
         await pair.caught_up()
-        await until(lambda: serving(c))
+        await wait_until(lambda: serving(c))
         slot = (await slot_list(client, doctor, day()))[0]
         patient = new_id()
         await pair.pause_replay()
@@ -172,7 +102,7 @@ async def test_slot_list_comes_from_the_replica_while_bookings_decide_on_the_pri
             listed = {s["id"]: s for s in await slot_list(client, doctor, day())}
             return bool(listed[slot["id"]]["bookedCount"] == 1)
 
-        await until(shows_the_booking)
+        await wait_until(shows_the_booking)
 
 
 async def test_a_doctor_the_replica_has_not_seen_yet_is_confirmed_on_the_primary(
@@ -184,7 +114,7 @@ async def test_a_doctor_the_replica_has_not_seen_yet_is_confirmed_on_the_primary
         routed(pair, base_settings, replica_max_lag_s=30.0) as (_, writer),
         routed(pair, base_settings, replica_max_lag_s=30.0) as (c, reader),
     ):
-        await until(lambda: serving(c))
+        await wait_until(lambda: serving(c))
         await pair.pause_replay()
         try:
             doctor = await doctor_with_slots(writer, capacity=1)
@@ -206,7 +136,7 @@ async def test_match_list_comes_from_the_replica_while_bets_check_the_primarys_o
         match = await make_match(client)
         account, owner = await make_account(client, 1_000)
         await pair.caught_up()
-        await until(lambda: serving(c))
+        await wait_until(lambda: serving(c))
         new_odds = {**ODDS, "1X2": {"HOME": "2.50", "DRAW": "3.40", "AWAY": "4.20"}}
         await pair.pause_replay()
         try:
@@ -249,7 +179,7 @@ async def test_car_search_comes_from_the_replica_while_holds_decide_on_the_prima
         assert r.status_code == 201, r.text
         car = r.json()["id"]
         await pair.caught_up()
-        await until(lambda: serving(c))
+        await wait_until(lambda: serving(c))
         start = (datetime.now(UTC) + timedelta(days=3)).replace(second=0, microsecond=0)
         period = {"from": start.isoformat(), "to": (start + timedelta(days=1)).isoformat()}
 
@@ -280,14 +210,14 @@ async def test_reads_leave_a_replica_lagging_past_the_bound_and_come_back(
     async with routed(pair, base_settings, replica_max_lag_s=max_lag) as (c, client):
         doctor = await doctor_with_slots(client, capacity=2, days=3)
         await pair.caught_up()
-        await until(lambda: serving(c))
+        await wait_until(lambda: serving(c))
         slot = (await slot_list(client, doctor, day()))[0]
         await pair.pause_replay()
         try:
             r = await book(client, slot["id"], new_id())
             assert r.status_code == 201, r.text
             # The replica now misses a commit: it serves until that is max_lag old.
-            took = await until(lambda: not serving(c))
+            took = await wait_until(lambda: not serving(c))
             assert took < max_lag + 0.5
             before = served("primary", "replicas_behind")
             listed = {s["id"]: s for s in await slot_list(client, doctor, day())}
@@ -299,7 +229,7 @@ async def test_reads_leave_a_replica_lagging_past_the_bound_and_come_back(
             assert replica["up"] and not replica["serving"] and replica["lagSeconds"] > max_lag
         finally:
             await pair.resume_replay()
-        await until(lambda: serving(c))
+        await wait_until(lambda: serving(c))
         before = served("replica0", "replica")
         listed = {s["id"]: s for s in await slot_list(client, doctor, day(1))}
         assert served("replica0", "replica") == before + 1
@@ -311,7 +241,7 @@ async def test_a_killed_replica_costs_no_error_and_reads_return_to_it(
     async with routed(pair, base_settings, replica_max_lag_s=2.0) as (c, client):
         await make_match(client)
         await pair.caught_up()
-        await until(lambda: serving(c))
+        await wait_until(lambda: serving(c))
         stop = asyncio.Event()
         statuses: list[int] = []
 
@@ -328,7 +258,7 @@ async def test_a_killed_replica_costs_no_error_and_reads_return_to_it(
             on_primary = served("primary", "replicas_behind") + served("primary", "replica_failed")
             await asyncio.to_thread(pair.kill_standby)
             killed = True
-            await until(lambda: not serving(c))
+            await wait_until(lambda: not serving(c))
             r = await client.get("/readyz")
             assert r.status_code == 200 and r.json()["replicas"][0]["up"] is False, r.text
             await asyncio.sleep(0.5)  # reads go on, on the primary
@@ -336,9 +266,9 @@ async def test_a_killed_replica_costs_no_error_and_reads_return_to_it(
             assert now_primary > on_primary
             await pair.restart_standby()
             restarted = True
-            await until(lambda: serving(c))
+            await wait_until(lambda: serving(c))
             back = served("replica0", "replica")
-            await until(lambda: served("replica0", "replica") > back)
+            await wait_until(lambda: served("replica0", "replica") > back)
         finally:
             stop.set()
             await asyncio.gather(*readers)

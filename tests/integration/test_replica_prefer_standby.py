@@ -7,33 +7,28 @@ reads go to it, without a restart. A real hot standby (tests/helpers/replication
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from reservo.settings import Settings
-from tests.helpers.replication import HotStandbyPair, missing_binaries
-from tests.integration.test_read_replicas import routed, serving, until
+from tests.helpers.replication import (
+    HotStandbyPair,
+    missing_binaries,
+    routed,
+    serving,
+    started_pair,
+)
+from tests.helpers.waiting import wait_until
 
 WHY_NOT = missing_binaries()
 
 
 @pytest.fixture(scope="module")
 async def pair() -> AsyncIterator[HotStandbyPair]:
-    if WHY_NOT:
-        pytest.skip(f"no hot standby can be started here: {WHY_NOT}")
-    root = Path(tempfile.mkdtemp(prefix="reservo-prefer-standby-"))
-    p = HotStandbyPair(root)
-    try:
-        await p.start()
+    async with started_pair("reservo-prefer-standby-") as p:
         yield p
-    finally:
-        await asyncio.to_thread(p.stop)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def both_hosts(pair: HotStandbyPair) -> str:
@@ -50,13 +45,13 @@ async def test_a_host_list_replica_finds_the_standby_back_after_landing_on_the_p
 ) -> None:
     pair.kill_standby()
     async with routed(pair, base_settings, database_replica_urls=both_hosts(pair)) as (c, _):
-        assert c.db.replicas is not None
+        assert c.stale.replicas is not None
         # No standby answers: the connections reach the primary, which the probe
         # tells from a standby.
-        await until(lambda: c.db.replicas.status()[0]["up"] is False)
+        await wait_until(lambda: c.stale.replicas.status()[0]["up"] is False)
         await asyncio.sleep(0.5)
         assert not serving(c)
         await pair.restart_standby()
         # Within a few probes (every 0.05 s here) the replica serves again.
-        took = await until(lambda: serving(c), timeout_s=10)
+        took = await wait_until(lambda: serving(c), timeout_s=10)
         print(f"replica serving {took:.2f} s after the standby was back")

@@ -55,18 +55,24 @@ def _unavailable(r: httpx.Response) -> None:
 # ------------------------------------------------------------- PostgreSQL down
 
 
-@pytest.fixture
-async def proxied(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Any]:
+@contextlib.asynccontextmanager
+async def behind_proxy(
+    base_settings: Settings, clock: OffsetClock, **extra: Any
+) -> AsyncIterator[tuple[TcpProxy, Container]]:
+    """A container whose PostgreSQL is reached through a proxy the test can cut."""
     pg = urlsplit(base_settings.database_url or "")
     proxy = TcpProxy(free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432))
     await proxy.start()
     settings = base_settings.with_(
-        database_url=_with_port(base_settings.database_url or "", "127.0.0.1", proxy.port),
-        db_pool_min=1,
-        db_pool_max=5,
-        db_acquire_timeout_s=2.0,
-        db_command_timeout_s=2.0,
-        ready_cache_s=0.0,
+        **{
+            "database_url": _with_port(base_settings.database_url or "", "127.0.0.1", proxy.port),
+            "db_pool_min": 1,
+            "db_pool_max": 5,
+            "db_acquire_timeout_s": 2.0,
+            "db_command_timeout_s": 2.0,
+            "ready_cache_s": 0.0,
+            **extra,
+        }
     )
     container = build(settings, clock)
     try:
@@ -75,6 +81,12 @@ async def proxied(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[
         await container.close()
         with contextlib.suppress(AssertionError):
             await proxy.stop()
+
+
+@pytest.fixture
+async def proxied(base_settings: Settings, clock: OffsetClock) -> AsyncIterator[Any]:
+    async with behind_proxy(base_settings, clock) as both:
+        yield both
 
 
 async def test_postgres_outage_answers_503_and_recovers_by_itself(proxied: Any) -> None:
@@ -128,59 +140,50 @@ async def test_a_lost_host_costs_one_waiting_request_at_a_time_not_all_of_them(
     time tries it (and waits out the acquire timeout) and every other one is
     answered 503 at once. Without the single trial, every request after every
     hold waited the timeout (a pile-up of waiting coroutines)."""
-    pg = urlsplit(base_settings.database_url or "")
-    proxy = TcpProxy(free_port(), (pg.hostname or "127.0.0.1", pg.port or 5432))
-    await proxy.start()
-    settings = base_settings.with_(
-        database_url=_with_port(base_settings.database_url or "", "127.0.0.1", proxy.port),
-        db_pool_min=1,
-        db_pool_max=5,
-        db_acquire_timeout_s=1.5,
-        db_command_timeout_s=1.5,
-        db_unavailable_hold_s=0.2,
-        ready_cache_s=0.0,
-    )
-    container = build(settings, clock)
-    try:
-        async with app_client(container) as client:
-            doctor, slots = await make_slots(client)
+    async with (
+        behind_proxy(
+            base_settings,
+            clock,
+            db_acquire_timeout_s=1.5,
+            db_command_timeout_s=1.5,
+            db_unavailable_hold_s=0.2,
+        ) as (proxy, container),
+        app_client(container) as client,
+    ):
+        doctor, slots = await make_slots(client)
 
-            async def write() -> tuple[httpx.Response, float]:
-                t0 = asyncio.get_running_loop().time()
-                r = await client.post(
-                    "/api/doctors", json={"name": "Dr. Lost", "timezone": "UTC"}, headers=ADMIN
-                )
-                return r, asyncio.get_running_loop().time() - t0
+        async def write() -> tuple[httpx.Response, float]:
+            t0 = asyncio.get_running_loop().time()
+            r = await client.post(
+                "/api/doctors", json={"name": "Dr. Lost", "timezone": "UTC"}, headers=ADMIN
+            )
+            return r, asyncio.get_running_loop().time() - t0
 
-            assert (await write())[0].status_code == 201
-            proxy.blackhole()
-            _unavailable((await write())[0])  # its pooled connection was cut: a hold
-            for _ in range(3):  # hold over, host still lost: a wave of 40 requests
-                await asyncio.sleep(0.3)
-                answers = await asyncio.gather(*(write() for _ in range(40)))
-                for r, _ in answers:
-                    _unavailable(r)
-                    assert "Retry-After" in r.headers
-                slow = [t for _, t in answers if t >= 1.0]
-                assert len(slow) <= 1, sorted(t for _, t in answers)
-                assert sorted(t for _, t in answers)[-2] < 0.5
-            proxy.forward()
+        assert (await write())[0].status_code == 201
+        proxy.blackhole()
+        _unavailable((await write())[0])  # its pooled connection was cut: a hold
+        for _ in range(3):  # hold over, host still lost: a wave of 40 requests
             await asyncio.sleep(0.3)
-            back = None
-            for _ in range(20):  # one trial finds it back, then everyone passes
-                back, _ = await write()
-                if back.status_code == 201:
-                    break
-                await asyncio.sleep(0.2)
-            assert back is not None and back.status_code == 201, back and back.text
-            answers = await asyncio.gather(*(write() for _ in range(10)))
-            assert [r.status_code for r, _ in answers] == [201] * 10
-            assert slots  # the doctor's slots were made before the loss
-            del doctor
-    finally:
-        await container.close()
-        with contextlib.suppress(AssertionError):
-            await proxy.stop()
+            answers = await asyncio.gather(*(write() for _ in range(40)))
+            for r, _ in answers:
+                _unavailable(r)
+                assert "Retry-After" in r.headers
+            slow = [t for _, t in answers if t >= 1.0]
+            assert len(slow) <= 1, sorted(t for _, t in answers)
+            assert sorted(t for _, t in answers)[-2] < 0.5
+        proxy.forward()
+        await asyncio.sleep(0.3)
+        back = None
+        for _ in range(20):  # one trial finds it back, then everyone passes
+            back, _ = await write()
+            if back.status_code == 201:
+                break
+            await asyncio.sleep(0.2)
+        assert back is not None and back.status_code == 201, back and back.text
+        answers = await asyncio.gather(*(write() for _ in range(10)))
+        assert [r.status_code for r, _ in answers] == [201] * 10
+        assert slots  # the doctor's slots were made before the loss
+        del doctor
 
 
 # ------------------------------------------------------------------ Redis down
