@@ -334,7 +334,9 @@ async def test_a_full_resync_leaves_rows_already_pushed_untouched(
     # WAL record, per row and per resync).
     cat, n = category(), 300
     await sched.enqueue_bulk(cat, [now() + timedelta(seconds=60)] * n, [{}] * n, [5] * n)
-    assert await Loader(sched).run_once() == n
+    # At least these n: the window may hold other tests' pending rows, which a
+    # Redis that has not seen them (the other parametrisation's) loads too.
+    assert await Loader(sched).run_once() >= n
     versions = (
         "SELECT id, xmin::text AS xmin, xmax::text AS xmax FROM scheduled_job "
         "WHERE category = $1 AND pushed"
