@@ -122,7 +122,7 @@ async def events_of(db: asyncpg.Connection, topic: str, booking_id: int) -> int:
 async def client_with(
     base_settings: Settings, clock: OffsetClock, **update: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
-    c = build(base_settings.model_copy(update=update), clock)
+    c = build(base_settings.with_(**update), clock)
     app = create_app(c, owns_container=False)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"

@@ -288,7 +288,7 @@ async def test_cluster_scripts_reload_after_script_flush(
         await client.script_flush()
         assert await limiter.hit(ns, 1, 5, 60) == Decision(True, 3, 0)
         await client.script_flush()
-        assert await cache.get_versioned("v") == (None, 0.0, b"0")
+        assert await cache.get_versioned("{v}:list") == (None, 0.0, b"0")
         assert gate.available
         await client.delete(rate_key(ns, 1), cache.mark_key("m"))
     finally:
