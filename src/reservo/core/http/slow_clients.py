@@ -122,6 +122,10 @@ _TOO_LARGE_HEAD = (
 )
 
 
+# How long an answered, half-closed connection may still be read and dropped.
+LINGER_S = 1.0
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with header and body deadlines and a cap on
     open connections (see the module's docstring)."""
@@ -143,6 +147,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._phase = _FRESH
         self._deadline = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
+        self._lingering = False
 
     # -- connection -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -162,6 +167,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- what the parser reports ------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # answered and half-closed: what the client still sends is dropped
         if self._phase == _IDLE:
             # Any byte between requests starts the next one's header clock, even
             # bytes that begin no message (a trickle of blank lines).
@@ -259,5 +266,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write(b"".join(head))
         if self.transport.get_write_buffer_size():
             self.transport.abort()  # a client that does not read either: drop it
-        else:
-            self.transport.close()
+            return
+        # A lingering close: closing with the client's bytes still unread makes the
+        # kernel send a reset, which can reach the client before the answer and
+        # destroy it (a client still sending 50 KiB of headers never saw its 431).
+        # So the answer is followed by a FIN, what the client still sends is read
+        # and dropped, and the connection closes when the client closes it, or
+        # after LINGER_S at the most.
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
