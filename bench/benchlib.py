@@ -1119,3 +1119,31 @@ def finish(failures: list[str], drop_db: bool, ok: str) -> int:
         return 1
     print(f"OK: {ok}")
     return 0
+
+
+async def doctor_day(
+    http: Any, admin: dict[str, str], *, name: str, tz: str, slot_minutes: int, capacity: int
+) -> tuple[int, str, list[int]]:
+    """A new doctor with one day of slots (08:00-18:00, the day after tomorrow)
+    made through the API (``http``: an httpx.AsyncClient): (doctor, day, slot ids)."""
+    r = await http.post("/api/doctors", headers=admin, json={"name": name, "timezone": tz})
+    r.raise_for_status()
+    doctor = r.json()["id"]
+    day = (date.today() + timedelta(days=2)).isoformat()
+    r = await http.post(
+        f"/api/doctors/{doctor}/schedules",
+        headers=admin,
+        json={
+            "from": day,
+            "to": day,
+            "weekdays": list(range(1, 8)),
+            "startTime": "08:00",
+            "endTime": "18:00",
+            "slotMinutes": slot_minutes,
+            "capacity": capacity,
+        },
+    )
+    r.raise_for_status()
+    r = await http.get(f"/api/doctors/{doctor}/slots", params={"date": day}, headers=admin)
+    r.raise_for_status()
+    return doctor, day, [s["id"] for s in r.json()]

@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import date, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from benchlib import doctor_day  # noqa: E402
 from hello_app import app as hello_app  # noqa: E402
 from reservo.app import create_app  # noqa: E402
 from reservo.bootstrap import build  # noqa: E402
@@ -145,28 +146,10 @@ def _bearer(role: str, sub: int) -> bytes:
 async def _full_slots(c: httpx.AsyncClient, n: int) -> tuple[int, str, list[int]]:
     """A doctor, a day, and ``n`` slots of that day booked full (capacity 1)."""
     admin = {"Authorization": _bearer("admin", 1).decode()}
-    r = await c.post(
-        "/api/doctors", headers=admin, json={"name": "Dr CPU", "timezone": "Europe/Lisbon"}
+    doctor, day, all_slots = await doctor_day(
+        c, admin, name="Dr CPU", tz="Europe/Lisbon", slot_minutes=15, capacity=1
     )
-    r.raise_for_status()
-    doctor = r.json()["id"]
-    day = (date.today() + timedelta(days=2)).isoformat()
-    r = await c.post(
-        f"/api/doctors/{doctor}/schedules",
-        headers=admin,
-        json={
-            "from": day,
-            "to": day,
-            "weekdays": list(range(1, 8)),
-            "startTime": "08:00",
-            "endTime": "18:00",
-            "slotMinutes": 15,
-            "capacity": 1,
-        },
-    )
-    r.raise_for_status()
-    r = await c.get(f"/api/doctors/{doctor}/slots", params={"date": day}, headers=admin)
-    slots = [s["id"] for s in r.json()][:n]
+    slots = all_slots[:n]
     for i, slot in enumerate(slots):
         r = await c.post(
             "/api/appointments",
@@ -225,7 +208,7 @@ async def main(args: argparse.Namespace) -> None:
     app = create_app(container, owns_container=False)
     # The same data without the per-process copy: every read is a Redis hit,
     # as most uniform reads are (28,000 doctor-days outlive a 1 s local copy).
-    remote = build(settings.model_copy(update={"appointments_slots_local_ttl_s": 0.0}))
+    remote = build(settings.with_(appointments_slots_local_ttl_s=0.0))
     remote_app = create_app(remote, owns_container=False)
     try:
         await container.db.connect()

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -44,7 +44,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import JWT_SECRET, PG_ADMIN_URL, Reservo, free_port
+from benchlib import JWT_SECRET, PG_ADMIN_URL, Reservo, doctor_day, free_port
 from reservo.core.db.migrate import migrate
 from reservo.core.http.auth import mint_token
 
@@ -151,30 +151,9 @@ def token(role: str, sub: int) -> dict[str, str]:
 
 
 async def fixtures(http: httpx.AsyncClient) -> tuple[int, str, list[int]]:
-    admin = token("admin", 1)
-    r = await http.post(
-        "/api/doctors", json={"name": "Dr. Outage", "timezone": "UTC"}, headers=admin
+    return await doctor_day(
+        http, token("admin", 1), name="Dr. Outage", tz="UTC", slot_minutes=10, capacity=1000
     )
-    r.raise_for_status()
-    doctor = r.json()["id"]
-    day = (date.today() + timedelta(days=2)).isoformat()
-    r = await http.post(
-        f"/api/doctors/{doctor}/schedules",
-        headers=admin,
-        json={
-            "from": day,
-            "to": day,
-            "weekdays": list(range(1, 8)),
-            "startTime": "08:00",
-            "endTime": "18:00",
-            "slotMinutes": 10,
-            "capacity": 1000,
-        },
-    )
-    r.raise_for_status()
-    r = await http.get(f"/api/doctors/{doctor}/slots", params={"date": day}, headers=admin)
-    r.raise_for_status()
-    return doctor, day, [s["id"] for s in r.json()]
 
 
 async def client(
