@@ -132,6 +132,37 @@ async def test_postgres_outage_answers_503_and_recovers_by_itself(proxied: Any) 
         assert booked.json()["patientId"] == patient
 
 
+async def test_the_gates_refusals_of_a_full_slot_need_no_postgres(proxied: Any) -> None:
+    """A storm on a full slot is refused by Redis alone, rate-limited attempts
+    included: with PostgreSQL cut, a limited patient still gets 429 (with
+    Retry-After) and another patient 409 slot_full, never 503. A limited attempt
+    on a slot that is not full may be a replay Redis forgot, so that one still
+    asks the database (503 while it is away)."""
+    proxy, container = proxied
+    async with app_client(container) as client:
+        _, slots = await make_slots(client, capacity=1)
+        full, free = slots[0]["id"], slots[1]["id"]
+        assert (await book(client, full, new_id())).status_code == 201
+        hammering = new_id()
+        for _ in range(container.settings.appointments.booking_rate_limit):
+            refused = await book(client, full, hammering)
+            assert (refused.status_code, refused.json()["code"]) == (409, "slot_full")
+
+        await proxy.stop()
+
+        limited = await book(client, full, hammering)
+        assert (limited.status_code, limited.json()["code"]) == (429, "rate_limited"), limited.text
+        assert int(limited.headers["retry-after"]) >= 1
+        other = await book(client, full, new_id())
+        assert (other.status_code, other.json()["code"]) == (409, "slot_full"), other.text
+        _unavailable(await book(client, free, hammering))
+
+        await proxy.start()
+        assert (await client.get("/readyz")).status_code == 200
+        again = await book(client, free, hammering)
+        assert (again.status_code, again.json()["code"]) == (429, "rate_limited"), again.text
+
+
 async def test_a_lost_host_costs_one_waiting_request_at_a_time_not_all_of_them(
     base_settings: Settings, clock: OffsetClock
 ) -> None:

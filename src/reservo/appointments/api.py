@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from reservo.appointments import domain
 from reservo.appointments.domain import Appointment, ScheduleRule
+from reservo.appointments.gate import RateLimited
 from reservo.appointments.schemas import (
     Agenda,
     AgendaAppointment,
@@ -213,9 +214,10 @@ async def book_flow(
     except DomainError as err:
         # Redis may have forgotten that this key reached the database (its
         # mark expired, Redis restarted): a finished request's replay still
-        # gets its stored answer, never a rate limit.
+        # gets its stored answer, never a rate limit (gate.RateLimited says
+        # when the attempt cannot be one).
         done = None
-        if err.code == "rate_limited":
+        if isinstance(err, RateLimited) and err.may_be_replay:
             done = await store.finished(caller.key_owner, endpoint, key, raw)
         if done is None:
             raise

@@ -33,6 +33,24 @@ def slot_full() -> DomainError:
     return DomainError("slot_full", "this slot has no capacity left")
 
 
+class RateLimited(DomainError):
+    """429 ``rate_limited`` from the gate. ``may_be_replay``: the attempt could be
+    the retry of a request that reached the database while Redis forgot its key
+    (expired, restarted), so its stored answer is worth a look. It cannot be when
+    Redis marks the slot full: unlimited, the same attempt would be refused
+    ``slot_full`` by that mark without the database. So the storm's limited
+    attempts on full slots cost PostgreSQL nothing, and keep being answered
+    while it is away."""
+
+    def __init__(self, limit: int, window_s: int, retry_after_s: int, may_be_replay: bool) -> None:
+        super().__init__(
+            "rate_limited",
+            f"at most {limit} booking attempts per {window_s} s",
+            headers={"Retry-After": str(max(1, retry_after_s))},
+        )
+        self.may_be_replay = may_be_replay
+
+
 class Gate:
     cache: Cache
     limiter: RateLimiter
@@ -61,11 +79,11 @@ class Gate:
         )
         if not decision.allowed:
             _RATE_LIMITED.inc()
-            raise DomainError(
-                "rate_limited",
-                f"at most {self.limits.booking_rate_limit} booking attempts per "
-                f"{self.limits.booking_rate_window_s} s",
-                headers={"Retry-After": str(max(1, decision.retry_after_s))},
+            raise RateLimited(
+                self.limits.booking_rate_limit,
+                self.limits.booking_rate_window_s,
+                decision.retry_after_s,
+                may_be_replay=not full,
             )
         if full and not seen:
             _FULL_BY_REDIS.inc()
