@@ -13,7 +13,8 @@ second write of every job, inside the drain) and as POST /api/jobs writes it
 
     PYTHONPATH=src:. python bench/scheduler/peer.py --rounds 3 --backlog 100000
 
-Both are measured the same way. Drain: jobs/s from the workers' start to the
+Both run their workers on uvloop, as their own command lines do (`reservo worker`,
+`pgq run`), and both are measured the same way. Drain: jobs/s from the workers' start to the
 last completion as PostgreSQL recorded it (reservo: finished_at; pgqueuer: its
 log row of the completion). Lateness: the no-op handler's start, in the worker
 process, minus the time the job was due (reservo: run_at; pgqueuer:
@@ -39,6 +40,7 @@ from typing import Any
 
 import asyncpg
 import bench
+import uvloop
 
 import benchlib
 from reservo.core.db.migrate import migrate
@@ -77,7 +79,8 @@ def pgq_worker_main(db_url: str, out: str, batch: int) -> None:
     import logging
 
     logging.disable(logging.WARNING)
-    asyncio.run(main())
+    # As pgqueuer's own CLI runs its workers: on uvloop where it is installed.
+    uvloop.run(main())
     with open(out, "w") as f:
         json.dump(samples, f)
 
