@@ -211,14 +211,14 @@ async def book_flow(
     scoped_key = f"{caller.key_owner}:{endpoint}:{key}"
     try:
         await svc.admit(patient_id, slot_id, scoped_key)
-    except DomainError as err:
+    except RateLimited as err:
         # Redis may have forgotten that this key reached the database (its
         # mark expired, Redis restarted): a finished request's replay still
-        # gets its stored answer, never a rate limit (gate.RateLimited says
-        # when the attempt cannot be one).
-        done = None
-        if isinstance(err, RateLimited) and err.may_be_replay:
-            done = await store.finished(caller.key_owner, endpoint, key, raw)
+        # gets its stored answer, never a rate limit (RateLimited says when
+        # the attempt cannot be one).
+        if not err.may_be_replay:
+            raise
+        done = await store.finished(caller.key_owner, endpoint, key, raw)
         if done is None:
             raise
         return json_response(done.status, done.body)

@@ -273,7 +273,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # So the answer is followed by a FIN, what the client still sends is read
         # and dropped, and the connection closes when the client closes it, or
         # after LINGER_S at the most.
+        # The linger's timer takes the watchdog's place: a deadline still pending
+        # must not answer a second time, and connection_lost cancels either.
         self._lingering = True
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self.loop.call_later(LINGER_S, self.transport.close)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog = self.loop.call_later(LINGER_S, self.transport.close)
