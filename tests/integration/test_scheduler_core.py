@@ -16,7 +16,7 @@ import pytest
 import redis.exceptions
 
 from reservo.scheduler import Scheduler
-from reservo.scheduler.workers import Loader, handler_failed
+from reservo.scheduler.workers import Loader, Mover, handler_failed
 from tests.helpers.scheduler import (
     Recorder,
     category,
@@ -362,3 +362,45 @@ async def test_a_job_running_past_the_reaper_timeout_is_not_reaped(
     assert rec.calls[job.id] == 1
     outcomes = await db.fetch("SELECT outcome FROM job_execution WHERE job_id = $1", job.id)
     assert [r["outcome"] for r in outcomes] == ["DONE"]
+
+
+async def test_the_mover_renews_its_lock_a_third_of_a_ttl_apart_not_on_every_step(
+    sched: Scheduler, redis_target: RedisTarget
+) -> None:
+    # At a steady flow of due jobs the mover steps hundreds of times a second:
+    # a lock round trip on each step made every step, and so the lateness of
+    # every job, several times as long.
+    cat = category()
+    sched.register(cat, Recorder())
+    base = now()
+    for i in range(200):
+        await sched.enqueue(cat, {"n": i}, run_at=base + timedelta(milliseconds=5 * i))
+    await Loader(sched).run_once()
+    asks = 0
+    acquire = sched.dispatcher.acquire
+
+    async def counted(token: str, ttl_ms: int, key: str | None = None) -> bool:
+        nonlocal asks
+        asks += 1
+        return await acquire(token, ttl_ms, key)
+
+    sched.dispatcher.acquire = counted  # type: ignore[method-assign]
+    mover, rival = Mover(sched), Mover(sched)
+    steps, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < 0.5:
+        await asyncio.sleep(await mover.step())
+        steps += 1
+    assert mover.owner and steps >= 20, steps
+    assert asks == 1
+    await rival.step()
+    assert not rival.owner  # the lock is held all along
+    # Another holder takes the lock over (ours expired during a pause): we
+    # learn it at the next renewal and stop moving.
+    client = redis_target.client(5.0)
+    try:
+        await client.set(sched.keys.lock, "someone else", px=sched.config.lock_ttl_ms)
+    finally:
+        await client.aclose()
+    mover.renew_at = 0.0
+    await mover.step()
+    assert not mover.owner and asks == 3
