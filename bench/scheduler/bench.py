@@ -312,6 +312,11 @@ async def phase_drain(
 ) -> dict[str, float]:
     """Drains a due backlog; returns its rates (jobs/s from the workers' start
     and from the first completion) and CPU per job (us)."""
+    # A running system, whose workers (re)start on a backlog: its loader has
+    # loaded the window (empty here) under Redis' current epoch. Without this
+    # pass the workers' loader would find Redis as after a restart (reset()
+    # flushed it) and push the whole window again beside the drain.
+    await Loader(s).run_once()
     due = datetime.now(UTC) - timedelta(seconds=1)
     enqueue = getattr(args, "enqueue", "bulk")
     rate = await (as_api if enqueue == "api" else bulk)(s, [due] * args.backlog)

@@ -328,10 +328,10 @@ async def test_elapsed_check(sched: Scheduler) -> None:
 async def test_a_full_resync_leaves_rows_already_pushed_untouched(
     sched: Scheduler, db: asyncpg.Connection
 ) -> None:
-    # The second loader's first pass is a full resync of the window: it reads
-    # every pending row again, but the ones marked pushed are neither updated
-    # nor locked (a lock writes its transaction id into the row's xmax, and a
-    # WAL record, per row and per resync).
+    # The next full resync of the window reads every pending row again, but
+    # the ones marked pushed are neither updated nor locked (a lock writes its
+    # transaction id into the row's xmax, and a WAL record, per row and per
+    # resync).
     cat, n = category(), 300
     await sched.enqueue_bulk(cat, [now() + timedelta(seconds=60)] * n, [{}] * n, [5] * n)
     # At least these n: the window may hold other tests' pending rows, which a
@@ -344,6 +344,7 @@ async def test_a_full_resync_leaves_rows_already_pushed_untouched(
     before = {tuple(r) for r in await db.fetch(versions, cat)}
     assert len(before) == n
 
+    await sched.redis.delete(sched.keys.synced)  # the resync period is over
     await Loader(sched).run_once()
 
     # Same row versions (xmin), and no new locker in xmax.
@@ -404,3 +405,41 @@ async def test_the_mover_renews_its_lock_a_third_of_a_ttl_apart_not_on_every_ste
     mover.renew_at = 0.0
     await mover.step()
     assert not mover.owner and asks == 3
+
+
+async def test_a_loader_that_starts_within_the_resync_period_does_not_reload_the_window(
+    database_url: str, redis_target: RedisTarget, ns: str
+) -> None:
+    # A deploy restarts every worker: the new loader trusts the full pass made
+    # under the same epoch within the period, and does its own once the period
+    # is over or Redis lost its epoch. A job Redis dropped without losing the
+    # epoch (a failover's last writes) comes back at that pass.
+    s = make(database_url, redis_target, ns, resync_period_s=1.0)
+    try:
+        cat = category()
+        jobs = [await s.enqueue(cat, {}, delay=timedelta(seconds=60)) for _ in range(3)]
+        await Loader(s).run_once()
+        dropped = jobs[0].id
+        future, known = s.keys.future(cat, 5), s.keys.known(cat, 5)
+
+        async def drop() -> None:
+            await s.redis.zrem(future, dropped)
+            await s.redis.srem(known, dropped)
+
+        async def in_redis() -> bool:
+            return await s.redis.zscore(future, dropped) is not None
+
+        assert await in_redis()
+        await drop()
+        await Loader(s).run_once()  # a restart within the period
+        assert not await in_redis()
+        await asyncio.sleep(1.1)  # the period is over
+        await Loader(s).run_once()
+        assert await in_redis()
+        await drop()
+        await s.redis.delete(s.keys.epoch)  # Redis restarted
+        await Loader(s).run_once()
+        assert await in_redis()
+    finally:
+        await s.close()
+        await drop_namespace(redis_target, ns)

@@ -71,6 +71,15 @@ class Dispatch:
         got = await self.r.get(self.keys.epoch)
         return _text(got) if got else fresh
 
+    async def synced(self, token: str) -> bool:
+        """Whether a loader loaded the whole window under epoch ``token`` less
+        than a resync period ago."""
+        got = await self.r.get(self.keys.synced)
+        return got is not None and _text(got) == token
+
+    async def mark_synced(self, token: str, period_ms: int) -> None:
+        await self.r.set(self.keys.synced, token, px=period_ms)
+
     async def pairs(self) -> list[tuple[str, int]]:
         members = await self.r.smembers(self.keys.registry)
         return sorted((unpair(_text(m)) for m in members), key=lambda p: (p[1], p[0]))

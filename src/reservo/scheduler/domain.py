@@ -263,6 +263,13 @@ class Keys:
         return f"{self.ns}:sched:epoch"
 
     @property
+    def synced(self) -> str:
+        # The epoch the last full resync of the window loaded, for one resync
+        # period: a loader that starts or takes over within it has nothing to
+        # rebuild. Lost with its shard, it only costs a full resync.
+        return f"{self.ns}:sched:epoch:synced"
+
+    @property
     def workers(self) -> str:
         return f"{self.ns}:sched:workers"
 
