@@ -177,7 +177,11 @@ class Dispatch:
         await pipeline(
             self.r,
             [
-                ScriptCall(self._ack, [k.processing(c, u, worker), k.known(c, u)], list(chunk))
+                ScriptCall(
+                    self._ack,
+                    [k.processing(c, u, worker), k.known(c, u)],
+                    [",".join(map(str, chunk))],
+                )
                 for (c, u), ids in groups.items()
                 for chunk in _chunks(ids, ACK_CHUNK)
             ],

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import zoneinfo
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -48,6 +49,19 @@ class Job:
     finished_at: datetime | None = None
     last_error: str | None = None
     worker: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def of_values(cls, values: Iterable[Any]) -> Job:
+        """A job from its fields' values in order (a claimed row). The frozen
+        dataclass' __init__ sets each of the 15 fields through
+        object.__setattr__; the claim builds hundreds of jobs per statement,
+        and this takes half the time."""
+        job = object.__new__(cls)
+        job.__dict__.update(zip(JOB_FIELDS, values, strict=True))
+        return job
+
+
+JOB_FIELDS = tuple(f.name for f in fields(Job))
 
 
 @dataclass(frozen=True)

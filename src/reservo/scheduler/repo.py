@@ -10,33 +10,15 @@ import asyncpg
 
 from reservo.core.db.database import Queries
 from reservo.core.http.schemas import MAX_ID
-from reservo.scheduler.domain import Category, Job, Recurring
+from reservo.scheduler.domain import JOB_FIELDS, Category, Job, Recurring
 
 Q = Queries.load("reservo.scheduler")
 
 Row: TypeAlias = asyncpg.Record
 
-_FIELDS = [
-    "id",
-    "category",
-    "urgency",
-    "run_at",
-    "payload",
-    "status",
-    "attempts",
-    "max_attempts",
-    "revision",
-    "idempotency_key",
-    "created_at",
-    "started_at",
-    "finished_at",
-    "last_error",
-    "worker",
-]
-
 
 def to_job(row: Row) -> Job:
-    return Job(**{f: row[f] for f in _FIELDS})
+    return Job(**{f: row[f] for f in JOB_FIELDS})
 
 
 async def insert_job(
@@ -159,12 +141,12 @@ async def park(conn: asyncpg.Connection, job_id: int, reason: str, now: datetime
 async def claim(conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str) -> list[Job]:
     # The claim returns Job's fields in order: positional construction is the
     # cheap path on the executor's hot loop.
-    return [Job(*r) for r in await conn.fetch(Q.claim, ids, now, worker)]
+    return [Job.of_values(r) for r in await conn.fetch(Q.claim, ids, now, worker)]
 
 
 async def claimed_by(conn: asyncpg.Connection, job_id: int, worker: str) -> Job | None:
     row = await conn.fetchrow(Q.claimed_by, job_id, worker)
-    return None if row is None else Job(*row)
+    return None if row is None else Job.of_values(row)
 
 
 async def heartbeat(conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str) -> None:

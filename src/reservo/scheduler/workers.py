@@ -580,8 +580,15 @@ class Executor:
         runs = {asyncio.create_task(self._run(job)): job for job in jobs}
         try:
             pending = set(runs)
+            # Every job takes its first step before this task resumes, and one
+            # that does no I/O ends there: a batch of them is settled without
+            # hanging a wake-up on each of its tasks (asyncio.wait).
+            await asyncio.sleep(0)
             while pending:
-                ended, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                ended = {task for task in pending if task.done()}
+                if not ended:
+                    ended, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                pending -= ended
                 if pending:  # what ends with it is settled with it
                     more, pending = await asyncio.wait(pending, timeout=WAVE_S)
                     ended |= more
