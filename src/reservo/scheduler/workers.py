@@ -256,8 +256,8 @@ class Mover:
         cfg = self.scheduler.config
         # The owner renews its lock every third of the TTL, not on every step:
         # at a steady flow of due jobs the mover steps hundreds of times a
-        # second, and two more round trips per step made each step three times
-        # as long, which is lateness.
+        # second, and the lock's two round trips and the queue list's one made
+        # each step four round trips instead of one, which is lateness.
         if self.scheduler.mover_lock and (not self.owner or time.monotonic() >= self.renew_at):
             self.owner = await self.scheduler.dispatcher.acquire(self.token, cfg.lock_ttl_ms)
             if not self.owner:
