@@ -366,7 +366,7 @@ async def test_a_job_running_past_the_reaper_timeout_is_not_reaped(
 
 
 async def test_the_mover_renews_its_lock_a_third_of_a_ttl_apart_not_on_every_step(
-    sched: Scheduler, redis_target: RedisTarget
+    sched: Scheduler,
 ) -> None:
     # At a steady flow of due jobs the mover steps hundreds of times a second:
     # a lock round trip on each step made every step, and so the lateness of
@@ -397,11 +397,7 @@ async def test_the_mover_renews_its_lock_a_third_of_a_ttl_apart_not_on_every_ste
     assert not rival.owner  # the lock is held all along
     # Another holder takes the lock over (ours expired during a pause): we
     # learn it at the next renewal and stop moving.
-    client = redis_target.client(5.0)
-    try:
-        await client.set(sched.keys.lock, "someone else", px=sched.config.lock_ttl_ms)
-    finally:
-        await client.aclose()
+    await sched.redis.set(sched.keys.lock, "someone else", px=sched.config.lock_ttl_ms)
     mover.renew_at = 0.0
     await mover.step()
     assert not mover.owner and asks == 3

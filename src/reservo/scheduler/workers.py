@@ -259,10 +259,11 @@ class Mover:
         # second, and the lock's two round trips and the queue list's one made
         # each step four round trips instead of one, which is lateness.
         if self.scheduler.mover_lock and (not self.owner or time.monotonic() >= self.renew_at):
+            third_s = cfg.lock_ttl_ms * LOCK_RETRY_FRACTION / MS_PER_S
             self.owner = await self.scheduler.dispatcher.acquire(self.token, cfg.lock_ttl_ms)
             if not self.owner:
-                return cfg.lock_ttl_ms * LOCK_RETRY_FRACTION / MS_PER_S
-            self.renew_at = time.monotonic() + cfg.lock_ttl_ms * LOCK_RETRY_FRACTION / MS_PER_S
+                return third_s
+            self.renew_at = time.monotonic() + third_s
         return await self.move_once()
 
     async def move_once(self) -> float:
