@@ -371,9 +371,14 @@ class HaPostgres:
 def _start(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     pg = HaPostgres(root / "postgres")
-    pg.start()
     redis = LocalCluster(root / "redis", node_timeout_ms=2000)
-    redis.start()
+    try:  # both or neither: a half-started pair would outlive the failed command
+        pg.start()
+        redis.start()
+    except BaseException:
+        redis.stop()
+        pg.stop()
+        raise
     state = {
         "database_url": pg.url,
         "database_replica_urls": pg.read_url,

@@ -89,12 +89,29 @@ def _bindable(port: int) -> bool:
         return True
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections (Linux's default when
+    unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_ports(n: int) -> list[int]:
-    """``n`` ports each free together with its cluster bus port (port + 10000),
-    which caps a cluster node's port at 55535."""
+    """``n`` ports each free together with its cluster bus port (port + 10000).
+
+    Both are taken below the kernel's ephemeral range where it leaves room: a
+    port free when chosen but inside that range can be taken by any outgoing
+    connection before the node binds it (a CI run lost a bus port that way)."""
+    low, _ = _ephemeral_range()
+    first, last = 10000, min(low, 65536) - 10001
+    if last - first < 4 * n:  # no room below it: anywhere the bus port still fits
+        first, last = 20000, 55535
     ports: list[int] = []
     while len(ports) < n:
-        port = random.randint(20000, 55535)
+        port = random.randint(first, last)
         if port not in ports and _bindable(port) and _bindable(port + 10000):
             ports.append(port)
     return ports

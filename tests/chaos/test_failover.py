@@ -65,9 +65,15 @@ class HaInfra:
         self.kafka = EmbeddedKafka(self.root, port=free_port())
 
     def start(self) -> None:
-        self.pg.start()
-        self.redis.start()
-        self.bootstrap = self.kafka.start()
+        """All three, or none: a part that fails to start stops the ones already
+        up (a CI run once left a PostgreSQL cluster loading the rest of the suite)."""
+        try:
+            self.pg.start()
+            self.redis.start()
+            self.bootstrap = self.kafka.start()
+        except BaseException:
+            self.stop()
+            raise
         self.database_url = self.pg.url
         # Every node a start-up node: the client starts while any one answers.
         self.redis_url = "redis://" + ",".join(f"127.0.0.1:{p}" for p in self.redis.ports) + "/0"
@@ -86,7 +92,11 @@ async def ha_world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Wo
     data = Path(tempfile.mkdtemp(prefix="reservo-failover-"))
     infra = HaInfra(data)
     smtp, gateway, recorder = SmtpRecorder(), HttpRecorder("gw"), HttpRecorder("jobs")
-    await asyncio.to_thread(infra.start)
+    try:
+        await asyncio.to_thread(infra.start)
+    except BaseException:
+        shutil.rmtree(data, ignore_errors=True)
+        raise
     for server in (smtp, gateway, recorder):
         server.listen()
     reservo = Reservo(cast(Infra, infra), smtp, gateway, logs)
