@@ -7,7 +7,6 @@ nothing more. Also the ``RedisTarget`` the tests build their clients from."""
 from __future__ import annotations
 
 import contextlib
-import random
 import shutil
 import signal
 import socket
@@ -21,6 +20,7 @@ import redis
 from redis.crc import key_slot
 
 from reservo.core.redis.client import Client, make_client
+from tests.helpers.procs import free_port
 
 
 @dataclass(frozen=True)
@@ -80,41 +80,9 @@ def binaries() -> tuple[str, str]:
     return str(bin_dir / "redis-server"), str(bin_dir / "redis-cli")
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    """The ports the kernel hands to outgoing connections (Linux's default when
-    unreadable)."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
 def _free_ports(n: int) -> list[int]:
-    """``n`` ports each free together with its cluster bus port (port + 10000).
-
-    Both are taken below the kernel's ephemeral range where it leaves room: a
-    port free when chosen but inside that range can be taken by any outgoing
-    connection before the node binds it (a CI run lost a bus port that way)."""
-    low, _ = _ephemeral_range()
-    first, last = 10000, min(low, 65536) - 10001
-    if last - first < 4 * n:  # no room below it: anywhere the bus port still fits
-        first, last = 20000, 55535
-    ports: list[int] = []
-    while len(ports) < n:
-        port = random.randint(first, last)
-        if port not in ports and _bindable(port) and _bindable(port + 10000):
-            ports.append(port)
-    return ports
+    """``n`` ports each free together with its cluster bus port (port + 10000)."""
+    return [free_port(plus=10000) for _ in range(n)]
 
 
 def _answers(port: int) -> bool:

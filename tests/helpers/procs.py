@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,10 +19,49 @@ from reservo.settings import Settings
 BIN = Path(sys.executable).parent / "reservo"
 
 
-def free_port() -> int:
+# Ports handed out by this process: two callers never get the same one before
+# either binds it.
+_handed: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (and ``bind(0)``);
+    Linux's default when unreadable."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(plus: int = 0) -> int:
+    """A free port for a server a test starts, with ``port + plus`` free too (a
+    Redis Cluster node's bus port is its port + 10000).
+
+    Taken below the kernel's ephemeral range where it leaves room: a port free
+    when chosen but inside that range can be taken by any outgoing connection
+    before the server binds it (a CI run lost a Redis Cluster bus port that way)."""
+    low, _ = ephemeral_range()
+    first, last = 10000, min(low, 65536) - 1 - plus
+    if last - first < 1000:  # no room below it: the kernel's choice, as before
+        first, last = 1024, 65535 - plus
+    for _ in range(10_000):
+        port = random.randint(first, last)
+        if port in _handed or (plus and port + plus in _handed):
+            continue
+        if _bindable(port) and (not plus or _bindable(port + plus)):
+            _handed.update({port, port + plus})
+            return port
+    raise RuntimeError(f"no free port in {first}-{last}")
 
 
 def env_for(settings: Settings, **extra: str) -> dict[str, str]:
