@@ -80,11 +80,6 @@ def binaries() -> tuple[str, str]:
     return str(bin_dir / "redis-server"), str(bin_dir / "redis-cli")
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` ports each free together with its cluster bus port (port + 10000)."""
-    return [free_port(plus=10000) for _ in range(n)]
-
-
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
@@ -106,7 +101,8 @@ class LocalCluster:
         self.root = root
         self.masters, self.replicas = masters, replicas
         self.node_timeout_ms = node_timeout_ms
-        self.ports = _free_ports(masters * (1 + replicas))
+        # Each node's port free together with its cluster bus port (port + 10000).
+        self.ports = [free_port(plus=10000) for _ in range(masters * (1 + replicas))]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.server, self.cli = binaries()
 

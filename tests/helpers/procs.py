@@ -24,14 +24,13 @@ BIN = Path(sys.executable).parent / "reservo"
 _handed: set[int] = set()
 
 
-def ephemeral_range() -> tuple[int, int]:
-    """The ports the kernel gives outgoing connections (and ``bind(0)``);
+def _ephemeral_low() -> int:
+    """The first port the kernel gives outgoing connections (and ``bind(0)``);
     Linux's default when unreadable."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _bindable(port: int) -> bool:
@@ -50,16 +49,14 @@ def free_port(plus: int = 0) -> int:
     Taken below the kernel's ephemeral range where it leaves room: a port free
     when chosen but inside that range can be taken by any outgoing connection
     before the server binds it (a CI run lost a Redis Cluster bus port that way)."""
-    low, _ = ephemeral_range()
-    first, last = 10000, min(low, 65536) - 1 - plus
-    if last - first < 1000:  # no room below it: the kernel's choice, as before
+    first, last = 10000, _ephemeral_low() - 1 - plus
+    if last - first < 1000:  # no room below it: anywhere, with the old risk
         first, last = 1024, 65535 - plus
     for _ in range(10_000):
         port = random.randint(first, last)
-        if port in _handed or (plus and port + plus in _handed):
-            continue
-        if _bindable(port) and (not plus or _bindable(port + plus)):
-            _handed.update({port, port + plus})
+        wanted = {port, port + plus}
+        if not wanted & _handed and all(_bindable(p) for p in wanted):
+            _handed.update(wanted)
             return port
     raise RuntimeError(f"no free port in {first}-{last}")
 
