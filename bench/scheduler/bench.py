@@ -255,6 +255,17 @@ async def _unfinished(conn: asyncpg.Connection) -> bool:
     )
 
 
+async def analyze(conn: asyncpg.Connection, table: str = "scheduled_job") -> None:
+    """Gives the table just filled its planner statistics before the workers
+    start, as a running system's table has them (autovacuum analyzes a table
+    as it grows). A phase truncates and refills it, and a table without
+    statistics is planned as if nearly empty: the first claims and completions
+    of a batch of ids ran as sequential scans of the whole backlog, and
+    pgqueuer's dequeue, measured the same way, spent twice its PostgreSQL time
+    per job. peer.py analyzes pgqueuer's table the same way."""
+    await conn.execute(f"ANALYZE {table}")
+
+
 async def pg_work(conn: asyncpg.Connection) -> tuple[int, int]:
     """Statements committed in this database (each of the workers' statements
     runs in a transaction of its own) and rows written to its tables, so far:
@@ -321,6 +332,7 @@ async def phase_drain(
     enqueue = getattr(args, "enqueue", "bulk")
     rate = await (as_api if enqueue == "api" else bulk)(s, [due] * args.backlog)
     print(f"enqueued {args.backlog} due jobs ({enqueue}) at {rate:,.0f} jobs/s")
+    await analyze(conn)
     work0 = await pg_work(conn)
     pg0, redis0 = benchlib.postgres_cpu_s(), benchlib.cpu_s([rd.pid])
     procs = start_workers(args.workers, db_url, rd.url, ns)
@@ -396,6 +408,7 @@ async def phase_fire(
     lead = 5.0  # workers spawn and connect before the first run_at
     start = datetime.now(UTC) + timedelta(seconds=lead)
     await bulk(s, [start + timedelta(seconds=i / args.rate) for i in range(n)])
+    await analyze(conn)
     procs = start_workers(
         args.workers + (1 if fault else 0),
         db_url,

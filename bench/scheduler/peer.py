@@ -26,75 +26,56 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import multiprocessing as mp
 import os
-import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import bench
-import uvloop
 
 import benchlib
 from reservo.core.db.migrate import migrate
 
-ENTRYPOINT = "bench_noop"
+ENTRYPOINT = "bench_noop"  # as pgq_worker.py registers it
+PGQ_WORKER = Path(__file__).with_name("pgq_worker.py")
 # pgqueuer's dequeue batch, as in the issue's measurement (its default is 10).
 PGQ_BATCH = 500
 # What pgqueuer's rows are enqueued by per statement.
 ENQUEUE_CHUNK = 10_000
 
 
-def pgq_worker_main(db_url: str, out: str, batch: int) -> None:
-    """One pgqueuer worker process: a QueueManager on its own connection, with
-    a no-op entrypoint recording (execute_after, lateness ms) as reservo's does."""
-    from pgqueuer import AsyncpgDriver, QueueManager
-    from pgqueuer.models import Job as PgqJob
-    from pgqueuer.queries import Queries
+class Worker:
+    """A pgqueuer worker (pgq_worker.py) as a plain process, with the part of
+    multiprocessing.Process that bench.stop_workers and benchlib.cpu_s use."""
 
-    samples: list[tuple[float, float]] = []
+    def __init__(self, db_url: str, batch: int) -> None:
+        self.out = os.path.join(tempfile.gettempdir(), f"bench-pgq-{uuid.uuid4().hex}.json")
+        self.popen = subprocess.Popen(
+            [sys.executable, str(PGQ_WORKER), db_url, self.out, str(batch)]
+        )
+        self.pid = self.popen.pid
 
-    async def main() -> None:
-        conn = await asyncpg.connect(db_url)
-        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
 
-        @qm.entrypoint(ENTRYPOINT)
-        async def noop(job: PgqJob) -> None:
-            at = job.execute_after.timestamp()
-            samples.append((at, (time.time() - at) * 1000))
+    def join(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout)
 
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, qm.shutdown.set)
-        try:
-            await qm.run(batch_size=batch, dequeue_timeout=timedelta(seconds=1))
-        finally:
-            await conn.close()
-
-    import logging
-
-    logging.disable(logging.WARNING)
-    # As pgqueuer's own CLI runs its workers: on uvloop where it is installed.
-    uvloop.run(main())
-    with open(out, "w") as f:
-        json.dump(samples, f)
+    def kill(self) -> None:
+        self.popen.kill()
 
 
-def start_pgq(n: int, db_url: str, batch: int) -> list[Any]:
-    ctx = mp.get_context("spawn")
-    procs = []
-    for _ in range(n):
-        out = os.path.join(tempfile.gettempdir(), f"bench-pgq-{uuid.uuid4().hex}.json")
-        p = ctx.Process(target=pgq_worker_main, args=(db_url, out, batch))
-        p.out = out  # type: ignore[attr-defined]
-        p.start()
-        procs.append(p)
-    return procs
+def start_pgq(n: int, db_url: str, batch: int) -> list[Worker]:
+    return [Worker(db_url, batch) for _ in range(n)]
 
 
 async def pgq_reset(conn: asyncpg.Connection) -> None:
@@ -113,6 +94,7 @@ async def pgq_enqueue(conn: asyncpg.Connection, afters: list[timedelta | None]) 
 
 async def pgq_drain(conn: asyncpg.Connection, args: Any) -> dict[str, float]:
     await pgq_enqueue(conn, [None] * args.backlog)
+    await bench.analyze(conn, "pgqueuer")
     work0 = await bench.pg_work(conn)
     pg0 = benchlib.postgres_cpu_s()
     procs = start_pgq(args.workers, args.db_url, args.pgq_batch)
@@ -162,6 +144,7 @@ async def pgq_fire(conn: asyncpg.Connection, args: Any) -> dict[str, float]:
             for k in range(i, min(n, i + ENQUEUE_CHUNK))
         ]
         await pgq_enqueue(conn, list(offsets))
+    await bench.analyze(conn, "pgqueuer")
     procs = start_pgq(args.workers, args.db_url, args.pgq_batch)
     deadline = time.monotonic() + lead + total_s + 60
     while time.monotonic() < deadline and await conn.fetchval(  # noqa: ASYNC110

@@ -1,0 +1,188 @@
+"""PostgreSQL's share of a job, without workers or Redis: what a claim and a
+completion cost PostgreSQL per job when two connections (as two workers) drive
+batches of ids through them as fast as they can, on a due backlog.
+
+Five variants, the same driver, rounds interleaved:
+
+- ``reservo``: scheduled_job through the scheduler's own claim and complete
+  statements (queries.sql): the lock in id order, the paused-category test,
+  the revision test, the execution log.
+- ``indexed``: a copy of scheduled_job with all its indexes, claimed and
+  completed by two plain conditional updates (no lock pass, no log): what the
+  statements' shape costs beside the indexes.
+- ``lists``: the same with the primary key and the job lists' two indexes
+  ((status, id), (category, id)) only.
+- ``bare``: the primary key only: the least any design pays that records the
+  claim and the completion in PostgreSQL (the claim is what keeps two
+  workers from running one job).
+- ``bare-hot``: the same with room on every page (fillfactor 50), so that the
+  updates can be HOT (no index entry): PostgreSQL's floor for two row writes
+  per job.
+
+    PYTHONPATH=src:. python bench/scheduler/floor.py --rounds 3 --backlog 100000
+
+Prints PostgreSQL CPU per job (all its processes, as bench.py measures it) and
+statements' wall time, per round and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+
+from reservo.core.db.migrate import migrate
+from reservo.scheduler.repo import Q
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import benchlib
+
+BATCH = 500  # the executor's claim batch (SchedulerSettings.claim_batch)
+CONNECTIONS = 2
+
+# The variants' tables: scheduled_job's columns, and which of its indexes.
+TABLES = {
+    "indexed": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING ALL)",
+    "lists": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS);"
+    " ALTER TABLE floor_job ADD PRIMARY KEY (id);"
+    " CREATE INDEX ON floor_job (status, id); CREATE INDEX ON floor_job (category, id)",
+    "bare": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS);"
+    " ALTER TABLE floor_job ADD PRIMARY KEY (id)",
+    "bare-hot": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS)"
+    " WITH (fillfactor = 50); ALTER TABLE floor_job ADD PRIMARY KEY (id)",
+}
+BARE_FILL = """
+INSERT INTO floor_job (id, category, urgency, run_at, status, max_attempts, created_at)
+SELECT i, 'bench.noop', 5, $2, 'QUEUED', 5, $2 FROM generate_series(1, $1) AS i"""
+BARE_CLAIM = """
+UPDATE floor_job
+   SET status = 'RUNNING', attempts = attempts + 1, revision = revision + 1,
+       worker = $3, heartbeat_at = $2, started_at = $2
+ WHERE id = ANY($1::bigint[]) AND status = 'QUEUED' AND run_at <= $2
+RETURNING id, category, urgency, run_at, payload, status, attempts, max_attempts, revision"""
+BARE_COMPLETE = """
+UPDATE floor_job SET status = 'DONE', revision = revision + 1, finished_at = $2
+ WHERE id = ANY($1::bigint[]) AND status = 'RUNNING'
+RETURNING id"""
+RESERVO_FILL = """
+INSERT INTO scheduled_job (category, urgency, run_at, status, max_attempts, pushed, created_at)
+SELECT 'bench.noop', 5, $2, 'QUEUED', 5, true, $2 FROM generate_series(1, $1)"""
+
+Cycle = Callable[[asyncpg.Connection, list[int]], Awaitable[None]]
+
+
+async def reservo_cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
+    now = datetime.now(UTC)
+    claimed = await conn.fetch(Q.claim, ids, now, "floor")
+    assert len(claimed) == len(ids), "a claim missed a due job"
+    done = await conn.fetch(
+        Q.complete, [r["id"] for r in claimed], [r["revision"] for r in claimed], now, "floor"
+    )
+    assert len(done) == len(ids), "a completion missed a claimed job"
+
+
+async def bare_cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
+    now = datetime.now(UTC)
+    claimed = await conn.fetch(BARE_CLAIM, ids, now, "floor")
+    assert len(claimed) == len(ids), "a claim missed a due job"
+    done = await conn.fetch(BARE_COMPLETE, [r["id"] for r in claimed], now)
+    assert len(done) == len(ids), "a completion missed a claimed job"
+
+
+async def prepare(conn: asyncpg.Connection, variant: str, backlog: int) -> list[int]:
+    """Fills the variant's table with a due backlog and analyzes it; returns the ids."""
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    if variant == "reservo":
+        await conn.execute("TRUNCATE scheduled_job, job_execution RESTART IDENTITY")
+        await conn.execute(RESERVO_FILL, backlog, due)
+        await conn.execute("ANALYZE scheduled_job")
+    else:
+        await conn.execute("DROP TABLE IF EXISTS floor_job")
+        await conn.execute(TABLES[variant])
+        await conn.execute(BARE_FILL, backlog, due)
+        await conn.execute("ANALYZE floor_job")
+    table = "scheduled_job" if variant == "reservo" else "floor_job"
+    return [r[0] for r in await conn.fetch(f"SELECT id FROM {table} ORDER BY id")]
+
+
+async def hot_share(conn: asyncpg.Connection, variant: str) -> float:
+    await asyncio.sleep(1.2)
+    table = "scheduled_job" if variant == "reservo" else "floor_job"
+    upd, hot = await conn.fetchrow(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1", table
+    )
+    return hot / upd if upd else 0.0
+
+
+async def one_round(url: str, variant: str, backlog: int) -> dict[str, float]:
+    admin = await asyncpg.connect(url)
+    ids = await prepare(admin, variant, backlog)
+    cycle: Cycle = reservo_cycle if variant == "reservo" else bare_cycle
+    batches = [ids[i : i + BATCH] for i in range(0, len(ids), BATCH)]
+    conns = [await asyncpg.connect(url) for _ in range(CONNECTIONS)]
+    await asyncio.gather(*(cycle(c, batches[0][:1]) for c in conns[:1]))  # warm the plans
+
+    async def drive(conn: asyncpg.Connection, mine: list[list[int]]) -> None:
+        for batch in mine:
+            await cycle(conn, batch)
+
+    rest = [b[1:] if i == 0 else b for i, b in enumerate(batches)]
+    pg0, t0 = benchlib.postgres_cpu_s(), time.perf_counter()
+    await asyncio.gather(*(drive(c, rest[k::CONNECTIONS]) for k, c in enumerate(conns)))
+    wall, pg = time.perf_counter() - t0, benchlib.postgres_cpu_s() - pg0
+    for c in conns:
+        await c.close()  # a backend reports its table statistics by its exit at the latest
+    hot = await hot_share(admin, variant)
+    await admin.close()
+    return {"pg_us": 1e6 * pg / backlog, "rate": backlog / wall, "hot": hot}
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--backlog", type=int, default=100_000)
+    ap.add_argument("--variants", default="reservo," + ",".join(TABLES))
+    args = ap.parse_args()
+    variants = [v.strip() for v in args.variants.split(",")]
+
+    name = f"reservo_bench_floor_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(args.pg)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = args.pg.rpartition("/")[0] + "/" + name
+    print(f"{benchlib.machine()}; {args.backlog} due jobs, {CONNECTIONS} connections, "
+          f"batches of {BATCH}")  # fmt: skip
+    results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    try:
+        await migrate(url)
+        for r in range(args.rounds):
+            order = variants if r % 2 == 0 else variants[::-1]
+            for v in order:
+                fig = await one_round(url, v, args.backlog)
+                results[v].append(fig)
+                print(
+                    f"round {r + 1} {v}: PostgreSQL {fig['pg_us']:.1f} us per job, "
+                    f"{fig['rate']:,.0f} jobs/s, HOT updates {100 * fig['hot']:.0f} %"
+                )
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+    print(f"=== medians of {args.rounds} interleaved rounds")
+    for v, figs in results.items():
+        print(
+            f"{v}: PostgreSQL {statistics.median(f['pg_us'] for f in figs):.1f} us per job, "
+            f"{statistics.median(f['rate'] for f in figs):,.0f} jobs/s "
+            f"(claim and completion only, no worker)"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
