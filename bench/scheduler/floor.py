@@ -2,7 +2,7 @@
 completion cost PostgreSQL per job when two connections (as two workers) drive
 batches of ids through them as fast as they can, on a due backlog.
 
-Five variants, the same driver, rounds interleaved:
+Six variants, the same driver, rounds interleaved:
 
 - ``reservo``: scheduled_job through the scheduler's own claim and complete
   statements (queries.sql): the lock in id order, the paused-category test,
@@ -10,7 +10,11 @@ Five variants, the same driver, rounds interleaved:
 - ``indexed``: a copy of scheduled_job with all its indexes, claimed and
   completed by two plain conditional updates (no lock pass, no log): what the
   statements' shape costs beside the indexes.
-- ``lists``: the same with the primary key and the job lists' two indexes
+- ``lease``: the same table, but the claim leaves the job's row as it is: it
+  locks the row and inserts a lease row (job id, worker, times) into a small
+  table of its own; the completion deletes the lease and writes DONE. The
+  layout that keeps a claim from rewriting the job's row and its indexes.
+- ``lists``: the ``indexed`` table with the primary key and the job lists' two indexes
   ((status, id), (category, id)) only.
 - ``bare``: the primary key only: the least any design pays that records the
   claim and the completion in PostgreSQL (the claim is what keeps two
@@ -51,6 +55,9 @@ CONNECTIONS = 2
 # The variants' tables: scheduled_job's columns, and which of its indexes.
 TABLES = {
     "indexed": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING ALL)",
+    "lease": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING ALL);"
+    " CREATE TABLE floor_lease (job_id bigint PRIMARY KEY, worker text NOT NULL,"
+    " started_at timestamptz NOT NULL, heartbeat_at timestamptz NOT NULL)",
     "lists": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS);"
     " ALTER TABLE floor_job ADD PRIMARY KEY (id);"
     " CREATE INDEX ON floor_job (status, id); CREATE INDEX ON floor_job (category, id)",
@@ -72,6 +79,22 @@ BARE_COMPLETE = """
 UPDATE floor_job SET status = 'DONE', revision = revision + 1, finished_at = $2
  WHERE id = ANY($1::bigint[]) AND status = 'RUNNING'
 RETURNING id"""
+LEASE_CLAIM = """
+WITH due AS (
+    SELECT id FROM floor_job
+     WHERE id = ANY($1::bigint[]) AND status = 'QUEUED' AND run_at <= $2
+     ORDER BY id FOR UPDATE
+)
+INSERT INTO floor_lease (job_id, worker, started_at, heartbeat_at)
+SELECT id, $3, $2, $2 FROM due
+ON CONFLICT (job_id) DO NOTHING
+RETURNING job_id AS id"""
+LEASE_COMPLETE = """
+WITH ended AS (DELETE FROM floor_lease WHERE job_id = ANY($1::bigint[]) RETURNING job_id)
+UPDATE floor_job
+   SET status = 'DONE', attempts = attempts + 1, revision = revision + 1, finished_at = $2
+ WHERE id IN (SELECT job_id FROM ended)
+RETURNING id"""
 RESERVO_FILL = """
 INSERT INTO scheduled_job (category, urgency, run_at, status, max_attempts, pushed, created_at)
 SELECT 'bench.noop', 5, $2, 'QUEUED', 5, true, $2 FROM generate_series(1, $1)"""
@@ -89,12 +112,15 @@ async def reservo_cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
     assert len(done) == len(ids), "a completion missed a claimed job"
 
 
-async def bare_cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
-    now = datetime.now(UTC)
-    claimed = await conn.fetch(BARE_CLAIM, ids, now, "floor")
-    assert len(claimed) == len(ids), "a claim missed a due job"
-    done = await conn.fetch(BARE_COMPLETE, [r["id"] for r in claimed], now)
-    assert len(done) == len(ids), "a completion missed a claimed job"
+def plain_cycle(claim: str, complete: str) -> Cycle:
+    async def cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
+        now = datetime.now(UTC)
+        claimed = await conn.fetch(claim, ids, now, "floor")
+        assert len(claimed) == len(ids), "a claim missed a due job"
+        done = await conn.fetch(complete, [r["id"] for r in claimed], now)
+        assert len(done) == len(ids), "a completion missed a claimed job"
+
+    return cycle
 
 
 async def prepare(conn: asyncpg.Connection, variant: str, backlog: int) -> list[int]:
@@ -105,7 +131,7 @@ async def prepare(conn: asyncpg.Connection, variant: str, backlog: int) -> list[
         await conn.execute(RESERVO_FILL, backlog, due)
         await conn.execute("ANALYZE scheduled_job")
     else:
-        await conn.execute("DROP TABLE IF EXISTS floor_job")
+        await conn.execute("DROP TABLE IF EXISTS floor_job, floor_lease")
         await conn.execute(TABLES[variant])
         await conn.execute(BARE_FILL, backlog, due)
         await conn.execute("ANALYZE floor_job")
@@ -125,7 +151,9 @@ async def hot_share(conn: asyncpg.Connection, variant: str) -> float:
 async def one_round(url: str, variant: str, backlog: int) -> dict[str, float]:
     admin = await asyncpg.connect(url)
     ids = await prepare(admin, variant, backlog)
-    cycle: Cycle = reservo_cycle if variant == "reservo" else bare_cycle
+    cycle = {"reservo": reservo_cycle, "lease": plain_cycle(LEASE_CLAIM, LEASE_COMPLETE)}.get(
+        variant, plain_cycle(BARE_CLAIM, BARE_COMPLETE)
+    )
     batches = [ids[i : i + BATCH] for i in range(0, len(ids), BATCH)]
     conns = [await asyncpg.connect(url) for _ in range(CONNECTIONS)]
     await asyncio.gather(*(cycle(c, batches[0][:1]) for c in conns[:1]))  # warm the plans
