@@ -262,7 +262,13 @@ async def analyze(conn: asyncpg.Connection, table: str = "scheduled_job") -> Non
     statistics is planned as if nearly empty: the first claims and completions
     of a batch of ids ran as sequential scans of the whole backlog, and
     pgqueuer's dequeue, measured the same way, spent twice its PostgreSQL time
-    per job. peer.py analyzes pgqueuer's table the same way."""
+    per job. peer.py analyzes pgqueuer's table the same way.
+
+    The drain only. The fire phase's table holds jobs due in the future, and
+    statistics taken then misled pgqueuer's dequeue as the jobs fell due: its
+    p99 lateness was 83-94 ms in 6 of 8 rounds, against 11-13 ms unanalyzed.
+    Neither contender's table is analyzed there: the condition that suits
+    pgqueuer."""
     await conn.execute(f"ANALYZE {table}")
 
 
@@ -408,7 +414,7 @@ async def phase_fire(
     lead = 5.0  # workers spawn and connect before the first run_at
     start = datetime.now(UTC) + timedelta(seconds=lead)
     await bulk(s, [start + timedelta(seconds=i / args.rate) for i in range(n)])
-    await analyze(conn)
+    # Not analyzed here: see analyze().
     procs = start_workers(
         args.workers + (1 if fault else 0),
         db_url,

@@ -144,7 +144,6 @@ async def pgq_fire(conn: asyncpg.Connection, args: Any) -> dict[str, float]:
             for k in range(i, min(n, i + ENQUEUE_CHUNK))
         ]
         await pgq_enqueue(conn, list(offsets))
-    await bench.analyze(conn, "pgqueuer")
     procs = start_pgq(args.workers, args.db_url, args.pgq_batch)
     deadline = time.monotonic() + lead + total_s + 60
     while time.monotonic() < deadline and await conn.fetchval(  # noqa: ASYNC110
