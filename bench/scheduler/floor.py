@@ -38,6 +38,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -49,33 +50,24 @@ from reservo.scheduler.repo import Q
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib
 
-BATCH = 500  # the executor's claim batch (SchedulerSettings.claim_batch)
+# The most an executor claims at once in the drain (bench.py's executor_concurrency).
+BATCH = 500
 CONNECTIONS = 2
+WORKER = "floor"
 
-# The variants' tables: scheduled_job's columns, and which of its indexes.
-TABLES = {
-    "indexed": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING ALL)",
-    "lease": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING ALL);"
-    " CREATE TABLE floor_lease (job_id bigint PRIMARY KEY, worker text NOT NULL,"
-    " started_at timestamptz NOT NULL, heartbeat_at timestamptz NOT NULL)",
-    "lists": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS);"
-    " ALTER TABLE floor_job ADD PRIMARY KEY (id);"
-    " CREATE INDEX ON floor_job (status, id); CREATE INDEX ON floor_job (category, id)",
-    "bare": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS);"
-    " ALTER TABLE floor_job ADD PRIMARY KEY (id)",
-    "bare-hot": "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS)"
-    " WITH (fillfactor = 50); ALTER TABLE floor_job ADD PRIMARY KEY (id)",
-}
-BARE_FILL = """
+FLOOR_FILL = """
 INSERT INTO floor_job (id, category, urgency, run_at, status, max_attempts, created_at)
 SELECT i, 'bench.noop', 5, $2, 'QUEUED', 5, $2 FROM generate_series(1, $1) AS i"""
-BARE_CLAIM = """
+RESERVO_FILL = """
+INSERT INTO scheduled_job (category, urgency, run_at, status, max_attempts, pushed, created_at)
+SELECT 'bench.noop', 5, $2, 'QUEUED', 5, true, $2 FROM generate_series(1, $1)"""
+PLAIN_CLAIM = """
 UPDATE floor_job
    SET status = 'RUNNING', attempts = attempts + 1, revision = revision + 1,
        worker = $3, heartbeat_at = $2, started_at = $2
  WHERE id = ANY($1::bigint[]) AND status = 'QUEUED' AND run_at <= $2
 RETURNING id, category, urgency, run_at, payload, status, attempts, max_attempts, revision"""
-BARE_COMPLETE = """
+PLAIN_COMPLETE = """
 UPDATE floor_job SET status = 'DONE', revision = revision + 1, finished_at = $2
  WHERE id = ANY($1::bigint[]) AND status = 'RUNNING'
 RETURNING id"""
@@ -95,19 +87,16 @@ UPDATE floor_job
    SET status = 'DONE', attempts = attempts + 1, revision = revision + 1, finished_at = $2
  WHERE id IN (SELECT job_id FROM ended)
 RETURNING id"""
-RESERVO_FILL = """
-INSERT INTO scheduled_job (category, urgency, run_at, status, max_attempts, pushed, created_at)
-SELECT 'bench.noop', 5, $2, 'QUEUED', 5, true, $2 FROM generate_series(1, $1)"""
 
 Cycle = Callable[[asyncpg.Connection, list[int]], Awaitable[None]]
 
 
 async def reservo_cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
     now = datetime.now(UTC)
-    claimed = await conn.fetch(Q.claim, ids, now, "floor")
+    claimed = await conn.fetch(Q.claim, ids, now, WORKER)
     assert len(claimed) == len(ids), "a claim missed a due job"
     done = await conn.fetch(
-        Q.complete, [r["id"] for r in claimed], [r["revision"] for r in claimed], now, "floor"
+        Q.complete, [r["id"] for r in claimed], [r["revision"] for r in claimed], now, WORKER
     )
     assert len(done) == len(ids), "a completion missed a claimed job"
 
@@ -115,7 +104,7 @@ async def reservo_cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
 def plain_cycle(claim: str, complete: str) -> Cycle:
     async def cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
         now = datetime.now(UTC)
-        claimed = await conn.fetch(claim, ids, now, "floor")
+        claimed = await conn.fetch(claim, ids, now, WORKER)
         assert len(claimed) == len(ids), "a claim missed a due job"
         done = await conn.fetch(complete, [r["id"] for r in claimed], now)
         assert len(done) == len(ids), "a completion missed a claimed job"
@@ -123,54 +112,83 @@ def plain_cycle(claim: str, complete: str) -> Cycle:
     return cycle
 
 
-async def prepare(conn: asyncpg.Connection, variant: str, backlog: int) -> list[int]:
-    """Fills the variant's table with a due backlog and analyzes it; returns the ids."""
-    due = datetime.now(UTC) - timedelta(seconds=1)
-    if variant == "reservo":
-        await conn.execute("TRUNCATE scheduled_job, job_execution RESTART IDENTITY")
-        await conn.execute(RESERVO_FILL, backlog, due)
-        await conn.execute("ANALYZE scheduled_job")
-    else:
-        await conn.execute("DROP TABLE IF EXISTS floor_job, floor_lease")
-        await conn.execute(TABLES[variant])
-        await conn.execute(BARE_FILL, backlog, due)
-        await conn.execute("ANALYZE floor_job")
-    table = "scheduled_job" if variant == "reservo" else "floor_job"
-    return [r[0] for r in await conn.fetch(f"SELECT id FROM {table} ORDER BY id")]
+@dataclass(frozen=True)
+class Variant:
+    """A table (``create`` makes it empty; ``fill`` writes ids 1..$1, due at $2)
+    and the claim and completion driven through it."""
+
+    table: str
+    create: str
+    fill: str
+    cycle: Cycle
 
 
-async def hot_share(conn: asyncpg.Connection, variant: str) -> float:
+def floor_table(create: str, cycle: Cycle = plain_cycle(PLAIN_CLAIM, PLAIN_COMPLETE)) -> Variant:
+    drop = "DROP TABLE IF EXISTS floor_job, floor_lease; "
+    return Variant("floor_job", drop + create, FLOOR_FILL, cycle)
+
+
+# scheduled_job's columns, and which of its indexes.
+VARIANTS = {
+    "reservo": Variant(
+        "scheduled_job",
+        "TRUNCATE scheduled_job, job_execution RESTART IDENTITY",
+        RESERVO_FILL,
+        reservo_cycle,
+    ),
+    "indexed": floor_table("CREATE TABLE floor_job (LIKE scheduled_job INCLUDING ALL)"),
+    "lease": floor_table(
+        "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING ALL);"
+        " CREATE TABLE floor_lease (job_id bigint PRIMARY KEY, worker text NOT NULL,"
+        " started_at timestamptz NOT NULL, heartbeat_at timestamptz NOT NULL)",
+        plain_cycle(LEASE_CLAIM, LEASE_COMPLETE),
+    ),
+    "lists": floor_table(
+        "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS);"
+        " ALTER TABLE floor_job ADD PRIMARY KEY (id);"
+        " CREATE INDEX ON floor_job (status, id); CREATE INDEX ON floor_job (category, id)"
+    ),
+    "bare": floor_table(
+        "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS);"
+        " ALTER TABLE floor_job ADD PRIMARY KEY (id)"
+    ),
+    "bare-hot": floor_table(
+        "CREATE TABLE floor_job (LIKE scheduled_job INCLUDING DEFAULTS) WITH (fillfactor = 50);"
+        " ALTER TABLE floor_job ADD PRIMARY KEY (id)"
+    ),
+}
+
+
+async def hot_share(conn: asyncpg.Connection, table: str) -> float:
     await asyncio.sleep(1.2)
-    table = "scheduled_job" if variant == "reservo" else "floor_job"
     upd, hot = await conn.fetchrow(
         "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1", table
     )
     return hot / upd if upd else 0.0
 
 
-async def one_round(url: str, variant: str, backlog: int) -> dict[str, float]:
+async def one_round(url: str, variant: Variant, backlog: int) -> dict[str, float]:
     admin = await asyncpg.connect(url)
-    ids = await prepare(admin, variant, backlog)
-    cycle = {"reservo": reservo_cycle, "lease": plain_cycle(LEASE_CLAIM, LEASE_COMPLETE)}.get(
-        variant, plain_cycle(BARE_CLAIM, BARE_COMPLETE)
-    )
-    batches = [ids[i : i + BATCH] for i in range(0, len(ids), BATCH)]
+    await admin.execute(variant.create)
+    await admin.execute(variant.fill, backlog, datetime.now(UTC) - timedelta(seconds=1))
+    await admin.execute(f"ANALYZE {variant.table}")
     conns = [await asyncpg.connect(url) for _ in range(CONNECTIONS)]
-    await asyncio.gather(*(cycle(c, batches[0][:1]) for c in conns[:1]))  # warm the plans
+    await variant.cycle(conns[0], [1])  # warms the plans; job 1 is not measured
+    ids = list(range(2, backlog + 1))
+    batches = [ids[i : i + BATCH] for i in range(0, len(ids), BATCH)]
 
     async def drive(conn: asyncpg.Connection, mine: list[list[int]]) -> None:
         for batch in mine:
-            await cycle(conn, batch)
+            await variant.cycle(conn, batch)
 
-    rest = [b[1:] if i == 0 else b for i, b in enumerate(batches)]
     pg0, t0 = benchlib.postgres_cpu_s(), time.perf_counter()
-    await asyncio.gather(*(drive(c, rest[k::CONNECTIONS]) for k, c in enumerate(conns)))
+    await asyncio.gather(*(drive(c, batches[k::CONNECTIONS]) for k, c in enumerate(conns)))
     wall, pg = time.perf_counter() - t0, benchlib.postgres_cpu_s() - pg0
     for c in conns:
         await c.close()  # a backend reports its table statistics by its exit at the latest
-    hot = await hot_share(admin, variant)
+    hot = await hot_share(admin, variant.table)
     await admin.close()
-    return {"pg_us": 1e6 * pg / backlog, "rate": backlog / wall, "hot": hot}
+    return {"pg_us": 1e6 * pg / len(ids), "rate": len(ids) / wall, "hot": hot}
 
 
 async def main() -> None:
@@ -178,7 +196,7 @@ async def main() -> None:
     ap.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backlog", type=int, default=100_000)
-    ap.add_argument("--variants", default="reservo," + ",".join(TABLES))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
     variants = [v.strip() for v in args.variants.split(",")]
 
@@ -194,7 +212,7 @@ async def main() -> None:
         for r in range(args.rounds):
             order = variants if r % 2 == 0 else variants[::-1]
             for v in order:
-                fig = await one_round(url, v, args.backlog)
+                fig = await one_round(url, VARIANTS[v], args.backlog)
                 results[v].append(fig)
                 print(
                     f"round {r + 1} {v}: PostgreSQL {fig['pg_us']:.1f} us per job, "

@@ -44,7 +44,7 @@ import bench
 import benchlib
 from reservo.core.db.migrate import migrate
 
-ENTRYPOINT = "bench_noop"  # as pgq_worker.py registers it
+ENTRYPOINT = "bench_noop"
 PGQ_WORKER = Path(__file__).with_name("pgq_worker.py")
 # pgqueuer's dequeue batch, as in the measurement (its default is 10).
 PGQ_BATCH = 500
@@ -59,7 +59,7 @@ class Worker:
     def __init__(self, db_url: str, batch: int) -> None:
         self.out = os.path.join(tempfile.gettempdir(), f"bench-pgq-{uuid.uuid4().hex}.json")
         self.popen = subprocess.Popen(
-            [sys.executable, str(PGQ_WORKER), db_url, self.out, str(batch)]
+            [sys.executable, str(PGQ_WORKER), db_url, self.out, str(batch), ENTRYPOINT]
         )
         self.pid = self.popen.pid
 

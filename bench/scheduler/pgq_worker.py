@@ -2,7 +2,7 @@
 connection, with a no-op entrypoint recording (execute_after, lateness ms) as
 reservo's does, written as JSON to OUT when it stops (SIGTERM).
 
-    python bench/scheduler/pgq_worker.py DB_URL OUT BATCH
+    python bench/scheduler/pgq_worker.py DB_URL OUT BATCH ENTRYPOINT
 
 A script of its own, started as a plain process: a multiprocessing child would
 import peer.py, and with it reservo, before its first job, and pgqueuer's
@@ -25,17 +25,15 @@ from pgqueuer import AsyncpgDriver, QueueManager
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
-ENTRYPOINT = "bench_noop"
 
-
-def main(db_url: str, out: str, batch: int) -> None:
+def main(db_url: str, out: str, batch: int, entrypoint: str) -> None:
     samples: list[tuple[float, float]] = []
 
     async def run() -> None:
         conn = await asyncpg.connect(db_url)
         qm = QueueManager(Queries(AsyncpgDriver(conn)))
 
-        @qm.entrypoint(ENTRYPOINT)
+        @qm.entrypoint(entrypoint)
         async def noop(job: Job) -> None:
             at = job.execute_after.timestamp()
             samples.append((at, (time.time() - at) * 1000))
@@ -54,4 +52,4 @@ def main(db_url: str, out: str, batch: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
