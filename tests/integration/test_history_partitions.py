@@ -208,6 +208,47 @@ async def test_concurrent_redeliveries_across_a_day_being_created_apply_once(
     assert await where(conn, "inbox", event.id) == [f"inbox_p{created:%Y%m%d}"]
 
 
+async def test_a_claim_routed_just_before_its_day_is_attached_is_applied_once(
+    own_db: Database, own_database: str, conn: asyncpg.Connection
+) -> None:
+    """The interleaving the race above can hit, forced: the keeper has created
+    the event's day and holds the default partition while the delivery's insert
+    routes its row there (the day is not visible to it yet) and waits; the
+    keeper commits. PostgreSQL then refuses the row at the default partition's
+    constraint. The delivery runs again and lands in the new day, applied once."""
+    created = midday(-30)
+    event = Event(uuid.uuid4(), TOPIC, "k", {}, created)
+    applied: list[uuid.UUID] = []
+
+    async def apply(c: asyncpg.Connection) -> None:
+        applied.append(event.id)
+
+    keeper_conn = await asyncpg.connect(own_database)
+    try:
+        tx = keeper_conn.transaction()
+        await tx.start()
+        assert await keeper_conn.fetchval(
+            "SELECT history_partition_add('inbox', $1::date)", created.date()
+        )
+        delivery = asyncio.create_task(once(own_db, "test-history", event, apply))
+        # The delivery's insert waits for the default partition's lock.
+        waiting = (
+            "SELECT count(*) FROM pg_locks"
+            " WHERE NOT granted AND relation = 'inbox_default'::regclass"
+        )
+        for _ in range(200):
+            if await conn.fetchval(waiting):
+                break
+            await asyncio.sleep(0.02)
+        assert await conn.fetchval(waiting) == 1
+        await tx.commit()
+        assert await asyncio.wait_for(delivery, 10)
+    finally:
+        await keeper_conn.close()
+    assert applied == [event.id]
+    assert await where(conn, "inbox", event.id) == [f"inbox_p{created:%Y%m%d}"]
+
+
 async def inbox_row(c: asyncpg.Connection, created: datetime, processed: datetime) -> uuid.UUID:
     event = uuid.uuid4()
     await c.execute(
