@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from reservo.scheduler import Job
 from tests.helpers.scheduler import (
     Recorder,
     category,
@@ -68,3 +69,53 @@ async def test_redis_restart_mid_run_every_job_completes_exactly_once(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     await _run_with_loss(database_url, db, restart=True)
+
+
+async def test_redis_lost_while_a_batch_runs_its_other_jobs_still_settle_once(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    # One batch of two due jobs: the first to start stops Redis and takes a
+    # while; the second ends first, so its acknowledgement meets no Redis. The
+    # first must still be settled when it ends: cancelled unsettled, it would be
+    # reaped and run a second time.
+    with own_redis() as rd:
+        s = make(database_url, rd.url, f"loss-{uuid.uuid4().hex[:8]}", executors=1)
+        cat, slow_cat = category(), category()
+        quick = Recorder(delay_s=0.05)
+        calls: list[int] = []
+
+        async def slow(job: Job) -> None:
+            calls.append(job.id)
+            if len(calls) == 1:
+                rd.stop()
+            await asyncio.sleep(0.3)
+
+        s.register(cat, quick)
+        s.register(slow_cat, slow)
+        try:
+            due = datetime.now(UTC) - timedelta(seconds=1)
+            # Both pushed to Redis now, due already: one take, one claim.
+            first = await s.enqueue(slow_cat, {}, run_at=due)
+            second = await s.enqueue(cat, {}, run_at=due + timedelta(milliseconds=1))
+            async with running(s):
+                await wait_until(lambda: calls == [first.id], 10, "the slow job to start")
+                await asyncio.sleep(1.0)  # the quick job's acknowledgement has failed
+                rd.start()
+
+                async def both_done() -> bool:
+                    return (await statuses(db, cat))["DONE"] + (await statuses(db, slow_cat))[
+                        "DONE"
+                    ] == 2
+
+                await wait_until(both_done, 20)
+                # Past the reaper's timeout: a job left RUNNING would be reaped and rerun.
+                await asyncio.sleep(s.config.reaper_timeout_s + 1.0)
+        finally:
+            await s.close()
+    assert calls == [first.id], "the slow job ran again"
+    assert quick.calls == {second.id: 1}
+    lost = await db.fetchval(
+        "SELECT count(*) FROM job_execution WHERE job_id = ANY($1::bigint[]) AND outcome = 'LOST'",
+        [first.id, second.id],
+    )
+    assert lost == 0

@@ -380,6 +380,9 @@ class Executor:
         self.queues = KnownQueues(scheduler, lambda category: category in scheduler.handlers)
         # False while a step is under way, and after one that failed part-way.
         self._clean = True
+        # Set when a batch could not acknowledge settled jobs (Redis away): their
+        # ids are still in our processing lists.
+        self._unacked = False
 
     @property
     def ttl_ms(self) -> int:
@@ -407,15 +410,17 @@ class Executor:
         every = await self.queues.get()
         if not every:
             return cfg.executor_idle_s
-        if not self._clean:
-            # The last step failed part-way (Redis or PostgreSQL away): ids it
-            # took may still sit in our processing lists, for instance a take
-            # that ran in Redis but whose reply was lost with the connection (a
-            # cluster master killed). Nothing else hands back a live worker's
-            # list, and the loader skips ids Redis still knows: give them back.
-            # (Ids of batches still in flight go back too: they are RUNNING, so
-            # whoever takes them skips them.)
+        if not self._clean or self._unacked:
+            # The last step failed part-way (Redis or PostgreSQL away), or a
+            # batch could not acknowledge: ids may still sit in our processing
+            # lists, for instance a take that ran in Redis but whose reply was
+            # lost with the connection (a cluster master killed). Nothing else
+            # hands back a live worker's list, and the loader skips ids Redis
+            # still knows: give them back. (Ids of batches still in flight go
+            # back too: they are RUNNING, so whoever takes them skips them, as
+            # it skips settled ones.)
             await self.scheduler.dispatcher.give_back(self.worker, every)
+            self._unacked = False
         # A paused category's due jobs wait in its queues, in due order.
         rules = await self.scheduler.categories.current()
         pairs = [p for p in every if p[0] not in rules.paused]
@@ -597,7 +602,7 @@ class Executor:
                 retried = await self._settle(wave)
                 ids = [job.id for job, _ in wave]
                 self.running.difference_update(ids)
-                await self._ack_and_reload(ids, where, retried)
+                await self._acknowledge(ids, where, retried)
                 release(len(ids))
         finally:
             for task in runs:
@@ -681,6 +686,21 @@ class Executor:
             [job.revision for job, _ in batch],
             [now + timedelta(seconds=why.delay_s) for _, why in batch],
         )
+
+    async def _acknowledge(
+        self, ids: list[int], where: dict[int, tuple[str, int]], back: list[repo.Row]
+    ) -> None:
+        """_ack_and_reload for a wave just settled. Redis away must not end the
+        batch: its other jobs are running or waiting for their run_at, and one
+        cancelled before it settles would be reaped and run a second time. The
+        ids stay in our processing list until the next step gives them back
+        (whoever takes them then skips them: they are settled), and the rows
+        due again reach Redis through the loader (they are unpushed)."""
+        try:
+            await self._ack_and_reload(ids, where, back)
+        except Exception as exc:
+            log.warning("scheduler_error", role="executor", error=repr(exc))
+            self._unacked = True
 
     async def _ack_and_reload(
         self, ids: list[int], where: dict[int, tuple[str, int]], back: list[repo.Row]
