@@ -93,7 +93,7 @@ Cycle = Callable[[asyncpg.Connection, list[int]], Awaitable[None]]
 
 async def reservo_cycle(conn: asyncpg.Connection, ids: list[int]) -> None:
     now = datetime.now(UTC)
-    claimed = await conn.fetch(Q.claim, ids, now, WORKER)
+    claimed = await conn.fetch(Q.claim, ids, now, WORKER, now)
     assert len(claimed) == len(ids), "a claim missed a due job"
     done = await conn.fetch(
         Q.complete, [r["id"] for r in claimed], [r["revision"] for r in claimed], now, WORKER

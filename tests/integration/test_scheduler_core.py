@@ -16,6 +16,7 @@ import pytest
 import redis.exceptions
 
 from reservo.scheduler import Scheduler
+from reservo.scheduler.domain import PENDING
 from reservo.scheduler.workers import Loader, Mover, handler_failed
 from tests.helpers.scheduler import (
     Recorder,
@@ -80,6 +81,67 @@ async def test_jobs_fire_at_run_at_not_before_and_complete_once(
 
 async def _all(db: asyncpg.Connection, cat: str, status: str, n: int) -> bool:
     return (await statuses(db, cat))[status] == n
+
+
+# A fire-ahead long enough to watch the claim happen before run_at.
+AHEAD_S = 1.0
+
+
+@pytest.mark.parametrize(
+    "due_in_s",
+    [
+        pytest.param(0.7, id="pushed-within-the-fire-ahead"),
+        pytest.param(2.5, id="moved-once-within-the-fire-ahead"),
+    ],
+)
+async def test_a_job_is_claimed_within_the_fire_ahead_and_starts_at_run_at(
+    database_url: str, redis_target: RedisTarget, ns: str, db: asyncpg.Connection, due_in_s: float
+) -> None:
+    # The hand-off from Redis and the claim happen before run_at (the row is
+    # RUNNING while run_at is still ahead), the handler starts at run_at and
+    # not before, and started_at says run_at: when the handler started.
+    s = make(database_url, redis_target, ns, fire_ahead_s=AHEAD_S)
+    cat, rec = category(), Recorder()
+    s.register(cat, rec)
+    try:
+        job = await s.enqueue(cat, {}, run_at=now() + timedelta(seconds=due_in_s))
+        if due_in_s < AHEAD_S:  # the push put it straight into the queue
+            assert await s.redis.llen(s.keys.queue(cat, job.urgency)) == 1
+        else:
+            assert await s.redis.zcard(s.keys.future(cat, job.urgency)) == 1
+        async with running(s):
+            await wait_until(lambda: _all(db, cat, "RUNNING", 1), due_in_s + 5, step_s=0.01)
+            seen_running_at = time.time()
+            await wait_until(lambda: _all(db, cat, "DONE", 1), 10)
+    finally:
+        await s.close()
+        await drop_namespace(redis_target, ns)
+    assert seen_running_at < job.run_at.timestamp(), "not claimed before run_at"
+    assert rec.calls[job.id] == 1
+    assert rec.starts[job.id][0] >= job.run_at.timestamp(), "ran before run_at"
+    started_at = await db.fetchval("SELECT started_at FROM scheduled_job WHERE id = $1", job.id)
+    assert started_at == job.run_at
+
+
+async def test_without_a_fire_ahead_a_job_is_not_claimed_before_run_at(
+    database_url: str, redis_target: RedisTarget, ns: str, db: asyncpg.Connection
+) -> None:
+    s = make(database_url, redis_target, ns, fire_ahead_s=0)
+    cat, rec = category(), Recorder()
+    s.register(cat, rec)
+    try:
+        job = await s.enqueue(cat, {}, run_at=now() + timedelta(seconds=1.5))
+        async with running(s):
+            seen: set[str] = set()
+            while time.time() < job.run_at.timestamp() - 0.01:
+                seen.add((await s.get(job.id)).status)
+                await asyncio.sleep(0.01)
+            await wait_until(lambda: _all(db, cat, "DONE", 1), 10)
+    finally:
+        await s.close()
+        await drop_namespace(redis_target, ns)
+    assert seen <= set(PENDING), f"before run_at the job was {seen}"
+    assert rec.starts[job.id][0] >= job.run_at.timestamp()
 
 
 async def test_ten_thousand_jobs_over_a_few_seconds_all_complete(

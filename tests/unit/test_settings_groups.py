@@ -167,6 +167,7 @@ FLAT_NAMES = [
     "scheduler_executor_concurrency",
     "scheduler_executor_idle_s",
     "scheduler_executors",
+    "scheduler_fire_ahead_s",
     "scheduler_heartbeat_s",
     "scheduler_http_deadline_s",
     "scheduler_http_max_response_bytes",

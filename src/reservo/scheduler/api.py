@@ -158,6 +158,10 @@ async def get_job(job_id: JobId, caller: Service, request: Request) -> JSONRespo
     openapi_extra=raises("job_not_found", "not_cancellable"),
 )
 async def cancel_job(job_id: JobId, caller: Service, request: Request) -> JSONResponse:
+    """Cancels a job no worker has claimed (SCHEDULED, QUEUED, or FAILED waiting
+    for its retry): it never runs. Cancelling twice answers the cancelled job
+    both times. A RUNNING or finished job is 409 `not_cancellable`; a worker
+    claims a job up to the fire-ahead (10 ms by default) before its `runAt`."""
     return await _one_job(lambda: _svc(request).cancel_job(job_id))
 
 
@@ -211,7 +215,9 @@ async def reschedule_job(
 ) -> JSONResponse:
     """Moves a job no worker has claimed (SCHEDULED, QUEUED, or FAILED waiting
     for its retry) to `runAt`; it runs then and not at its old time. A RUNNING
-    or finished job is 409 `not_cancellable`."""
+    or finished job is 409 `not_cancellable`. A worker claims a job up to the
+    fire-ahead (10 ms by default) before its `runAt` and starts it at `runAt`:
+    from that claim the job is RUNNING."""
     return await _one_job(lambda: _svc(request).reschedule(job_id, body.run_at))
 
 

@@ -25,6 +25,12 @@ class SchedulerSettings(BaseSettings):
     mover_batch: int = Field(default=1000, ge=1, le=5000)
     # The mover sleeps at most this long: lateness is milliseconds.
     mover_idle_s: float = Field(default=0.01, gt=0)
+    # Jobs are handed out and claimed up to this long before their run_at, and
+    # their handlers started at run_at: the hand-off from Redis and the claim in
+    # PostgreSQL (a few milliseconds at a rush) happen before the moment, not
+    # after it. Such a job is RUNNING (no longer cancellable) that long early;
+    # 0 hands a job out only once due.
+    fire_ahead_s: float = Field(default=0.01, ge=0, le=1)
     lock_ttl_ms: int = Field(default=5000, ge=100)
     max_attempts: int = Field(default=5, ge=1)
     backoff_base_s: float = Field(default=1.0, gt=0)

@@ -32,8 +32,10 @@ def _chunks(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
 
 
 class Dispatch:
-    def __init__(self, client: Client, keys: Keys) -> None:
-        self.r, self.keys = client, keys
+    def __init__(self, client: Client, keys: Keys, ahead_s: float = 0.0) -> None:
+        # Ids due within ``ahead_s`` by Redis' clock are handed out already
+        # (SchedulerSettings.fire_ahead_s).
+        self.r, self.keys, self.ahead_ms = client, keys, round(ahead_s * 1000)
         self._load = client.register_script(lua.LOAD)
         self._move = client.register_script(lua.MOVE)
         self._take = client.register_script(lua.TAKE)
@@ -57,7 +59,7 @@ class Dispatch:
         commands: list[Command] = [("SADD", k.registry, *(pair(c, u) for c, u in groups))]
         for (c, u), items in groups.items():
             for chunk in _chunks(items, CHUNK):
-                args: list[int] = []
+                args: list[int] = [self.ahead_ms]
                 for e in chunk:
                     args += [e[0], e[3]]
                 keys = [k.future(c, u), k.queue(c, u), k.known(c, u)]
@@ -100,11 +102,13 @@ class Dispatch:
     async def move(
         self, pairs: Sequence[tuple[str, int]], batch: int
     ) -> list[tuple[int, int, int]]:
-        """One atomic MOVE per key, pipelined. Returns (moved, next_score, now) per key."""
+        """One atomic MOVE per key, pipelined. Returns (moved, next_score, bound)
+        per key: the bound is Redis' now plus the fire-ahead, in ms."""
         k = self.keys
+        args = [batch, self.ahead_ms]
         results = await pipeline(
             self.r,
-            [ScriptCall(self._move, [k.future(c, u), k.queue(c, u)], [batch]) for c, u in pairs],
+            [ScriptCall(self._move, [k.future(c, u), k.queue(c, u)], args) for c, u in pairs],
         )
         return [(int(a), int(b), int(n)) for a, b, n in results]
 

@@ -3,22 +3,23 @@ only (one hash tag, one cluster slot) and runs atomically in Redis."""
 
 from __future__ import annotations
 
-# KEYS: future, queue, known. ARGV: id1, score1, id2, score2, ...
+# KEYS: future, queue, known. ARGV: ahead (ms), id1, score1, id2, score2, ...
 # Adds each id not already in this pipeline: to the queue when due by Redis'
-# clock, else to the ZSET. An id already waiting in the ZSET takes the new score
-# (ZADD XX): a job rescheduled or retried through the API runs at its new
-# run_at, earlier or later, not at the one it was first loaded with. An id
-# already in the queue or a processing list stays there: the claim refuses it
-# while the row's run_at is in the future and the executor loads it again.
+# clock within `ahead` (the fire-ahead: see SchedulerSettings), else to the
+# ZSET. An id already waiting in the ZSET takes the new score (ZADD XX): a job
+# rescheduled or retried through the API runs at its new run_at, earlier or
+# later, not at the one it was first loaded with. An id already in the queue or
+# a processing list stays there: the claim refuses it while the row's run_at is
+# beyond the fire-ahead and the executor loads it again.
 # Returns how many were added.
 LOAD = """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
 local added = 0
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   local score = tonumber(ARGV[i + 1])
   if redis.call('SADD', KEYS[3], ARGV[i]) == 1 then
-    if score <= now then
+    if score <= due then
       redis.call('LPUSH', KEYS[2], ARGV[i])
     else
       redis.call('ZADD', KEYS[1], score, ARGV[i])
@@ -31,13 +32,14 @@ end
 return added
 """
 
-# KEYS: future, queue. ARGV: batch. Moves up to `batch` ids due by Redis' TIME
-# from the ZSET to the queue in one atomic step (no read-then-pipeline gap).
-# Returns {moved, score of the next future id or -1, redis now in ms}.
+# KEYS: future, queue. ARGV: batch, ahead (ms). Moves up to `batch` ids due by
+# Redis' TIME within `ahead` from the ZSET to the queue in one atomic step (no
+# read-then-pipeline gap). Returns {moved, score of the next future id or -1,
+# the bound it moved up to (redis now + ahead, ms)}.
 MOVE = """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', due, 'LIMIT', 0, tonumber(ARGV[1]))
 if #ids > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
   redis.call('LPUSH', KEYS[2], unpack(ids))
@@ -45,7 +47,7 @@ end
 local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local nscore = -1
 if #nxt > 0 then nscore = tonumber(nxt[2]) end
-return {#ids, nscore, now}
+return {#ids, nscore, due}
 """
 
 # KEYS: queue, processing. ARGV: n. The reliable pop of up to n ids: each moves

@@ -169,7 +169,9 @@ UPDATE scheduled_job
 -- tests are not in the locking scan. A job of a paused category (job_category,
 -- migration 0044) is never claimed: this statement reads the paused categories
 -- itself (once, a scan of a table of a few rows), so a pause holds in every
--- process whatever it has cached. The columns are Job's fields, in order.
+-- process whatever it has cached. Due means due by $4, now plus the
+-- fire-ahead: a job claimed early starts at its run_at, which is then its
+-- started_at. The columns are Job's fields, in order.
 WITH locked AS MATERIALIZED (
     SELECT id, status, run_at, category FROM scheduled_job
      WHERE id = ANY($1::bigint[])
@@ -177,10 +179,10 @@ WITH locked AS MATERIALIZED (
 )
 UPDATE scheduled_job j
    SET status = 'RUNNING', attempts = j.attempts + 1, revision = j.revision + 1,
-       worker = $3, heartbeat_at = $2, started_at = $2, finished_at = NULL
+       worker = $3, heartbeat_at = $2, started_at = GREATEST($2, j.run_at), finished_at = NULL
  WHERE j.id = ANY(ARRAY(
          SELECT id FROM locked
-          WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at <= $2
+          WHERE status IN ('SCHEDULED', 'QUEUED', 'FAILED') AND run_at <= $4
             AND category <> ALL (ARRAY(SELECT category FROM job_category WHERE paused))))
 RETURNING j.id, j.category, j.urgency, j.run_at, j.payload, j.status, j.attempts,
           j.max_attempts, j.revision, j.idempotency_key, j.created_at, j.started_at,

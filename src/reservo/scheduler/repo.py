@@ -138,10 +138,13 @@ async def park(conn: asyncpg.Connection, job_id: int, reason: str, now: datetime
     await conn.execute(Q.park, job_id, reason[:2000], now)
 
 
-async def claim(conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str) -> list[Job]:
+async def claim(
+    conn: asyncpg.Connection, ids: list[int], now: datetime, worker: str, due_by: datetime
+) -> list[Job]:
+    """Claims the ids pending and due by ``due_by`` (now plus the fire-ahead)."""
     # The claim returns Job's fields in order: built from the values in order,
     # the cheap path on the executor's hot loop.
-    return [Job.of_values(r) for r in await conn.fetch(Q.claim, ids, now, worker)]
+    return [Job.of_values(r) for r in await conn.fetch(Q.claim, ids, now, worker, due_by)]
 
 
 async def claimed_by(conn: asyncpg.Connection, job_id: int, worker: str) -> Job | None:

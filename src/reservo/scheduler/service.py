@@ -96,7 +96,7 @@ class Scheduler:
         self.retry_batch = RETRY_BATCH
         self.redis = client
         self.keys = Keys(ns)
-        self.dispatcher = Dispatch(client, self.keys)
+        self.dispatcher = Dispatch(client, self.keys, config.fire_ahead_s)
         self.categories = CategoryRules(db, config.category_refresh_s)
         self.handlers: dict[str, Handler] = {}
         self.checks: dict[str, Check] = {}

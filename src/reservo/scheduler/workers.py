@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from reservo.core.aio.backoff import backoff_delay
 from reservo.core.aio.loops import run_paced
+from reservo.core.kernel.clock import Clock
 from reservo.core.messaging.poison import ROW_ERRORS, isolate, report
 from reservo.scheduler import domain, repo
 from reservo.scheduler.categories import Rules
@@ -274,7 +275,8 @@ class Mover:
         results = await self.scheduler.dispatcher.move(pairs, cfg.mover_batch)
         if any(moved >= cfg.mover_batch for moved, _, _ in results):
             return 0.0  # more is due right now
-        nexts = [(nxt - now) / MS_PER_S for _, nxt, now in results if nxt >= 0]
+        # Until the next id comes within the fire-ahead (bound: Redis' now plus it).
+        nexts = [(nxt - bound) / MS_PER_S for _, nxt, bound in results if nxt >= 0]
         return min([cfg.mover_idle_s, *nexts]) if nexts else cfg.mover_idle_s
 
     async def release(self) -> None:
@@ -531,10 +533,11 @@ class Executor:
         is parked) and sorts out the ones it could not claim."""
         scheduler = self.scheduler
         now = scheduler.clock.now()
+        due_by = now + timedelta(seconds=scheduler.config.fire_ahead_s)
         async with scheduler.db.connection() as conn:
 
             async def claim(ids: Sequence[int]) -> list[Job]:
-                jobs = await repo.claim(conn, list(ids), now, self.worker)
+                jobs = await repo.claim(conn, list(ids), now, self.worker, due_by)
                 for job in jobs:  # a row written before the rule: parked, not run
                     domain.check_run_at(job.run_at)
                 return jobs
@@ -542,7 +545,7 @@ class Executor:
             async def claim_one(job_id: int) -> list[Job]:
                 # The failed batch claim may have committed (only its result
                 # failed to decode): this worker's RUNNING row is then ours.
-                jobs = await repo.claim(conn, [job_id], now, self.worker)
+                jobs = await repo.claim(conn, [job_id], now, self.worker, due_by)
                 if not jobs:
                     mine = await repo.claimed_by(conn, job_id, self.worker)
                     jobs = [mine] if mine is not None else []
@@ -564,7 +567,7 @@ class Executor:
                 for row in await isolate(result.missed, status_of, self._park, loop=EXECUTOR):
                     if row["status"] not in domain.PENDING:
                         continue
-                    (result.early if row["run_at"] > now else result.held).append(row)
+                    (result.early if row["run_at"] > due_by else result.held).append(row)
         return result
 
     async def _requeue(self, claim: Claim, where: dict[int, tuple[str, int]]) -> None:
@@ -735,6 +738,8 @@ class Executor:
         await _park(self.scheduler, EXECUTOR, job_id, exc)
 
     async def _run(self, job: Job) -> Outcome:
+        # Claimed within the fire-ahead: the handler starts at run_at, not before.
+        await _until(self.scheduler.clock, job.run_at)
         handler = self.scheduler.handlers.get(job.category)
         if handler is None:
             text = f"no handler for category {job.category!r}"
@@ -753,6 +758,14 @@ class Executor:
         except Exception as exc:
             return _failed(job, JobFailure(handler_failed(job.attempts), repr(exc)))
         return None
+
+
+async def _until(clock: Clock, at: datetime) -> None:
+    """Returns once ``clock`` reads ``at`` or later. It is read again after
+    each sleep: the event loop's timers count whole milliseconds from the start
+    of its current pass, so a sleep can end a fraction of a millisecond early."""
+    while (left_s := (at - clock.now()).total_seconds()) > 0:  # noqa: ASYNC110
+        await asyncio.sleep(left_s)
 
 
 def _failed(job: Job, failure: JobFailure) -> JobFailure:
