@@ -291,7 +291,7 @@ async def count(conn: asyncpg.Connection, status: str) -> int:
 def quantiles(xs: list[float]) -> dict[str, float]:
     xs = sorted(xs)
     q = statistics.quantiles(xs, n=100)
-    return {"n": len(xs), "p50": q[49], "p99": q[98], "max": xs[-1]}
+    return {"n": len(xs), "min": xs[0], "p50": q[49], "p99": q[98], "max": xs[-1]}
 
 
 async def reset(conn: asyncpg.Connection, s: Scheduler) -> None:
@@ -421,6 +421,7 @@ async def phase_fire(
         rd.url,
         ns,
         handler_ms=args.fault_handler_ms if fault else 0.0,
+        **fire_ahead(args),
     )
     if fault:
         await asyncio.sleep(lead + total_s / 3)
@@ -464,11 +465,17 @@ async def phase_fire(
     print(
         f"fire {args.rate}/s for {total_s}s ({args.warmup}s warm-up) [{label}]: done {done}/{n}, "
         f"lost {n - done}, duplicate completions {dup}, reaped attempts {reaped}; "
-        f"lateness ({how}) ms over {lat['n']} jobs: p50 {lat['p50']:.1f} "
+        f"lateness ({how}) ms over {lat['n']} jobs: min {lat['min']:.2f} p50 {lat['p50']:.1f} "
         f"p99 {lat['p99']:.1f} max {lat['max']:.1f}"
     )
     await reset(conn, s)
     return lat
+
+
+def fire_ahead(args: Any) -> dict[str, float]:
+    """The workers' fire-ahead: the product's default unless --fire-ahead-ms."""
+    ms = getattr(args, "fire_ahead_ms", None)
+    return {} if ms is None else {"fire_ahead_s": ms / 1000}
 
 
 async def main() -> None:
@@ -495,6 +502,12 @@ async def main() -> None:
         help="handler time in the fault phase, so the killed worker dies with jobs in flight",
     )
     ap.add_argument("--profile", type=int, default=0, help="py-spy seconds on worker 1 (drain)")
+    ap.add_argument(
+        "--fire-ahead-ms",
+        type=float,
+        default=None,
+        help="RESERVO_SCHEDULER_FIRE_AHEAD_S of the workers, in ms (default: the product's)",
+    )
     args = ap.parse_args()
     phases = {p.strip() for p in args.phases.split(",")}
 
