@@ -446,7 +446,9 @@ async def phase_fire(
         "GROUP BY job_id HAVING count(*) > 1) d"
     )
     reaped = await conn.fetchval("SELECT count(*) FROM job_execution WHERE outcome='LOST'")
-    if fault:  # the killed worker's samples are gone: use the claim time in PostgreSQL
+    # The killed worker's samples are gone: use started_at in PostgreSQL, the
+    # claim's time (run_at for a job claimed within the fire-ahead).
+    if fault:
         rows = await conn.fetch(
             "SELECT extract(epoch FROM started_at - run_at) * 1000 AS ms FROM scheduled_job "
             "WHERE status = 'DONE' AND run_at >= $1",
@@ -456,7 +458,7 @@ async def phase_fire(
         label = (
             f"fault (redis restart + SIGKILL 1 of 3 workers, {args.fault_handler_ms:g} ms handler)"
         )
-        how = "claim time"
+        how = "started_at"
     else:
         after = (start + timedelta(seconds=args.warmup)).timestamp()
         samples = [ms for at, ms in recorded if at >= after]
