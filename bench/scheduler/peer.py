@@ -252,6 +252,18 @@ def summary(figures: dict[str, list[dict[str, float]]], args: Any) -> None:
     def each(key: str, field: str) -> str:
         return " / ".join(f"{f[field]:,.1f}" for f in figures[key])
 
+    def ratios(phase: str, field: str, line: str, higher_wins: bool) -> None:
+        """Each reservo contender's median of ``field`` against pgqueuer's, as
+        the factor by which reservo is ahead (``line`` names it)."""
+        peer = f"{phase} pgqueuer"
+        if peer not in figures:
+            return
+        for key in figures:
+            if key.startswith(f"{phase} ") and key != peer:
+                ours, theirs = med(key, field), med(peer, field)
+                ratio = ours / theirs if higher_wins else theirs / ours
+                print(line.format(who=key[len(phase) + 1 :], ratio=ratio))
+
     print(f"=== medians of {args.rounds} interleaved rounds, {args.workers} worker processes")
     drains = [key for key in figures if key.startswith("drain ")]
     for key in drains:
@@ -262,21 +274,14 @@ def summary(figures: dict[str, list[dict[str, float]]], args: Any) -> None:
             f"postgres {med(key, 'postgres_us'):.0f} us, redis {med(key, 'redis_us'):.0f} us; "
             f"statements {med(key, 'statements'):.3f}, rows written {med(key, 'rows'):.2f}"
         )
-    for key in drains:
-        if key != "drain pgqueuer":
-            ratio = med(key, "rate") / med("drain pgqueuer", "rate")
-            print(f"drain ratio {key[6:]} / pgqueuer: {ratio:.2f}x (target >= 2x)")
-    fires = [key for key in figures if key.startswith("fire ")]
-    for key in fires:
+    ratios("drain", "rate", "drain ratio {who} / pgqueuer: {ratio:.2f}x (target >= 2x)", True)
+    for key in (key for key in figures if key.startswith("fire ")):
         print(
             f"lateness at {args.rate} jobs/s, {key[5:]}: p99 {med(key, 'p99'):.1f} ms "
             f"(rounds {each(key, 'p99')}), p50 {med(key, 'p50'):.1f} ms, "
             f"earliest {min(f['min'] for f in figures[key]):.2f} ms"
         )
-    for key in fires:
-        if key != "fire pgqueuer":
-            ratio = med("fire pgqueuer", "p99") / med(key, "p99")
-            print(f"p99 lateness ratio pgqueuer / {key[5:]}: {ratio:.2f}x (target >= 2x)")
+    ratios("fire", "p99", "p99 lateness ratio pgqueuer / {who}: {ratio:.2f}x (target >= 2x)", False)
 
 
 if __name__ == "__main__":
