@@ -9,8 +9,11 @@ $(VENV)/.installed: pyproject.toml
 	scripts/install.sh $(VENV)
 	touch $@
 
+# The demo's port: `make demo PORT=9000` (or RESERVO_HTTP_PORT=9000 make demo); 8000 unset.
+PORT ?= $(RESERVO_HTTP_PORT)
+
 demo: venv
-	$(VENV)/bin/reservo up --demo
+	$(VENV)/bin/reservo up --demo $(if $(PORT),--port $(PORT))
 
 test: venv
 	scripts/test.sh

@@ -47,7 +47,9 @@ BIN = Path(sys.executable).parent
 PG_ADMIN_URL = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 DB_NAME = os.environ.get("BENCH_DB", "reservo_bench")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-NAMESPACE = "bench"
+# Runs of different benchmarks on one shared Redis keep apart by namespace (each
+# run clears its own keys).
+NAMESPACE = os.environ.get("BENCH_REDIS_NAMESPACE", "bench")
 JWT_SECRET = "bench-secret-not-for-production-0123456789"
 PAY_SECRET = "bench-payments-secret-not-for-production-0123456789"
 RESULTS_SECRET = "bench-results-secret-not-for-production-0123456789"
@@ -118,7 +120,15 @@ SELECT d.id,
  ORDER BY d.id, d2.day, n
 """
 )
-_TRANSIENT = ("appointment", "waitlist_entry", "idempotency_key", "outbox", "inbox", "notification")
+_TRANSIENT = (
+    "appointment",
+    "appointment_payment",
+    "waitlist_entry",
+    "idempotency_key",
+    "outbox",
+    "inbox",
+    "notification",
+)
 
 
 async def _existing(conn: asyncpg.Connection, tables: Sequence[str]) -> str:
@@ -279,12 +289,18 @@ class Reservo:
     which runs the background roles itself), started and stopped by us."""
 
     def __init__(
-        self, workers: int, extra_env: dict[str, str] | None = None, server: str = "uvicorn"
+        self,
+        workers: int,
+        extra_env: dict[str, str] | None = None,
+        server: str = "uvicorn",
+        worker_roles: str | None = None,
     ) -> None:
         if server not in SERVERS:
             raise ValueError(f"unknown server {server!r}")
         self.server = server
         self.workers = 1 if server == "up" else workers
+        # `reservo worker --roles ...`; None: its default roles.
+        self.worker_roles = worker_roles
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -329,7 +345,8 @@ class Reservo:
     def __enter__(self) -> Reservo:
         self.api = self._spawn(self._api_command(), "api.log")
         if self.server != "up":
-            self.worker = self._spawn([str(BIN / "reservo"), "worker"], "worker.log")
+            roles = [] if self.worker_roles is None else ["--roles", self.worker_roles]
+            self.worker = self._spawn([str(BIN / "reservo"), "worker", *roles], "worker.log")
         try:
             self._wait_ready()
         except BaseException:
@@ -746,8 +763,18 @@ class Ceiling:
 def hello_ceiling(workers: int, threads: int, connections: int, duration_s: float) -> Ceiling:
     """Start `uvicorn hello_app:app` as `reservo api` starts its server (same loop,
     parser, worker count), drive it with wrk, stop it."""
-    port = free_port()
     load = os.getloadavg()[0]
+    with hello_server(workers) as port:
+        base = f"http://127.0.0.1:{port}"
+        res = run_wrk(BENCH_DIR / "hello.lua", base, threads, connections, duration_s, [])
+    return Ceiling(workers, threads, connections, res.rate, res.p99_ms, load)
+
+
+@contextlib.contextmanager
+def hello_server(workers: int) -> Iterator[int]:
+    """The bare hello served as `reservo api` serves reservo (uvicorn, uvloop,
+    httptools, ``workers`` processes), ready; its port. Stopped on exit."""
+    port = free_port()
     cmd = [
         sys.executable, "-m", "uvicorn", "hello_app:app", "--app-dir", str(BENCH_DIR),
         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
@@ -769,7 +796,7 @@ def hello_ceiling(workers: int, threads: int, connections: int, duration_s: floa
                 raise RuntimeError("the hello ceiling server did not start")
             time.sleep(0.2)
         time.sleep(0.5 if workers > 1 else 0.1)  # every worker up
-        res = run_wrk(BENCH_DIR / "hello.lua", base, threads, connections, duration_s, [])
+        yield port
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -777,7 +804,6 @@ def hello_ceiling(workers: int, threads: int, connections: int, duration_s: floa
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return Ceiling(workers, threads, connections, res.rate, res.p99_ms, load)
 
 
 def add_ceiling_option(parser: Any) -> None:

@@ -6,11 +6,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv}"
 [ -x "$venv/bin/pytest" ] || scripts/install.sh "$venv"
-export PATH="$PWD/$venv/bin:$PATH"
+export PATH="$(cd "$venv" && pwd)/bin:$PATH"  # VENV may be relative or absolute
 scripts/install-browser.sh
 # pg_auto_failover for the failover scenarios (tests/chaos/test_failover.py);
 # they are skipped where it cannot be installed (not root, not Debian).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then scripts/ha.sh install || true; fi
+# The partition scenarios' network lab (tests/chaos/netns.py: ip, nft) and
+# libfaketime (tests/e2e/test_clock_skew.py runs a worker 30 s ahead); those tests
+# skip, saying why, without them.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+   && ! { command -v nft && command -v ip && command -v faketime; } >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends iproute2 nftables faketime >/dev/null; } \
+    || echo "test.sh: iproute2/nftables/faketime not installed: the partition and clock skew tests will skip"
+fi
+# podman, buildah, mmdebstrap (and kubectl) for the container image and the Kubernetes
+# manifests (tests/e2e/test_container_image.py builds the image once, then reuses
+# it while src/ is unchanged); those tests skip, saying why, without them.
+scripts/image.sh install || echo "test.sh: container tools not installed: the container image test will skip"
 
 if [ -z "${RESERVO_TEST_DATABASE_URL:-}" ] && command -v pg_isready >/dev/null \
    && pg_isready -q -h 127.0.0.1 -p 5432 -U postgres; then

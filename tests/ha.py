@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
@@ -48,6 +49,8 @@ MONITOR_SETTINGS = {
     "pgautofailover.node_considered_unhealthy_timeout": 2000,
     "pgautofailover.primary_demote_timeout": 3000,
 }
+# Where PostgreSQL (Debian's build) puts its Unix sockets, one per port.
+SOCKET_DIR = "/var/run/postgresql"
 SETTLED = {"primary", "secondary", "single"}
 WRITABLE = {"primary", "wait_primary", "single"}
 
@@ -89,37 +92,62 @@ def wait_gone(procs: list[psutil.Process], timeout_s: float) -> bool:
     return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-class HaPostgres:
-    """A monitor and three nodes under ``root``; ``url`` names all three."""
+Prefix = Callable[[str, Sequence[str]], list[str]]
 
-    def __init__(self, root: Path) -> None:
+
+def _no_prefix(_name: str, argv: Sequence[str]) -> list[str]:
+    return list(argv)
+
+
+class HaPostgres:
+    """A monitor and three nodes under ``root``; ``url`` names all three.
+
+    By default every node listens on loopback. ``addresses`` (node name or
+    ``"monitor"`` -> IPv4) and ``prefix`` (``netns.Lab.command``: how a node's
+    processes are started on its own host) put each node on a host of a network
+    lab (tests/chaos/netns.py), where the network between them can be cut; the
+    pg_hba rules then let the lab's subnet in (``--pg-hba-lan``)."""
+
+    def __init__(
+        self,
+        root: Path,
+        addresses: dict[str, str] | None = None,
+        prefix: Prefix = _no_prefix,
+    ) -> None:
         self.root = root
         self.user = _run_user()
+        self.addresses = {n: "127.0.0.1" for n in ("monitor", *NODES)} | (addresses or {})
+        self.prefix = prefix
+        self.lan = addresses is not None
         self.monitor_port = free_port()
         self.ports = {name: free_port() for name in NODES}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
+    def hosts(self, names: Sequence[str] = NODES) -> str:
+        """``host:port,...`` of ``names``, for a multi-host URL."""
+        return ",".join(f"{self.addresses[n]}:{self.ports[n]}" for n in names)
+
     @property
     def url(self) -> str:
         """What reservo is given: the node taking writes, whichever it is."""
-        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
-        return f"postgresql://postgres@{hosts}/{DATABASE}?target_session_attrs=read-write"
+        return f"postgresql://postgres@{self.hosts()}/{DATABASE}?target_session_attrs=read-write"
 
     def node_url(self, name: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.ports[name]}/{DATABASE}"
+        return f"postgresql://postgres@{self.hosts([name])}/{DATABASE}"
 
     @property
     def read_url(self) -> str:
         """For the stale reads (RESERVO_DATABASE_REPLICA_URLS): the same three
         hosts, a standby preferred, the primary when no standby answers."""
-        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
-        return f"postgresql://postgres@{hosts}/{DATABASE}?target_session_attrs=prefer-standby"
+        return (
+            f"postgresql://postgres@{self.hosts()}/{DATABASE}?target_session_attrs=prefer-standby"
+        )
 
     @property
     def monitor_url(self) -> str:
         return (
-            f"postgres://autoctl_node@127.0.0.1:{self.monitor_port}/pg_auto_failover"
-            "?sslmode=disable"
+            f"postgres://autoctl_node@{self.addresses['monitor']}:{self.monitor_port}"
+            "/pg_auto_failover?sslmode=disable"
         )
 
     # -- processes -----------------------------------------------------------------
@@ -145,8 +173,8 @@ class HaPostgres:
             f"PATH={PG_BIN}:{os.environ.get('PATH', '')}",
             f"PG_CONFIG={PG_BIN / 'pg_config'}",
         ]
-        prefix = [] if self.user is None else ["runuser", "-u", self.user.pw_name, "--"]
-        return [*prefix, "env", *env, "pg_autoctl", *args]
+        user = [] if self.user is None else ["runuser", "-u", self.user.pw_name, "--"]
+        return self.prefix(name, [*user, "env", *env, "pg_autoctl", *args])
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = (self.root / f"{name}.log").open("ab")
@@ -158,7 +186,7 @@ class HaPostgres:
         # fmt: off
         return [
             "--pgdata", str(self._pgdata(name)), "--pgport", str(port),
-            "--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl",
+            "--hostname", self.addresses[name], "--auth", "trust", "--no-ssl",
             "--pgctl", str(PG_BIN / "pg_ctl"),
         ]
         # fmt: on
@@ -180,8 +208,8 @@ class HaPostgres:
             # fmt: off
             self._spawn(name, self._autoctl(
                 name, "create", "postgres", *self._common(name, self.ports[name]),
-                "--listen", "127.0.0.1", "--name", name, "--dbname", DATABASE,
-                "--monitor", self.monitor_url, "--run",
+                "--listen", self.addresses[name], "--name", name, "--dbname", DATABASE,
+                "--monitor", self.monitor_url, *(["--pg-hba-lan"] if self.lan else []), "--run",
             ))
             # fmt: on
             self._until(lambda n=name: self._settled(n), deadline, name)  # type: ignore[misc]
@@ -219,17 +247,22 @@ class HaPostgres:
     # -- what the monitor says -------------------------------------------------------
     def _monitor_sql(self, sql: str) -> str | None:
         user = "postgres" if self.user is None else self.user.pw_name
-        return self._sql(self.monitor_port, "pg_auto_failover", sql, user)
+        return self._sql("monitor", "pg_auto_failover", sql, user)
 
     def _sql(
-        self, port: int, database: str, sql: str, user: str = "postgres", timeout_s: float = 10
+        self, name: str, database: str, sql: str, user: str = "postgres", timeout_s: float = 10
     ) -> str | None:
+        """``sql`` on ``name`` (a node or the monitor). On a lab, through its Unix
+        socket: no network between, so it answers under any partition (and the
+        pg_hba rules pg_autoctl writes let no TCP from the machine in but to
+        ``reservo``)."""
+        port = self.monitor_port if name == "monitor" else self.ports[name]
         try:
             out = subprocess.run(
                 [
                     str(PG_BIN / "psql"),
                     "-h",
-                    "127.0.0.1",
+                    SOCKET_DIR if self.lan else "127.0.0.1",
                     "-p",
                     str(port),
                     "-U",
@@ -253,12 +286,11 @@ class HaPostgres:
         which PostgreSQL spreads over minutes by default (pg_autoctl does not ask
         for a fast one): written at full speed instead. Set on the first node,
         the others inherit it with the base backup."""
-        port = self.ports[name]
         assert (
-            self._sql(port, DATABASE, "ALTER SYSTEM SET checkpoint_completion_target = 0")
+            self._sql(name, DATABASE, "ALTER SYSTEM SET checkpoint_completion_target = 0")
             is not None
         )
-        assert self._sql(port, DATABASE, "SELECT pg_reload_conf()") == "t"
+        assert self._sql(name, DATABASE, "SELECT pg_reload_conf()") == "t"
 
     def _tune_monitor(self) -> None:
         for name, value in MONITOR_SETTINGS.items():
@@ -335,7 +367,7 @@ class HaPostgres:
         primary = self.primary()
         if primary is None:
             return None
-        return self._sql(self.ports[primary], DATABASE, "SHOW synchronous_standby_names")
+        return self._sql(primary, DATABASE, "SHOW synchronous_standby_names")
 
     def _primary_settled(self) -> bool:
         primary = self.primary()

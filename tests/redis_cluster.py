@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -80,9 +81,9 @@ def binaries() -> tuple[str, str]:
     return str(bin_dir / "redis-server"), str(bin_dir / "redis-cli")
 
 
-def _answers(port: int) -> bool:
+def _answers(port: int, host: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+        with socket.create_connection((host, port), timeout=0.2) as s:
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith(b"+PONG")
     except OSError:
@@ -93,22 +94,41 @@ class LocalCluster:
     """``masters`` masters with ``replicas`` replicas each, no persistence.
 
     ``node_timeout_ms`` is how long a master may stay silent before the others
-    mark it failed and its replica takes over (Redis' default is 15 s)."""
+    mark it failed and its replica takes over (Redis' default is 15 s).
+
+    By default every node listens on loopback; ``addresses`` (one per node, in
+    ``ports`` order) and ``prefix`` (``netns.Lab.command`` keyed by the node's
+    port) put each node on a host of a network lab (tests/chaos/netns.py)."""
 
     def __init__(
-        self, root: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 15000
+        self,
+        root: Path,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = 15000,
+        addresses: Sequence[str] | None = None,
+        prefix: Callable[[int, list[str]], list[str]] | None = None,
     ) -> None:
         self.root = root
         self.masters, self.replicas = masters, replicas
         self.node_timeout_ms = node_timeout_ms
         # Each node's port free together with its cluster bus port (port + 10000).
         self.ports = [free_port(plus=10000) for _ in range(masters * (1 + replicas))]
+        self.hosts = dict(
+            zip(self.ports, addresses or ["127.0.0.1"] * len(self.ports), strict=True)
+        )
+        self.prefix = prefix or (lambda _port, argv: argv)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.server, self.cli = binaries()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.ports[0]}/0"
+        return f"redis://{self.hosts[self.ports[0]]}:{self.ports[0]}/0"
+
+    @property
+    def urls(self) -> str:
+        """Every node, as RESERVO_REDIS_URL's start-up nodes."""
+        return "redis://" + ",".join(f"{self.hosts[p]}:{p}" for p in self.ports) + "/0"
 
     @property
     def target(self) -> RedisTarget:
@@ -130,7 +150,7 @@ class LocalCluster:
             self._spawn(port)
         deadline = time.monotonic() + 30
         for port in self.ports:
-            while not _answers(port):
+            while not _answers(port, self.hosts[port]):
                 if time.monotonic() > deadline or self.procs[port].poll() is not None:
                     log = (self.root / str(port) / "redis.log").read_text(errors="replace")
                     raise RuntimeError(f"redis-server on {port} did not start:\n{log[-2000:]}")
@@ -140,7 +160,7 @@ class LocalCluster:
                 self.cli,
                 "--cluster",
                 "create",
-                *(f"127.0.0.1:{p}" for p in self.ports),
+                *(f"{self.hosts[p]}:{p}" for p in self.ports),
                 "--cluster-replicas",
                 str(self.replicas),
                 "--cluster-yes",
@@ -155,23 +175,32 @@ class LocalCluster:
         node_dir = self.root / str(port)
         node_dir.mkdir(parents=True, exist_ok=True)
         self.procs[port] = subprocess.Popen(
-            [
-                self.server,
-                *("--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir)),
-                *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
-                *("--cluster-node-timeout", str(self.node_timeout_ms)),
-                # A replica may take over however long it was cut off: the tests
-                # want the failover, not the freshest possible data.
-                *("--cluster-replica-validity-factor", "0"),
-                *("--save", "", "--appendonly", "no", "--daemonize", "no"),
-                *("--logfile", str(node_dir / "redis.log")),
-            ],
+            self.prefix(
+                port,
+                [
+                    self.server,
+                    *("--port", str(port), "--bind", self.hosts[port], "--dir", str(node_dir)),
+                    *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                    *("--cluster-node-timeout", str(self.node_timeout_ms)),
+                    # A replica may take over however long it was cut off: the tests
+                    # want the failover, not the freshest possible data.
+                    *("--cluster-replica-validity-factor", "0"),
+                    *("--save", "", "--appendonly", "no", "--daemonize", "no"),
+                    # On a lab address (tests/chaos/netns.py) the clients are not on
+                    # loopback: protected mode would answer them DENIED. The lab's
+                    # addresses are the test's own, reachable from this machine only.
+                    *("--protected-mode", "no" if self.hosts[port] != "127.0.0.1" else "yes"),
+                    *("--logfile", str(node_dir / "redis.log")),
+                ],
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
 
     def _node(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+        return redis.Redis(
+            host=self.hosts[port], port=port, socket_timeout=1, decode_responses=True
+        )
 
     def wait_ready(self, timeout_s: float) -> None:
         """Every live node says the cluster is ok, with all slots served, and
@@ -199,9 +228,9 @@ class LocalCluster:
     def live_ports(self) -> list[int]:
         return [p for p, proc in self.procs.items() if proc.poll() is None]
 
-    def nodes(self) -> list[Node]:
-        """The cluster's view of its nodes, as a live node reports it."""
-        with self._node(self.live_ports()[0]) as r:
+    def nodes(self, via: int | None = None) -> list[Node]:
+        """The cluster's view of its nodes, as a live node (or ``via``) reports it."""
+        with self._node(via or self.live_ports()[0]) as r:
             r.set_response_callback("CLUSTER NODES", lambda response, **_: response)
             text = r.execute_command("CLUSTER NODES")
         return [Node.parse(line) for line in text.splitlines() if line.strip()]

@@ -62,6 +62,9 @@ async def batches(conn: asyncpg.Connection, n: int, size: int, keyed: bool) -> f
                 now,
                 [True] * size,
                 done,
+                [None] * size,  # no unique keys
+                [],  # no dependencies
+                [],
             )
             if keyed:
                 await conn.fetch(
@@ -94,7 +97,7 @@ async def main(opts: argparse.Namespace) -> None:
     try:
         figures = []
         for _ in range(opts.rounds):
-            await conn.execute("TRUNCATE scheduled_job, job_push, idempotency_key")
+            await conn.execute("TRUNCATE scheduled_job, job_push, idempotency_key CASCADE")
             await batches(conn, 20, opts.batch, opts.keys)  # plans cached, pages warm
             spent = await batches(conn, opts.batches, opts.batch, opts.keys)
             figures.append(1e6 * spent / (opts.batches * opts.batch))

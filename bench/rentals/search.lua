@@ -26,7 +26,8 @@ end
 
 function response(status, headers, body)
   local key = status_key(status, body)
-  if status == 200 and body == "[]" then
+  -- The first page of a search: {"items":[...],"next":...}; no car free is an empty page.
+  if status == 200 and body:sub(1, 11) == '{"items":[]' then
     key = "200 empty"
   end
   count(key)

@@ -216,7 +216,7 @@ async def as_api(s: Scheduler, run_ats: list[datetime], chunk: int = 128) -> flo
         async with s.db.transaction() as conn:
             made, push_id = await s.create_many(conn, jobs, now, s.take_pushes_done())
         if push_id is not None:
-            await asyncio.shield(s.push_soon(made, push_id))
+            await asyncio.shield(s.push_soon([job for job, _ in made], push_id))
     async with s.db.connection() as conn:  # the last batch's row: nothing deletes it later
         await repo.delete_pushes(conn, s.take_pushes_done())
     return len(run_ats) / (time.perf_counter() - t0)
@@ -295,7 +295,7 @@ def quantiles(xs: list[float]) -> dict[str, float]:
 
 
 async def reset(conn: asyncpg.Connection, s: Scheduler) -> None:
-    await conn.execute("TRUNCATE scheduled_job, job_execution")
+    await conn.execute("TRUNCATE scheduled_job, job_execution CASCADE")
     for _ in range(3):  # the pooled connection may have died with a restart
         try:
             await s.redis.flushall()

@@ -132,7 +132,7 @@ def floor_table(create: str, cycle: Cycle = plain_cycle(PLAIN_CLAIM, PLAIN_COMPL
 VARIANTS = {
     "reservo": Variant(
         "scheduled_job",
-        "TRUNCATE scheduled_job, job_execution RESTART IDENTITY",
+        "TRUNCATE scheduled_job, job_execution RESTART IDENTITY CASCADE",
         RESERVO_FILL,
         reservo_cycle,
     ),

@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 import psutil
+from fastapi import FastAPI
 
 from reservo.app import create_app
 from reservo.bootstrap import build
@@ -180,6 +181,12 @@ async def main() -> None:
         help="bets placed (16 at a time, in-process API) after the settlement, for latency",
     )
     ap.add_argument(
+        "--correct",
+        action="store_true",
+        help="after the settlement, correct the match's result (POST .../resettle, 0-0)"
+        " and time the reversal and the settlement again",
+    )
+    ap.add_argument(
         "--embedded",
         action="store_true",
         help="run on a PostgreSQL of its own (when the shared one is saturated)",
@@ -301,8 +308,6 @@ async def main() -> None:
     worker_cpu = sum(proc.cpu_times()[:2]) - worker_cpu0
     pg_cpu = cpu_s(pg_procs, pg_seen) - sum(pg_base.values())
     load1 = os.getloadavg()
-    worker.terminate()
-    worker.wait(30)
     credited = await conn.fetchval(
         "SELECT count(*) FROM wallet_transfer WHERE kind IN ('PAYOUT', 'REFUND')"
     )
@@ -333,6 +338,13 @@ async def main() -> None:
                   pg_total_relation_size('betting_bet')
                   + pg_total_relation_size('betting_selection') AS betting"""
     )
+    # After the first settlement's figures are read; the worker's relay delivers
+    # the correction's notifications.
+    corrected = (
+        await correct(app, conn, settings.jwt_secret, target) if args.correct else "not measured"
+    )
+    worker.terminate()
+    worker.wait(30)
     placement = await place_bets(app, conn, settings.jwt_secret, args.placements)
     print(
         f"bets={args.bets} unrelated={args.unrelated} chunk={args.chunk} parallel={args.parallel}\n"
@@ -348,7 +360,8 @@ async def main() -> None:
         f"  load average          {load0[0]:.2f} at the start, {load1[0]:.2f} at the end\n"
         f"  on disk               database {disk['db'] / 2**30:.2f} GB, betting tables"
         f" {disk['betting'] / 2**30:.2f} GB\n"
-        f"  bet placement         {placement}",
+        f"  bet placement         {placement}\n"
+        f"  correction (0-0)      {corrected}",
         flush=True,
     )
     await conn.close()
@@ -371,7 +384,7 @@ async def wait_quiet(below: float) -> None:
         await asyncio.sleep(30)
 
 
-async def place_bets(app: object, conn: asyncpg.Connection, secret: str, count: int) -> str:
+async def place_bets(app: FastAPI, conn: asyncpg.Connection, secret: str, count: int) -> str:
     """Place ``count`` single bets on a new open match through the in-process API,
     16 at a time, after funding 64 accounts by deposit; the latency figures of
     placement at this table size."""
@@ -434,6 +447,55 @@ async def place_bets(app: object, conn: asyncpg.Connection, secret: str, count: 
     return (
         f"{count} bets, {count / wall:,.0f}/s, p50 {q[49] * 1000:.1f} ms,"
         f" p99 {q[98] * 1000:.1f} ms, status codes {codes}"
+    )
+
+
+async def correct(app: FastAPI, conn: asyncpg.Connection, secret: str, target: int) -> str:
+    """Correct the settled match to 0-0 through the in-process API (admin): the
+    reopen (every payout reversed) answers 202, then the match settles again
+    in this process's background; timed until SETTLED and the outbox drained."""
+    admin = mint_token(secret, "admin", 1, timedelta(hours=1), datetime.now(UTC))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://bench", timeout=600
+    ) as client:
+        t0 = time.perf_counter()
+        r = await client.post(
+            f"/api/matches/{target}/resettle",
+            json={"result": {"status": "FINISHED", "homeScore": 0, "awayScore": 0}},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert r.status_code == 202, r.text
+        reopened = time.perf_counter() - t0
+        while True:
+            status = await conn.fetchval(
+                "SELECT settlement_status FROM betting_match WHERE id = $1", target
+            )
+            pending = await conn.fetchval("SELECT count(*) FROM outbox WHERE status = 'PENDING'")
+            if status == "SETTLED" and pending == 0:
+                break
+            if time.perf_counter() - t0 > 900:
+                raise SystemExit("correction timeout")
+            await asyncio.sleep(0.1)
+        total = time.perf_counter() - t0
+    reversals = await conn.fetchval("SELECT count(*) FROM wallet_transfer WHERE kind = 'REVERSAL'")
+    paid_again = await conn.fetchval(
+        "SELECT count(*) FROM wallet_transfer WHERE kind IN ('PAYOUT', 'REFUND')"
+        " AND reference LIKE 'bet:%:g2'"
+    )
+    negative = await conn.fetchval(
+        "SELECT count(*) FROM wallet_account WHERE kind = 'CUSTOMER' AND balance < 0"
+    )
+    ledger = await conn.fetchrow(
+        """SELECT sum(balance) AS total,
+                  count(*) FILTER (WHERE balance <> coalesce(e.sum, 0)) AS off
+             FROM wallet_account a
+             LEFT JOIN (SELECT account_id, sum(amount) FROM wallet_entry GROUP BY 1) e
+               ON e.account_id = a.id"""
+    )
+    return (
+        f"reopened (202) in {reopened:.2f} s, settled again and notified in {total:.2f} s;"
+        f" {reversals} reversals, {paid_again} paid in generation 2, {negative} accounts"
+        f" below zero; balances sum to {ledger['total']}, {ledger['off']} off their ledger"
     )
 
 

@@ -123,7 +123,8 @@ async def prepare(accounts: int) -> list[tuple[int, int]]:
     conn = await benchlib.connect()
     try:
         await conn.execute(
-            "TRUNCATE wallet_entry, wallet_transfer, wallet_account, idempotency_key, "
+            "TRUNCATE wallet_entry, wallet_transfer, wallet_pending_transfer, wallet_account, "
+            "idempotency_key, "
             "outbox, inbox RESTART IDENTITY"
         )
     finally:

@@ -9,42 +9,105 @@ import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reservo import __version__
 from reservo.bootstrap import Container
+from reservo.core.db.clock import DatabaseClock
+from reservo.core.http import pipeline
 from reservo.core.http.auth import TokenVerifier
-from reservo.core.http.glue import (
-    install_body_limit,
-    install_error_handlers,
-    install_json_intake,
-    install_metrics,
-)
+from reservo.core.http.deadline import Deadlines
 from reservo.core.http.graceful import STATE_KEY, Drain, draining
-from reservo.core.http.hotroute import HotLayer, hot_routes
+from reservo.core.http.hotroute import hot_routes
 from reservo.core.http.jwks import Provider, ProviderConfig, provider_from
+from reservo.core.http.methods import shadow_guard
 from reservo.core.http.openapi import finish, install_pages
+from reservo.core.http.problems import install_error_handlers
 from reservo.core.kernel import metrics, tracing
+from reservo.core.kernel.access_log import AccessLog
 from reservo.core.kernel.contract import asyncapi_text
-from reservo.core.kernel.tracing import TracedRequests
 from reservo.settings import Settings
 
 TITLE = "reservo"
+# The document's description: what holds for every operation, before any lists its own.
+DESCRIPTION = """Never double-book, never double-spend, never lose an event.
+
+**Errors.** Every error answer is `application/problem+json` (the `Problem`
+schema; `code` names it, `/problems/{code}` describes it). Each operation lists
+the codes it answers with. These are answered before any operation runs, and
+the connection is closed after each (a lingering close: a client still
+sending its request reads the answer whole):
+
+- 400 `bad_request`: not a valid HTTP/1.1 request (a control byte in a header
+  name, `Content-Length` beside `Transfer-Encoding: chunked`, a negative
+  `Content-Length`, ...); `detail` gives the parser's reason;
+- 505 `http_version_not_supported`: a version other than HTTP/1.1 and HTTP/1.0;
+- 408 `request_timeout`: headers or body too slow;
+- 413 `payload_too_large`: a body past the size limit, declared or streamed;
+- 431 `headers_too_large`: request line and headers past their limit.
+
+A JSON body naming one key twice in one object, at any depth, is 422
+`duplicate_key` and changes nothing; a request with more than one
+`Idempotency-Key` header is 400 `idempotency_key_required`.
+
+**Idempotency-Key.** A create that takes the header runs at most once per
+caller, endpoint and key. A retry gets the first request's stored answer (a
+201 replayed as 200 with the same body, a refusal as it was); another body
+under the key is 422 `idempotency_key_reused`. A retry sent while the first
+request still runs waits for it (up to the server's wait, 2 s unless its
+operator changed it) and gets its answer; only past the wait is it 409
+`request_in_progress`, with `Retry-After`."""
+# Every tag an operation may carry, each with what a reader finds under it. An
+# operation under a tag missing here fails the document's build (core/http/openapi.py).
+TAGS = [
+    {
+        "name": "appointments",
+        "description": "Doctors, their schedules and slots; appointments booked, "
+        "paid, cancelled; calendar feeds.",
+    },
+    {
+        "name": "rentals",
+        "description": "Cars, bookings held, paid through the gateway, returned; "
+        "the gateway's payment webhook.",
+    },
+    {
+        "name": "wallet",
+        "description": "Accounts, deposits, withdrawals, transfers and statements: "
+        "a balance never goes below zero and never moves twice.",
+    },
+    {
+        "name": "betting",
+        "description": "Matches, their odds and results; bets placed and settled; "
+        "the results provider's webhook.",
+    },
+    {
+        "name": "jobs",
+        "description": "Delayed and recurring jobs: scheduled, run at least once, "
+        "cancelled, inspected.",
+    },
+    {
+        "name": "webhooks",
+        "description": "Outgoing webhooks (admin): endpoints, their signed deliveries, redelivery.",
+    },
+    {
+        "name": "operations",
+        "description": "What operators and orchestrators call: liveness, readiness, "
+        "metrics, dead letters.",
+    },
+]
 log = structlog.get_logger(__name__)
 
 
 class ReservoAPI(FastAPI):
-    """FastAPI with the hot routes' dispatcher (core/http/hotroute.py) in front of its
-    middleware stack, and every request's trace and request id (core/kernel/tracing.py)
-    in front of both."""
+    """FastAPI behind the request pipeline (core/http/pipeline.py): every request,
+    hot route or not, passes its concerns, then reaches its route."""
 
-    hot: HotLayer | None = None
+    pipeline: ASGIApp | None = None
     _finished: dict[str, Any] | None = None
 
     def openapi(self) -> dict[str, Any]:
@@ -56,17 +119,15 @@ class ReservoAPI(FastAPI):
             self._finished = finish(doc, self.routes, "/api/")
         return doc
 
-    traced: TracedRequests | None = None
+    def add_middleware(self, *_: Any, **__: Any) -> None:
+        raise TypeError(
+            "a middleware here would miss the hot routes: a concern of every request "
+            "goes in the request pipeline (core/http/pipeline.py)"
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.traced is not None:
-            await self.traced(scope, receive, send)
-        else:
-            await self.dispatch(scope, receive, send)
-
-    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.hot is not None:
-            await self.hot(scope, receive, send)
+        if self.pipeline is not None:
+            await self.pipeline(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 
@@ -76,9 +137,7 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Drain]]:
-        # Start anyway when PostgreSQL is away: requests answer 503 until it is back.
-        with contextlib.suppress(Exception):
-            await container.db.connect()
+        await _connect(container)
         container.stale.start()
         stop = asyncio.Event()
         companions = [asyncio.ensure_future(run(stop)) for run in container.companions()]
@@ -103,7 +162,11 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
         redirect_slashes=False,
         version=__version__,
         lifespan=lifespan,
-        description="Never double-book, never double-spend, never lose an event.",
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        # Relative: the paths are served wherever the service is deployed.
+        servers=[{"url": "/", "description": "This service, where it is deployed"}],
+        contact={"name": "reservo maintainers"},
         # reservo exports Prometheus metrics (core/kernel/metrics.py) and makes its own
         # spans (core/kernel/tracing.py: one per request, only when an exporter is
         # configured); with FastAPI's native hooks on, every request looked the
@@ -116,28 +179,46 @@ def create_app(container: Container, *, owns_container: bool = True) -> FastAPI:
     metrics.BUILD_INFO.labels(__version__).set(1)
     provider = _install_state(app, container)
     install_error_handlers(app)
-    # Innermost of the three: it reads bodies the size limit let through.
-    install_json_intake(app)
-    # Added before the metrics middleware so it runs inside it: 413s are counted.
-    install_body_limit(app, container.settings.max_body_bytes)
-    install_metrics(app)
     for module in container.modules:
         for router in module.routers:
             app.include_router(router)
-    # Each hot route is served by the app compiled from its declaration, through
-    # the stack or (lean_paths) straight from the dispatcher in front of it.
-    hot = hot_routes(app, [endpoint for module in container.modules for endpoint in module.hot])
-    if hot and container.settings.lean_paths:
-        # In front of the whole stack; it counts its answers in the same metrics.
-        app.hot = HotLayer(
-            partial(FastAPI.__call__, app), hot, app, container.settings.max_body_bytes
-        )
-
     install_pages(app, TITLE)
-    app.traced = TracedRequests(app.dispatch, access_log=container.settings.access_log)
-
+    app.pipeline = _pipeline(app, container)
     _install_operations(app, container)
+    shadow_guard(app)  # once every route is there
     return app
+
+
+def _pipeline(app: FastAPI, container: Container) -> ASGIApp:
+    """The request pipeline in front of the app (core/http/pipeline.py), its hot
+    routes compiled from their declarations."""
+    settings = container.settings
+    modules = container.modules
+    hot = hot_routes(app, [endpoint for module in modules for endpoint in module.hot])
+    access_log = None
+    if settings.access_log:
+        hot_paths = (h.route.path for h in hot)
+        access_log = AccessLog(settings.access_log_sample, settings.access_log_slow_ms, hot_paths)
+    unbounded = [path for module in modules for path in module.unbounded]
+    return pipeline.build(
+        app,
+        # Without lean paths, the hot routes' compiled apps are reached through
+        # FastAPI's router (the same apps, and the same concerns before them).
+        hot if settings.lean_paths else (),
+        max_body_bytes=settings.max_body_bytes,
+        deadlines=Deadlines.of(settings.http_request_deadline_s, unbounded),
+        access_log=access_log,
+    )
+
+
+async def _connect(container: Container) -> None:
+    """The pool, and PostgreSQL's time before the first request (its companion
+    keeps reading it; until one reading succeeds, the wall clock). Starts anyway
+    when PostgreSQL is away: requests answer 503 until it is back."""
+    with contextlib.suppress(Exception):
+        await container.db.connect()
+        if isinstance(container.clock, DatabaseClock):
+            await container.clock.sync()
 
 
 def _install_state(app: FastAPI, container: Container) -> Provider | None:
@@ -165,7 +246,10 @@ def _install_operations(app: FastAPI, container: Container) -> None:
     """What operators and orchestrators call: liveness, readiness, the event
     contract and the metrics."""
 
-    # HEAD too: some probes and uptime checkers send it.
+    # HEAD too: some probes and uptime checkers send it. /livez is the name
+    # Kubernetes' own components use for the same question.
+    @app.get("/livez", tags=["operations"], operation_id="getLiveness")
+    @app.head("/livez", tags=["operations"], operation_id="headLiveness")
     @app.get("/healthz", tags=["operations"], operation_id="getHealth")
     @app.head("/healthz", tags=["operations"], operation_id="headHealth")
     async def healthz() -> dict[str, str]:
@@ -198,10 +282,24 @@ def _install_operations(app: FastAPI, container: Container) -> None:
     async def asyncapi_document() -> Response:
         return Response(events_doc, media_type="application/json")
 
-    @app.get("/metrics", tags=["operations"], response_class=Response, operation_id="getMetrics")
-    async def metrics_endpoint() -> Response:
-        body, content_type = metrics.render()
-        return Response(body, media_type=content_type)
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=Response,
+        operation_id="getMetrics",
+        description=(
+            "Prometheus metrics. `Accept: application/openmetrics-text` gets OpenMetrics 1.0 "
+            "(request latency exemplars carry the trace id; ends with `# EOF`), anything "
+            "else the Prometheus text format 0.0.4. HEAD answers the same headers."
+        ),
+    )
+    async def metrics_endpoint(request: Request) -> Response:
+        body, content_type = metrics.render(request.headers.get("accept"))
+        return Response(body, media_type=content_type, headers={"Vary": "Accept"})
+
+    # Scrapers and uptime checks probe with HEAD; its own route keeps the
+    # OpenAPI document to one operation.
+    app.add_api_route("/metrics", metrics_endpoint, methods=["HEAD"], include_in_schema=False)
 
 
 def identity_provider(settings: Settings) -> Provider | None:

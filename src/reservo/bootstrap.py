@@ -8,22 +8,27 @@ has ``setup(shared) -> Module``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
+import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
 import structlog
+import uvloop
 
 from reservo import __version__, core_modules
+from reservo.core.db.clock import DatabaseClock
 from reservo.core.db.database import Database
 from reservo.core.db.replicas import Replicas, StaleReads
 from reservo.core.http.health import Check, Readiness, Report
 from reservo.core.http.idempotency import IdempotencyStore
 from reservo.core.jobqueue import JobQueue
 from reservo.core.kernel import errors
-from reservo.core.kernel.clock import Clock, SystemClock
+from reservo.core.kernel.clock import Clock
 from reservo.core.kernel.contract import asyncapi_text
 from reservo.core.maintenance.retention import PruneRule
 from reservo.core.messaging.transport.base import Subscriptions
@@ -36,12 +41,14 @@ from reservo.notifications import setup as notifications_setup
 from reservo.scheduler.setup import build_scheduler
 from reservo.settings import SECRETS, Settings, SettingsError, check_secrets
 from reservo.shared import Shared, consumer_from_settings
+from reservo.webhooks import setup as webhooks_setup
 
 log = structlog.get_logger(__name__)
 
 # The business modules (their packages), in the order their routes appear in the
 # API. Core's own modules (the outbox's relay and maintenance roles,
-# notifications) come first.
+# notifications) come first; webhooks out, which subscribe to every module's
+# events, last.
 MODULES: tuple[str, ...] = (
     "reservo.appointments",
     "reservo.rentals",
@@ -50,6 +57,7 @@ MODULES: tuple[str, ...] = (
     "reservo.scheduler",
     "reservo.ops",
     "reservo.console",
+    "reservo.verify",
 )
 # `reservo worker --roles all`: every background role and every consumer.
 ALL = "all"
@@ -148,12 +156,13 @@ class Container(Shared):
 
 def build_shared(
     settings: Settings,
-    clock: Clock,
+    clock: Clock | None,
     *,
     announce: bool = True,
     queue: QueueFactory = build_scheduler,
 ) -> Shared:
-    """The parts every module is built from."""
+    """The parts every module is built from. Without a ``clock`` (tests inject
+    one), every time is PostgreSQL's (core/db/clock.py)."""
     if not settings.database_url or not settings.redis_url:
         raise SettingsError(
             "RESERVO_DATABASE_URL and RESERVO_REDIS_URL must be set "
@@ -165,6 +174,10 @@ def build_shared(
         settings.redis_url, settings.redis_timeout_s, cluster=settings.redis_cluster
     )
     gate = RedisGate(client, backoff_s=settings.redis_backoff_s)
+    if clock is None:
+        clock = DatabaseClock(
+            db, sync_interval_s=settings.clock_sync_interval_s, alert_s=settings.clock_skew_alert_s
+        )
     return Shared(
         settings=settings,
         clock=clock,
@@ -174,7 +187,12 @@ def build_shared(
         gate=gate,
         cache=Cache(gate, settings.redis_namespace),
         limiter=RateLimiter(gate, settings.redis_namespace),
-        idempotency=IdempotencyStore(db, clock, lease_s=settings.idempotency_lease_s),
+        idempotency=IdempotencyStore(
+            db,
+            clock,
+            lease_s=settings.idempotency_lease_s,
+            wait_ms=settings.idempotency_wait_ms,
+        ),
         scheduler=queue(settings, db, clock),
         subscriptions=Subscriptions(),
         announce=announce,
@@ -189,7 +207,9 @@ def _database(settings: Settings) -> Database:
         max_size=settings.db_pool_max,
         command_timeout=settings.db_command_timeout_s,
         acquire_timeout=settings.db_acquire_timeout_s,
+        host_timeout_s=settings.db_host_timeout_s,
         unavailable_hold_s=settings.db_unavailable_hold_s,
+        commit_probe_s=settings.db_commit_probe_s,
     )
 
 
@@ -223,12 +243,15 @@ def build(
     unknown = set(setups or {}) - set(MODULES)
     if unknown:
         raise ValueError(f"no module {sorted(unknown)} to replace; modules: {MODULES}")
-    shared = build_shared(settings, clock or SystemClock(), announce=announce, queue=queue)
+    shared = build_shared(settings, clock, announce=announce, queue=queue)
     business = [(setups or {}).get(p, setup_of(p))(shared) for p in MODULES]
     renderers = {t: r for m in business for t, r in m.notifications.items()}
     notifications = notifications_setup.setup(shared, renderers)
-    kept = [rule for m in (notifications, *business) for rule in m.retention]
-    modules = (core_modules.outbox(shared, kept), notifications, *business)
+    # Webhooks out subscribe to every event the business modules declare.
+    webhooks = webhooks_setup.setup(shared, [e.name for m in business for e in m.events])
+    kept = [rule for m in (notifications, *business, webhooks) for rule in m.retention]
+    duties = [duty for m in (notifications, *business, webhooks) for duty in m.maintenance]
+    modules = (core_modules.outbox(shared, kept, duties), notifications, *business, webhooks)
     wire(shared, modules)
     parts = {f.name: getattr(shared, f.name) for f in fields(Shared)}
     return Container(**parts, modules=modules)
@@ -314,6 +337,10 @@ async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -
     if consumers and not c.settings.kafka_bootstrap and "relay" not in roles:
         # Nothing is lost (the events wait in the outbox), but nothing here consumes them.
         log.warning("consumers_run_in_the_relay", consumers=consumers)
+    if isinstance(c.clock, DatabaseClock):
+        # No role decides anything on this machine's own wall clock: it waits
+        # for PostgreSQL's (a worker without PostgreSQL has nothing to do anyway).
+        await c.clock.first(stop)
     tasks: list[Awaitable[None]] = [run(stop) for name, run in c.roles().items() if name in roles]
     tasks.extend(run(stop) for run in c.companions())
     if c.settings.kafka_bootstrap:
@@ -329,3 +356,67 @@ async def run_workers(c: Container, roles: Sequence[str], stop: asyncio.Event) -
             tasks.append(runner.run(stop))
     log.info("workers_started", roles=roles)
     await asyncio.gather(*tasks)
+
+
+# The interpreter's switch interval in a process running WorkerThread.
+SWITCH_INTERVAL_S = 0.001
+
+
+class WorkerThread:
+    """``roles`` on a thread of their own, with their own event loop and their
+    own graph (pools): how `reservo up` runs its background roles beside its API.
+    On the API's loop and pool, a saturated API starved them: each loop turn ran
+    every ready request and one step of each role, and the roles queued for
+    connections behind the requests (a results burst settled a quarter of what
+    it accepted, its lag growing all the while). On a thread the interpreter
+    shares the CPU out between the two loops (a thread waiting for it takes it
+    at the next switch interval), and each loop has its own connections."""
+
+    def __init__(self, settings: Settings, roles: Sequence[str]) -> None:
+        self.settings, self.roles = settings, roles
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="reservo-workers", daemon=True)
+
+    def start(self) -> None:
+        # A thread whose I/O completed waits for the interpreter until the
+        # running one gives it up, at most the switch interval (5 ms by default)
+        # when that one never blocks (a saturated API). The roles wait that long
+        # after every database round trip; at 1 ms they settled 0.8 of a results
+        # burst by its end instead of 0.6 (tests/e2e/test_up_background_share.py).
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            # uvloop, as the API's loop and `reservo worker` (cli.py says why).
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(self._run())
+        except BaseException as exc:  # raised again by stop(), in the caller's thread
+            self._error = exc
+
+    async def _run(self) -> None:
+        stop = asyncio.Event()
+        with self._lock:
+            self._loop, self._stop = asyncio.get_running_loop(), stop
+            if self._stopping:
+                stop.set()
+        container = build(self.settings, announce=False)  # the API's graph announced them
+        try:
+            await run_workers(container, self.roles, stop)
+        finally:
+            await container.close()
+
+    async def stop(self) -> None:
+        """Stop the roles as `reservo worker` stops them, and wait until they have."""
+        with self._lock:
+            self._stopping = True
+            if self._loop is not None and self._stop is not None:
+                with contextlib.suppress(RuntimeError):  # its loop has already ended
+                    self._loop.call_soon_threadsafe(self._stop.set)
+        await asyncio.to_thread(self._thread.join)
+        if self._error is not None:
+            raise self._error

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import structlog
 import typer
@@ -28,7 +28,11 @@ from reservo.bootstrap import ALL
 from reservo.core.http.slow_clients import HttpLimits, ServerConfig, serve
 from reservo.core.kernel import tracing
 from reservo.core.kernel.logging import configure as configure_logging
+from reservo.scheduler.egress import parse_allow
 from reservo.settings import Settings, SettingsError, check_secrets, env_name
+
+if TYPE_CHECKING:
+    from reservo.core.db.migrate import Migration
 
 app = typer.Typer(
     help="reservo: never double-book, never double-spend, never lose an event. "
@@ -109,6 +113,18 @@ def _say(settings: Settings, event: str, text: str, warn: bool = False, **fields
         console.print(text, soft_wrap=True)
 
 
+def _egress(settings: Settings) -> str:
+    """What `http` jobs may reach beyond public addresses, as the checks read it."""
+    return str(parse_allow(settings.jobs_http_allow)) or "none (public addresses only)"
+
+
+def _say_egress(settings: Settings) -> None:
+    """Every server process says at start what its `http` jobs may reach (the API
+    checks them at POST, the scheduler when they run; `reservo config` shows the same)."""
+    text = _egress(settings)
+    _say(settings, "jobs_http_allow", f"http jobs may also call: {text}", jobs_http_allow=text)
+
+
 def http_server_config(
     app: Any, settings: Settings, host: str | None = None, port: int | None = None, **kwargs: Any
 ) -> ServerConfig:
@@ -133,15 +149,50 @@ def http_server_config(
     )
 
 
+async def _migrated(dsn: str) -> list[Migration]:
+    """The migrations applied now; a database that stops them (unreachable,
+    refusing the credentials, missing, refusing a migration) is refused in one
+    line."""
+    from reservo.core.db.migrate import migrate
+    from reservo.core.db.preflight import refusal
+
+    try:
+        return await migrate(dsn)
+    except Exception as exc:
+        refused = refusal(dsn, exc)
+        if refused is None:
+            raise
+        _refuse(str(refused))
+
+
+def _check_database(settings: Settings) -> None:
+    """Before `api` and `worker` start: a database that refuses them or lacks a
+    migration of this release is refused in one line; one that is away is not
+    (requests answer 503 and the roles retry until it is back)."""
+    from reservo.core.db.preflight import StartRefused, check_schema
+
+    assert settings.database_url
+    try:
+        ready = asyncio.run(check_schema(settings.database_url, settings.db_acquire_timeout_s))
+    except StartRefused as exc:
+        _refuse(str(exc))
+    if not ready:
+        _say(
+            settings,
+            "database_unreachable_at_start",
+            "[yellow]PostgreSQL is unreachable (RESERVO_DATABASE_URL): starting anyway; "
+            "requests answer 503 and the roles retry until it is back[/yellow]",
+            warn=True,
+        )
+
+
 @db_app.command("migrate", epilog="Reads RESERVO_DATABASE_URL.")
 def db_migrate() -> None:
     """Apply pending migrations (safe to run from several processes at once)."""
-    from reservo.core.db.migrate import migrate
-
     settings = _settings(secrets=False)
     if not settings.database_url:
         _refuse("RESERVO_DATABASE_URL is not set")
-    applied = asyncio.run(migrate(settings.database_url))
+    applied = asyncio.run(_migrated(settings.database_url))
     console.print(
         f"applied {len(applied)} migration(s): "
         + (", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "up to date")
@@ -192,6 +243,8 @@ def api(
     settings = _settings()
     if not settings.database_url or not settings.redis_url:
         _refuse("RESERVO_DATABASE_URL and RESERVO_REDIS_URL must be set for `reservo api`")
+    _check_database(settings)
+    _say_egress(settings)
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="reservo-metrics-")
     serve(
@@ -234,6 +287,10 @@ def worker(
 
     settings = _settings(service="reservo-worker")
     wanted = [r.strip() for r in roles.split(",") if r.strip()]
+    if not settings.database_url:
+        _refuse("RESERVO_DATABASE_URL is not set")
+    _check_database(settings)
+    _say_egress(settings)
 
     async def main() -> None:
         try:
@@ -387,13 +444,156 @@ def show_asyncapi(
         out.write_text(text)
 
 
+def _verify_url(settings: Settings, database_url: str | None, replica: bool) -> str:
+    """Where `reservo verify` reads: --database-url, else the first replica of
+    RESERVO_DATABASE_REPLICA_URLS with --replica, else RESERVO_DATABASE_URL."""
+    if database_url:
+        return database_url
+    if replica:
+        if not settings.replica_urls:
+            _refuse("--replica: RESERVO_DATABASE_REPLICA_URLS is not set")
+        return settings.replica_urls[0]
+    if not settings.database_url:
+        _refuse("RESERVO_DATABASE_URL is not set (or give --database-url)")
+    return settings.database_url
+
+
+async def _verify_connect(url: str, per_host_s: float) -> Any:
+    """The command's own connection, every transaction of it read-only; one that
+    cannot be made is refused in one line (exit 2). A multi-host URL is tried
+    host by host, each for ``per_host_s`` (RESERVO_DB_HOST_TIMEOUT_S), as the
+    pools do. Read-only is set once connected, not as a start-up setting: asyncpg
+    judges ``target_session_attrs=read-write`` by the session's
+    default_transaction_read_only, so a start-up setting made every host of an
+    HA URL look read-only."""
+    from reservo.core.db.hosts import HostOrder
+    from reservo.core.db.preflight import refusal
+
+    try:
+        conn = await HostOrder(url, per_host_s).connect(url, command_timeout=600)
+        await conn.execute("SET default_transaction_read_only = on")
+        return conn
+    except Exception as exc:
+        refused = refusal(url, exc)
+        if refused is None:
+            raise
+        _refuse(str(refused))
+
+
+async def _verify_run(
+    url: str, checks: list[Any], grace_s: float, settings: Settings, page_size: int, sample: int
+) -> Any:
+    """The run on a connection of its own whose every transaction is read-only."""
+    from contextlib import asynccontextmanager
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from reservo import verify
+    from reservo.core.kernel.clock import SystemClock
+
+    conn = await _verify_connect(url, settings.db_host_timeout_s)
+
+    @asynccontextmanager
+    async def connect() -> Any:
+        yield conn
+
+    s = settings.scheduler
+    limits = verify.Limits(grace_s=grace_s, lease_s=s.reaper_timeout_s + s.reaper_period_s)
+    # On a terminal: one line per check with the rows read so far (stderr, so
+    # --json on stdout stays clean); nothing when stderr is not a terminal.
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.completed:,} rows"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+        transient=True,
+    )
+    tasks = {c.name: bar.add_task(c.name, total=None) for c in checks}
+    try:
+        with bar:
+            return await verify.verify(
+                connect,
+                checks,
+                limits,
+                SystemClock().now(),
+                page_size=page_size,
+                sample=sample,
+                progress=lambda check, rows: bar.advance(tasks[check], rows),
+            )
+    finally:
+        await conn.close()
+
+
+@app.command(epilog="Reads RESERVO_DATABASE_URL (or RESERVO_DATABASE_REPLICA_URLS with --replica).")
+def verify(
+    database_url: Annotated[
+        str | None, typer.Option(help="the database to check (default RESERVO_DATABASE_URL)")
+    ] = None,
+    replica: Annotated[
+        bool, typer.Option(help="read the first of RESERVO_DATABASE_REPLICA_URLS")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    check: Annotated[
+        list[str] | None, typer.Option(help="run only this check (repeatable)")
+    ] = None,
+    grace_s: Annotated[
+        float,
+        typer.Option(
+            help="how long an outbox event may wait for a relay, and a lost job for the "
+            "reaper past its timeout, before it is a violation"
+        ),
+    ] = 300.0,
+    page_size: Annotated[int, typer.Option(min=1, max=100_000, help="rows per page")] = 1000,
+    sample: Annotated[int, typer.Option(min=0, help="findings kept per check")] = 20,
+) -> None:
+    """Check every cross-row invariant on the live database, read-only: exit 0
+    when all hold, 1 (with the rows at fault) when one does not."""
+    from reservo import verify as checks_of
+
+    settings = _settings(secrets=False)
+    try:
+        checks = checks_of.select(check)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--check") from None
+    url = _verify_url(settings, database_url, replica)
+    report = asyncio.run(_verify_run(url, checks, grace_s, settings, page_size, sample))
+    if as_json:
+        typer.echo(checks_of.as_json(report))
+    else:
+        out = Console()
+        out.print(checks_of.summary(report))
+        if not report.ok:
+            out.print(checks_of.findings(report))
+    raise typer.Exit(report.exit_code)
+
+
 @app.command("config")
-def show_config() -> None:
+def show_config(
+    demo: Annotated[
+        bool, typer.Option(help="the settings `reservo up --demo` runs with (what it changes)")
+    ] = False,
+    port: Annotated[int | None, typer.Option(help="as `reservo up --port`")] = None,
+) -> None:
     """Print the effective settings (secrets masked) and where each came from."""
+    from reservo.demo import settings_for_demo
     from reservo.settings import describe
 
     settings = _read_settings()
-    for name, value, source in describe(settings):
+    changed: dict[str, str] = {}
+    if port is not None:
+        settings = settings.with_(http_port=port)
+        changed["http_port"] = "--port"
+    if demo:
+        before = settings.flat()
+        settings = settings_for_demo(settings)
+        changed.update(
+            (name, "reservo up --demo")
+            for name, value in settings.flat().items()
+            if before[name] != value
+        )
+    for name, value, source in describe(settings, changed=changed):
         typer.echo(f"{env_name(name)}={value}  # {source}")
 
 
@@ -430,11 +630,10 @@ class _Server(uvicorn.Server):
 async def _serve_everything(settings: Settings, demo: bool) -> None:
     from reservo import demo as demo_data
     from reservo.app import create_app
-    from reservo.bootstrap import build, run_workers
-    from reservo.core.db.migrate import migrate
+    from reservo.bootstrap import WorkerThread, build
 
     assert settings.database_url
-    applied = await migrate(settings.database_url)
+    applied = await _migrated(settings.database_url)
     _say(settings, "migrations_applied", f"migrations: {len(applied)} applied", count=len(applied))
     container = build(settings)
     if demo:
@@ -445,11 +644,14 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
     server = _Server(
         http_server_config(create_app(container, owns_container=False), settings, lifespan="on")
     )
-    stop = asyncio.Event()
-    workers = asyncio.create_task(run_workers(container, UP_ROLES, stop))
+    # The background roles on a thread (their own loop and pool): on the API's
+    # loop a saturated API starved them (WorkerThread says how).
+    workers = WorkerThread(settings, UP_ROLES)
+    workers.start()
     base = f"http://{settings.http_host}:{settings.http_port}"
     redis_kind = " (cluster)" if settings.redis_cluster else ""
     gateway = settings.rentals.payment_gateway or "none (refunds wait)"
+    egress = _egress(settings)
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop, or asyncio
     _say(
         settings,
@@ -459,6 +661,7 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         f"  Redis {settings.redis_url}{redis_kind}\n"
         f"  Kafka {settings.kafka_bootstrap or '(local transport)'}"
         f"\n  payment gateway: {gateway}"
+        f"\n  http jobs may also call: {egress}"
         f"\n  server: uvicorn, httptools, {loop}"
         f"\n  admin token: reservo token --role admin "
         f"--sub 1\n  Ctrl-C stops everything.",
@@ -467,13 +670,13 @@ async def _serve_everything(settings: Settings, demo: bool) -> None:
         redis=f"{settings.redis_url}{redis_kind}",
         kafka=settings.kafka_bootstrap or "(local transport)",
         payment_gateway=gateway,
+        jobs_http_allow=egress,
         loop=loop,
     )
     try:
         await server.serve()  # returns on SIGINT/SIGTERM (uvicorn's own handlers)
     finally:
-        stop.set()
-        await workers
+        await workers.stop()
         await container.close()
         _say(settings, "reservo_stopped", "reservo stopped")
         await asyncio.to_thread(tracing.shutdown)

@@ -20,6 +20,7 @@ from datetime import timedelta
 import structlog
 
 from reservo.core.aio.loops import run_every
+from reservo.core.db.clock import DatabaseClock
 from reservo.core.db.database import Database, Queries
 from reservo.core.kernel import metrics
 from reservo.core.maintenance.partitions import PartitionedTable, PartitionKeeper
@@ -28,7 +29,7 @@ from reservo.core.messaging.deadletters import LocalDeadLetters
 from reservo.core.messaging.outbox import OutboxRelay
 from reservo.core.messaging.transport.base import Transport
 from reservo.core.messaging.transport.local import LocalTransport
-from reservo.core.module import Module
+from reservo.core.module import Module, Role
 from reservo.settings import Settings
 from reservo.shared import Shared, transport_from_settings
 
@@ -64,9 +65,10 @@ class Outbox(Module):
         }
 
 
-def outbox(shared: Shared, retention: Sequence[PruneRule]) -> Outbox:
+def outbox(shared: Shared, retention: Sequence[PruneRule], duties: Sequence[Role] = ()) -> Outbox:
     """``retention``: the other modules' rules, run by the maintenance role with
-    the outbox's own."""
+    the outbox's own; ``duties``: the other modules' periodic maintenance work
+    (``Module.maintenance``), run by the same role."""
     s = shared.settings
     # Kafka when configured; otherwise the relay runs the handlers in-process.
     transport: Transport = (
@@ -96,9 +98,11 @@ def outbox(shared: Shared, retention: Sequence[PruneRule]) -> Outbox:
         db=shared.db,
         roles={
             "relay": lambda stop: _relay(relay, stop),
-            "maintenance": lambda stop: _maintenance(shared, rules, stop),
+            "maintenance": lambda stop: _maintenance(shared, rules, stop, duties),
         },
         retention=own,
+        # Every process keeps reading PostgreSQL's clock (when it is the clock).
+        companions=[shared.clock.run] if isinstance(shared.clock, DatabaseClock) else [],
     )
 
 
@@ -167,7 +171,9 @@ def partitioned(s: Settings) -> list[PartitionedTable]:
     ]
 
 
-async def _maintenance(shared: Shared, rules: Sequence[PruneRule], stop: asyncio.Event) -> None:
+async def _maintenance(
+    shared: Shared, rules: Sequence[PruneRule], stop: asyncio.Event, duties: Sequence[Role] = ()
+) -> None:
     s = shared.settings
     keeper = PartitionKeeper(
         shared.db,
@@ -191,7 +197,7 @@ async def _maintenance(shared: Shared, rules: Sequence[PruneRule], stop: asyncio
         prune = run_every(stop, s.retention_interval_s, "retention", lambda: pruner.run(stop))
     else:  # no pruning, but the days ahead are still created (inserts stay routed)
         prune = run_every(stop, s.retention_interval_s, "partitions", keeper.ensure_ahead)
-    await asyncio.gather(prune, sample)
+    await asyncio.gather(prune, sample, *(duty(stop) for duty in duties))
 
 
 async def _relay(relay: OutboxRelay, stop: asyncio.Event) -> None:

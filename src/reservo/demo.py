@@ -100,14 +100,22 @@ def with_demo_secrets(settings: Settings) -> tuple[Settings, list[str]]:
 
 def settings_for_demo(settings: Settings) -> Settings:
     """The demo pays on the sandbox page, unless the environment chose a gateway,
-    and its recurring `http` job may call this service itself (its own address
-    only), unless the environment set the destination allow list. Secrets are
+    and its recurring `http` job may call this service itself (its own host and
+    port only: the embedded PostgreSQL and Redis listen on other ports of the
+    same loopback address), unless the environment set the destination allow
+    list. Its consumer groups read no 0.2.0 topics (a demo has no records from
+    before the upgrade to read), unless the environment set it. Secrets are
     filled by ``with_demo_secrets``."""
     update: dict[str, object] = {}
+    if "kafka_legacy_topics" not in settings.model_fields_set:
+        update["kafka_legacy_topics"] = False
     if settings.rentals.payment_gateway is None:
         update["rentals_payment_gateway"] = "sandbox"
     if not settings.jobs_http_allow:
-        update["jobs_http_allow"] = settings.http_host
+        host = settings.http_host
+        update["jobs_http_allow"] = (
+            f"[{host}]:{settings.http_port}" if ":" in host else (f"{host}:{settings.http_port}")
+        )
     return settings.with_(**update) if update else settings
 
 

@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -19,6 +19,7 @@ from reservo.rentals.config import RentalsSettings
 from reservo.scheduler.config import SchedulerSettings
 from reservo.scheduler.egress import parse_allow
 from reservo.wallet.config import WalletSettings
+from reservo.webhooks.config import WebhooksSettings
 
 # What a deployment must set, by setting name, with what each one protects.
 SECRETS = {
@@ -32,6 +33,9 @@ MIN_SECRET_BYTES = 32
 PUBLIC_SECRETS = frozenset(
     {"dev-secret-change-me-in-production-please", "dev-payments-secret", "dev-results-secret"}
 )
+
+
+NOTIFY_CHANNELS = ("log", "smtp", "http")
 
 
 class SettingsError(ValueError):
@@ -56,6 +60,11 @@ class Settings(BaseSettings):
     # socket that sends half a request holds a descriptor that long at most.
     http_header_timeout_s: float = Field(default=15.0, gt=0, le=300)
     http_body_timeout_s: float = Field(default=15.0, gt=0, le=3600)
+    # A request whose response has not begun this long after it arrived (not
+    # counting the wait for its body) is answered 503 unavailable and its handler
+    # cancelled (core/http/deadline.py): over a slow network every statement stays
+    # within its timeout while the request as a whole does not. 0: no deadline.
+    http_request_deadline_s: float = Field(default=15.0, ge=0, le=3600)
     # A kept-alive connection with no request in flight is closed after this long.
     http_keepalive_timeout_s: int = Field(default=5, ge=1, le=300)
     # Open connections per API process; a new one beyond it is closed at once,
@@ -82,10 +91,27 @@ class Settings(BaseSettings):
     db_command_timeout_s: float = 10.0
     # How long a request waits for a pooled connection before answering 503.
     db_acquire_timeout_s: float = 5.0
+    # How long a connect waits for each host of a multi-host database_url before
+    # trying the next: a host cut off by a partition drops packets and never
+    # refuses (core/db/hosts.py). The host that answered last is tried first.
+    db_host_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    # A primary whose commits do not complete within this long (a probe commit per
+    # process, at most one a second) is cut off from its synchronous standbys:
+    # every request answers 503 until one completes, reads included, since its
+    # rows may be those a failover left behind (core/db/guard.py). 0: off.
+    db_commit_probe_s: float = Field(default=2.0, ge=0, le=60)
     # After a request found no writable primary (PostgreSQL down, or a failover in
     # progress), the next requests answer 503 unavailable at once for this long
     # instead of each waiting on a connect: no pile-up while it lasts. 0: off.
     db_unavailable_hold_s: float = Field(default=0.5, ge=0, le=30)
+    # Every process reads PostgreSQL's clock (core/db/clock.py) at start and
+    # again this often, and takes every time-based decision on it, not on its
+    # own wall clock; between readings it counts on its monotonic clock.
+    clock_sync_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    # A process whose own wall clock is further than this from PostgreSQL's logs
+    # ``clock_skew`` (reservo_clock_skew_seconds has the figure): no decision
+    # uses that clock, but the machine's time service is broken.
+    clock_skew_alert_s: float = Field(default=1.0, gt=0)
     # Streaming replicas (hot standbys of database_url), comma-separated; one URL
     # may name several hosts with target_session_attrs=prefer-standby (whichever
     # standby answers, else the primary: docs/SCALING.md). Only the
@@ -155,9 +181,10 @@ class Settings(BaseSettings):
     # A failed fetch keeps the last good set, and is tried again this often.
     jwt_jwks_min_interval_s: float = Field(default=10.0, ge=0.1, le=3600)
     jwt_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
-    # Hand the hottest routes' requests straight to their handler, in front of
-    # the middleware stack (core/http/hotroute.py); same handler, same answers. False
-    # sends them through the stack like every other request.
+    # Hand the hottest routes' requests to their compiled handler at the end of
+    # the request pipeline (core/http/pipeline.py); False reaches the same handler
+    # through FastAPI's router (its routing and exception middleware: slower, same
+    # answers).
     lean_paths: bool = True
     # The console (/console): an admin signs in with an admin JWT once and gets a
     # session cookie, valid this long at most (never past the token's exp).
@@ -174,6 +201,11 @@ class Settings(BaseSettings):
     idempotency_retention_hours: int = Field(default=24, ge=24)
     # An IN_PROGRESS key older than this belongs to a crashed request and may be retaken.
     idempotency_lease_s: int = 60
+    # A request whose Idempotency-Key another request is still running waits this
+    # long for that one's answer (and gets it, replayed) before it is answered 409
+    # request_in_progress. 0: 409 at once. Below the lease (checked): a request
+    # still running after the lease is taken for dead, not waited for.
+    idempotency_wait_ms: int = Field(default=2000, ge=0, le=30_000)
 
     # Outbox relay.
     outbox_batch_size: int = 100
@@ -209,9 +241,18 @@ class Settings(BaseSettings):
     kafka_session_timeout_ms: int = 10_000
     # Parked records also go to `<topic>.dlt` (the dead_letter table always gets them).
     kafka_dead_letter_topic: bool = True
+    # reservo's consumer groups also read the topics 0.2.0 published on (one per
+    # event, its old name), so records published before the upgrade are not
+    # lost; subscribing creates them on a broker that creates topics on demand.
+    # False once the groups have read them to their end (docs/OPERATIONS.md,
+    # "Upgrading from 0.2.0"). `reservo up --demo` turns it off unless set.
+    kafka_legacy_topics: bool = True
 
-    # Notifications.
-    notify_channel: Literal["log", "smtp", "http"] = "log"
+    # Notifications. The address channels every message goes to, comma-separated:
+    # log, smtp (e-mail), http (SMS); each is delivered and retried on its own.
+    # Web Push is on when a VAPID key is set (push_vapid_*), to every browser
+    # subscription a contact has.
+    notify_channel: str = "log"
     notify_smtp_host: str = "127.0.0.1"
     notify_smtp_port: int = 25
     notify_smtp_sender: str = "reservo@localhost"
@@ -227,11 +268,25 @@ class Settings(BaseSettings):
     # this: the timeout above is per network operation, and a provider that
     # trickles its replies would otherwise hold the sender for as long as it likes.
     notify_deadline_s: float = Field(default=30.0, gt=0)
+    # A failed delivery is retried by a `notification_retry` scheduler job, its
+    # own channel only, with backoff from the base up to the cap, for as long as
+    # the channel stays down.
+    notify_retry_base_s: float = Field(default=5.0, gt=0)
+    notify_retry_max_s: float = Field(default=300.0, gt=0)
+    # Web Push (RFC 8030/8291/8292): the VAPID private key (P-256; the PEM that
+    # `vapid --gen` of py-vapid writes, or the raw key base64url) and the subject
+    # the push services may reach us at (mailto: or https:). Endpoints obey
+    # jobs_http_allow, as `http` jobs do. TTL: how long a push service keeps a
+    # message for a browser that is offline.
+    push_vapid_private_key: str | None = None
+    push_vapid_subject: str | None = None
+    push_ttl_s: int = Field(default=86_400, ge=0)
 
     # Destinations `http` jobs may call although the default policy refuses them
     # (loopback, private, link-local/metadata, reserved ranges; scheduler/egress.py):
-    # comma-separated host names, addresses and CIDR networks, e.g.
-    # "callbacks.internal,10.1.0.0/16". Empty: public addresses only.
+    # comma-separated host names, addresses and CIDR networks, each alone (every
+    # port) or with one port, e.g. "callbacks.internal:443,10.1.0.0/16,127.0.0.1:8000".
+    # Empty: public addresses only (`reservo up --demo` sets its own host:port).
     jobs_http_allow: str = ""
 
     # The modules' own settings, each read by its class from RESERVO_<MODULE>_*
@@ -241,6 +296,7 @@ class Settings(BaseSettings):
     rentals: RentalsSettings = Field(default_factory=RentalsSettings)
     wallet: WalletSettings = Field(default_factory=WalletSettings)
     betting: BettingSettings = Field(default_factory=BettingSettings)
+    webhooks: WebhooksSettings = Field(default_factory=WebhooksSettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -313,6 +369,18 @@ class Settings(BaseSettings):
             raise ValueError("must be an http(s) URL")
         return value
 
+    @field_validator("notify_channel")
+    @classmethod
+    def _channels(cls, value: str) -> str:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        unknown = [n for n in names if n not in NOTIFY_CHANNELS]
+        if unknown or not names:
+            raise ValueError(
+                f"unknown notify channel {', '.join(unknown) or value!r} "
+                f"(a comma-separated list of {', '.join(NOTIFY_CHANNELS)})"
+            )
+        return ",".join(dict.fromkeys(names))
+
     @field_validator("jobs_http_allow")
     @classmethod
     def _allow_list(cls, value: str) -> str:
@@ -357,13 +425,22 @@ class Settings(BaseSettings):
     retention_webhook_fallback_hours: int = Field(default=168, ge=1)
     retention_webhook_rejected_days: int = Field(default=30, ge=1)
 
+    # The invariant checks (`reservo verify`, docs/OPERATIONS.md) the `maintenance`
+    # role runs every this many seconds (0: never), exporting
+    # reservo_invariant_violations{check}. Read-only, a keyset walk of every
+    # table it checks: on a large database a run takes minutes.
+    verify_interval_s: float = Field(default=3600.0, ge=0)
+
     log_level: str = "INFO"
     log_json: bool = True
-    # One log line per HTTP request (method, route, status, duration, request id).
-    # Off by default: at thousands of requests a second the lines cost more CPU
-    # than the cheap requests themselves; the request id is on every line a
-    # request logs anyway (core/kernel/tracing.py).
-    access_log: bool = False
+    # One log line per HTTP request (method, route, status, duration, its ids):
+    # the entry a request id finds first (core/kernel/access_log.py). On the hot
+    # routes only this share of the requests is logged (1: all; 0.01: 1 in 100);
+    # answers of 500 or more, requests slower than access_log_slow_ms and
+    # requests of a sampled trace are always logged.
+    access_log: bool = True
+    access_log_sample: float = Field(default=0.1, ge=0.0, le=1.0)
+    access_log_slow_ms: float = Field(default=500.0, gt=0)
 
     @property
     def replica_urls(self) -> list[str]:
@@ -371,6 +448,15 @@ class Settings(BaseSettings):
         # hosts (``postgresql://h1:5432,h2:5432/db?target_session_attrs=prefer-standby``).
         parts = re.split(r",\s*(?=postgres(?:ql)?://)", self.database_replica_urls)
         return [url.strip(" ,") for url in parts if url.strip(" ,")]
+
+    @model_validator(mode="after")
+    def _idempotency_wait_within_the_lease(self) -> Settings:
+        if self.idempotency_wait_ms >= self.idempotency_lease_s * 1000:
+            raise ValueError(
+                "RESERVO_IDEMPOTENCY_WAIT_MS must be below RESERVO_IDEMPOTENCY_LEASE_S: "
+                "a request is taken for dead only once its lease ran out"
+            )
+        return self
 
     @model_validator(mode="after")
     def _replicas_can_be_within_the_bound(self) -> Settings:
@@ -421,6 +507,7 @@ GROUPS: dict[str, type[BaseSettings]] = {
     "rentals": RentalsSettings,
     "wallet": WalletSettings,
     "betting": BettingSettings,
+    "webhooks": WebhooksSettings,
 }
 _ROOT_FIELDS = frozenset(Settings.model_fields) - frozenset(GROUPS)
 
@@ -446,12 +533,14 @@ def env_name(setting: str) -> str:
 
 
 # Settings whose value is never printed (`reservo config`).
-_MASKED = re.compile(r"secret|password|token$")
+_MASKED = re.compile(r"secret|password|token$|private_key$")
 
 
 def _shown(name: str, value: object) -> str:
     if value in (None, ""):
         return ""
+    if name == "jobs_http_allow":  # as the checks read it: one spelling per destination
+        return str(parse_allow(str(value)))
     if _MASKED.search(name):
         return "********"
     text = str(value)
@@ -461,17 +550,20 @@ def _shown(name: str, value: object) -> str:
     return text
 
 
-def describe(settings: Settings) -> list[tuple[str, str, str]]:
-    """(setting, value as shown, where it came from) for every setting."""
+def describe(
+    settings: Settings, *, changed: Mapping[str, str] | None = None
+) -> list[tuple[str, str, str]]:
+    """(setting, value as shown, where it came from) for every setting;
+    ``changed`` names the ones a command set itself (``reservo up --demo``)."""
     given = {key.upper() for key in os.environ}
-    return [
-        (
-            name,
-            _shown(name, value),
-            "environment" if env_name(name) in given else "default",
-        )
-        for name, value in sorted(settings.flat().items())
-    ]
+    changed = changed or {}
+    rows = []
+    for name, value in sorted(settings.flat().items()):
+        source = changed.get(name) or ("environment" if env_name(name) in given else "default")
+        if name == "jobs_http_allow" and not value:
+            source += " (none: `http` jobs may call public addresses only)"
+        rows.append((name, _shown(name, value), source))
+    return rows
 
 
 def secret_problems(settings: Settings) -> list[str]:

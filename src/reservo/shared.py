@@ -106,6 +106,7 @@ def consumer_from_settings(
         batch_handlers={t: sub.batch for t, sub in subscriptions.items() if sub.batch is not None},
         events=events,
         source=settings.kafka_source,
+        legacy_topics=settings.kafka_legacy_topics,
     )
 
 

@@ -74,7 +74,7 @@ async def test_an_operator_pauses_throttles_retries_and_resumes_a_category(
         row = page.locator(f"#categories tr[data-category='{cat}']")
         assert await row.locator("input[name='per_second']").input_value() == "25"
 
-        await row.get_by_role("button", name=f"Retry the DEAD jobs of {cat}").click()
+        await row.get_by_role("button", name=f"DEAD jobs of {cat}").click()
         await page.wait_for_load_state()
         assert await page.locator("#retried").inner_text() == "Retried 1 DEAD job."
         row = page.locator(f"#categories tr[data-category='{cat}']")

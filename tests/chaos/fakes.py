@@ -106,6 +106,8 @@ class HttpRecorder:
     name: str
     port: int = field(default_factory=free_port)
     calls: list[Call] = field(default_factory=list)
+    # Where it listens: a lab host (tests/chaos/netns.py) reaches it at the lab gateway.
+    host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -160,12 +162,12 @@ class HttpRecorder:
         server: ThreadingHTTPServer | None = None
         for _ in range(50):
             try:
-                server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+                server = ThreadingHTTPServer((self.host, self.port), Handler)
                 break
             except OSError:
                 time.sleep(0.1)
         if server is None:
-            server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+            server = ThreadingHTTPServer((self.host, self.port), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)

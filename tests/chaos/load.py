@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -45,6 +46,18 @@ def new_id() -> int:
     return next(_ids)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One attempt: when it was sent (monotonic), to which API process, and the
+    status (None: no answer, a timeout or a refused connection)."""
+
+    sent: float
+    url: str
+    method: str
+    path: str
+    status: int | None
+
+
 @dataclass
 class Traffic:
     """What the clients saw, per scenario."""
@@ -55,6 +68,7 @@ class Traffic:
     server_errors: list[str] = field(default_factory=list)  # any 5xx but 503
     unresolved: list[str] = field(default_factory=list)  # gave up without an answer
     bad_503: list[str] = field(default_factory=list)  # a 503 whose code is not unavailable
+    answers: list[Answer] = field(default_factory=list)  # every attempt, in order
 
 
 @dataclass
@@ -122,6 +136,7 @@ class Client:
                 assert content is not None
                 hdrs["X-Signature"] = sign_webhook(sign, content)
                 hdrs["Content-Type"] = "application/json"
+            sent = time.monotonic()
             try:
                 r = await self.http.request(
                     method, base + path, headers=hdrs, json=json, content=content
@@ -129,6 +144,8 @@ class Client:
             except httpx.TransportError:
                 self.traffic.connection_errors += 1
                 r = None
+            status = None if r is None else r.status_code
+            self.traffic.answers.append(Answer(sent, base, method, path, status))
             if r is not None:
                 self.traffic.statuses[r.status_code] += 1
                 code = _code(r)
@@ -167,8 +184,15 @@ def _key() -> dict[str, str]:
 # -- fixtures (before any fault) ----------------------------------------------------
 async def make_fixtures(client: Client, ledger: Ledger) -> Fixtures:
     fx = Fixtures()
+    await make_slots(client, fx)
+    await make_cars_and_accounts(client, ledger, fx)
+    return fx
+
+
+async def make_slots(client: Client, fx: Fixtures, doctors: int = 6) -> None:
+    """``doctors`` doctors with 16 slots of capacity 4 each, three days ahead."""
     day = date.today() + timedelta(days=3)
-    for _ in range(6):
+    for _ in range(doctors):
         r = await client.send(
             "POST", "/api/doctors", headers=ADMIN, json={"name": "Dr. Chaos", "timezone": "UTC"}
         )
@@ -194,6 +218,9 @@ async def make_fixtures(client: Client, ledger: Ledger) -> Fixtures:
         )
         assert r is not None and r.status_code == 200, r and r.text
         fx.slots += [s["id"] for s in r.json()]
+
+
+async def make_cars_and_accounts(client: Client, ledger: Ledger, fx: Fixtures) -> None:
     for i in range(20):
         host = new_id()
         r = await client.send(
@@ -219,7 +246,6 @@ async def make_fixtures(client: Client, ledger: Ledger) -> Fixtures:
         account = r.json()["id"]
         fx.accounts.append((account, owner))
         await deposit(client, ledger, fx, account, 5_000)
-    return fx
 
 
 async def new_matches(client: Client, fx: Fixtures, count: int, starts_in_s: float) -> None:
@@ -259,7 +285,10 @@ async def deposit(
         ledger.deposits[r.json()["id"]] = (account, amount)
 
 
-async def book_appointment(client: Client, ledger: Ledger, fx: Fixtures) -> None:
+async def book_appointment(
+    client: Client, ledger: Ledger, fx: Fixtures, cancel: float = 0.3
+) -> None:
+    """Books a slot as a new patient; cancels it with probability ``cancel``."""
     patient = new_id()
     r = await client.send(
         "POST",
@@ -274,7 +303,7 @@ async def book_appointment(client: Client, ledger: Ledger, fx: Fixtures) -> None
         return
     appt = int(r.json()["id"])
     ledger.appointments[appt] = patient
-    if random.random() < 0.3:
+    if random.random() < cancel:
         who = token("patient", patient)
         r = await client.send("DELETE", f"/api/appointments/{appt}", headers=who)
         if r is None:

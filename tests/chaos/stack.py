@@ -100,6 +100,9 @@ class Proc:
     popen: subprocess.Popen[bytes] | None = None
     starts: int = 0
     kills: int = 0
+    # This process's own settings over Reservo.env (e.g. a database URL that
+    # reaches PostgreSQL from another place in a network lab).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 SLOW_CLIENT_TIMEOUT_S = 5.0
@@ -184,7 +187,10 @@ class Reservo:
         proc = self.procs[name]
         with proc.log.open("ab") as out:
             proc.popen = subprocess.Popen(
-                [str(BIN), *proc.args], env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [str(BIN), *proc.args],
+                env={**self.env, **proc.env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         proc.starts += 1
 

@@ -57,6 +57,13 @@ def test_version() -> None:
             "RESERVO_REDIS_URL names several hosts",
         ),
         (["db", "migrate"], {}, "RESERVO_DATABASE_URL is not set"),
+        (["verify"], {}, "RESERVO_DATABASE_URL is not set"),
+        (["verify", "--replica"], {}, "RESERVO_DATABASE_REPLICA_URLS is not set"),
+        (
+            ["verify", "--database-url", "postgresql://postgres@127.0.0.1:1/x"],
+            {},
+            "PostgreSQL is unreachable",
+        ),
         (["config"], {"RESERVO_KAFKA_PARTITIONS": "many"}, "RESERVO_KAFKA_PARTITIONS"),
     ],
 )

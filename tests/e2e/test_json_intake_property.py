@@ -3,7 +3,8 @@ bits, NaN and Infinity, NUL, nesting far past 32 levels) sent to EVERY JSON inta
 of a real `reservo api` process (every POST, PUT and PATCH of its OpenAPI document,
 with an admin token, which every role check admits) are answered, never with a
 5xx and never with a dropped connection; a body the intake rules refuse
-(core.http.schemas.read_json) is 422 `validation_error` whatever the route."""
+(core.http.schemas.read_json) is 422 whatever the route: `duplicate_key` for an
+object that names a key twice, `validation_error` for any other rule."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reservo.core.http.schemas import JsonRefused, read_json
+from reservo.core.http.schemas import DuplicateKey, JsonRefused, read_json
 from reservo.settings import Settings
 from tests.helpers.auth import token
 from tests.helpers.procs import env_for, free_port, running, wait_http
@@ -55,25 +56,42 @@ def _deep(levels: int, obj: bool) -> bytes:
     return (opened * levels + "1" + closed * levels).encode()
 
 
+def _key_twice(obj: dict[str, Any], value: Any) -> bytes:
+    """``obj`` with its first key written once more, in front, with ``value``."""
+    first = next(iter(obj))
+    return b"{" + _render(first) + b":" + _render(value) + b"," + _render(obj)[1:]
+
+
+OBJECTS = st.dictionaries(st.text(max_size=8), VALUES, min_size=1, max_size=6)
 BODIES = st.one_of(
     st.binary(max_size=256),
     VALUES.map(_render),
-    st.dictionaries(st.text(max_size=8), VALUES, min_size=1, max_size=6).map(_render),
+    OBJECTS.map(_render),
     st.builds(_deep, st.integers(30, 3000), st.booleans()),
+    st.builds(_key_twice, OBJECTS, VALUES),
 )
 
 # Free-form fields inside otherwise valid bodies: the values must reach the
 # fields no model types (a job's payload) to show they hold to the rules too.
 _HTTP_JOB = {"category": "http", "runAt": "2099-01-01T00:00:00Z"}
 _RECURRING = {"category": "http", "cron": "0 3 * * *", "timezone": "UTC"}
-SHAPED = {
-    "/api/jobs": VALUES.map(
-        lambda v: _render({**_HTTP_JOB, "payload": {"url": "https://example.com/", "body": v}})
-    ),
-    "/api/recurring-jobs": VALUES.map(
-        lambda v: _render({**_RECURRING, "payload": {"url": "https://example.com/", "body": v}})
-    ),
-}
+_MARK = "\x00mark"
+
+
+def _shaped(job: dict[str, Any]) -> st.SearchStrategy[bytes]:
+    """``job`` whose payload's free-form body is a random value, or an object
+    naming a key twice (spliced in as written: no encoder writes one)."""
+
+    def around(value: bytes) -> bytes:
+        payload = {"url": "https://example.com/", "body": _MARK}
+        return _render({**job, "payload": payload}).replace(_render(_MARK), value)
+
+    return st.one_of(
+        VALUES.map(_render).map(around), st.builds(_key_twice, OBJECTS, VALUES).map(around)
+    )
+
+
+SHAPED = {"/api/jobs": _shaped(_HTTP_JOB), "/api/recurring-jobs": _shaped(_RECURRING)}
 
 
 def _writes(openapi: dict[str, Any]) -> list[tuple[str, str]]:
@@ -130,8 +148,10 @@ def test_random_bodies_at_every_json_intake_are_4xx(api: str) -> None:
                 return  # no body at all: the route's own answer
             try:
                 read_json(body)
-            except JsonRefused:
+            except JsonRefused as refused:
                 assert r.status_code == 422, (method, path, body[:200], r.text[:300])
-                assert r.json()["code"] == "validation_error"
+                twice = isinstance(refused, DuplicateKey)
+                code = "duplicate_key" if twice else "validation_error"
+                assert r.json()["code"] == code, (method, path, body[:200], r.text[:300])
 
         answered()

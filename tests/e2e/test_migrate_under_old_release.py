@@ -30,10 +30,10 @@ from tests.helpers.procs import free_port, wait_http
 from tests.helpers.traffic import Traffic, run_for
 
 ROOT = Path(__file__).resolve().parents[2]
-# The last commit of the second release (0.2.0, CHANGELOG.md): the code that
-# still runs while this release's migrations are applied. Move it forward at
-# each release.
-PREVIOUS_RELEASE = "27a422c"
+# The last commit of the third release (0.3.0, CHANGELOG.md, bench/releases.toml):
+# the code that still runs while this release's migrations are applied. Move it
+# forward at each release.
+PREVIOUS_RELEASE = "53e1db8"
 LOOPS = 4
 
 
@@ -49,7 +49,7 @@ def old_src(tmp_path: Path) -> Path:
     commit = f"{PREVIOUS_RELEASE}^{{commit}}"
     if shutil.which("git") is None or _git("cat-file", "-e", commit).returncode:
         pytest.skip(
-            f"SKIPPED LOUDLY: commit {PREVIOUS_RELEASE} (release 0.2.0) is not in this "
+            f"SKIPPED LOUDLY: commit {PREVIOUS_RELEASE} (release 0.3.0) is not in this "
             "checkout (no git, or a shallow clone): fetch the history to run this test"
         )
     archive = _git("archive", "--format=tar", PREVIOUS_RELEASE, "src")
@@ -182,8 +182,20 @@ async def test_the_previous_release_serves_while_this_releases_migrations_apply(
             stop.set()
             await load
         assert [m.version for m in applied] == new
-        assert traffic.failures() == [], traffic.failures()[:5]
-        assert traffic.unexpected() == [], traffic.unexpected()[:5]
+        # The previous release's promise for columns added to tables it reads with
+        # `*` (docs/DEPLOY.md): the first such statement on a pooled connection
+        # fails, answered 503 `unavailable` (Retry-After), never a 500 or a dropped
+        # connection; its retries succeed (every kind succeeds after the migration,
+        # below).
+        broken = [
+            a
+            for a in traffic.failures()
+            if a.status != 503 or '"code":"unavailable"' not in a.detail
+        ]
+        assert broken == [], broken[:5]
+        assert all(a.at >= migrating for a in traffic.failures()), traffic.failures()[:5]
+        unexpected = [a for a in traffic.unexpected() if a not in traffic.failures()]
+        assert unexpected == [], unexpected[:5]
         for kind in ("booking", "transfer", "hold", "job"):
             assert traffic.succeeded(kind) > 0, kind
             assert traffic.succeeded(kind, after=migrated) > 0, f"no {kind} after the migration"

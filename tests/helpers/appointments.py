@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import date, timedelta
 from typing import Any
 
 import asyncpg
 import httpx
 
+from reservo.app import create_app
+from reservo.bootstrap import build
+from reservo.core.kernel.clock import OffsetClock
+from reservo.settings import Settings
 from tests.helpers.auth import ADMIN, auth
 from tests.helpers.http import key
+
+
+@asynccontextmanager
+async def app_client(settings: Settings, clock: OffsetClock) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app on its own container built from ``settings`` (a test's own
+    limits), closed after."""
+    container = build(settings, clock)
+    app = create_app(container, owns_container=False)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://reservo.test"
+        ) as c:
+            yield c
+    finally:
+        await container.close()
 
 
 async def make_doctor(client: httpx.AsyncClient, tz: str = "Europe/Lisbon") -> int:
@@ -31,25 +52,42 @@ async def make_slots(
 ) -> tuple[int, list[dict[str, Any]]]:
     doctor = await make_doctor(client, tz)
     day = date.today() + timedelta(days=days_ahead)
+    await schedule_day(
+        client, doctor, day, start=start, end=end, minutes=minutes, capacity=capacity
+    )
+    return doctor, await slot_list(client, doctor, day)
+
+
+async def schedule_day(
+    client: httpx.AsyncClient,
+    doctor: int,
+    day: date,
+    *,
+    start: str = "08:00",
+    end: str = "09:00",
+    minutes: int = 15,
+    capacity: int = 1,
+    to: date | None = None,
+    **rules: Any,
+) -> None:
+    """A schedule of ``doctor`` on every weekday from ``day`` to ``to`` (that day
+    alone by default); ``rules``: more of the schedule's fields (prepaid,
+    overbookLimit, minNoticeMinutes, ...)."""
     r = await client.post(
         f"/api/doctors/{doctor}/schedules",
         headers=ADMIN,
         json={
             "from": day.isoformat(),
-            "to": day.isoformat(),
+            "to": (to or day).isoformat(),
             "weekdays": list(range(1, 8)),
             "startTime": start,
             "endTime": end,
             "slotMinutes": minutes,
             "capacity": capacity,
+            **rules,
         },
     )
     assert r.status_code == 201, r.text
-    slots = await client.get(
-        f"/api/doctors/{doctor}/slots", params={"date": day.isoformat()}, headers=ADMIN
-    )
-    assert slots.status_code == 200, slots.text
-    return doctor, slots.json()
 
 
 async def book(
@@ -93,21 +131,7 @@ async def make_overbookable(
     seats each, the day and its slot list."""
     doctor = await make_doctor(client)
     day = date.today() + timedelta(days=days_ahead)
-    r = await client.post(
-        f"/api/doctors/{doctor}/schedules",
-        headers=ADMIN,
-        json={
-            "from": day.isoformat(),
-            "to": day.isoformat(),
-            "weekdays": list(range(1, 8)),
-            "startTime": "08:00",
-            "endTime": "09:00",
-            "slotMinutes": 15,
-            "capacity": capacity,
-            "overbookLimit": limit,
-        },
-    )
-    assert r.status_code == 201, r.text
+    await schedule_day(client, doctor, day, capacity=capacity, overbookLimit=limit)
     return doctor, day, await slot_list(client, doctor, day)
 
 

@@ -13,6 +13,8 @@ import httpx
 from fastapi import FastAPI
 from fastapi.routing import APIRoute, iter_route_contexts
 
+from reservo.core.http.methods import specificity
+
 PROBLEM_JSON = "application/problem+json"
 
 
@@ -31,11 +33,15 @@ class ProblemAudit:
                 template = str(ctx.path_format)
                 pattern = re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", template) + "$")
                 self.routes.append((pattern, frozenset(ctx.methods or ()), template))
+        # A concrete path before a template that matches it too (core/http/methods.py).
+        self.routes.sort(key=lambda r: specificity(r[2]))
         self.seen: set[tuple[str, str, int, str]] = set()
 
     def operation(self, method: str, path: str) -> tuple[str, dict[str, Any]] | None:
-        for pattern, methods, template in self.routes:
-            if method in methods and pattern.match(path):
+        """The operation of the path's resource (its most specific template)."""
+        resource = next((t for p, _, t in self.routes if p.match(path)), None)
+        for _, methods, template in self.routes:
+            if template == resource and method in methods:
                 return template, self.app.openapi()["paths"][template][method.lower()]
         return None
 

@@ -18,6 +18,10 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._pumps: set[asyncio.Task[None]] = set()
 
+    @property
+    def listening(self) -> bool:
+        return self._server is not None
+
     async def start(self) -> None:
         self._server = await asyncio.start_server(
             self._serve, "127.0.0.1", self.port, reuse_address=True

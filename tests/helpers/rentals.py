@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -16,8 +17,16 @@ from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.core.http.auth import sign_webhook
 from reservo.core.kernel.clock import OffsetClock
+from reservo.rentals import events
 from reservo.settings import Settings
 from tests.helpers.auth import ADMIN, PAY_SECRET, auth, new_id
+
+# What the refund consumer recorded for a booking, and what its refund events asked.
+REFUND_ROWS = "SELECT amount FROM payment WHERE booking_id = $1 AND type = 'REFUND' ORDER BY id"
+REFUND_EVENTS = (
+    "SELECT (payload->>'amount')::bigint FROM outbox WHERE topic = $1 "
+    "AND payload->>'bookingId' = $2 ORDER BY id"
+)
 
 
 def at(hours: float) -> datetime:
@@ -129,3 +138,31 @@ async def client_with(
     ) as client:
         yield client
     await c.close()
+
+
+async def refund_events(db: asyncpg.Connection, booking_id: int) -> list[int]:
+    return [a for (a,) in await db.fetch(REFUND_EVENTS, events.REFUND_REQUESTED, str(booking_id))]
+
+
+async def settled(db: asyncpg.Connection, txn: str) -> tuple[int, int, int, str]:
+    row = await db.fetchrow(
+        "SELECT amount, amount_due, refund_due, outcome FROM payment WHERE provider_txn_id = $1",
+        txn,
+    )
+    assert row is not None, txn
+    return row["amount"], row["amount_due"], row["refund_due"], row["outcome"]
+
+
+async def released_together(n: int, call: Any) -> list[httpx.Response]:
+    """``n`` calls of ``call(i)`` started together behind one barrier."""
+    gate = asyncio.Event()
+
+    async def one(i: int) -> httpx.Response:
+        await gate.wait()
+        response: httpx.Response = await call(i)
+        return response
+
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    return list(await asyncio.gather(*tasks))

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -191,11 +192,13 @@ async def drop_namespace(redis: Redis, ns: str) -> None:
 
 class HookServer:
     """A real HTTP endpoint on 127.0.0.1 for ``http`` jobs: records each request
-    (headers lower-cased) and answers ``status(n)`` to the n-th one (from 1)."""
+    (headers lower-cased) and the moment its head arrived (``arrived``, the
+    system clock), and answers ``status(n)`` to the n-th one (from 1)."""
 
     def __init__(self, status: Callable[[int], int] = lambda n: 204) -> None:
         self.status = status
         self.requests: list[dict[str, str]] = []
+        self.arrived: list[datetime] = []
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -216,6 +219,7 @@ class HookServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = (await reader.readuntil(b"\r\n\r\n")).decode()
+            arrived = datetime.now(UTC)
             request_line, *lines = head.split("\r\n")
             headers = {":request": request_line}
             for line in lines:
@@ -224,6 +228,7 @@ class HookServer:
                     headers[name.strip().lower()] = value.strip()
             await reader.readexactly(int(headers.get("content-length", "0")))
             self.requests.append(headers)
+            self.arrived.append(arrived)
             status = self.status(len(self.requests))
             writer.write(
                 f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode()

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +25,7 @@ from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_doctor, make_slots, reschedule
 from tests.helpers.auth import ADMIN, auth, auth_at, new_id
+from tests.helpers.statements import Statements
 
 ICS = "text/calendar; charset=utf-8"
 
@@ -339,33 +339,6 @@ def base_settings(base_settings: Settings) -> Settings:
     and a Redis read that times out fails open to PostgreSQL, by design. What
     is asserted here is the cache bound, so Redis gets time to answer."""
     return base_settings.with_(redis_timeout_s=2.0)
-
-
-class Statements:
-    """Counts the statements an app sends to PostgreSQL: its Database hands out
-    connections through this wrapper, which logs each query run on them."""
-
-    def __init__(self, container: Container) -> None:
-        self.queries: list[str] = []
-        real: Callable[[], Any] = container.db.connection
-
-        @asynccontextmanager
-        async def counted() -> AsyncIterator[asyncpg.Connection]:
-            async with real() as conn:
-                conn.add_query_logger(self._log)
-                try:
-                    yield conn
-                finally:
-                    conn.remove_query_logger(self._log)
-
-        container.db.connection = counted  # type: ignore[method-assign]
-
-    def _log(self, record: Any) -> None:
-        self.queries.append(record.query)
-
-    def take(self) -> list[str]:
-        out, self.queries = self.queries, []
-        return out
 
 
 async def poll_together(client: httpx.AsyncClient, paths: list[str], n: int) -> None:

@@ -369,6 +369,14 @@ BAD_SCHEDULES: list[tuple[str, dict[str, Any]]] = [
     ("end before start", _schedule(startTime="10:00", endTime="08:00")),
     ("end equals start", _schedule(startTime="10:00", endTime="10:00")),
     ("time with offset", _schedule(startTime="08:00+02:00")),
+    # Whole minutes or seconds only: no slot starts at 08:00:00.5.
+    ("startTime half a second", _schedule(startTime="08:00:00.5")),
+    ("endTime milliseconds", _schedule(endTime="10:00:00.250")),
+    ("startTime zero fraction", _schedule(startTime="08:00:00.000")),
+    ("startTime comma fraction", _schedule(startTime="08:00:00,5")),
+    ("repeating, fractional", _schedule(to=..., startTime="08:00:30.5")),
+    ("startTime in seconds", _schedule(startTime=28800)),
+    ("startTime one-digit hour", _schedule(startTime="8:00")),
     ("missing from", _schedule(**{"from": ...})),
     ("missing weekdays", _schedule(weekdays=...)),
     ("unknown field", _schedule(timezone="UTC")),
@@ -384,6 +392,20 @@ async def test_bad_schedules_are_422_and_create_no_slot(
     r = await client.post(f"/api/doctors/{doctor}/schedules", json=body, headers=ADMIN)
     _validation_problem(r)
     assert await counts(db) == before
+
+
+async def test_schedule_times_may_name_whole_seconds(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    doctor = await make_doctor(client)
+    body = _schedule(startTime="08:00:30", endTime="08:30:30")
+    r = await client.post(f"/api/doctors/{doctor}/schedules", json=body, headers=ADMIN)
+    assert r.status_code == 201, r.text
+    starts = await db.fetch(
+        "SELECT start_at FROM time_slot WHERE doctor_id = $1 ORDER BY start_at", doctor
+    )
+    assert len(starts) == 2
+    assert {(s["start_at"].second, s["start_at"].microsecond) for s in starts} == {(30, 0)}
 
 
 @pytest.mark.parametrize(
@@ -506,7 +528,8 @@ async def test_request_in_progress_while_the_first_request_holds_the_key(
     _, slots = await make_slots(client, capacity=2)
     patient, idem = new_id(), f"inflight-{uuid.uuid4()}"
     body = {"slotId": slots[0]["id"], "patientId": patient}
-    # A first request claimed the key and has not finished (e.g. it is still running).
+    # A first request claimed the key and has not finished (e.g. it is still running):
+    # a retry waits for it (RESERVO_IDEMPOTENCY_WAIT_MS), then is 409.
     claim = await container.idempotency.begin(
         str(patient), "POST /api/appointments", idem, orjson.dumps(body)
     )

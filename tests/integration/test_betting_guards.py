@@ -182,8 +182,8 @@ async def test_cancelled_before_kick_off_and_unknown_matches_are_still_accepted(
     assert await balance(client, account) == 500
     got = await client.get(f"/api/bets/{bet.json()['id']}", headers=auth("bettor", owner))
     assert (got.json()["status"], got.json()["payout"]) == ("VOID", 200)
-    # A result for a match this server does not know: accepted as before (the
-    # settlement consumer records it as UNKNOWN_MATCH).
+    # A result for a match this server does not know: accepted (the settlement
+    # consumer keeps it until the match is created).
     r = await post_result(client, result_body(f"unknown-{uuid.uuid4()}", 1, 0))
     assert r.status_code == 202, r.text
 

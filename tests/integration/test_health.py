@@ -99,6 +99,7 @@ async def test_postgres_down_is_unready_and_liveness_holds(
     assert (await client.head("/readyz")).status_code == 503
     assert _gauge((await client.get("/metrics")).text, "postgres") == 0
     # Liveness never depends on a dependency: restarting would not bring it back.
-    live = await client.get("/healthz")
-    assert live.status_code == 200 and live.json()["status"] == "ok"
-    assert (await client.head("/healthz")).status_code == 200
+    for path in ("/healthz", "/livez"):
+        live = await client.get(path)
+        assert live.status_code == 200 and live.json()["status"] == "ok"
+        assert (await client.head(path)).status_code == 200

@@ -1,8 +1,8 @@
 """The hot routes (core/http/hotroute.py) through HTTP: each is served by the handler
-compiled from its own FastAPI declaration, straight from the dispatcher in front
-of the middleware stack, for every request of its method and path (401, 403,
-422, problems included); only a body that is not one Content-Length within the
-limit goes through the stack (its body limit), to the same handler."""
+compiled from its own FastAPI declaration, reached by the request pipeline's
+router (core/http/pipeline.py) after the same concerns as every route, for every
+request of its method and path (401, 403, 422, 413, problems included), never
+through FastAPI's own router."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from reservo.app import create_app
 from reservo.bootstrap import build
-from reservo.core.http.hotroute import HotLayer, compile_route, hot_routes
+from reservo.core.http import pipeline
+from reservo.core.http.hotroute import HotRouter, compile_route, hot_routes
 from reservo.core.kernel import metrics
 from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
@@ -31,8 +32,8 @@ SERVICE = auth("service", 1)
 
 
 class Hot:
-    """A client of the app, and the paths of the requests that went through
-    the middleware stack instead of straight to a hot route's handler."""
+    """A client of the app, and the paths of the requests that went to
+    FastAPI's own router instead of straight to a hot route's handler."""
 
     def __init__(self, client: httpx.AsyncClient, stacked: list[str]) -> None:
         self.c = client
@@ -43,8 +44,9 @@ class Hot:
 async def hot(base_settings: Settings) -> AsyncIterator[Hot]:
     container = build(base_settings.model_copy(update={"lean_paths": True}), OffsetClock())
     app = create_app(container)
-    assert app.hot is not None  # type: ignore[attr-defined]
-    layer: HotLayer = app.hot  # type: ignore[attr-defined]
+    layer: Any = app.pipeline  # type: ignore[attr-defined]
+    while not isinstance(layer, HotRouter):  # each concern wraps the next as .app
+        layer = layer.app
     stack, stacked = layer.app, []
 
     async def recording(scope: Scope, receive: Receive, send: Send) -> None:
@@ -157,13 +159,14 @@ async def test_slot_list_and_search_validation_and_auth_are_the_hot_handlers(hot
     period = {"from": f"{start}T08:00:00Z", "to": f"{start + timedelta(days=2)}T18:30:00Z"}
     city = f"hot-{uuid.uuid4().hex[:10]}"
     found = await c.get("/api/cars", params={"city": city, **period}, headers=who)
-    assert found.status_code == 200 and found.json() == []
+    assert found.status_code == 200 and found.json() == {"items": [], "next": None}
     assert code(await c.get("/api/cars", params={"city": city, **period})) == (
         401,
         "unauthenticated",
     )
     for params, loc in [
-        ({"city": city, **period, "limit": "501"}, ("query", "limit")),
+        ({"city": city, **period, "limit": "201"}, ("query", "limit")),
+        ({"city": city, **period, "after": "not-a-cursor"}, ("query", "after")),
         ({"city": city, "from": period["from"]}, ("query", "to")),
         ({"city": city, **period, "to": "2026-02-30T00:00:00Z"}, ("query", "to")),
     ]:
@@ -203,7 +206,9 @@ async def test_jobs_and_transfers_validation_and_auth_are_the_hot_handlers(hot: 
     assert hot.stacked == []
 
 
-async def test_a_hot_body_over_the_limit_or_unsized_meets_the_body_limit(hot: Hot) -> None:
+async def test_a_hot_body_over_the_limit_or_unsized_meets_the_body_limit(
+    hot: Hot, base_settings: Settings
+) -> None:
     c = hot.c
     good = {**auth("patient", new_id()), "Idempotency-Key": "big"}
     big = await c.post("/api/appointments", content=b"x" * 2_000_000, headers=good)
@@ -218,10 +223,23 @@ async def test_a_hot_body_over_the_limit_or_unsized_meets_the_body_limit(hot: Ho
         content=chunks(),
         headers={**good, "Content-Type": "application/json"},
     )
-    # Through the stack, to the same handler: its 422, not FastAPI's own.
+    # Unsized, to the same handler: its 422, not FastAPI's own.
     assert code(chunked) == (422, "validation_error")
     assert ("body", "patientId") in fields(chunked)
-    assert hot.stacked == ["/api/appointments", "/api/appointments"]
+    # Unsized and past the limit, cut off while the intake reads it (JSON) or
+    # while the hot handler reads it (any other type): the limit's 413 either way.
+    piece = b"x" * (base_settings.max_body_bytes // 3 + 1)
+
+    async def too_much() -> AsyncIterator[bytes]:
+        for _ in range(4):
+            yield piece
+
+    for media in ("application/json", "text/plain"):
+        cut = await c.post(
+            "/api/appointments", content=too_much(), headers={**good, "Content-Type": media}
+        )
+        assert code(cut) == (413, "payload_too_large"), media
+    assert hot.stacked == []
 
 
 async def test_hot_answers_are_counted_under_the_route_template(hot: Hot) -> None:
@@ -241,9 +259,11 @@ async def test_an_unexpected_error_on_a_hot_route_is_the_apps_500_and_is_counted
     async def boom(id: int) -> None:
         raise RuntimeError("a bug")
 
-    layer = HotLayer(app, hot_routes(app, [boom]), app, 1000)
+    served = pipeline.build(
+        app, hot_routes(app, [boom]), max_body_bytes=1000, deadlines=None, access_log=None
+    )
     counted = metrics.HTTP_REQUESTS.labels("GET", "/boom/{id}", "500")._value.get()
-    transport = httpx.ASGITransport(app=layer, raise_app_exceptions=False)
+    transport = httpx.ASGITransport(app=served, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         r = await c.get("/boom/1")
     assert r.status_code == 500
@@ -330,3 +350,75 @@ async def test_one_rule_stores_refusals_for_a_key_on_every_path(
         b201: ("DONE", 201),
         b409: ("DONE", 409),
     }
+
+
+async def test_a_hot_body_is_walked_once_and_a_stacked_one_as_before(
+    hot: Hot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intake walk (core.http.schemas._walk) of a hot route's body is made by
+    read_json alone: the model's own walk of the same document is skipped
+    (the WALKED context), where it used to be made twice."""
+    from reservo.core.http import schemas
+
+    job = {"category": "http", "urgency": 3, "payload": {"url": "http://x.test/"}}
+    walks: list[int] = []
+    walk = schemas._walk
+
+    def counted(value: Any) -> tuple[str | None, int]:
+        if value == job:  # the body itself (the payload and the answer are walked too)
+            walks.append(1)
+        return walk(value)
+
+    monkeypatch.setattr(schemas, "_walk", counted)
+    created = await hot.c.post("/api/jobs", json=job, headers=SERVICE)
+    assert created.status_code == 201, created.text
+    assert hot.stacked == [] and len(walks) == 1
+    # A NUL is refused either way: read_json's rule, before the model.
+    nul = await hot.c.post("/api/jobs", json={**job, "payload": {"x": "a\x00"}}, headers=SERVICE)
+    assert code(nul) == (422, "validation_error")
+
+
+def test_the_walked_context_skips_only_the_object_read_json_walked() -> None:
+    from pydantic import ValidationError
+
+    from reservo.appointments.schemas import AppointmentIn
+    from reservo.core.http.schemas import WALKED
+
+    bad = {"slotId": 1, "patientId": 2, "x\x00": 1}
+    with pytest.raises(ValidationError, match="NUL"):
+        AppointmentIn.model_validate(bad, context={WALKED: dict(bad)})
+    with pytest.raises(ValidationError, match="NUL"):
+        AppointmentIn.model_validate(bad)
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["compiled", "fastapi"])
+async def test_repeated_headers_read_as_fastapi_reads_them(
+    base_settings: Settings, lean: bool
+) -> None:
+    """The compiled route reads headers from the scope's list (the first of a
+    repeated name, as Starlette's Headers.get): the same answers as FastAPI's
+    own route, which the `fastapi` case runs."""
+    container = build(base_settings.model_copy(update={"lean_paths": lean}), OffsetClock())
+    app = create_app(container)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+            job = {"category": "http", "urgency": 3, "payload": {"url": "http://x.test/"}}
+            token = SERVICE["Authorization"]
+            answers = []
+            for headers in (
+                [("Authorization", token), ("Authorization", "Bearer nope")],
+                [("Authorization", "Bearer nope"), ("Authorization", token)],
+                [("authorization", token), ("Idempotency-Key", "a b"), ("Idempotency-Key", "ok")],
+                [("AUTHORIZATION", token), ("idempotency-key", f"k-{uuid.uuid4()}")],
+            ):
+                r = await c.post("/api/jobs", json=job, headers=headers)
+                answers.append(code(r))
+            assert answers == [
+                (201, None),
+                (401, "unauthenticated"),
+                (400, "idempotency_key_required"),  # the two keys are joined first
+                (201, None),
+            ]
+    finally:
+        await container.close()

@@ -28,7 +28,7 @@ from reservo.appointments.gate import seen_key
 from reservo.bootstrap import Container, build
 from reservo.core.db.migrate import available
 from reservo.core.http.auth import ROLES
-from reservo.core.http.glue import Roles
+from reservo.core.http.callers import Roles
 from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import book, make_slots

@@ -1,6 +1,6 @@
 """Idempotent writes under concurrent duplicates (POST /api/transfers and
-POST /api/jobs): one is created, a duplicate meets 409 or the replay, a refusal
-is replayed."""
+POST /api/jobs): one is created, every duplicate gets its replay (none is 409:
+a duplicate waits for the request in flight), a refusal is replayed."""
 
 from __future__ import annotations
 
@@ -39,19 +39,13 @@ async def _barrier_posts(
 
 
 def _one_created(responses: list[httpx.Response]) -> dict[str, Any]:
-    """Exactly one 201; every other answer is the documented 409
-    request_in_progress or the replay (200) of that same body."""
+    """Exactly one 201; every other answer is the replay (200) of that same body."""
     created = [r for r in responses if r.status_code == 201]
     assert len(created) == 1, [r.status_code for r in responses]
     first: dict[str, Any] = created[0].json()
     for r in responses:
-        if r.status_code == 409:
-            assert r.json()["code"] == "request_in_progress"
-            assert r.headers["retry-after"] == "1"
-        elif r.status_code == 200:
-            assert r.json() == first
-        else:
-            assert r.status_code == 201
+        assert r.status_code in (200, 201), r.text
+        assert r.json() == first
     return first
 
 

@@ -60,8 +60,11 @@ async def stack(base_settings: Settings, own_database: str) -> AsyncIterator[Sta
 # -- pause and resume ------------------------------------------------------------------
 
 
-async def test_pause_and_resume_answer_and_refuse(client: httpx.AsyncClient) -> None:
+async def test_pause_and_resume_answer_and_refuse(
+    client: httpx.AsyncClient, container: Container
+) -> None:
     cat = category()
+    container.scheduler.register(cat, Recorder())
     await _pause(client, cat)
     await _pause(client, cat)  # pausing twice is still paused
     assert (await _overview(client))[cat]["paused"] is True
@@ -77,6 +80,40 @@ async def test_pause_and_resume_answer_and_refuse(client: httpx.AsyncClient) -> 
         assert (r.status_code, r.json()["code"]) == (422, "validation_error"), bad
         assert r.headers["content-type"].startswith("application/problem+json")
     assert (await _overview(client))[cat]["paused"] is False  # nothing changed
+
+
+async def test_a_category_no_handler_serves_is_404_and_not_created(
+    client: httpx.AsyncClient, container: Container
+) -> None:
+    """Pause, resume and rate limit act on categories a handler serves: the
+    modules' own (internal ones too) or one registered in code. Any other name
+    is 404 `category_not_found`, and no category is created."""
+    unserved = category()
+    before = await _overview(client)
+    for method, action, body in (
+        ("POST", "pause", None),
+        ("POST", "resume", None),
+        ("PUT", "rate-limit", {"perSecond": 5}),
+        ("PUT", "rate-limit", {"perSecond": None}),
+    ):
+        r = await client.request(
+            method, f"/api/job-categories/{unserved}/{action}", json=body, headers=ADMIN
+        )
+        assert (r.status_code, r.json()["code"]) == (404, "category_not_found"), (action, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json")
+    assert await _overview(client) == before
+    assert unserved not in before
+    async with container.db.connection() as conn:
+        rows = await conn.fetchval(
+            "SELECT count(*) FROM job_category WHERE category = $1", unserved
+        )
+    assert rows == 0
+    # The declared ones, internal included, are served.
+    for declared in ("http", "rentals.expire-hold", "appointments.reminder"):
+        r = await client.put(
+            f"/api/job-categories/{declared}/rate-limit", json={"perSecond": None}, headers=ADMIN
+        )
+        assert r.status_code == 200, (declared, r.text)
 
 
 async def test_a_paused_categorys_due_jobs_wait_and_run_in_due_order_on_resume(
@@ -159,9 +196,10 @@ async def test_a_worker_that_has_not_seen_the_pause_never_runs_a_job_of_it(
 
 
 async def test_rate_limit_is_set_removed_and_bad_values_are_refused(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient, container: Container
 ) -> None:
     cat = category()
+    container.scheduler.register(cat, Recorder())
     path = f"/api/job-categories/{cat}/rate-limit"
     r = await client.put(path, json={"perSecond": 50}, headers=ADMIN)
     assert r.status_code == 200, r.text
@@ -239,6 +277,7 @@ async def test_the_overview_lists_declared_categories_and_those_with_jobs(stack:
     cat, quiet = category(), category()
     s = stack.container.scheduler
     s.register(cat, Recorder())
+    s.register(quiet, Recorder())
     ids = [await _create(stack.client, cat, now() - timedelta(seconds=1)) for _ in range(6)]
     await _create(stack.client, cat, now() + timedelta(hours=1))  # not due: not counted
     await stack.db.execute("UPDATE scheduled_job SET status = 'RUNNING' WHERE id = $1", ids[0])

@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 
 from reservo.app import create_app, openapi_document, openapi_text
 from reservo.bootstrap import Container
-from reservo.core.http.glue import current_principal
+from reservo.core.http.callers import current_principal
 from tests.helpers.auth import auth, new_id
 from tests.helpers.openapi_audit import PROBLEM_JSON, declared
 
@@ -78,13 +78,17 @@ async def test_bearer_security_on_protected_operations_only(
         if (method, path) in protected:
             assert op.get("security") == [{"bearerAuth": []}], (method, path)
             assert "unauthenticated" in declared(op, 401), (method, path)
-        else:
-            assert "security" not in op, (method, path)
     public = {(m, p) for m, p, _ in _operations(doc)} - protected
-    assert public == {
-        ("post", "/api/payments/webhook"),
-        ("post", "/api/webhooks/match-results"),
+    signed = {("post", "/api/payments/webhook"), ("post", "/api/webhooks/match-results")}
+    ops = {(m, p): op for m, p, op in _operations(doc)}
+    for key in public:
+        # Said outright: the signed webhooks prove their sender by X-Signature, the rest are open.
+        expected = [{"webhookSignature": []}] if key in signed else []
+        assert ops[key]["security"] == expected, key
+    assert doc["components"]["securitySchemes"]["webhookSignature"]["name"] == "X-Signature"
+    assert public == signed | {
         ("get", "/healthz"),
+        ("get", "/livez"),
         ("get", "/readyz"),
         ("get", "/metrics"),
         # A calendar application fetches a feed with no token: its URL is the secret.
@@ -148,6 +152,7 @@ async def test_idempotency_key_is_required_exactly_where_a_request_without_it_is
     bodies: dict[str, tuple[str, dict[str, Any]]] = {
         "bookAppointment": ("/api/appointments", {"slotId": 1, "patientId": 1}),
         "rescheduleAppointment": ("/api/appointments/1/reschedule", {"slotId": 1}),
+        "bookAppointmentSeries": ("/api/appointment-series", {"patientId": 1, "slotIds": [1]}),
         "holdCar": (
             "/api/bookings",
             {

@@ -44,10 +44,20 @@ async def test_a_patient_sets_and_clears_their_contact(
     patient = new_id()
     r = await put_contact(client, patient, {"email": "ana@example.com", "phone": "+351912345678"})
     assert r.status_code == 200, r.text
-    assert r.json() == {"patientId": patient, "email": "ana@example.com", "phone": "+351912345678"}
+    assert r.json() == {
+        "patientId": patient,
+        "email": "ana@example.com",
+        "phone": "+351912345678",
+        "pushSubscriptions": [],
+    }
     # PUT replaces: an omitted field is cleared. An admin may set it too.
     r = await put_contact(client, patient, {"phone": "+84901234567"}, ADMIN)
-    assert r.json() == {"patientId": patient, "email": None, "phone": "+84901234567"}
+    assert r.json() == {
+        "patientId": patient,
+        "email": None,
+        "phone": "+84901234567",
+        "pushSubscriptions": [],
+    }
     row = await db.fetchrow("SELECT email, phone FROM contact WHERE user_id = $1", patient)
     assert dict(row) == {"email": None, "phone": "+84901234567"}
 
@@ -227,7 +237,7 @@ async def test_the_demo_shows_a_repeating_schedule_and_a_waitlist(
 
     # As `reservo up --demo` builds it: the sandbox, and its own address allowed.
     settings = demo.settings_for_demo(base_settings.with_(database_url=own_database))
-    assert settings.jobs_http_allow == settings.http_host
+    assert settings.jobs_http_allow == f"{settings.http_host}:{settings.http_port}"
     own = build(settings, OffsetClock())
     try:
         await demo.load(own)

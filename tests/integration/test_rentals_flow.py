@@ -138,7 +138,7 @@ async def test_expired_hold_never_blocks_a_booking_nor_hides_the_car(
         headers=auth("customer", new_id()),
     )
     assert found.status_code == 200
-    assert [c["id"] for c in found.json()] == [car["id"]]
+    assert [c["id"] for c in found.json()["items"]] == [car["id"]]
     second = await hold(client, car["id"], new_id(), start, end)
     assert second.status_code == 201, second.text
     # The stale hold was flipped in the booking's own transaction, with its event.
@@ -413,8 +413,9 @@ async def test_search_lists_only_cars_free_for_the_whole_period(
     params = {"city": city, "from": start.isoformat(), "to": end.isoformat()}
     found = await client.get("/api/cars", params=params, headers=auth("customer", new_id()))
     assert found.status_code == 200
-    assert [c["id"] for c in found.json()] == [free["id"]]
-    assert found.json()[0] == {
+    assert found.json()["next"] is None
+    assert [c["id"] for c in found.json()["items"]] == [free["id"]]
+    assert found.json()["items"][0] == {
         "id": free["id"],
         "plate": free["plate"],
         "model": "Fiat Uno",

@@ -1,5 +1,6 @@
-"""Rentals, second release, through HTTP: a customer's bookings (keyset pages), a
-car's calendar for its host, a price quote; their errors, plans and OpenAPI."""
+"""Rentals, second release, through HTTP: a customer's bookings and the car search
+(keyset pages), a car's calendar for its host, a price quote; their errors, plans
+and OpenAPI."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -339,6 +341,78 @@ async def own(base_settings: Settings, own_database: str) -> AsyncIterator[Conta
     await c.close()
 
 
+# -- GET /api/cars: the search, a page at a time ------------------------------------------------
+
+
+async def _search_pages(
+    client: httpx.AsyncClient, city: str, start: datetime, end: datetime, limit: int
+) -> list[list[dict[str, Any]]]:
+    params: dict[str, Any] = {"city": city, "from": start.isoformat(), "to": end.isoformat()}
+    pages, after = [], None
+    while True:
+        query = {**params, "limit": limit, **({"after": after} if after else {})}
+        r = await client.get("/api/cars", params=query, headers=auth("customer", new_id()))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert set(body) == {"items", "next"}
+        pages.append(body["items"])
+        after = body["next"]
+        if after is None:
+            return pages
+        assert len(pages) < 1000, "the walk does not end"
+
+
+async def test_car_search_pages_cheapest_first_past_the_old_cap(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """Every free car of the city, page by page (dailyPrice, then id), each once:
+    also beyond the 500 the bare list stopped at. A busy car is on no page."""
+    city = f"pages-{new_id()}"
+    # 520 cars, prices in ties of four (so the id decides within a price).
+    await db.execute(
+        "INSERT INTO car (plate, model, city, daily_price, host_id, created_at)"
+        " SELECT 'PG-' || $1 || '-' || g, 'M', $1, 1000 + (g % 130) * 10, 1, now()"
+        "   FROM generate_series(1, 520) g",
+        city,
+    )
+    busy = await make_car(client, city=city, price=1_000)
+    start, end = at(300), at(348)
+    assert (await hold(client, busy["id"], new_id(), start, end)).status_code == 201
+    expected = [
+        r["id"]
+        for r in await db.fetch(
+            "SELECT id FROM car WHERE city = $1 AND id <> $2 ORDER BY daily_price, id",
+            city,
+            busy["id"],
+        )
+    ]
+    assert len(expected) == 520
+    pages = await _search_pages(client, city, start, end, 200)
+    assert [len(p) for p in pages] == [200, 200, 120]
+    assert [c["id"] for p in pages for c in p] == expected
+    small = await _search_pages(client, city, start, end, 7)
+    assert [c["id"] for p in small for c in p] == expected
+    # A page that ends exactly at the last car says so: no empty page after it.
+    exact = await _search_pages(client, city, start, end, 130)
+    assert [len(p) for p in exact] == [130, 130, 130, 130]
+
+
+async def test_car_search_errors(client: httpx.AsyncClient) -> None:
+    start, end = at(300), at(348)
+    params = {"city": "Lisbon", "from": start.isoformat(), "to": end.isoformat()}
+    who = auth("customer", new_id())
+    for bad in (
+        {"limit": 0},
+        {"limit": 201},
+        {"after": "not-a-cursor"},
+        {"after": base64.urlsafe_b64encode(b"[1]").decode().rstrip("=")},
+        {"after": base64.urlsafe_b64encode(b'["a", 1]').decode().rstrip("=")},
+        {"after": base64.urlsafe_b64encode(b"[0, 0]").decode().rstrip("=")},
+    ):
+        r = await client.get("/api/cars", params={**params, **bad}, headers=who)
+        assert code(r) == (422, "validation_error"), (bad, r.text)
+
+
 async def test_plans_walk_an_index_without_sorting(own: Container) -> None:
     """With enough rows that the planner has a choice: a customer's list and the
     hold rate count walk booking_customer_created from the key and stop; the
@@ -365,7 +439,15 @@ async def test_plans_walk_an_index_without_sorting(own: Container) -> None:
             now,
             car,
         )
+        # Cars of 200 cities besides: the search walks one city's (price, id) range.
+        await conn.execute(
+            "INSERT INTO car (plate, model, city, daily_price, host_id, created_at)"
+            " SELECT 'CITY-' || g, 'M', 'city-' || g % 200, 100 + g % 97, 1, $1"
+            "   FROM generate_series(1, 40000) g",
+            now,
+        )
         await conn.execute("ANALYZE booking")
+        await conn.execute("ANALYZE car")
     from reservo.rentals.repo import Q
 
     key = (now - timedelta(days=30), 10**6)
@@ -379,6 +461,7 @@ async def test_plans_walk_an_index_without_sorting(own: Container) -> None:
         ),
         "rate": (Q.recent_holds, [7, now - timedelta(minutes=15), 3], "booking_customer_created"),
         "calendar": (Q.car_calendar, [car, window, now], "ex_car_period"),
+        "search": (Q.search_available, ["city-7", window, now, 51, 150, 9000], "car_city"),
     }
     async with own.db.connection() as conn:
         for name, (sql, args, index) in plans.items():
@@ -410,13 +493,14 @@ async def test_openapi_documents_the_new_endpoints(client: httpx.AsyncClient) ->
         "/api/customers/{customerId}/bookings": ("BookingPage", {"401", "403", "422"}),
         "/api/cars/{carId}/calendar": ("Calendar", {"401", "403", "404", "422"}),
         "/api/cars/{carId}/quote": ("QuoteOut", {"401", "404", "422"}),
+        "/api/cars": ("CarPage", {"401", "422"}),
     }
     for path, (schema, statuses) in ops.items():
         op = paths[path]["get"]
         assert ok_schema(op) == schema
         errors = {s for s in op["responses"] if int(s) >= 400}
-        # 400 invalid_request_id and 503 unavailable: on every operation.
-        assert errors - {"400", "503"} == statuses, (path, errors)
+        # 503 unavailable: on every operation.
+        assert errors - {"503"} == statuses, (path, errors)
     assert set(schemas["BookingPage"]["properties"]) == {"items", "next"}
     assert set(schemas["CalendarPeriod"]["properties"]) == {
         "bookingId",
@@ -435,3 +519,6 @@ async def test_openapi_documents_the_new_endpoints(client: httpx.AsyncClient) ->
     }
     params = {p["name"] for p in paths["/api/customers/{customerId}/bookings"]["get"]["parameters"]}
     assert {"customerId", "status", "limit", "after"} <= params
+    assert set(schemas["CarPage"]["properties"]) == {"items", "next"}
+    params = {p["name"] for p in paths["/api/cars"]["get"]["parameters"]}
+    assert params == {"city", "from", "to", "limit", "after"}

@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 
 from reservo.app import create_app
 from reservo.appointments.gate import full_key
+from reservo.appointments.setup import Appointments
 from reservo.appointments.slots import slots_key
 from reservo.bootstrap import Container, build
 from reservo.core.kernel.clock import OffsetClock
@@ -29,6 +30,7 @@ from tests.helpers.appointments import book, make_slots
 from tests.helpers.auth import ADMIN, new_id
 from tests.helpers.procs import free_port
 from tests.helpers.proxy import TcpProxy
+from tests.helpers.waiting import wait_until
 
 
 def _with_port(url: str, host: str, port: int) -> str:
@@ -147,6 +149,10 @@ async def test_the_gates_refusals_of_a_full_slot_need_no_postgres(proxied: Any) 
         for _ in range(container.settings.appointments.booking_rate_limit):
             refused = await book(client, full, hammering)
             assert (refused.status_code, refused.json()["code"]) == (409, "slot_full")
+        # The steady state: the gate's marks of the keys that reached the
+        # database are whole (repaired once, from the first attempt on).
+        marks = container.module(Appointments).service.key_marks
+        await wait_until(marks.whole, what="the gate's marks whole")
 
         await proxy.stop()
 

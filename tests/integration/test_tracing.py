@@ -1,6 +1,6 @@
 """Traces and request ids end to end (core/kernel/tracing.py), through HTTP: the
 request id accepted or made and echoed (on the hot path and FastAPI's), a bad
-one refused; the trace of a booking followed by an in-memory span exporter from
+one replaced (never refused); the trace of a booking followed by an in-memory span exporter from
 its POST through the outbox and the consumer to its confirmation notification;
 the request id on the log lines of the request and of the consumer's work."""
 
@@ -24,6 +24,7 @@ import structlog
 from reservo.app import create_app
 from reservo.bootstrap import Container, build
 from reservo.core.kernel import tracing
+from reservo.core.kernel.access_log import AccessLog
 from reservo.core.kernel.clock import OffsetClock
 from reservo.core.kernel.logging import configure
 from reservo.core_modules import Outbox
@@ -69,23 +70,65 @@ async def test_a_request_without_an_id_gets_a_new_one_each_time(client: httpx.As
     assert len(ids) == 5 and all(HEX32.fullmatch(i) for i in ids)
 
 
-@pytest.mark.parametrize(
-    "bad",
-    ["x" * 129, "has space", "semi;colon", 'quote"', "new\\nline", "<script>", "é"],
-)
-async def test_a_bad_request_id_is_refused_and_nothing_changes(
-    client: httpx.AsyncClient, db: asyncpg.Connection, bad: str
+BAD_REQUEST_IDS = [
+    "x" * 129,
+    "y" * 5000,
+    "has space",
+    "semi;colon",
+    'quote"',
+    "new\\nline",
+    "<script>",
+    "é",
+]
+
+
+async def _served_under_a_new_id(
+    client: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    json_logs: Callable[[], list[dict[str, Any]]],
+    bad: str,
 ) -> None:
+    """The request is served as if it came without an id: a new one is made,
+    echoed and on its log lines, and the one given is logged once, escaped and cut."""
+    name = f"Dr. {uuid.uuid4()}"
+    json_logs()  # forget earlier lines
     r = await client.post(
         "/api/doctors",
-        json={"name": f"Dr. {bad!r}", "timezone": "UTC"},
+        json={"name": name, "timezone": "UTC"},
         headers={**ADMIN, "X-Request-ID": bad.encode("utf-8")},
     )
-    assert r.status_code == 400, r.text
-    assert r.headers["content-type"] == "application/problem+json"
-    assert r.json()["code"] == "invalid_request_id"
-    assert HEX32.fullmatch(r.headers["x-request-id"])  # a fresh one, to find the refusal by
-    assert await db.fetchval("SELECT count(*) FROM doctor WHERE name = $1", f"Dr. {bad!r}") == 0
+    assert r.status_code == 201, (bad, r.text)
+    rid = r.headers["x-request-id"]
+    assert HEX32.fullmatch(rid), rid
+    assert await db.fetchval("SELECT count(*) FROM doctor WHERE name = $1", name) == 1
+    replaced = [line for line in json_logs() if line["event"] == "request_id_replaced"]
+    assert len(replaced) == 1, replaced
+    assert replaced[0]["request_id"] == rid
+    assert replaced[0]["given_bytes"] == len(bad.encode("utf-8"))
+    shown = replaced[0]["given"]
+    assert len(shown) <= tracing.REQUEST_ID_MAX and shown.isascii() and shown.isprintable()
+    assert bad.startswith(shown) or "\\" in shown  # the id itself, or escaped
+
+
+@pytest.mark.parametrize("bad", BAD_REQUEST_IDS)
+async def test_a_bad_request_id_is_replaced_not_refused(
+    client: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    json_logs: Callable[[], list[dict[str, Any]]],
+    bad: str,
+) -> None:
+    await _served_under_a_new_id(client, db, json_logs, bad)
+
+
+async def test_a_bad_request_id_is_replaced_on_the_traced_path_too(
+    client: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    json_logs: Callable[[], list[dict[str, Any]]],
+    spans: Any,
+) -> None:
+    """With an exporter requests take the middleware's other path."""
+    for bad in BAD_REQUEST_IDS:
+        await _served_under_a_new_id(client, db, json_logs, bad)
 
 
 async def test_a_bad_traceparent_starts_a_new_trace(
@@ -288,3 +331,115 @@ async def test_stdlib_loggers_and_exceptions_are_one_json_line_each(
     assert "ValueError: boom" in failure["exception"]
     started = next(line for line in lines if line["event"] == "Started server process [42]")
     assert started["logger"] == "uvicorn.error" and started["level"] == "warning"
+
+
+# ------------------------------------------------- traceresponse, the access log
+
+
+async def _answers(client: httpx.AsyncClient, headers: dict[str, str]) -> list[httpx.Response]:
+    """A booking (the hottest route), a FastAPI route, a 404."""
+    _, slots = await make_slots(client)
+    patient = new_id()
+    booked = await client.post(
+        "/api/appointments",
+        json={"slotId": slots[0]["id"], "patientId": patient},
+        headers={**auth("patient", patient), "Idempotency-Key": str(uuid.uuid4()), **headers},
+    )
+    assert booked.status_code == 201, booked.text
+    health = await client.get("/healthz", headers=headers)
+    missing = await client.get("/api/appointments/999999999", headers={**ADMIN, **headers})
+    assert (health.status_code, missing.status_code) == (200, 404)
+    return [booked, health, missing]
+
+
+async def test_traceresponse_names_the_servers_span_in_the_callers_trace(
+    client: httpx.AsyncClient,
+) -> None:
+    for r in await _answers(client, {"traceparent": PARENT}):
+        got = tracing.parse_traceparent(r.headers["traceresponse"])
+        assert got is not None, r.headers
+        assert got.trace_id == TRACE_ID and got.sampled  # the caller's trace and decision
+        assert got.span_id != "00f067aa0ba902b7"  # the server's span, a child of the caller's
+    # No traceparent: the new trace's id, which is also the new request id.
+    for r in await _answers(client, {}):
+        got = tracing.parse_traceparent(r.headers["traceresponse"])
+        assert got is not None and got.trace_id == r.headers["x-request-id"] and not got.sampled
+
+
+async def test_traceresponse_is_the_exported_server_span(
+    client: httpx.AsyncClient, spans: Any
+) -> None:
+    for r in await _answers(client, {"traceparent": PARENT}):
+        got = tracing.parse_traceparent(r.headers["traceresponse"])
+        assert got is not None and got.trace_id == TRACE_ID
+        server = [
+            s
+            for s in spans.get_finished_spans()
+            if _hex(s.context.span_id, 16) == got.span_id and s.kind.name == "SERVER"
+        ]
+        assert len(server) == 1, r.headers["traceresponse"]
+        assert _hex(server[0].parent.span_id, 16) == "00f067aa0ba902b7"
+
+
+def _request_lines(lines: list[dict[str, Any]], route: str) -> list[dict[str, Any]]:
+    return [line for line in lines if line["event"] == "request" and line["route"] == route]
+
+
+async def test_the_access_log_is_on_by_default(
+    client: httpx.AsyncClient, json_logs: Callable[[], list[dict[str, Any]]]
+) -> None:
+    json_logs()
+    rid = f"entry-{uuid.uuid4()}"
+    r = await client.get("/healthz", headers={"X-Request-ID": rid})
+    assert r.status_code == 200
+    entry = _request_lines(json_logs(), "/healthz")
+    assert len(entry) == 1, entry
+    assert entry[0]["request_id"] == rid and entry[0]["status"] == 200
+    assert entry[0]["trace_id"] == tracing.parse_traceparent(r.headers["traceresponse"]).trace_id
+
+
+@pytest.fixture
+async def sampled_log(
+    base_settings: Settings,
+) -> AsyncIterator[httpx.AsyncClient]:
+    """One hot route's request in four logged."""
+    container = build(base_settings.with_(access_log_sample=0.25), OffsetClock())
+    app = create_app(container, owns_container=False)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+        yield c
+    await container.close()
+
+
+async def test_hot_routes_are_sampled_the_rest_is_logged_whole(
+    sampled_log: httpx.AsyncClient, json_logs: Callable[[], list[dict[str, Any]]]
+) -> None:
+    client = sampled_log
+    doctor, _ = await make_slots(client)
+    hot = "/api/doctors/{doctorId}/slots"
+    url = f"/api/doctors/{doctor}/slots?date=2030-01-01"
+    patient = auth("patient", new_id())
+    json_logs()
+    for _ in range(8):
+        assert (await client.get(url, headers=patient)).status_code == 200
+        assert (await client.get("/healthz")).status_code == 200
+    lines = json_logs()
+    assert len(_request_lines(lines, hot)) == 2, lines
+    assert len(_request_lines(lines, "/healthz")) == 8
+    # A sampled trace's requests are all logged: someone will look for them.
+    for _ in range(4):
+        r = await client.get(url, headers={**patient, "traceparent": PARENT})
+        assert r.status_code == 200
+    assert len(_request_lines(json_logs(), hot)) == 4
+
+
+def test_errors_and_slow_requests_are_logged_whatever_the_share() -> None:
+    log = AccessLog(sample=0.0, slow_ms=200, hot_paths=["/hot"])
+    assert not any(log.wanted("/hot", 200, 0.01, False) for _ in range(100))
+    assert not log.wanted("/hot", 409, 0.01, False)  # a storm's conflicts are its hot path
+    assert log.wanted("/hot", 500, 0.01, False) and log.wanted("/hot", 503, 0.01, False)
+    assert log.wanted("/hot", 200, 0.2, False)
+    assert log.wanted("/hot", 200, 0.01, True)
+    assert log.wanted("/cold", 200, 0.01, False)
+    every_tenth = AccessLog(sample=0.1, slow_ms=200, hot_paths=["/hot"])
+    assert sum(every_tenth.wanted("/hot", 201, 0.01, False) for _ in range(1000)) == 100

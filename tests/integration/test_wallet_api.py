@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 
+import asyncpg
 import httpx
+import pytest
+from pydantic import ValidationError
 
+from reservo.app import create_app
+from reservo.bootstrap import build
+from reservo.core.kernel.clock import OffsetClock
+from reservo.settings import Settings
+from reservo.wallet.config import WalletSettings
 from tests.helpers.auth import ADMIN, SERVICE, auth, new_id
 from tests.helpers.betting import make_account
 
@@ -105,3 +114,53 @@ async def test_refusals_tell_nothing_about_the_other_account(client: httpx.Async
     )
     assert (r.status_code, r.json()["code"]) == (409, "insufficient_funds")
     assert r.json()["detail"] == f"account {mine} does not hold 101 EUR"
+
+
+async def _open(client: httpx.AsyncClient, owner: int, currency: str) -> httpx.Response:
+    body = {"ownerId": owner, "currency": currency}
+    return await client.post("/api/accounts", json=body, headers=ADMIN)
+
+
+async def test_currency_is_an_iso_4217_code(
+    client: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    owner = new_id()
+    for code in ("EUR", "VND", "CHF", "XAU"):
+        r = await _open(client, owner, code)
+        assert r.status_code == 201, (code, r.text)
+        assert r.json()["currency"] == code
+    # Three capital letters are not enough: ISO 4217 lists the codes.
+    for code in ("ZZZ", "BTC", "ABC", "EUX"):
+        r = await _open(client, owner, code)
+        assert (r.status_code, r.json()["code"]) == (422, "validation_error"), (code, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert "ISO 4217" in r.json()["detail"]
+    currencies = await db.fetch(
+        "SELECT DISTINCT currency FROM wallet_account WHERE currency = ANY($1)",
+        ["ZZZ", "BTC", "ABC", "EUX"],
+    )
+    assert currencies == []  # neither the owner's account nor the system accounts
+
+
+@pytest.fixture
+async def btc_client(base_settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    container = build(base_settings.with_(wallet_currencies=" XBT, ZZT"), OffsetClock())
+    transport = httpx.ASGITransport(app=create_app(container, owns_container=False))
+    async with httpx.AsyncClient(transport=transport, base_url="http://reservo.test") as c:
+        yield c
+    await container.close()
+
+
+async def test_the_operator_adds_currencies(btc_client: httpx.AsyncClient) -> None:
+    owner = new_id()
+    for code in ("XBT", "ZZT", "EUR"):
+        r = await _open(btc_client, owner, code)
+        assert r.status_code == 201, (code, r.text)
+    r = await _open(btc_client, owner, "ZZZ")
+    assert (r.status_code, r.json()["code"]) == (422, "validation_error"), r.text
+
+
+@pytest.mark.parametrize("bad", ["btc", "BTCX", "B1C", "EUR,,X"])
+def test_a_bad_added_currency_stops_the_start(bad: str) -> None:
+    with pytest.raises(ValidationError, match="not a currency code"):
+        WalletSettings(currencies=bad)

@@ -10,6 +10,8 @@ import random
 import string
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -18,6 +20,11 @@ import jwt
 import orjson
 import pytest
 
+from reservo.bootstrap import Container
+from reservo.core.kernel.clock import OffsetClock
+from reservo.settings import Settings
+from reservo.wallet.pending import NotYetDue
+from reservo.wallet.setup import Wallet
 from tests.helpers.auth import JWT_SECRET, auth, new_id
 
 ADMIN = auth("admin", 1)
@@ -145,11 +152,237 @@ async def test_bank_invariants_under_concurrency_retries_and_cutoffs(
     assert answered <= existing
 
 
+# -- two-phase transfers racing posts, voids and expiries ---------------------------
+
+PENDING_OPS = 40
+
+
+async def _retrying(send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    """As a client does with a 503 (nothing was written; Retry-After): the same
+    request again (a create with its same key), and again while that key's
+    first attempt still holds it (409 request_in_progress: a claim whose
+    release the 503 prevented is free at the end of its lease). A loaded
+    2-core machine can make a request wait past the pool's acquire timeout."""
+    deadline = time.monotonic() + 90
+    while True:
+        r = await send()
+        busy = r.status_code == 409 and r.json()["code"] == "request_in_progress"
+        if not (r.status_code == 503 or busy) or time.monotonic() > deadline:
+            return r
+        await asyncio.sleep(0.5)
+
+
+async def test_bank_with_pending_transfers_racing_posts_voids_and_expiries(
+    client: httpx.AsyncClient,
+    container: Container,
+    clock: OffsetClock,
+    db: asyncpg.Connection,
+    database_url: str,
+) -> None:
+    """Phase one: pending transfers (some expiring soon) race plain transfers out
+    of the same accounts. Phase two, past the short ones' expiry: each pending
+    transfer's post, void and expiry job race each other and more plain
+    transfers. Every client of a phase is released together. Money is
+    conserved, `available` is never negative (watched throughout), and each
+    pending transfer is resolved exactly once."""
+    rng = random.Random(20261207)
+    owners = [new_id() for _ in range(ACCOUNTS)]
+    accounts = [await _account(client, o) for o in owners]
+    owner_of = dict(zip(accounts, owners, strict=True))
+    pending = container.module(Wallet).pending
+    watching = True
+    negative: list[asyncpg.Record] = []
+
+    async def watch() -> None:
+        # Its own connection samples every account while the clients run.
+        conn = await asyncpg.connect(database_url)
+        try:
+            while watching:
+                negative.extend(
+                    await conn.fetch(
+                        "SELECT id, balance, pending_debits FROM wallet_account"
+                        " WHERE id = ANY($1) AND balance - pending_debits < 0",
+                        accounts,
+                    )
+                )
+                await asyncio.sleep(0.005)
+        finally:
+            await conn.close()
+
+    async def plain(go: asyncio.Event) -> None:
+        src, dst = rng.sample(accounts, 2)
+        body = {"fromAccountId": src, "toAccountId": dst, "amount": rng.randint(1, 300)}
+        headers = {**auth("bettor", owner_of[src]), "Idempotency-Key": str(uuid.uuid4())}
+        await go.wait()
+        r = await _retrying(lambda: client.post("/api/transfers", json=body, headers=headers))
+        assert r.status_code == 201 or r.json()["code"] == "insufficient_funds", r.text
+
+    created: list[dict[str, Any]] = []
+
+    async def reserve(go: asyncio.Event) -> None:
+        src, dst = rng.sample(accounts, 2)
+        body = {
+            "fromAccountId": src,
+            "toAccountId": dst,
+            "amount": rng.randint(1, 400),
+            "pending": True,
+            "timeoutS": rng.choice([30, 3600]),
+        }
+        headers = {**auth("bettor", owner_of[src]), "Idempotency-Key": str(uuid.uuid4())}
+        await go.wait()
+        r = await _retrying(lambda: client.post("/api/transfers", json=body, headers=headers))
+        if r.status_code == 201:
+            created.append(r.json())
+        else:
+            assert r.json()["code"] == "insufficient_funds", r.text
+
+    watcher = asyncio.create_task(watch())
+    go = asyncio.Event()
+    tasks = [asyncio.create_task(reserve(go)) for _ in range(PENDING_OPS)]
+    tasks += [asyncio.create_task(plain(go)) for _ in range(PENDING_OPS // 2)]
+    await asyncio.sleep(0.05)
+    go.set()
+    await asyncio.gather(*tasks)
+    # Some were refused: the reservations asked for more than was there.
+    assert 10 < len(created) < PENDING_OPS, len(created)
+    # Plain transfers racing each other while every reservation is held: they
+    # may spend only what the reservations leave.
+    go = asyncio.Event()
+    tasks = [asyncio.create_task(plain(go)) for _ in range(PENDING_OPS // 2)]
+    await asyncio.sleep(0.05)
+    go.set()
+    await asyncio.gather(*tasks)
+    reserved = await db.fetch(
+        "SELECT a.id, a.balance, a.pending_debits,"
+        " (SELECT coalesce(sum(p.amount), 0) FROM wallet_pending_transfer p"
+        "   WHERE p.from_account_id = a.id AND p.status = 'PENDING') AS held"
+        " FROM wallet_account a WHERE a.id = ANY($1)",
+        accounts,
+    )
+    for r in reserved:
+        assert r["pending_debits"] == r["held"] and r["balance"] >= r["pending_debits"], r
+
+    clock.advance(timedelta(seconds=31))  # the 30 s ones are past their expiry now
+    short = {t["id"] for t in created if datetime.fromisoformat(t["expiresAt"]) <= clock.now()}
+    assert short and len(short) < len(created)
+    wins: dict[int, list[str]] = {t["id"]: [] for t in created}
+    posted: dict[int, int] = {}
+
+    async def post(go: asyncio.Event, t: dict[str, Any]) -> None:
+        amount = rng.randint(1, t["amount"])
+        headers = auth("bettor", owner_of[t["fromAccountId"]])
+        await go.wait()
+        url = f"/api/transfers/{t['id']}/post"
+        r = await _retrying(lambda: client.post(url, json={"amount": amount}, headers=headers))
+        if r.status_code == 200:
+            wins[t["id"]].append("post")
+            posted[t["id"]] = amount
+        else:
+            assert r.status_code == 409, r.text
+            assert r.json()["code"] in ("not_pending", "pending_expired"), r.text
+
+    async def void(go: asyncio.Event, t: dict[str, Any]) -> None:
+        headers = ADMIN if rng.random() < 0.3 else auth("bettor", owner_of[t["fromAccountId"]])
+        await go.wait()
+        url = f"/api/transfers/{t['id']}/void"
+        r = await _retrying(lambda: client.post(url, headers=headers))
+        if r.status_code == 200:
+            wins[t["id"]].append("void")
+        else:
+            assert (r.status_code, r.json()["code"]) == (409, "not_pending"), r.text
+
+    async def expire(go: asyncio.Event, t: dict[str, Any]) -> None:
+        await go.wait()
+        try:
+            if await pending.expire(t["id"]):
+                wins[t["id"]].append("expiry")
+        except NotYetDue:
+            assert t["id"] not in short
+
+    go = asyncio.Event()
+    tasks = []
+    for t in created:
+        racers = [post, void, expire]
+        # Every one is resolved: a live one has a post or a void among its
+        # racers, an expired one a void or its expiry job.
+        chosen = rng.sample(racers, rng.choice([2, 3]))
+        if not {void, post if t["id"] not in short else expire} & set(chosen):
+            chosen.append(void)
+        tasks += [asyncio.create_task(racer(go, t)) for racer in chosen]
+    tasks += [asyncio.create_task(plain(go)) for _ in range(PENDING_OPS // 2)]
+    rng.shuffle(tasks)
+    await asyncio.sleep(0.05)
+    go.set()
+    await asyncio.gather(*tasks)
+    watching = False
+    await watcher
+
+    assert negative == []
+    rows = await db.fetch(
+        "SELECT id, status, posted_amount, amount FROM wallet_pending_transfer"
+        " WHERE from_account_id = ANY($1)",
+        accounts,
+    )
+    assert {r["id"] for r in rows} == set(wins)
+    for r in rows:
+        won = wins[r["id"]]
+        # Exactly once: one racer won, or (an expired one) a plain transfer
+        # needing its money voided it first; nothing is left pending.
+        assert len(won) <= 1, (r["id"], won)
+        assert r["status"] in ("POSTED", "VOIDED"), r
+        if r["id"] in short:
+            assert "post" not in won and r["status"] == "VOIDED"
+        else:
+            assert len(won) == 1, (r["id"], won)
+        if r["status"] == "POSTED":
+            assert won == ["post"] and r["posted_amount"] == posted[r["id"]]
+        else:
+            assert "post" not in won and r["posted_amount"] is None
+    balances = {
+        r["id"]: (r["balance"], r["pending_debits"])
+        for r in await db.fetch(
+            "SELECT id, balance, pending_debits FROM wallet_account WHERE id = ANY($1)", accounts
+        )
+    }
+    assert all(p == 0 for _, p in balances.values()), balances
+    assert all(b >= 0 for b, _ in balances.values()), balances
+    assert sum(b for b, _ in balances.values()) == START * ACCOUNTS
+    for account in accounts:
+        total = await db.fetchval(
+            "SELECT coalesce(sum(amount), 0) FROM wallet_entry WHERE account_id = $1", account
+        )
+        last = await db.fetchval(
+            "SELECT balance_after FROM wallet_entry WHERE account_id = $1 ORDER BY id DESC LIMIT 1",
+            account,
+        )
+        assert total == balances[account][0] == last
+    # A posted one is one transfer of what was posted, its two entries under its
+    # id; a voided one wrote nothing.
+    moved = {
+        r["id"]: (r["amount"], r["entries"], r["total"])
+        for r in await db.fetch(
+            "SELECT t.id, t.amount, count(e.id) AS entries, sum(e.amount) AS total"
+            " FROM wallet_transfer t JOIN wallet_entry e ON e.transfer_id = t.id"
+            " WHERE t.id = ANY($1) GROUP BY t.id",
+            list(wins),
+        )
+    }
+    assert moved == {i: (amount, 2, 0) for i, amount in posted.items()}
+
+
 # -- system accounts: money enters only by deposits --------------------------------------
 
 # One currency per test (session-unique): its WORLD and HOUSE accounts and the whole
-# money supply then belong to that test alone. No ISO currency but QAR starts with Q.
-_CURRENCIES = (f"Q{a}{b}" for a in string.ascii_uppercase for b in string.ascii_uppercase)
+# money supply then belong to that test alone. No ISO currency but QAR starts with Q;
+# the others are an operator's own codes (RESERVO_WALLET_CURRENCIES), added below.
+_Q_CODES = [f"Q{a}{b}" for a in string.ascii_uppercase for b in string.ascii_uppercase]
+_CURRENCIES = iter(_Q_CODES)
+
+
+@pytest.fixture
+def base_settings(base_settings: Settings) -> Settings:
+    wallet = base_settings.wallet.model_copy(update={"currencies": ",".join(_Q_CODES)})
+    return base_settings.model_copy(update={"wallet": wallet})
 
 
 def _currency() -> str:

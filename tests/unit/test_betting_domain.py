@@ -110,3 +110,12 @@ def test_no_final_result_before_kick_off() -> None:
     assert refused.value.code == "match_not_started"
     domain.check_result("FINISHED", now, now)
     domain.check_result("CANCELLED", now + timedelta(days=1), now)
+
+
+def test_a_second_report_is_the_same_result_only_when_it_grades_the_same() -> None:
+    assert domain.same_result(("FINISHED", 2, 1), ("FINISHED", 2, 1))
+    assert not domain.same_result(("FINISHED", 2, 1), ("FINISHED", 1, 2))
+    assert not domain.same_result(("FINISHED", 0, 0), ("CANCELLED", 0, 0))
+    assert not domain.same_result(("CANCELLED", None, None), ("FINISHED", 0, 0))
+    # A cancelled match has no score: whatever scores come with it grade nothing.
+    assert domain.same_result(("CANCELLED", None, None), ("CANCELLED", 0, 0))

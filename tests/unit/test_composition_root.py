@@ -71,7 +71,8 @@ def test_build_uses_the_setups_it_is_given_by_module_package() -> None:
     c = build(SETTINGS, setups={"reservo.ops": bare}, announce=False)
     with pytest.raises(LookupError):
         c.module(Ops)
-    assert [m.name for m in c.modules][-len(MODULES) :] == [
+    # Webhooks out come after the modules whose events they subscribe to.
+    assert [m.name for m in c.modules][-len(MODULES) - 1 :] == [
         "appointments",
         "rentals",
         "wallet",
@@ -79,6 +80,8 @@ def test_build_uses_the_setups_it_is_given_by_module_package() -> None:
         "scheduler",
         "ops",
         "console",
+        "verify",
+        "webhooks",
     ]
     with pytest.raises(ValueError, match=r"no module \['reservo\.nowhere'\] to replace"):
         build(SETTINGS, setups={"reservo.nowhere": bare}, announce=False)
@@ -92,6 +95,7 @@ def test_each_module_declares_the_retention_of_its_own_tables() -> None:
         "notifications": {"notification"},
         "betting": {"webhook_events_fallback", "webhook_events_rejected"},
         "scheduler": {"scheduled_job"},
+        "webhooks": {"webhook_delivery", "webhook_event"},
     }
     assert c.module(Outbox).retention and c.module(Notifications).retention
     assert {r.name for r in c.module(Betting).retention} == {"fallback_prune", "rejected_prune"}
@@ -108,6 +112,8 @@ def test_each_module_declares_the_retention_of_its_own_tables() -> None:
         "rejected_prune",
         "job_prune_finished",
         "job_prune_dead",
+        "webhook_delivery_prune",
+        "webhook_event_prune",
     }
 
 

@@ -80,7 +80,7 @@ PUBLIC = [
 def test_inside_addresses_are_refused_by_default(address: str) -> None:
     ip = ipaddress.ip_address(address)
     assert refused_range(ip) is not None
-    assert address_refusal(AllowList(), ip) is not None
+    assert address_refusal(AllowList(), ip, 80) is not None
 
 
 @pytest.mark.parametrize("address", PUBLIC)
@@ -90,20 +90,54 @@ def test_public_addresses_may_be_called(address: str) -> None:
 
 def test_parse_allow_reads_addresses_networks_and_names() -> None:
     allow = parse_allow(" 127.0.0.1, 10.0.0.0/8 ,Callbacks.Internal., [::1], 127.2 ,")
-    assert allow.hosts == frozenset({"callbacks.internal"})
-    assert set(map(str, allow.networks)) == {
-        "127.0.0.1/32",
-        "10.0.0.0/8",
-        "::1/128",
-        "127.0.0.2/32",
+    assert allow.hosts == frozenset({("callbacks.internal", None)})
+    assert {(str(net), port) for net, port in allow.networks} == {
+        ("127.0.0.1/32", None),
+        ("10.0.0.0/8", None),
+        ("::1/128", None),
+        ("127.0.0.2/32", None),
     }
-    assert allow.allows_host("CALLBACKS.internal")
-    assert not allow.allows_host("other.internal")
+    assert allow.allows_host("CALLBACKS.internal", 8443)
+    assert not allow.allows_host("other.internal", 80)
     assert parse_allow("") == AllowList()
 
 
+def test_parse_allow_reads_ports_and_shows_one_spelling_per_destination() -> None:
+    allow = parse_allow(
+        "0x7f.1:8000, [::ffff:127.0.0.2]:81, [::1]:82, 10.0.0.0/8:443, "
+        "[fd00::/8]:9, cb.internal:443, cb.internal, 192.168.1.1"
+    )
+    assert allow.entries() == [
+        "127.0.0.1:8000",
+        "127.0.0.2:81",
+        "[::1]:82",
+        "10.0.0.0/8:443",
+        "[fd00::/8]:9",
+        "192.168.1.1",
+        "cb.internal",
+        "cb.internal:443",
+    ]
+    # What `reservo config` shows reads back as the same allow list.
+    assert parse_allow(str(allow)) == allow
+
+
 @pytest.mark.parametrize(
-    "entry", ["10.0.0.1/8", "10.0.0.0/33", "not a host", "-bad.example", "a..b", "http://x/"]
+    "entry",
+    [
+        "10.0.0.1/8",
+        "10.0.0.0/33",
+        "not a host",
+        "-bad.example",
+        "a..b",
+        "http://x/",
+        "127.0.0.1:0",
+        "127.0.0.1:65536",
+        "127.0.0.1:http",
+        "127.0.0.1:",
+        "[::1",
+        "[::1]8000",
+        "a:b:c",
+    ],
 )
 def test_parse_allow_refuses_what_it_cannot_read(entry: str) -> None:
     with pytest.raises(ValueError):
@@ -113,9 +147,45 @@ def test_parse_allow_refuses_what_it_cannot_read(entry: str) -> None:
 def test_allow_list_lifts_the_refusal_of_its_addresses_only() -> None:
     allow = parse_allow("127.0.0.1,10.0.0.0/8")
     for allowed in ("127.0.0.1", "::ffff:127.0.0.1", "10.200.0.1"):
-        assert address_refusal(allow, ipaddress.ip_address(allowed)) is None
+        assert address_refusal(allow, ipaddress.ip_address(allowed), 5432) is None
     for refused in ("127.0.0.2", "::1", "169.254.169.254", "192.168.0.1"):
-        assert address_refusal(allow, ipaddress.ip_address(refused)) is not None
+        assert address_refusal(allow, ipaddress.ip_address(refused), 5432) is not None
+
+
+# 127.0.0.1 as a URL may write it: every spelling is the same address.
+LOOPBACK_SPELLINGS = [
+    "127.0.0.1",
+    "2130706433",
+    "0x7f000001",
+    "0x7f.0.0.1",
+    "0177.0.0.1",
+    "017700000001",
+    "127.1",
+    "[::ffff:127.0.0.1]",
+    "[::ffff:7f00:1]",
+]
+
+
+@pytest.mark.parametrize("host", LOOPBACK_SPELLINGS)
+def test_an_address_allowed_with_a_port_is_allowed_on_that_port_only(host: str) -> None:
+    allow = parse_allow("127.0.0.1:8000")
+    assert static_refusal(allow, f"http://{host}:5432/") is not None
+    assert static_refusal(allow, f"http://{host}:6379/") is not None
+    assert static_refusal(allow, f"http://{host}/") is not None  # port 80
+    if not host.startswith("0177"):  # httpx refuses a leading-zero octet as a URL
+        assert static_refusal(allow, f"http://{host}:8000/healthz") is None
+        assert static_refusal(allow, f"http://{host}:08000/healthz") is None
+    ip = literal_address(host)
+    assert ip is not None
+    assert address_refusal(allow, ip, 8000) is None
+    assert address_refusal(allow, ip, 5432) is not None
+
+
+def test_a_name_allowed_with_a_port_is_allowed_on_that_port_only() -> None:
+    allow = parse_allow("callbacks.internal:443,any.internal")
+    assert allow.allows_host("Callbacks.Internal.", 443)
+    assert not allow.allows_host("callbacks.internal", 80)
+    assert allow.allows_host("any.internal", 6379)  # no port given: every port
 
 
 @pytest.mark.parametrize(
@@ -214,7 +284,7 @@ def test_every_embedded_ipv4_form_refuses_a_refused_ipv4(
     wrapped = ipaddress.IPv6Address(EMBEDDINGS[form](ip))
     if refused_range(ip) is not None:
         assert refused_range(wrapped) is not None, (form, str(wrapped))
-        assert address_refusal(AllowList(), wrapped) is not None
+        assert address_refusal(AllowList(), wrapped, 80) is not None
 
 
 @pytest.mark.parametrize("form", sorted(EMBEDDINGS))
@@ -246,5 +316,5 @@ def test_an_allowed_network_lifts_exactly_its_own_addresses(net: str, data: st.D
     )
     allow = parse_allow(net)
     assert refused_range(inside) is not None
-    assert address_refusal(allow, inside) is None
-    assert address_refusal(AllowList(), inside) is not None
+    assert address_refusal(allow, inside, 80) is None
+    assert address_refusal(AllowList(), inside, 80) is not None

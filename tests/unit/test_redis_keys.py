@@ -8,6 +8,7 @@ from redis.crc import key_slot
 from reservo.core.redis.cache import Cache
 from reservo.core.redis.client import RedisGate, make_client
 from reservo.core.redis.ratelimit import rate_key
+from reservo.rentals.service import search_day_group
 from reservo.scheduler.domain import Keys
 
 
@@ -38,5 +39,9 @@ def test_cache_and_rate_keys_are_tagged_by_what_they_count() -> None:
     days = [cache.value_key(f"slots:{{doctor:7}}:2026-01-0{d}") for d in range(1, 8)]
     assert {slot(d) for d in days} == {slot("{doctor:7}")}
     assert slot(cache.mark_key("full:{slot:42}")) == slot("{slot:42}")
+    # A car search page and the generations of its days (one script) share the city's.
+    page = cache.value_key("rentals:avail:{city:Hanoi}:2026-01-01T10:00:00+00:00:50:")
+    days = [cache.generation_key(search_day_group("Hanoi", f"2026-01-0{d}")) for d in (1, 2)]
+    assert {slot(page), *(slot(d) for d in days)} == {slot("{city:Hanoi}")}
     assert rate_key("book", 9) == "reservo:rl:{book:9}"
     assert slot(rate_key("book", 9)) == slot("{book:9}")

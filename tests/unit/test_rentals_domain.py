@@ -120,4 +120,8 @@ def test_a_payment_keeps_at_most_the_deposit_and_returns_the_rest(
     kept = amount - s.refund
     assert 0 <= s.refund <= amount
     assert kept == (due if confirmed else 0)
-    assert s.outcome == ("confirmed" if confirmed else "underpaid" if live_hold else "not_payable")
+    if confirmed:
+        assert s.outcome == ("overpaid" if amount > due else "confirmed")
+    else:
+        assert s.outcome == ("underpaid" if live_hold else "not_payable")
+    assert s.confirmed == confirmed

@@ -19,12 +19,15 @@ from reservo.settings import GROUPS, Settings, describe, env_name
 # (one flat class): the names are the users' contract and must not change.
 FLAT_NAMES = [
     "access_log",
+    "access_log_sample",
+    "access_log_slow_ms",
     "appointments_booking_rate_limit",
     "appointments_booking_rate_window_s",
     "appointments_calendar_cache_life_s",
     "appointments_calendar_local_ttl_s",
     "appointments_calendar_url_base",
     "appointments_full_mark_ttl_s",
+    "appointments_hold_sweep_interval_s",
     "appointments_horizon_days",
     "appointments_no_show_block_days",
     "appointments_no_show_limit",
@@ -33,6 +36,7 @@ FLAT_NAMES = [
     "appointments_slots_cache_life_s",
     "appointments_slots_cache_ttl_s",
     "appointments_slots_local_ttl_s",
+    "appointments_slots_refresh_ahead_s",
     "betting_breaker_failures",
     "betting_breaker_reset_s",
     "betting_max_payout",
@@ -42,9 +46,12 @@ FLAT_NAMES = [
     "betting_resend_batch",
     "betting_resend_interval_s",
     "betting_resend_lease_s",
+    "betting_settle_batch_matches",
     "betting_settle_chunk",
     "betting_settle_parallel",
     "betting_sweep_interval_s",
+    "clock_skew_alert_s",
+    "clock_sync_interval_s",
     "console_secure_cookie",
     "console_session_s",
     "data_dir",
@@ -52,6 +59,8 @@ FLAT_NAMES = [
     "database_url",
     "db_acquire_timeout_s",
     "db_command_timeout_s",
+    "db_commit_probe_s",
+    "db_host_timeout_s",
     "db_pool_max",
     "db_pool_min",
     "db_replica_pool_max",
@@ -65,9 +74,11 @@ FLAT_NAMES = [
     "http_max_connections",
     "http_max_header_bytes",
     "http_port",
+    "http_request_deadline_s",
     "http_shutdown_timeout_s",
     "idempotency_lease_s",
     "idempotency_retention_hours",
+    "idempotency_wait_ms",
     "jobs_http_allow",
     "jwt_accept_hs256",
     "jwt_audience",
@@ -88,6 +99,7 @@ FLAT_NAMES = [
     "kafka_consumer_max_records",
     "kafka_consumer_quick_retries",
     "kafka_dead_letter_topic",
+    "kafka_legacy_topics",
     "kafka_group_prefix",
     "kafka_idempotence",
     "kafka_linger_ms",
@@ -107,6 +119,8 @@ FLAT_NAMES = [
     "notify_email_template",
     "notify_http_token",
     "notify_http_url",
+    "notify_retry_base_s",
+    "notify_retry_max_s",
     "notify_smtp_host",
     "notify_smtp_password",
     "notify_smtp_port",
@@ -120,6 +134,9 @@ FLAT_NAMES = [
     "outbox_lease_s",
     "outbox_poll_interval_s",
     "payments_webhook_secret",
+    "push_ttl_s",
+    "push_vapid_private_key",
+    "push_vapid_subject",
     "ready_cache_s",
     "ready_timeout_s",
     "redis_backoff_s",
@@ -192,12 +209,20 @@ FLAT_NAMES = [
     "scheduler_resync_period_s",
     "scheduler_window_s",
     "token_cache_size",
+    "verify_interval_s",
+    "wallet_currencies",
     "wallet_house_shards",
     "wallet_statement_fetch_timeout_s",
     "wallet_statement_max_s",
     "wallet_statement_prefetch",
     "wallet_statement_streams",
     "webhook_tolerance_s",
+    "webhooks_backoff_base_s",
+    "webhooks_backoff_max_s",
+    "webhooks_per_endpoint",
+    "webhooks_retention_days",
+    "webhooks_retry_hours",
+    "webhooks_timeout_s",
 ]
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
@@ -222,7 +247,7 @@ def _candidates(name: str, default: Any) -> list[Any]:
     if isinstance(default, Path):
         return [Path("elsewhere")]
     # Strings and unset values: one of these fits each such setting.
-    return ["sandbox", "smtp", "http://elsewhere.example", "10.0.0.0/8", 7, 7.5, "elsewhere"]
+    return ["sandbox", "smtp", "http://elsewhere.example", "10.0.0.0/8", 7, 7.5, "elsewhere", "XBT"]
 
 
 def _different_valid_value(name: str) -> Any:
@@ -300,3 +325,31 @@ def test_an_unknown_name_is_an_error_not_a_no_op() -> None:
     # model_copy would set a module's flat name on nothing: it refuses it.
     with pytest.raises(TypeError, match="use with_"):
         Settings().model_copy(update={"scheduler_window_s": 2.0})
+
+
+@pytest.mark.parametrize(
+    ("env", "refusal"),
+    [
+        ({"RESERVO_IDEMPOTENCY_WAIT_MS": "-1"}, "greater than or equal to 0"),
+        ({"RESERVO_IDEMPOTENCY_WAIT_MS": "30001"}, "less than or equal to 30000"),
+        (
+            {"RESERVO_IDEMPOTENCY_WAIT_MS": "5000", "RESERVO_IDEMPOTENCY_LEASE_S": "5"},
+            "RESERVO_IDEMPOTENCY_WAIT_MS must be below RESERVO_IDEMPOTENCY_LEASE_S",
+        ),
+    ],
+)
+def test_the_idempotency_wait_is_bounded_and_below_the_lease(
+    env: dict[str, str], refusal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=refusal):
+        Settings()
+
+
+def test_the_idempotency_wait_defaults_to_two_seconds_and_may_be_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().idempotency_wait_ms == 2000
+    monkeypatch.setenv("RESERVO_IDEMPOTENCY_WAIT_MS", "0")
+    assert Settings().idempotency_wait_ms == 0

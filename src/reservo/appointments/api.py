@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from reservo.appointments import domain
 from reservo.appointments.domain import Appointment, ScheduleRule
-from reservo.appointments.gate import RateLimited
+from reservo.appointments.gate import BOOK_ENDPOINT, GateRefusal, request_key
 from reservo.appointments.schemas import (
     Agenda,
     AgendaAppointment,
@@ -22,34 +23,33 @@ from reservo.appointments.schemas import (
     ContactIn,
     ContactOut,
     DoctorIn,
+    Price,
+    PushKeys,
+    PushSubscriptionOut,
     RepeatingScheduleOut,
     RescheduledOut,
     ScheduleIn,
     ScheduleOut,
+    SeriesIn,
+    SeriesOut,
     SlotOut,
+    Status,
     WaitlistIn,
     WaitlistOut,
 )
 from reservo.appointments.schemas import Doctor as DoctorOut
 from reservo.appointments.service import AppointmentService
 from reservo.core.http.auth import Principal
-from reservo.core.http.glue import (
-    AdminCaller,
-    Caller,
+from reservo.core.http.callers import AdminCaller, Caller, role_caller
+from reservo.core.http.idempotency import IdempotencyStore, Within, validate_key
+from reservo.core.http.idempotent import (
     IdempotencyKey,
-    PathId,
     RequiredIdempotencyKey,
-    from_state,
     idempotency_store,
-    json_bytes,
-    json_response,
-    model_from,
     required_key,
-    role_caller,
     run_idempotent,
     run_idempotent_route,
 )
-from reservo.core.http.idempotency import IdempotencyStore, Within, validate_key
 from reservo.core.http.openapi import raises
 from reservo.core.http.pagination import (
     DEFAULT_LIMIT,
@@ -59,6 +59,8 @@ from reservo.core.http.pagination import (
     malformed_cursor,
     page,
 )
+from reservo.core.http.responses import json_bytes, json_response, model_from
+from reservo.core.http.route_inputs import PathId, from_state
 from reservo.core.http.schemas import Day
 from reservo.core.kernel.errors import DomainError
 
@@ -66,7 +68,7 @@ router = APIRouter(prefix="/api", tags=["appointments"])
 
 
 _svc = from_state(AppointmentService, "appointments")
-# Who may use which route, checked before the request is parsed (core.http.glue.Roles).
+# Who may use which route, checked before the request is parsed (core.http.callers.Roles).
 Patient = Annotated[Principal, role_caller("patient")]
 Doctor = Annotated[Principal, role_caller("doctor")]
 # Booking: patients for themselves; the slot's doctor only to overbook.
@@ -75,9 +77,23 @@ DoctorId = Annotated[PathId, Path(alias="doctorId")]
 PatientId = Annotated[PathId, Path(alias="patientId")]
 
 
-def render(appt: Appointment) -> dict[str, Any]:
+def render(appt: Appointment, payment_url: str | None = None) -> dict[str, Any]:
     # The wire fields are the appointment's own, by name (doctor_id stays inside).
-    return AppointmentOut.model_validate(appt, from_attributes=True).wire()
+    # An appointment booked at once answers as before: without the prepaid fields.
+    out = AppointmentOut.model_validate(appt, from_attributes=True)
+    if appt.price_amount is None or appt.price_currency is None:
+        return out.model_dump(mode="json", by_alias=True, exclude=_PREPAID_FIELDS)
+    price = Price(amount=appt.price_amount, currency=appt.price_currency)
+    return out.model_copy(update={"price": price, "payment_url": payment_url}).wire()
+
+
+_PREPAID_FIELDS = {"price", "hold_expires_at", "payment_url", "overpaid_refund"}
+
+
+def renderer(svc: AppointmentService) -> Callable[[Appointment], dict[str, Any]]:
+    """``render`` with the paymentUrl of a HELD appointment (the gateway's page):
+    only ever used in answers to its patient or an admin."""
+    return lambda appt: render(appt, svc.payment_url(appt))
 
 
 @router.post(
@@ -88,6 +104,8 @@ def render(appt: Appointment) -> dict[str, Any]:
     openapi_extra=raises(),
 )
 async def create_doctor(body: DoctorIn, caller: AdminCaller, request: Request) -> JSONResponse:
+    """Creates a doctor (admin): their `timezone` is the one their schedules'
+    local times are read in."""
     doctor = await _svc(request).create_doctor(body.name, body.timezone, body.specialty)
     out = DoctorOut(
         id=doctor.id, name=doctor.name, timezone=doctor.timezone, specialty=doctor.specialty
@@ -122,6 +140,10 @@ async def create_schedule(
         body.slot_minutes,
         body.capacity,
         body.overbook_limit,
+        None
+        if body.prepaid is None
+        else domain.Prepaid(body.prepaid.amount, body.prepaid.currency, body.prepaid.hold_minutes),
+        domain.BookingRules(body.min_notice_minutes, body.max_per_patient_per_day),
     )
     if body.to is None:
         schedule_id, created, skipped = await _svc(request).create_repeating_schedule(
@@ -145,6 +167,9 @@ async def list_slots(
     caller: Caller,
     request: Request,
 ) -> Response:
+    """The doctor's slots on `date` (their local day) that have not started and
+    still have room, oldest first. May lag a booking by the slot cache's
+    lifetime: booking a slot that just filled answers `slot_full`."""
     return json_bytes(200, await _svc(request).list_slots(doctor_id, day))
 
 
@@ -163,6 +188,8 @@ async def list_slots(
         "rate_limited",
         "overbook_limit",
         "no_show_limit",
+        "too_late_to_book",
+        "daily_limit",
     ),
 )
 async def book(
@@ -174,7 +201,15 @@ async def book(
     """A patient books a seat for themself (Idempotency-Key required). With
     `"overbook": true` the slot's doctor or an admin books a patient beyond the
     slot's capacity, up to its `overbookLimit` (409 `overbook_limit` when none is
-    left); such a booking always takes an overbooked seat. Patients get 403."""
+    left); such a booking always takes an overbooked seat. Patients get 403.
+    A slot of a prepaid schedule is held, not booked: 201 with `status: "HELD"`,
+    `holdExpiresAt` and `paymentUrl`; the held seat counts against capacity until
+    the payment webhook makes it BOOKED or the hold ends (EXPIRED, seat freed).
+    A schedule's booking rules: a patient books no later than its
+    `minNoticeMinutes` before the slot's start (409 `too_late_to_book`; an
+    admin booking for them is not bound), and holds at most its
+    `maxPerPatientPerDay` appointments with the doctor per local day (409
+    `daily_limit`)."""
     if body.overbook:
         return await overbook_flow(
             _svc(request),
@@ -207,28 +242,29 @@ async def book_flow(
     """A patient's booking (or an admin's for them), once the request is parsed."""
     caller.require_owner("patient", patient_id)
     key = required_key(idempotency_key)
-    endpoint = "POST /api/appointments"
-    scoped_key = f"{caller.key_owner}:{endpoint}:{key}"
-    try:
-        await svc.admit(patient_id, slot_id, scoped_key)
-    except RateLimited as err:
-        # Redis may have forgotten that this key reached the database (its
-        # mark expired, Redis restarted): a finished request's replay still
-        # gets its stored answer, never a rate limit (RateLimited says when
-        # the attempt cannot be one).
-        if not err.may_be_replay:
-            raise
-        done = await store.finished(caller.key_owner, endpoint, key, raw)
-        if done is None:
-            raise
-        return json_response(done.status, done.body)
+    scoped_key = request_key(caller.key_owner, key)
 
     async def book_once(within: Within[Appointment] | None) -> Appointment:
         await svc.remember_key(scoped_key)
-        return await svc.book(slot_id, patient_id, within)
+        return await svc.book(slot_id, patient_id, within, notice=not caller.is_admin)
 
-    async with svc.turn(slot_id, scoped_key):
-        return await run_idempotent(store, caller, endpoint, key, raw, book_once, render)
+    try:
+        await svc.admit(patient_id, slot_id, scoped_key)
+        async with svc.turn(slot_id, scoped_key):
+            return await run_idempotent(
+                store, caller, BOOK_ENDPOINT, key, raw, book_once, renderer(svc)
+            )
+    except GateRefusal as err:
+        # Redis may have forgotten that this key reached the database (its
+        # mark expired, Redis lost its state): a finished request's replay
+        # still gets its stored answer, never a refusal of the gate (the
+        # refusal says when the attempt cannot be one).
+        if not err.may_be_replay:
+            raise
+        done = await store.finished(caller.key_owner, BOOK_ENDPOINT, key, raw)
+        if done is None:
+            raise
+        return json_response(done.status, done.body)
 
 
 async def overbook_flow(
@@ -250,7 +286,7 @@ async def overbook_flow(
     async def overbook_once(within: Within[Appointment] | None) -> Appointment:
         return await svc.overbook(body.slot_id, body.patient_id, doctor, within)
 
-    endpoint = "POST /api/appointments"
+    endpoint = BOOK_ENDPOINT
     return await run_idempotent(store, caller, endpoint, key, raw, overbook_once, render)
 
 
@@ -278,20 +314,28 @@ async def get_appointment(
     caller: Patient,
     request: Request,
 ) -> JSONResponse:
-    return json_response(200, render(await _owned(request, caller, appointment_id)))
+    """One appointment, to its patient or an admin; anybody else's is
+    `appointment_not_found`, as if it did not exist."""
+    appt = await _owned(request, caller, appointment_id)
+    return json_response(200, renderer(_svc(request))(appt))
 
 
 @router.delete(
     "/appointments/{appointmentId}",
     response_model=AppointmentOut,
     operation_id="cancelAppointment",
-    openapi_extra=raises("appointment_not_found", "slot_in_past"),
+    openapi_extra=raises("appointment_not_found", "slot_in_past", "not_held"),
 )
 async def cancel(
     appointment_id: Annotated[PathId, Path(alias="appointmentId")],
     caller: Patient,
     request: Request,
 ) -> JSONResponse:
+    """Cancels a BOOKED appointment, or a HELD one (a prepaid slot's seat not
+    paid yet): its seat is freed. Cancelling twice is 200 both times; an EXPIRED
+    one (its hold ended unpaid) is 409 `not_held`. The patient or an admin;
+    anybody else's is `appointment_not_found`, as if it did not exist (a 403
+    would tell which ids exist)."""
     await _owned(request, caller, appointment_id)
     return json_response(200, render(await _svc(request).cancel(appointment_id)))
 
@@ -325,7 +369,7 @@ async def list_patient_appointments(
     patient_id: PatientId,
     caller: Patient,
     request: Request,
-    status: Annotated[Literal["BOOKED", "CANCELLED", "NO_SHOW"] | None, Query()] = None,
+    status: Annotated[Status | None, Query()] = None,
     limit: Limit = DEFAULT_LIMIT,
     after: After = None,
 ) -> JSONResponse:
@@ -336,7 +380,8 @@ async def list_patient_appointments(
         patient_id, status, _position(after), limit + 1
     )
     items, nxt = page(appts, limit, lambda a: (a.start_at.isoformat(), a.id))
-    return json_response(200, {"items": [render(a) for a in items], "next": nxt})
+    show = renderer(_svc(request))
+    return json_response(200, {"items": [show(a) for a in items], "next": nxt})
 
 
 def _agenda_slot(s: domain.AgendaSlot) -> AgendaSlot:
@@ -368,8 +413,12 @@ async def doctor_agenda(
     return json_response(200, out.wire())
 
 
-def render_rescheduled(appt: Appointment) -> dict[str, Any]:
-    return {**render(appt), "rescheduledFrom": appt.rescheduled_from}
+def rescheduled_renderer(svc: AppointmentService) -> Callable[[Appointment], dict[str, Any]]:
+    """The moved appointment; moved into a prepaid slot it is HELD, with its paymentUrl."""
+    return lambda appt: {
+        **render(appt, svc.payment_url(appt)),
+        "rescheduledFrom": appt.rescheduled_from,
+    }
 
 
 @router.post(
@@ -388,6 +437,8 @@ def render_rescheduled(appt: Appointment) -> dict[str, Any]:
         "slot_not_open",
         "no_show_limit",
         "contention",
+        "too_late_to_book",
+        "daily_limit",
     ),
 )
 async def reschedule(
@@ -399,17 +450,23 @@ async def reschedule(
 ) -> JSONResponse:
     """Move a BOOKED appointment to another slot: the new appointment is booked and
     the old one cancelled in one transaction (both or neither), and the old seat
-    goes to that slot's waitlist. Idempotency-Key required."""
+    goes to that slot's waitlist. Idempotency-Key required. Moved into a slot of a
+    prepaid schedule, the new appointment is HELD until paid (as a booking there).
+    The new slot's booking rules apply as to a booking (409 `too_late_to_book`
+    for a patient, `daily_limit` counting the day without the old appointment).
+    The patient or an admin; anybody else's appointment is
+    `appointment_not_found`, as if it did not exist (a 403 would tell which ids
+    exist)."""
     key = required_key(idempotency_key)
     old = await _owned(request, caller, appointment_id)
     svc = _svc(request)
     endpoint = f"POST /api/appointments/{appointment_id}/reschedule"
 
     async def move_once(within: Within[Appointment] | None) -> Appointment:
-        return await svc.reschedule(old, body.slot_id, within)
+        return await svc.reschedule(old, body.slot_id, within, notice=not caller.is_admin)
 
     return await run_idempotent_route(
-        request, caller, endpoint, key, move_once, render_rescheduled, status=200
+        request, caller, endpoint, key, move_once, rescheduled_renderer(svc), status=200
     )
 
 
@@ -478,7 +535,7 @@ async def leave_waitlist(
     "/patients/{patientId}/contact",
     response_model=ContactOut,
     operation_id="setPatientContact",
-    openapi_extra=raises(),
+    openapi_extra=raises("destination_not_allowed"),
 )
 async def put_contact(
     patient_id: PatientId,
@@ -487,10 +544,24 @@ async def put_contact(
     request: Request,
 ) -> JSONResponse:
     """Where the patient's notifications go: e-mail through the SMTP channel, phone
-    through the SMS/HTTP channel. Both are replaced; an omitted one is cleared."""
+    through the SMS/HTTP channel, and Web Push to each browser subscription (at
+    most 5); every notification goes to every channel they have. All are
+    replaced; an omitted one is cleared. 422 `destination_not_allowed` for a push
+    endpoint the egress rules refuse."""
     caller.require_owner("patient", patient_id)
-    c = await _svc(request).set_contact(patient_id, body.email, body.phone)
-    return json_response(200, ContactOut(patient_id=c.user_id, email=c.email, phone=c.phone).wire())
+    c = await _svc(request).set_contact(
+        patient_id, body.email, body.phone, [s.value() for s in body.push_subscriptions]
+    )
+    out = ContactOut(
+        patient_id=c.user_id,
+        email=c.email,
+        phone=c.phone,
+        push_subscriptions=[
+            PushSubscriptionOut(endpoint=s.endpoint, keys=PushKeys(p256dh=s.p256dh, auth=s.auth))
+            for s in c.push
+        ],
+    )
+    return json_response(200, out.wire())
 
 
 # -- third release ----------------------------------------------------------------------
@@ -528,3 +599,80 @@ async def clear_no_shows(patient_id: PatientId, caller: AdminCaller, request: Re
     counting towards the next one."""
     await _svc(request).clear_no_shows(patient_id)
     return Response(status_code=204)
+
+
+# -- fourth release: series ---------------------------------------------------------------
+
+
+def render_series(svc: AppointmentService) -> Callable[[domain.Series], dict[str, Any]]:
+    show = renderer(svc)
+    return lambda series: {
+        "seriesId": series.id,
+        "appointments": [show(a) for a in series.appointments],
+    }
+
+
+@router.post(
+    "/appointment-series",
+    status_code=201,
+    response_model=SeriesOut,
+    operation_id="bookAppointmentSeries",
+    openapi_extra=raises(
+        "slot_not_found",
+        "slot_full",
+        "already_booked",
+        "patient_busy",
+        "slot_in_past",
+        "slot_not_open",
+        "no_show_limit",
+        "too_late_to_book",
+        "daily_limit",
+        "contention",
+    ),
+)
+async def book_series(
+    body: SeriesIn,
+    caller: Patient,
+    request: Request,
+    idempotency_key: RequiredIdempotencyKey = None,
+) -> JSONResponse:
+    """Book several slots for one patient, all or nothing (Idempotency-Key
+    required): each slot is booked as `POST /api/appointments` would (a prepaid
+    slot is HELD), in one transaction. When any slot is refused, nothing is
+    booked and the answer is 409 with the first refusal's `code` and its
+    `slotId`. The owner patient or an admin (who is not bound by the minimum
+    notice)."""
+    caller.require_owner("patient", body.patient_id)
+    key = required_key(idempotency_key)
+    svc = _svc(request)
+
+    async def book_once(within: Within[domain.Series] | None) -> domain.Series:
+        return await svc.book_series(
+            body.patient_id, body.slot_ids, within, notice=not caller.is_admin
+        )
+
+    return await run_idempotent_route(
+        request, caller, "POST /api/appointment-series", key, book_once, render_series(svc)
+    )
+
+
+@router.delete(
+    "/appointment-series/{seriesId}",
+    response_model=SeriesOut,
+    operation_id="cancelAppointmentSeries",
+    openapi_extra=raises("series_not_found"),
+)
+async def cancel_series(
+    series_id: Annotated[PathId, Path(alias="seriesId")],
+    caller: Patient,
+    request: Request,
+) -> JSONResponse:
+    """Cancel the rest of a series: its appointments that have not started (each
+    as `DELETE /api/appointments/{id}`, its seat to the slot's waitlist). Those
+    started, cancelled or expired stay as they are; cancelling twice is 200 both
+    times. Answers the whole series. The owner patient or an admin; anyone
+    else's series is 404 `series_not_found`."""
+    svc = _svc(request)
+    if not caller.owns("patient", await svc.series_patient(series_id)):
+        raise DomainError("series_not_found", f"no series {series_id}")
+    return json_response(200, render_series(svc)(await svc.cancel_series(series_id)))

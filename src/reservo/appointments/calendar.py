@@ -34,6 +34,7 @@ from typing import Literal
 import structlog
 
 from reservo.appointments import ical, repo
+from reservo.appointments.domain import effective_status
 from reservo.core.db.database import Database
 from reservo.core.kernel.clock import Clock
 from reservo.core.kernel.errors import DomainError
@@ -200,7 +201,7 @@ class CalendarFeeds:
         # open the replaced one.
         async with self.db.connection() as conn:
             rows = await repo.calendar_feed(conn, kind, owner_id, now - PAST)
-        return render(kind, rows)
+        return render(kind, rows, now)
 
 
 def _parse_owner(raw: bytes) -> tuple[Kind, int] | None:
@@ -213,10 +214,11 @@ def _parse_owner(raw: bytes) -> tuple[Kind, int] | None:
     return None
 
 
-def render(kind: Kind, rows: Sequence[repo.Row]) -> Feed:
-    """The feed of ``repo.calendar_feed``'s rows (the first names the link)."""
+def render(kind: Kind, rows: Sequence[repo.Row], now: datetime) -> Feed:
+    """The feed of ``repo.calendar_feed``'s rows (the first names the link), as
+    it stands at ``now`` (a hold past its end is over)."""
     link = rows[0]["token_sha256"] if rows else None
-    events = [_event(kind, r) for r in rows if r["id"] is not None]
+    events = [_event(kind, r, now) for r in rows if r["id"] is not None]
     name = "Appointments" if kind == "patient" else "Agenda"
     body = ical.calendar(f"reservo: {name}", events)
     stamps = [e.stamp for e in events]
@@ -229,8 +231,12 @@ def render(kind: Kind, rows: Sequence[repo.Row]) -> Feed:
     return Feed(bytes(link) if link is not None else b"", etag, modified, body)
 
 
-def _event(kind: Kind, r: repo.Row) -> ical.Event:
-    cancelled = r["status"] == "CANCELLED"
+def _event(kind: Kind, r: repo.Row, now: datetime) -> ical.Event:
+    # An unpaid hold that ended (EXPIRED, flipped or not yet) is cancelled too;
+    # a hold's payment (settled_at) is a change of the event: TENTATIVE -> CONFIRMED.
+    status = effective_status(r["status"], r["hold_expires_at"], now)
+    cancelled = status in ("CANCELLED", "EXPIRED")
+    settled = r["settled_at"]
     # Only what the owner may see: the doctor's name for a patient; for the
     # doctor, the patient's id (as the agenda shows it), never more.
     if kind == "patient":
@@ -239,10 +245,13 @@ def _event(kind: Kind, r: repo.Row) -> ical.Event:
         summary = f"Appointment: patient #{r['patient_id']}"
     return ical.Event(
         uid=f"appointment-{r['root']}@reservo",
-        sequence=r["depth"] + int(cancelled),
+        sequence=r["depth"] + int(cancelled) + int(settled is not None),
         start=r["start_at"],
         end=r["end_at"],
-        stamp=(r["cancelled_at"] or r["created_at"]) if cancelled else r["created_at"],
+        stamp=(r["cancelled_at"] or settled or r["created_at"])
+        if cancelled
+        else (settled or r["created_at"]),
         summary=summary,
         cancelled=cancelled,
+        tentative=status == "HELD",
     )

@@ -13,8 +13,10 @@ from fastapi.responses import JSONResponse, Response
 from reservo.appointments.calendar import CalendarFeeds, Feed
 from reservo.appointments.schemas import CalendarLinkOut
 from reservo.core.http.auth import Principal
-from reservo.core.http.glue import PathId, from_state, json_response, role_caller
+from reservo.core.http.callers import role_caller
 from reservo.core.http.openapi import raises
+from reservo.core.http.responses import json_response
+from reservo.core.http.route_inputs import PathId, from_state
 
 router = APIRouter(prefix="/api", tags=["appointments"])
 # Outside /api: a calendar application fetches it without any token.

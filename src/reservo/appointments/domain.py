@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from reservo.core.db.rows import FromRow, build
 from reservo.core.kernel import timezones
+from reservo.core.kernel.payments import split_payment
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,7 @@ class Appointment(FromRow):
     slot_id: int
     patient_id: int
     doctor_id: int
-    status: str  # BOOKED | CANCELLED | NO_SHOW
+    status: str  # HELD | BOOKED | CANCELLED | NO_SHOW | EXPIRED (as stored)
     start_at: datetime
     end_at: datetime
     created_at: datetime
@@ -44,6 +45,61 @@ class Appointment(FromRow):
     lineage_id: int | None = None
     # A staff booking beyond the slot's capacity (counted in overbooked_count).
     overbooked: bool = False
+    # A prepaid slot's seat (0054): HELD until paid, EXPIRED at hold_expires_at.
+    hold_expires_at: datetime | None = None
+    price_amount: int | None = None
+    price_currency: str | None = None
+    # The excess of the payment that confirmed it, refunded (0: paid exactly).
+    overpaid_refund: int | None = None
+
+    def effective_status(self, now: datetime) -> str:
+        """What the appointment is at ``now``: a hold past its end is EXPIRED even
+        before a job flipped it (it blocks no seat then either)."""
+        return effective_status(self.status, self.hold_expires_at, now)
+
+    def as_of(self, now: datetime) -> Appointment:
+        """As a reader sees it at ``now`` (a hold past its end shows EXPIRED)."""
+        status = self.effective_status(now)
+        return self if status == self.status else replace(self, status=status)
+
+
+def effective_status(status: str, hold_expires_at: datetime | None, now: datetime) -> str:
+    if status == "HELD" and hold_expires_at is not None and hold_expires_at <= now:
+        return "EXPIRED"
+    return status
+
+
+@dataclass(frozen=True)
+class Prepaid:
+    """A schedule's price, paid before a seat is confirmed: its slots are booked
+    HELD for ``hold_minutes``, then BOOKED by the payment or EXPIRED."""
+
+    amount: int  # minor units, > 0
+    currency: str  # ISO 4217
+    hold_minutes: int = 15
+
+    def columns(self) -> tuple[int, str, int]:
+        return self.amount, self.currency, self.hold_minutes
+
+
+@dataclass(frozen=True)
+class BookingRules:
+    """A schedule's limits on patients' bookings, copied onto its slots.
+    ``min_notice_minutes``: a patient books (or reschedules into) a slot only
+    that long before its start, by the server's clock; staff are not bound.
+    ``max_per_patient_day``: live appointments (BOOKED or HELD) a patient may
+    hold with the doctor on one of the doctor's local days (None: no limit)."""
+
+    min_notice_minutes: int = 0
+    max_per_patient_day: int | None = None
+
+    def columns(self) -> tuple[int, int | None]:
+        return self.min_notice_minutes, self.max_per_patient_day
+
+
+def too_late(start_at: datetime, now: datetime, min_notice_minutes: int) -> bool:
+    """Whether a slot starting at ``start_at`` is within the notice at ``now``."""
+    return start_at < now + timedelta(minutes=min_notice_minutes)
 
 
 @dataclass(frozen=True)
@@ -57,6 +113,9 @@ class ScheduleRule:
     capacity: int
     # Seats staff may book beyond capacity (POST /api/appointments with overbook).
     overbook_limit: int = 0
+    # None: booked at once; else the slots are paid before confirmed.
+    prepaid: Prepaid | None = None
+    booking: BookingRules = BookingRules()
 
 
 @dataclass(frozen=True)
@@ -125,12 +184,17 @@ class Limits:
     # changes it. Every booking, cancellation and schedule change drops it (at once
     # after its commit, and again through the outbox if the process died first),
     # and a read that raced a change is never stored, so this is only the bound
-    # when both drops were lost, and the lists that open later are caught by
-    # expiring at the next opening time.
-    slots_cache_life_s: int = 60
+    # when both drops were lost (5 s: the design's 3-5 s), and the lists that
+    # open later are caught by expiring at the next opening time.
+    slots_cache_life_s: int = 5
     # A list read from a replica (which may lag behind a change already
     # invalidated) lives only this long in Redis.
     slots_cache_ttl_s: int = 3
+    # A cached list with this long to live or less is read again ahead, in the
+    # background, by one reader of the whole deployment (a Redis lease), while
+    # the others keep serving it (0: none; each process then reads it again
+    # when it expires).
+    slots_refresh_ahead_s: float = 1.0
     # Per-process copy of a slot list in front of Redis (0: none): how long
     # another API process keeps showing it after a booking changed it.
     slots_local_ttl_s: float = 1.0
@@ -152,14 +216,22 @@ def horizon_end(now: datetime, tz: ZoneInfo, window: Window) -> date:
     return local_date(now, tz) + timedelta(days=window.horizon_days)
 
 
+def prepaid_of(row: Mapping[str, Any]) -> Prepaid | None:
+    """A stored price (slot or schedule row), or None for a slot booked at once."""
+    if row.get("prepaid_amount") is None:
+        return None
+    return Prepaid(row["prepaid_amount"], row["prepaid_currency"], row["hold_minutes"])
+
+
 @dataclass(frozen=True)
 class AgendaEntry:
     """One appointment of a slot, as a doctor's agenda shows it."""
 
     id: int
     patient_id: int
-    status: str
+    status: str  # effective: a hold past its end shows EXPIRED
     overbooked: bool = False
+    hold_expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +299,8 @@ class RepeatingSchedule:
             row["slot_minutes"],
             row["capacity"],
             row["overbook_limit"],
+            prepaid_of(row),
+            BookingRules(row["min_notice_minutes"], row["max_per_patient_day"]),
         )
         return build(cls, row, rule=rule)
 
@@ -260,3 +334,43 @@ class NoShowStanding:
     counted: int  # what the policy counts now
     total: int
     blocked_until: datetime | None
+
+
+# -- prepaid appointments: what one payment settled ------------------------------------
+
+PaymentOutcome = Literal["confirmed", "overpaid", "underpaid", "not_payable"]
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What one payment of a prepaid appointment settled, and the part of it that
+    goes back to the patient (0: nothing to refund)."""
+
+    outcome: PaymentOutcome
+    refund: int
+
+    @property
+    def confirmed(self) -> bool:
+        return self.outcome in ("confirmed", "overpaid")
+
+
+def settle(amount: int, price: int, *, confirmed: bool, live_hold: bool) -> Settlement:
+    """A payment that confirmed a hold keeps the price and returns any excess
+    (core.kernel.payments, the one rule for every payment); one that confirmed
+    nothing returns all of it: ``underpaid`` while the hold is still live (it
+    stays HELD, the patient may pay in full), else ``not_payable``."""
+    if not confirmed:
+        return Settlement("underpaid" if live_hold else "not_payable", amount)
+    split = split_payment(amount, price)
+    if split.match == "underpaid":  # the confirm statement and this rule disagree
+        raise ValueError(f"a payment of {amount} cannot confirm a price of {price}")
+    return Settlement("overpaid" if split.match == "overpaid" else "confirmed", split.refund)
+
+
+@dataclass(frozen=True)
+class Series:
+    """Slots booked for one patient at once, all or nothing (0057)."""
+
+    id: int
+    patient_id: int
+    appointments: tuple[Appointment, ...]

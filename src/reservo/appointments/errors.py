@@ -12,7 +12,10 @@ ERRORS = by_status(
         "not_waiting",
         # A calendar feed's URL that is malformed, unknown or replaced by a newer link.
         "calendar_not_found",
+        "series_not_found",
     ],
+    # A Web Push endpoint the egress rules of `http` jobs refuse (as the scheduler's).
+    unprocessable=["destination_not_allowed"],
     conflict=[
         "slot_full",
         "already_booked",
@@ -29,7 +32,15 @@ ERRORS = by_status(
         "no_show_limit",
         "not_started",
         "not_booked",
+        # Prepaid appointments: a payment or cancel of an appointment that is
+        # not (or never was) held.
+        "not_held",
+        # Fourth release: a schedule's booking rules (minimum notice, daily limit).
+        "too_late_to_book",
+        "daily_limit",
     ],
+    # A refund event waits (and is retried) while no payment gateway is set.
+    unavailable=["payment_gateway_unconfigured"],
 )
 
 CONSTRAINTS = {

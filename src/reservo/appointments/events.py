@@ -24,11 +24,31 @@ WAITLIST_BOOKED = "appointments.appointment.booked-from-waitlist.v1"
 WAITLIST_SKIPPED = "appointments.waitlist.patient-skipped.v1"
 # The slot's doctor (or an admin) marked a started appointment as missed.
 NO_SHOW = "appointments.appointment.no-show.v1"
+# Prepaid slots (0054): a seat held until paid, its payment, its end unpaid, and
+# the money that goes back (a late or short payment in full, an excess).
+HELD = "appointments.appointment.held.v1"
+CONFIRMED = "appointments.appointment.payment-confirmed.v1"
+EXPIRED = "appointments.appointment.expired.v1"
+REFUND_REQUESTED = "appointments.appointment.refund-requested.v1"
+# Executes REFUND_REQUESTED through the payment gateway, once per event.
+REFUND_CONSUMER = "appointments-refunds"
 # Drops the cached slot lists a booking, cancellation or move changed (durably:
 # what the request could not drop after its commit).
 SLOT_LISTS_CONSUMER = "appointments-slot-lists"
-SLOT_LIST_CHANGES = (BOOKED, CANCELLED, RESCHEDULED)
-TOPICS = (BOOKED, CANCELLED, REMINDER, RESCHEDULED, WAITLIST_BOOKED, WAITLIST_SKIPPED, NO_SHOW)
+SLOT_LIST_CHANGES = (BOOKED, CANCELLED, RESCHEDULED, HELD, EXPIRED)
+TOPICS = (
+    BOOKED,
+    CANCELLED,
+    REMINDER,
+    RESCHEDULED,
+    WAITLIST_BOOKED,
+    WAITLIST_SKIPPED,
+    NO_SHOW,
+    HELD,
+    CONFIRMED,
+    EXPIRED,
+    REFUND_REQUESTED,
+)
 
 
 def key(appt: Appointment) -> str:
@@ -52,6 +72,23 @@ def payload(appt: Appointment) -> dict[str, Any]:
         **seat,
         **extra,
     }
+
+
+def held_payload(appt: Appointment) -> dict[str, Any]:
+    """A prepaid appointment's events: the seat, its price and, while HELD or
+    when it EXPIRED, the hold's end; overpaidRefund once a payment confirmed it."""
+    extra: dict[str, Any] = {"price": appt.price_amount, "currency": appt.price_currency}
+    if appt.hold_expires_at is not None:
+        extra["holdExpiresAt"] = appt.hold_expires_at.isoformat()
+    if appt.overpaid_refund is not None:
+        extra["overpaidRefund"] = appt.overpaid_refund
+    return {**payload(appt), **extra}
+
+
+def refund_payload(appt: Appointment, amount: int, reason: str) -> dict[str, Any]:
+    """What the refund consumer executes: ``amount`` of the appointment's payment
+    back to the patient, and why (the notification says it)."""
+    return {**held_payload(appt), "amount": amount, "reason": reason}
 
 
 def rescheduled_payload(appt: Appointment, old: Appointment) -> dict[str, Any]:
@@ -107,6 +144,26 @@ _MESSAGES = {
         "Appointment for {start} cancelled",
         "Your appointment #{appointmentId} at {start} was cancelled.",
     ),
+    HELD: (
+        "Pay to confirm your appointment at {start}",
+        "A place is held for you: appointment #{appointmentId} with doctor #{doctorId} at "
+        "{start}. Pay {price} {currency} by {holdEnd} to confirm it; unpaid, it is released.",
+    ),
+    CONFIRMED: (
+        "Appointment paid and confirmed for {start}",
+        "Your payment was received: appointment #{appointmentId} with doctor #{doctorId} at "
+        "{start} is booked.",
+    ),
+    EXPIRED: (
+        "Appointment at {start} released unpaid",
+        "No payment arrived for appointment #{appointmentId} at {start} by {holdEnd}, so "
+        "its place was released.",
+    ),
+    REFUND_REQUESTED: (
+        "Refund of {amount} {currency} for your appointment at {start}",
+        "{amount} {currency} of your payment for appointment #{appointmentId} at {start} "
+        "is being refunded: {reason}.",
+    ),
     NO_SHOW: (
         "Missed appointment at {start}",
         "Your appointment #{appointmentId} with doctor #{doctorId} at {start} was marked "
@@ -127,6 +184,8 @@ def notifications(event: Event) -> list[Notification]:
     fields = {**p, "start": _when(p["startAt"])}
     if "previousStartAt" in p:
         fields["previous"] = _when(p["previousStartAt"])
+    if "holdExpiresAt" in p:
+        fields["holdEnd"] = _when(p["holdExpiresAt"])
     subject, body = _MESSAGES[event.topic]
     if p.get("reason") == "no_show_limit":
         subject, body = _SKIPPED_BLOCKED
@@ -199,7 +258,67 @@ def _appointment_event(name: str, formerly: tuple[str, ...], summary: str) -> Ev
     )
 
 
+_PRICED = {
+    **_APPOINTMENT,
+    "price": {"type": "integer", "minimum": 1, "description": "The price, in minor units."},
+    "currency": {"type": "string", "description": "ISO 4217 code of the price."},
+}
+_HOLD_END = {"holdExpiresAt": {**_TIME, "description": "When the unpaid hold ends."}}
+_PRICED_EXAMPLE = {**_EXAMPLE, "price": 5000, "currency": "EUR"}
+
+
+def _prepaid_event(
+    name: str, summary: str, extra: dict[str, Any], example: dict[str, Any]
+) -> EventSpec:
+    return EventSpec(
+        name=name,
+        stream=APPOINTMENT_STREAM,
+        summary=summary,
+        key="appointment:{firstAppointmentId}",
+        key_doc="the first appointment of the reschedule chain: a hold, its payment "
+        "or its end, and its refunds in order",
+        schema=_schema({**_PRICED, **extra}),
+        example={**_PRICED_EXAMPLE, **example},
+    )
+
+
+_HOLD_EXAMPLE = {"holdExpiresAt": "2030-01-01T10:15:00+00:00"}
+PREPAID_CONTRACT = (
+    _prepaid_event(
+        HELD,
+        "A patient took a seat of a prepaid slot: HELD (the seat counts) until paid "
+        "or its hold ends.",
+        _HOLD_END,
+        _HOLD_EXAMPLE,
+    ),
+    _prepaid_event(
+        CONFIRMED,
+        "The payment of a HELD appointment arrived in time: HELD -> BOOKED. "
+        "overpaidRefund: the excess refunded (0: paid exactly).",
+        {"overpaidRefund": {"type": "integer", "minimum": 0}},
+        {"overpaidRefund": 0},
+    ),
+    _prepaid_event(
+        EXPIRED,
+        "A HELD appointment was not paid by its hold's end: EXPIRED, its seat freed.",
+        _HOLD_END,
+        _HOLD_EXAMPLE,
+    ),
+    _prepaid_event(
+        REFUND_REQUESTED,
+        "Money of a prepaid appointment goes back to the patient (executed once by "
+        "the refund consumer): a payment after the hold ended or below the price in "
+        "full, or the excess of an overpayment.",
+        {
+            "amount": {"type": "integer", "minimum": 1, "description": "Refunded, minor units."},
+            "reason": {"type": "string"},
+        },
+        {"amount": 5000, "reason": "payment received for an EXPIRED appointment"},
+    ),
+)
+
 CONTRACT = (
+    *PREPAID_CONTRACT,
     _appointment_event(BOOKED, ("appointments.booked.v1",), "A patient booked a seat."),
     _appointment_event(CANCELLED, ("appointments.cancelled.v1",), "An appointment was cancelled."),
     _appointment_event(

@@ -34,6 +34,8 @@ class Event:
     stamp: datetime  # when this version of the event was last changed
     summary: str
     cancelled: bool
+    # A prepaid slot's seat held until paid (RFC 5545 STATUS:TENTATIVE).
+    tentative: bool = False
 
 
 def escape(text: str) -> str:
@@ -68,6 +70,12 @@ def utc(instant: datetime) -> str:
     return instant.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
+def _status(e: Event) -> str:
+    if e.cancelled:
+        return "CANCELLED"
+    return "TENTATIVE" if e.tentative else "CONFIRMED"
+
+
 def calendar(name: str, events: Iterable[Event]) -> bytes:
     """The whole VCALENDAR, UTF-8. No METHOD: a subscribed feed is not an iTIP
     message, and without one DTSTAMP means "last revised", so an unchanged
@@ -91,7 +99,7 @@ def calendar(name: str, events: Iterable[Event]) -> bytes:
             f"DTSTART:{utc(e.start)}",
             f"DTEND:{utc(e.end)}",
             f"SUMMARY:{escape(e.summary)}",
-            f"STATUS:{'CANCELLED' if e.cancelled else 'CONFIRMED'}",
+            f"STATUS:{_status(e)}",
             "TRANSP:OPAQUE",
             "END:VEVENT",
         ]

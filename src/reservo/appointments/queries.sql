@@ -12,8 +12,10 @@ SELECT id, name, timezone, specialty FROM doctor WHERE id = $1;
 -- name: insert_slots
 -- A slot that exists, or overlaps one of the doctor's slots (ex_doctor_slot_overlap),
 -- is skipped: a schedule can be re-run, and a second schedule never interleaves.
-INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at, overbook_limit)
-SELECT $1, s, e, $4, o, $6
+INSERT INTO time_slot (doctor_id, start_at, end_at, capacity, opens_at, overbook_limit,
+                       prepaid_amount, prepaid_currency, hold_minutes, min_notice_minutes,
+                       max_per_patient_day)
+SELECT $1, s, e, $4, o, $6, $7, $8, $9, $10, $11
   FROM unnest($2::timestamptz[], $3::timestamptz[], $5::timestamptz[]) AS t(s, e, o)
 ON CONFLICT DO NOTHING;
 
@@ -23,8 +25,11 @@ ON CONFLICT DO NOTHING;
 -- orjson writes of SlotOut (camelCase, instants in UTC as Python's isoformat()
 -- writes them), built by PostgreSQL: one text value instead of 40 decoded rows.
 -- Every value is an integer or a fixed-format instant, so no escaping is needed.
--- next_open: when the next of the day's slots opens for booking (the list changes
--- then without any write), NULL if none is still to open.
+-- next_open: when the list changes next without any write: the next of the
+-- day's slots opens for booking, or a hold of a prepaid slot ends (0054); NULL
+-- if neither. A hold past its end at $4 is counted free even before a job
+-- flipped it (the booking flips it first): `lapsed`, looked up only for prepaid
+-- slots, in the partial index of live holds.
 SELECT '[' || coalesce(string_agg(format(
            '{"id":%s,"doctorId":%s,"startAt":"%s","endAt":"%s","capacity":%s,"bookedCount":%s,"available":%s,"overbookedCount":%s}',
            id, doctor_id,
@@ -32,12 +37,19 @@ SELECT '[' || coalesce(string_agg(format(
                THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END),
            to_char(end_at AT TIME ZONE 'UTC', CASE WHEN date_trunc('second', end_at) = end_at
                THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"' ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END),
-           capacity, booked_count, capacity - booked_count, overbooked_count),
+           capacity, booked_count - lapsed, capacity - booked_count + lapsed, overbooked_count),
            ',' ORDER BY start_at)
-           FILTER (WHERE booked_count < capacity AND opens_at <= $4), '') || ']' AS body,
-       min(start_at) FILTER (WHERE booked_count < capacity AND opens_at <= $4) AS first_start,
-       min(opens_at) FILTER (WHERE opens_at > $4) AS next_open
-  FROM time_slot
+           FILTER (WHERE booked_count - lapsed < capacity AND opens_at <= $4), '') || ']' AS body,
+       min(start_at) FILTER (WHERE booked_count - lapsed < capacity AND opens_at <= $4)
+           AS first_start,
+       least(min(opens_at) FILTER (WHERE opens_at > $4), min(next_hold_end)) AS next_open
+  FROM time_slot t
+  LEFT JOIN LATERAL (
+      SELECT count(*) FILTER (WHERE h.hold_expires_at <= $4)::int AS lapsed,
+             min(h.hold_expires_at) FILTER (WHERE h.hold_expires_at > $4) AS next_hold_end
+        FROM appointment h
+       WHERE t.prepaid_amount IS NOT NULL AND h.slot_id = t.id AND h.status = 'HELD'
+  ) held ON true
  WHERE doctor_id = $1 AND start_at >= $2 AND start_at < $3 AND start_at > $4;
 
 -- name: book
@@ -45,19 +57,36 @@ SELECT '[' || coalesce(string_agg(format(
 -- and re-evaluate booked_count < capacity against the committed value. The
 -- booking window is the stored opens_at (set when the slot was generated). A
 -- patient blocked by the no-show policy books nothing (one primary-key probe).
+-- A prepaid slot (0054) gives a HELD seat, counted like a booked one, priced and
+-- ending $3 + its hold minutes. first_hold_end: when a slot left full by this
+-- booking has a seat again at the latest (its earliest other hold ends; the new
+-- appointment's own end is added by the caller), NULL when none or not full.
+-- $4 (0057): the booking is a patient's, bound by the slot's minimum notice;
+-- max_per_patient_day returned so the caller checks the daily limit (NULL: none).
 WITH slot AS (
     UPDATE time_slot SET booked_count = booked_count + 1
      WHERE id = $1 AND booked_count < capacity AND start_at > $3 AND opens_at <= $3
+       AND (NOT $4::boolean OR start_at >= $3 + make_interval(mins => min_notice_minutes))
        AND NOT EXISTS (SELECT 1 FROM patient_block b
                         WHERE b.patient_id = $2 AND b.blocked_until > $3)
-    RETURNING id, doctor_id, start_at, end_at, capacity, booked_count
+    RETURNING id, doctor_id, start_at, end_at, capacity, booked_count, prepaid_amount,
+              prepaid_currency, hold_minutes, max_per_patient_day
 )
-INSERT INTO appointment (slot_id, patient_id, status, period, created_at)
-SELECT slot.id, $2, 'BOOKED', tstzrange(slot.start_at, slot.end_at, '[)'), $3 FROM slot
+INSERT INTO appointment (slot_id, patient_id, status, period, created_at, hold_expires_at,
+                         price_amount, price_currency)
+SELECT slot.id, $2, CASE WHEN slot.prepaid_amount IS NULL THEN 'BOOKED' ELSE 'HELD' END,
+       tstzrange(slot.start_at, slot.end_at, '[)'), $3,
+       $3 + make_interval(mins => slot.hold_minutes), slot.prepaid_amount, slot.prepaid_currency
+  FROM slot
 RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
-          upper(period) AS end_at, created_at, overbooked,
+          upper(period) AS end_at, created_at, overbooked, hold_expires_at, price_amount,
+          price_currency, overpaid_refund,
           (SELECT doctor_id FROM slot) AS doctor_id,
-          (SELECT capacity - booked_count FROM slot) AS remaining;
+          (SELECT max_per_patient_day FROM slot) AS max_per_patient_day,
+          (SELECT capacity - booked_count FROM slot) AS remaining,
+          (SELECT min(h.hold_expires_at) FROM appointment h
+            WHERE h.slot_id = $1 AND h.status = 'HELD'
+              AND (SELECT capacity - booked_count FROM slot) = 0) AS first_hold_end;
 
 -- name: overbook
 -- A staff booking beyond capacity: the same statement as book on the other
@@ -80,8 +109,10 @@ RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
 -- name: slot_state
 -- Only used to explain why a conditional booking or a waitlist join wrote nothing.
 SELECT s.start_at, s.opens_at, s.capacity, s.booked_count, s.doctor_id,
+       s.min_notice_minutes,
        EXISTS (SELECT 1 FROM appointment a
-                WHERE a.slot_id = s.id AND a.patient_id = $2 AND a.status = 'BOOKED') AS mine,
+                WHERE a.slot_id = s.id AND a.patient_id = $2
+                  AND a.status IN ('BOOKED', 'HELD')) AS mine,
        (SELECT b.blocked_until FROM patient_block b
          WHERE b.patient_id = $2 AND b.blocked_until > $3) AS blocked_until
   FROM time_slot s WHERE s.id = $1;
@@ -89,18 +120,23 @@ SELECT s.start_at, s.opens_at, s.capacity, s.booked_count, s.doctor_id,
 -- name: get_appointment
 -- One appointment with its period and its slot's doctor.
 SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
-       upper(a.period) AS end_at, a.created_at, a.overbooked, s.doctor_id
+       upper(a.period) AS end_at, a.created_at, a.overbooked, s.doctor_id,
+       a.hold_expires_at, a.price_amount, a.price_currency, a.overpaid_refund
   FROM appointment a JOIN time_slot s ON s.id = a.slot_id
  WHERE a.id = $1;
 
 -- name: cancel
--- The capacity is released only when this statement flipped BOOKED -> CANCELLED:
--- an overbooked seat to the overbooked counter, an ordinary one to booked_count.
+-- The capacity is released only when this statement flipped BOOKED (or a live
+-- HELD, 0054) -> CANCELLED: an overbooked seat to the overbooked counter, an
+-- ordinary one to booked_count. A hold past its end is not cancelled here: it
+-- expires (the caller flips it, releasing its seat once).
 WITH appt AS (
-    UPDATE appointment SET status = 'CANCELLED', cancelled_at = $2
-     WHERE id = $1 AND status = 'BOOKED' AND lower(period) > $2
+    UPDATE appointment SET status = 'CANCELLED', cancelled_at = $2, hold_expires_at = NULL
+     WHERE id = $1 AND lower(period) > $2
+       AND (status = 'BOOKED' OR (status = 'HELD' AND hold_expires_at > $2))
     RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
-              upper(period) AS end_at, created_at, lineage_id, overbooked
+              upper(period) AS end_at, created_at, lineage_id, overbooked, price_amount,
+              price_currency, overpaid_refund
 ), released AS (
     UPDATE time_slot SET booked_count = booked_count - (NOT appt.overbooked)::int,
                          overbooked_count = overbooked_count - appt.overbooked::int
@@ -129,10 +165,13 @@ RETURNING a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
 -- A patient's appointments soonest first, after a keyset position (start, id):
 -- an index range scan of appointment_patient_start, never a sort or an OFFSET.
 SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
-       upper(a.period) AS end_at, a.created_at, a.overbooked, s.doctor_id
+       upper(a.period) AS end_at, a.created_at, a.overbooked, s.doctor_id,
+       a.hold_expires_at, a.price_amount, a.price_currency, a.overpaid_refund
   FROM appointment a JOIN time_slot s ON s.id = a.slot_id
  WHERE a.patient_id = $1 AND (lower(a.period), a.id) > ($3::timestamptz, $4::bigint)
-   AND ($2::text IS NULL OR a.status = $2::text)
+   AND ($2::text IS NULL
+        OR CASE WHEN a.status = 'HELD' AND a.hold_expires_at <= $6 THEN 'EXPIRED'
+                ELSE a.status END = $2::text)
  ORDER BY lower(a.period), a.id
  LIMIT $5;
 
@@ -146,7 +185,7 @@ SELECT id, doctor_id, start_at, end_at, opens_at, capacity, booked_count, overbo
 
 -- name: agenda_appointments
 -- The appointments (cancelled ones too) of the agenda's slots.
-SELECT id, slot_id, patient_id, status, overbooked
+SELECT id, slot_id, patient_id, status, overbooked, hold_expires_at
   FROM appointment WHERE slot_id = ANY($1::bigint[])
  ORDER BY slot_id, id;
 
@@ -192,7 +231,8 @@ WITH slot AS (
 INSERT INTO waitlist_entry (slot_id, patient_id, created_at)
 SELECT slot.id, $2, $3 FROM slot
  WHERE NOT EXISTS (SELECT 1 FROM appointment a
-                    WHERE a.slot_id = $1 AND a.patient_id = $2 AND a.status = 'BOOKED')
+                    WHERE a.slot_id = $1 AND a.patient_id = $2
+                      AND a.status IN ('BOOKED', 'HELD'))
    AND NOT EXISTS (SELECT 1 FROM patient_block b
                     WHERE b.patient_id = $2 AND b.blocked_until > $3)
 RETURNING id, slot_id, patient_id;
@@ -223,9 +263,9 @@ SELECT EXISTS (SELECT 1 FROM time_slot WHERE id = $1);
 SELECT w.id, w.patient_id, s.doctor_id, s.start_at, s.end_at,
        EXISTS (SELECT 1 FROM appointment a
                 WHERE a.slot_id = w.slot_id AND a.patient_id = w.patient_id
-                  AND a.status = 'BOOKED') AS holds_it,
+                  AND a.status IN ('BOOKED', 'HELD')) AS holds_it,
        EXISTS (SELECT 1 FROM appointment a
-                WHERE a.patient_id = w.patient_id AND a.status = 'BOOKED'
+                WHERE a.patient_id = w.patient_id AND a.status IN ('BOOKED', 'HELD')
                   AND a.period && tstzrange(s.start_at, s.end_at, '[)')) AS busy,
        EXISTS (SELECT 1 FROM patient_block b
                 WHERE b.patient_id = w.patient_id AND b.blocked_until > $2) AS blocked
@@ -241,10 +281,14 @@ DELETE FROM waitlist_entry WHERE id = $1;
 -- name: insert_repeating_schedule
 -- A new repeating schedule, returned with its doctor's zone.
 INSERT INTO doctor_schedule (doctor_id, first_day, weekdays, start_time, end_time,
-                             slot_minutes, capacity, overbook_limit, generated_until, created_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                             slot_minutes, capacity, overbook_limit, prepaid_amount,
+                             prepaid_currency, hold_minutes, min_notice_minutes,
+                             max_per_patient_day, generated_until, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 RETURNING id, doctor_id, first_day, weekdays, start_time, end_time, slot_minutes, capacity,
-          overbook_limit, generated_until, (SELECT timezone FROM doctor WHERE id = $1) AS timezone;
+          overbook_limit, prepaid_amount, prepaid_currency, hold_minutes, min_notice_minutes,
+          max_per_patient_day, generated_until,
+          (SELECT timezone FROM doctor WHERE id = $1) AS timezone;
 
 -- name: due_schedule_ids
 -- Repeating schedules not generated up to their doctor's horizon yet ($4: a bound
@@ -266,7 +310,8 @@ SELECT s.id
 -- The claimed schedules with what extending them needs; zone_known is false when
 -- PostgreSQL does not know the doctor's zone.
 SELECT s.id, s.doctor_id, d.timezone, s.first_day, s.weekdays, s.start_time, s.end_time,
-       s.slot_minutes, s.capacity, s.overbook_limit, s.generated_until,
+       s.slot_minutes, s.capacity, s.overbook_limit, s.prepaid_amount, s.prepaid_currency,
+       s.hold_minutes, s.min_notice_minutes, s.max_per_patient_day, s.generated_until,
        local_date_or_null($2::timestamptz, d.timezone) IS NOT NULL AS zone_known
   FROM doctor_schedule s JOIN doctor d ON d.id = s.doctor_id
  WHERE s.id = ANY($1::bigint[])
@@ -378,7 +423,7 @@ WITH RECURSIVE owned AS (
 ), mine AS (
     SELECT a.id, a.rescheduled_from, a.status, lower(a.period) AS start_at,
            upper(a.period) AS end_at, a.created_at, a.cancelled_at, a.patient_id,
-           s.doctor_id, d.name AS doctor_name
+           s.doctor_id, d.name AS doctor_name, a.hold_expires_at, a.settled_at
       FROM owned o
       JOIN appointment a ON a.id = o.id
       JOIN time_slot s ON s.id = a.slot_id
@@ -401,3 +446,161 @@ SELECT l.token_sha256, l.created_at AS link_created_at, e.*
   LEFT JOIN calendar_link l ON l.owner_kind = $3::text AND l.owner_id = $1
   LEFT JOIN events e ON true
  ORDER BY e.start_at, e.id;
+
+-- Prepaid appointments (0054): holds, their expiry, payments and refunds. Every
+-- flip of a HELD row is conditional on status = 'HELD' and releases (or keeps)
+-- the seat in the same statement, so of a payment, an expiry and a cancel racing
+-- on one row, the first to lock it wins and the others find nothing to flip.
+
+-- name: expire_holds_of
+-- Before a booking or a cancel gives up: flip the holds past their end at $3 of
+-- slot $1 or of patient $2 (the partial index appointment_held_expiry holds only
+-- live holds), and give their seats back, per slot in one UPDATE (a slot row is
+-- updated once per statement), so an expired hold never refuses anyone even
+-- before its job ran.
+WITH appt AS (
+    UPDATE appointment SET status = 'EXPIRED'
+     WHERE status = 'HELD' AND hold_expires_at <= $3 AND (slot_id = $1 OR patient_id = $2)
+    RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
+              upper(period) AS end_at, created_at, lineage_id, overbooked, hold_expires_at,
+              price_amount, price_currency
+), released AS (
+    UPDATE time_slot s SET booked_count = s.booked_count - g.n
+      FROM (SELECT slot_id, count(*)::int AS n FROM appt GROUP BY slot_id) g
+     WHERE s.id = g.slot_id
+    RETURNING s.id, s.doctor_id
+)
+SELECT appt.*, released.doctor_id FROM appt JOIN released ON released.id = appt.slot_id;
+
+-- name: expire_hold
+-- The per-hold expiry job: HELD -> EXPIRED only once its end $2 has come (a
+-- payment that locked the row first made it BOOKED: nothing to do), and the seat
+-- back in the same statement.
+WITH appt AS (
+    UPDATE appointment SET status = 'EXPIRED'
+     WHERE id = $1 AND status = 'HELD' AND hold_expires_at <= $2
+    RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
+              upper(period) AS end_at, created_at, lineage_id, overbooked, hold_expires_at,
+              price_amount, price_currency
+), released AS (
+    UPDATE time_slot SET booked_count = booked_count - 1
+      FROM appt WHERE time_slot.id = appt.slot_id
+    RETURNING time_slot.doctor_id
+)
+SELECT appt.*, released.doctor_id FROM appt, released;
+
+-- name: sweep_holds
+-- The safety net behind the jobs: a batch of holds past their end, skipping rows
+-- a payment, a cancel or another sweeper holds; seats back per slot.
+WITH due AS (
+    SELECT id FROM appointment
+     WHERE status = 'HELD' AND hold_expires_at <= $1
+     ORDER BY hold_expires_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+), appt AS (
+    UPDATE appointment a SET status = 'EXPIRED'
+      FROM due WHERE a.id = due.id
+    RETURNING a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
+              upper(a.period) AS end_at, a.created_at, a.lineage_id, a.overbooked,
+              a.hold_expires_at, a.price_amount, a.price_currency
+), released AS (
+    UPDATE time_slot s SET booked_count = s.booked_count - g.n
+      FROM (SELECT slot_id, count(*)::int AS n FROM appt GROUP BY slot_id) g
+     WHERE s.id = g.slot_id
+    RETURNING s.id, s.doctor_id
+)
+SELECT appt.*, released.doctor_id FROM appt JOIN released ON released.id = appt.slot_id;
+
+-- name: first_hold_end
+-- When slot $1 has a seat again at the latest: its earliest hold's end (NULL:
+-- none), the bound of the gate's full mark.
+SELECT min(hold_expires_at) FROM appointment WHERE slot_id = $1 AND status = 'HELD';
+
+-- name: insert_payment
+-- The gateway may deliver a webhook many times: the second insert is a no-op.
+-- No row either for an appointment that does not exist (the caller tells).
+INSERT INTO appointment_payment (appointment_id, provider_txn_id, type, amount, created_at)
+SELECT $1, $2, 'PAYMENT', $3, $4 WHERE EXISTS (SELECT 1 FROM appointment WHERE id = $1)
+ON CONFLICT ON CONSTRAINT uq_appointment_payment_txn DO NOTHING
+RETURNING id;
+
+-- name: confirm_hold
+-- Compare-and-set: only a live HELD whose price the payment $2 covers becomes
+-- BOOKED (never on a payment of nothing).
+WITH appt AS (
+    UPDATE appointment SET status = 'BOOKED', hold_expires_at = NULL, settled_at = $3
+     WHERE id = $1 AND status = 'HELD' AND hold_expires_at > $3 AND price_amount <= $2 AND $2 > 0
+    RETURNING id, slot_id, patient_id, status, lower(period) AS start_at,
+              upper(period) AS end_at, created_at, lineage_id, overbooked, hold_expires_at,
+              price_amount, price_currency
+)
+SELECT appt.*, s.doctor_id FROM appt JOIN time_slot s ON s.id = appt.slot_id;
+
+-- name: set_overpaid_refund
+-- The excess of the payment that just confirmed appointment $1 (0: paid exactly).
+UPDATE appointment SET overpaid_refund = $2 WHERE id = $1;
+
+-- name: settle_payment
+-- What the payment $1 settled: the price due, the part that goes back, the outcome.
+UPDATE appointment_payment SET amount_due = $2, refund_due = $3, outcome = $4 WHERE id = $1;
+
+-- name: refund_recorded
+-- Whether the gateway's refund transaction is recorded already.
+SELECT EXISTS (SELECT 1 FROM appointment_payment WHERE provider_txn_id = $1);
+
+-- name: insert_refund
+-- Record a refund once per gateway transaction id.
+INSERT INTO appointment_payment (appointment_id, provider_txn_id, type, amount, gateway_ref,
+                                 created_at)
+VALUES ($1, $2, 'REFUND', $3, $4, $5)
+ON CONFLICT ON CONSTRAINT uq_appointment_payment_txn DO NOTHING
+RETURNING id;
+
+-- Booking rules and series (0057).
+
+-- name: lock_patient_day
+-- The daily limit's lock of (doctor $1, patient $2, local day $3): taken before
+-- the day's appointments are counted, held to the commit, so bookings of one
+-- patient's day count one after the other. Always the last lock a booking
+-- takes after its slot rows, never before one (no cycle with a series, which
+-- locks all its slots first).
+INSERT INTO appointment_day_lock (doctor_id, patient_id, day, locked_at)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (doctor_id, patient_id, day) DO UPDATE SET locked_at = EXCLUDED.locked_at;
+
+-- name: count_patient_day
+-- The patient's $2 live appointments (BOOKED, or HELD not past its end at $5)
+-- with doctor $1 starting in [$3, $4): one local day, by appointment_patient_start.
+SELECT count(*)::int
+  FROM appointment a JOIN time_slot s ON s.id = a.slot_id
+ WHERE a.patient_id = $2 AND lower(a.period) >= $3 AND lower(a.period) < $4
+   AND s.doctor_id = $1
+   AND (a.status = 'BOOKED' OR (a.status = 'HELD' AND a.hold_expires_at > $5));
+
+-- name: insert_series
+-- A new series of patient $1; its appointments are linked by set_series.
+INSERT INTO appointment_series (patient_id, created_at) VALUES ($1, $2) RETURNING id;
+
+-- name: set_series
+-- The appointments $2 a series $1 booked.
+UPDATE appointment SET series_id = $1 WHERE id = ANY($2::bigint[]);
+
+-- name: get_series
+-- A series' patient (no row: no such series).
+SELECT patient_id FROM appointment_series WHERE id = $1;
+
+-- name: series_appointments
+-- The appointments of series $1, in time order.
+SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
+       upper(a.period) AS end_at, a.created_at, a.overbooked, s.doctor_id,
+       a.hold_expires_at, a.price_amount, a.price_currency, a.overpaid_refund
+  FROM appointment a JOIN time_slot s ON s.id = a.slot_id
+ WHERE a.series_id = $1
+ ORDER BY lower(a.period), a.id;
+
+-- name: lock_slots_for_series
+-- A series' slots locked in id order before any is booked (as a reschedule
+-- locks its two), with what its daily limits need.
+SELECT id, doctor_id, start_at, max_per_patient_day
+  FROM time_slot WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE;

@@ -8,7 +8,8 @@ from typing import Any
 
 import asyncpg
 
-from reservo.appointments import repo
+from reservo.appointments import domain, repo
+from reservo.core.kernel import metrics
 from reservo.core.kernel.errors import DomainError
 
 
@@ -19,12 +20,14 @@ async def slot_refusal(
     now: Any,
     seats: tuple[str, str],
     doctor_id: int | None = None,
+    notice: bool = False,
 ) -> DomainError:
     """Why a booking or a waitlist join on the slot wrote nothing, read in the same
     transaction; ``seats`` (code, detail) when only the seats stand in the way
     (the slot is full for a booking, has room left for the waitlist).
     ``doctor_id``: a doctor acting on the slot, for whom another doctor's slot
-    does not exist (a 403 would tell which ids exist)."""
+    does not exist (a 403 would tell which ids exist). ``notice``: a patient's
+    booking, bound by the slot's minimum notice."""
     state = await repo.slot_state(conn, slot_id, patient_id, now)
     if state is None or doctor_id not in (None, state["doctor_id"]):
         return DomainError("slot_not_found", f"no slot {slot_id}")
@@ -34,11 +37,33 @@ async def slot_refusal(
         return DomainError("already_booked", "you already hold a booking in this slot")
     if state["start_at"] <= now:
         return DomainError("slot_in_past", "this slot has already started")
+    if notice and domain.too_late(state["start_at"], now, state["min_notice_minutes"]):
+        return DomainError(
+            "too_late_to_book",
+            f"this slot is booked at least {state['min_notice_minutes']} minutes before its start",
+        )
     if state["opens_at"] > now:
         return DomainError(
             "slot_not_open", f"this slot opens for booking at {state['opens_at'].isoformat()}"
         )
     return DomainError(*seats)
+
+
+async def booking_refusal(
+    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any, notice: bool
+) -> DomainError:
+    """Why a conditional booking of the slot matched no row (a single booking, a
+    reschedule's new slot, one slot of a series), counted as a conflict."""
+    refusal = await slot_refusal(
+        conn,
+        slot_id,
+        patient_id,
+        now,
+        ("slot_full", "this slot has no capacity left"),
+        notice=notice,
+    )
+    metrics.CONFLICTS.labels("appointments", refusal.code, "database").inc()
+    return refusal
 
 
 def no_show_blocked(until: datetime) -> DomainError:
@@ -63,6 +88,12 @@ async def no_show_refusal(
         "not_started",
         f"the slot starts at {row['start_at'].astimezone(UTC).isoformat()}: "
         "a no-show is marked after the start",
+    )
+
+
+def daily_limit(limit: int) -> DomainError:
+    return DomainError(
+        "daily_limit", f"at most {limit} appointments a day with this doctor per patient"
     )
 
 

@@ -31,9 +31,14 @@ async def insert_slots(
     capacity: int,
     opens: list[datetime],
     overbook_limit: int = 0,
+    prepaid: tuple[int, str, int] | None = None,
+    rules: tuple[int, int | None] = (0, None),
 ) -> int:
+    """``prepaid``: (amount, currency, hold minutes) of a prepaid schedule;
+    ``rules``: its minimum notice and daily limit (domain.BookingRules)."""
+    price = prepaid or (None, None, None)
     status = await conn.execute(
-        Q.insert_slots, doctor_id, starts, ends, capacity, opens, overbook_limit
+        Q.insert_slots, doctor_id, starts, ends, capacity, opens, overbook_limit, *price, *rules
     )
     return int(status.split()[-1])
 
@@ -48,9 +53,10 @@ async def available_slots_json(
 
 
 async def book(
-    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: datetime
+    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: datetime, notice: bool = False
 ) -> Row | None:
-    return await conn.fetchrow(Q.book, slot_id, patient_id, now)
+    """``notice``: a patient's booking, bound by the slot's minimum notice."""
+    return await conn.fetchrow(Q.book, slot_id, patient_id, now, notice)
 
 
 async def overbook(
@@ -96,9 +102,11 @@ async def patient_appointments(
     status: str | None,
     after: tuple[datetime, int],
     limit: int,
+    now: datetime,
 ) -> list[Row]:
+    """``status`` is the effective one: a hold past its end is EXPIRED."""
     return list(
-        await conn.fetch(Q.patient_appointments, patient_id, status, after[0], after[1], limit)
+        await conn.fetch(Q.patient_appointments, patient_id, status, after[0], after[1], limit, now)
     )
 
 
@@ -170,13 +178,17 @@ async def insert_repeating_schedule(
     conn: asyncpg.Connection,
     doctor_id: int,
     fields: tuple[date, list[int], time, time, int, int, int],
+    prepaid: tuple[int, str, int] | None,
+    rules: tuple[int, int | None],
     generated_until: date,
     now: datetime,
 ) -> Row:
     """``fields``: first day, weekdays, start and end time, slot minutes, capacity,
-    overbook limit."""
+    overbook limit; ``prepaid``: (amount, currency, hold minutes) or None;
+    ``rules``: minimum notice and daily limit."""
+    price = prepaid or (None, None, None)
     return await conn.fetchrow(
-        Q.insert_repeating_schedule, doctor_id, *fields, generated_until, now
+        Q.insert_repeating_schedule, doctor_id, *fields, *price, *rules, generated_until, now
     )
 
 
@@ -248,3 +260,110 @@ async def calendar_feed(
     conn: asyncpg.Connection, kind: str, owner_id: int, since: datetime
 ) -> list[Row]:
     return list(await conn.fetch(Q.calendar_feed, owner_id, since, kind))
+
+
+# -- prepaid appointments (0054) ------------------------------------------------------
+
+
+async def expire_holds_of(
+    conn: asyncpg.Connection, slot_id: int, patient_id: int, now: datetime
+) -> list[Row]:
+    return list(await conn.fetch(Q.expire_holds_of, slot_id, patient_id, now))
+
+
+async def expire_hold(conn: asyncpg.Connection, appointment_id: int, now: datetime) -> Row | None:
+    return await conn.fetchrow(Q.expire_hold, appointment_id, now)
+
+
+async def sweep_holds(conn: asyncpg.Connection, now: datetime, limit: int) -> list[Row]:
+    return list(await conn.fetch(Q.sweep_holds, now, limit))
+
+
+async def first_hold_end(conn: asyncpg.Connection, slot_id: int) -> datetime | None:
+    end: datetime | None = await conn.fetchval(Q.first_hold_end, slot_id)
+    return end
+
+
+async def insert_payment(
+    conn: asyncpg.Connection, appointment_id: int, txn_id: str, amount: int, now: datetime
+) -> int | None:
+    """The new payment's id; None when that transaction was recorded already, or
+    the appointment does not exist."""
+    payment_id: int | None = await conn.fetchval(
+        Q.insert_payment, appointment_id, txn_id, amount, now
+    )
+    return payment_id
+
+
+async def confirm_hold(
+    conn: asyncpg.Connection, appointment_id: int, amount: int, now: datetime
+) -> Row | None:
+    return await conn.fetchrow(Q.confirm_hold, appointment_id, amount, now)
+
+
+async def set_overpaid_refund(conn: asyncpg.Connection, appointment_id: int, amount: int) -> None:
+    await conn.execute(Q.set_overpaid_refund, appointment_id, amount)
+
+
+async def settle_payment(
+    conn: asyncpg.Connection, payment_id: int, due: int, refund: int, outcome: str
+) -> None:
+    await conn.execute(Q.settle_payment, payment_id, due, refund, outcome)
+
+
+async def refund_recorded(conn: asyncpg.Connection, txn_id: str) -> bool:
+    return bool(await conn.fetchval(Q.refund_recorded, txn_id))
+
+
+async def insert_refund(
+    conn: asyncpg.Connection,
+    appointment_id: int,
+    txn_id: str,
+    amount: int,
+    gateway_ref: str,
+    now: datetime,
+) -> bool:
+    found = await conn.fetchval(Q.insert_refund, appointment_id, txn_id, amount, gateway_ref, now)
+    return found is not None
+
+
+# -- booking rules and series (0057) ---------------------------------------------------
+
+
+async def lock_patient_day(
+    conn: asyncpg.Connection, doctor_id: int, patient_id: int, day: date, now: datetime
+) -> None:
+    await conn.execute(Q.lock_patient_day, doctor_id, patient_id, day, now)
+
+
+async def count_patient_day(
+    conn: asyncpg.Connection,
+    doctor_id: int,
+    patient_id: int,
+    bounds: tuple[datetime, datetime],
+    now: datetime,
+) -> int:
+    n: int = await conn.fetchval(Q.count_patient_day, doctor_id, patient_id, *bounds, now)
+    return n
+
+
+async def insert_series(conn: asyncpg.Connection, patient_id: int, now: datetime) -> int:
+    series_id: int = await conn.fetchval(Q.insert_series, patient_id, now)
+    return series_id
+
+
+async def set_series(conn: asyncpg.Connection, series_id: int, appointment_ids: list[int]) -> None:
+    await conn.execute(Q.set_series, series_id, appointment_ids)
+
+
+async def series_patient(conn: asyncpg.Connection, series_id: int) -> int | None:
+    patient_id: int | None = await conn.fetchval(Q.get_series, series_id)
+    return patient_id
+
+
+async def series_appointments(conn: asyncpg.Connection, series_id: int) -> list[Row]:
+    return list(await conn.fetch(Q.series_appointments, series_id))
+
+
+async def lock_slots_for_series(conn: asyncpg.Connection, slot_ids: list[int]) -> list[Row]:
+    return list(await conn.fetch(Q.lock_slots_for_series, slot_ids))

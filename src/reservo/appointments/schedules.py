@@ -57,6 +57,8 @@ class Schedules(SlotLists):
             rule.capacity,
             [domain.opens_at(s.start_at, tz, self.window) for s in slots],
             rule.overbook_limit,
+            None if rule.prepaid is None else rule.prepaid.columns(),
+            rule.booking.columns(),
         )
         return created, slots
 
@@ -83,6 +85,8 @@ class Schedules(SlotLists):
                     rule.capacity,
                     rule.overbook_limit,
                 ),
+                None if rule.prepaid is None else rule.prepaid.columns(),
+                rule.booking.columns(),
                 first - timedelta(days=1),
                 now,
             )

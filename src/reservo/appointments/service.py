@@ -8,6 +8,7 @@ no-shows, cancelling and rescheduling are here."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -16,15 +17,23 @@ import asyncpg
 import structlog
 
 from reservo.appointments import domain, events, repo
+from reservo.appointments.deadlocks import retrying_deadlocks
 from reservo.appointments.domain import Appointment, Limits
-from reservo.appointments.gate import Gate
-from reservo.appointments.refusals import no_show_refusal, not_reschedulable, slot_refusal
+from reservo.appointments.gate_repair import KeyMarks
+from reservo.appointments.payments import PaymentGateway
+from reservo.appointments.refusals import (
+    booking_refusal,
+    no_show_refusal,
+    not_reschedulable,
+    slot_refusal,
+)
 from reservo.appointments.schedules import Schedules
+from reservo.appointments.series import SeriesBookings
 from reservo.appointments.waitlist import Waitlist
 from reservo.core.aio.turns import Turns
 from reservo.core.db.database import Database
 from reservo.core.db.replicas import StaleReads
-from reservo.core.http.idempotency import Within
+from reservo.core.http.idempotency import IdempotencyStore, Within
 from reservo.core.jobqueue import JobQueue
 from reservo.core.kernel import metrics
 from reservo.core.kernel.clock import Clock
@@ -32,16 +41,29 @@ from reservo.core.kernel.errors import DomainError
 from reservo.core.messaging.outbox import emit
 from reservo.core.redis.cache import Cache
 from reservo.core.redis.ratelimit import RateLimiter
-from reservo.notifications import contacts
+from reservo.notifications import contacts, subscriptions
+from reservo.scheduler import AllowList
 
 log = structlog.get_logger(__name__)
 
 # The start of every keyset walk of a patient's appointments.
 _BEFORE_ALL = (datetime(1, 1, 1, tzinfo=UTC), 0)
-_DEADLOCK_RETRIES = 3
 
 
-class AppointmentService(Schedules, Waitlist, Gate):
+class SlotFull(DomainError):
+    """409 slot_full, knowing when a held seat of the slot ends at the latest
+    (None: no hold), which bounds the gate's full mark."""
+
+    def __init__(self, seat_back_at: datetime | None) -> None:
+        super().__init__("slot_full", "this slot has no capacity left")
+        self.seat_back_at = seat_back_at
+
+
+def _seconds_until(at: datetime | None, now: datetime) -> float | None:
+    return None if at is None else (at - now).total_seconds()
+
+
+class AppointmentService(Schedules, Waitlist, SeriesBookings):
     def __init__(
         self,
         db: Database,
@@ -54,6 +76,9 @@ class AppointmentService(Schedules, Waitlist, Gate):
         no_shows: domain.NoShowPolicy = domain.NoShowPolicy(),
         *,
         stale: StaleReads,
+        idempotency: IdempotencyStore,
+        gateway: PaymentGateway | None = None,
+        push_allow: AllowList = AllowList(),
     ) -> None:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
         self.stale = stale
@@ -61,46 +86,90 @@ class AppointmentService(Schedules, Waitlist, Gate):
         self.limits = limits
         self.window = window
         self.no_shows = no_shows
+        self.gateway = gateway  # takes prepaid appointments' payments and refunds
+        # Where a patient's Web Push endpoints may point (RESERVO_JOBS_HTTP_ALLOW).
+        self.push_allow = push_allow
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
         self._slot_lists = cache.local(limits.slots_local_ttl_s, limits.slots_local_max_entries)
+        self._refreshing = set()
         self._turns = Turns()
+        self.key_marks = KeyMarks(cache, idempotency, clock, limits.key_memory_s)
 
     # -- booking ---------------------------------------------------------------
 
     async def book(
-        self, slot_id: int, patient_id: int, within: Within[Appointment] | None = None
+        self,
+        slot_id: int,
+        patient_id: int,
+        within: Within[Appointment] | None = None,
+        *,
+        notice: bool = False,
     ) -> Appointment:
+        """A seat of the slot: BOOKED, or HELD until paid on a prepaid slot. A
+        hold past its end never refuses anyone: when the booking would be
+        refused, the holds past their end of this slot or patient are flipped
+        EXPIRED (their seats back) and the booking tried again. ``notice``: a
+        patient's booking, bound by the slot's minimum notice (409
+        too_late_to_book). The slot's daily limit binds every booking (409
+        daily_limit). Neither refusal marks the slot full in Redis: the slot
+        has seats for other patients."""
         now = self.clock.now()
         try:
-            async with self.db.transaction() as conn:
-                row = await repo.book(conn, slot_id, patient_id, now)
-                if row is None:
-                    raise await self._refusal(conn, slot_id, patient_id, now)
-                appt = Appointment.from_row(row)
-                await emit(conn, events.BOOKED, events.key(appt), events.payload(appt), now)
-                # Same transaction: the booking and its reminder commit together.
-                await self._remind_later(conn, appt, now)
-                if within is not None:
-                    await within(conn, appt)
-        except DomainError as err:
-            if err.code == "slot_full":  # after the rollback: no network call inside it
-                await self._mark_full(slot_id)
+            try:
+                booked = await self._book_once(slot_id, patient_id, within, now, (False, notice))
+            except (asyncpg.UniqueViolationError, asyncpg.ExclusionViolationError):
+                # Maybe a hold of this patient past its end, not flipped yet: the
+                # aborted transaction is tried again once, those holds flipped first.
+                booked = await self._book_once(slot_id, patient_id, within, now, (True, notice))
+        except SlotFull as full:
+            # After the rollback: no network call inside it.
+            await self._mark_full(slot_id, _seconds_until(full.seat_back_at, now))
             raise
+        appt, row, jobs, freed = booked
         metrics.BOOKINGS.labels("appointments").inc()
         if row["remaining"] == 0:
-            await self._mark_full(slot_id)
+            ends = [t for t in (row["first_hold_end"], appt.hold_expires_at) if t is not None]
+            await self._mark_full(slot_id, _seconds_until(min(ends, default=None), now))
+        await self._dispatch(jobs)
+        await self._seats_freed(freed)
         await self._invalidate(appt)
         return appt
 
-    async def _refusal(
-        self, conn: asyncpg.Connection, slot_id: int, patient_id: int, now: Any
-    ) -> DomainError:
-        """Why the conditional booking matched no row."""
-        refusal = await slot_refusal(
-            conn, slot_id, patient_id, now, ("slot_full", "this slot has no capacity left")
-        )
-        metrics.CONFLICTS.labels("appointments", refusal.code, "database").inc()
-        return refusal
+    async def _book_once(
+        self,
+        slot_id: int,
+        patient_id: int,
+        within: Within[Appointment] | None,
+        now: datetime,
+        flip_notice: tuple[bool, bool],
+    ) -> tuple[Appointment, asyncpg.Record, list[Any], list[Appointment]]:
+        """``flip_notice``: flip the stale holds first; bound by the notice."""
+        flip_first, notice = flip_notice
+        jobs: list[Any] = []
+        async with self.db.transaction() as conn:
+            freed = await self._expire_stale(conn, slot_id, patient_id, now) if flip_first else []
+            row = await repo.book(conn, slot_id, patient_id, now, notice)
+            if row is None and not flip_first:
+                freed = await self._expire_stale(conn, slot_id, patient_id, now)
+                if freed:
+                    row = await repo.book(conn, slot_id, patient_id, now, notice)
+            if row is None:
+                refusal = await booking_refusal(conn, slot_id, patient_id, now, notice)
+                if refusal.code == "slot_full":
+                    raise SlotFull(await repo.first_hold_end(conn, slot_id))
+                raise refusal
+            appt = Appointment.from_row(row)
+            await self._within_daily_limit(conn, appt, row["max_per_patient_day"], now)
+            if appt.status == "HELD":
+                await emit(conn, events.HELD, events.key(appt), events.held_payload(appt), now)
+                jobs = await self._expire_later(conn, appt)
+            else:
+                await emit(conn, events.BOOKED, events.key(appt), events.payload(appt), now)
+                # Same transaction: the booking and its reminder commit together.
+                await self._remind_later(conn, appt, now)
+            if within is not None:
+                await within(conn, appt)
+        return appt, row, jobs, freed
 
     # -- third release: staff overbooking ------------------------------------------
 
@@ -187,7 +256,9 @@ class AppointmentService(Schedules, Waitlist, Gate):
     # -- cancelling ------------------------------------------------------------
 
     async def cancel(self, appointment_id: int) -> Appointment:
-        """Cancelling twice is fine: the second call changes nothing and frees nothing."""
+        """Cancelling twice is fine: the second call changes nothing and frees
+        nothing. A live hold is cancelled like a booking (its seat freed, its
+        expiry job dropped); one past its end is EXPIRED: 409 not_held."""
         now = self.clock.now()
         async with self.db.transaction() as conn:
             row = await repo.cancel(conn, appointment_id, now)
@@ -195,6 +266,8 @@ class AppointmentService(Schedules, Waitlist, Gate):
                 appt = Appointment.from_row(row)
                 await emit(conn, events.CANCELLED, events.key(appt), events.payload(appt), now)
                 await self._drop_reminder(conn, appointment_id)
+                if appt.price_amount is not None:
+                    await self._drop_expiry(conn, appointment_id)
                 # The freed seat goes to the slot's waitlist before this commits. A
                 # statement of its own: it must see entries committed while the
                 # cancel waited for the slot row's lock. An overbooked seat is
@@ -206,6 +279,10 @@ class AppointmentService(Schedules, Waitlist, Gate):
             current = await self.get(appointment_id)
             if current.status == "CANCELLED":
                 return current
+            if current.status == "EXPIRED":
+                await self.expire_hold(appointment_id)  # flips it if no job did yet
+                metrics.CONFLICTS.labels("appointments", "not_held", "database").inc()
+                raise DomainError("not_held", "the hold ended unpaid: the appointment is EXPIRED")
             metrics.CONFLICTS.labels("appointments", "slot_in_past", "database").inc()
             raise DomainError("slot_in_past", "an appointment that has started cannot be cancelled")
         metrics.CANCELLATIONS.labels("appointments").inc()
@@ -223,14 +300,16 @@ class AppointmentService(Schedules, Waitlist, Gate):
     ) -> list[Appointment]:
         """Soonest first, from the keyset position ``after`` (exclusive)."""
         async with self.db.connection() as conn:
+            now = self.clock.now()
             rows = await repo.patient_appointments(
-                conn, patient_id, status, after or _BEFORE_ALL, limit
+                conn, patient_id, status, after or _BEFORE_ALL, limit, now
             )
-        return [Appointment.from_row(r) for r in rows]
+        return [Appointment.from_row(r).as_of(now) for r in rows]
 
     async def agenda(self, doctor_id: int, day: date) -> list[domain.AgendaSlot]:
         """Every slot of the doctor's local date with its appointments (never cached:
         the doctor sees the truth)."""
+        now = self.clock.now()
         async with self.db.connection() as conn:
             tz = await self._zone(conn, doctor_id)
             start, end = domain.day_bounds(day, tz)
@@ -239,7 +318,13 @@ class AppointmentService(Schedules, Waitlist, Gate):
         by_slot: dict[int, list[domain.AgendaEntry]] = {}
         for a in appts:
             by_slot.setdefault(a["slot_id"], []).append(
-                domain.AgendaEntry(a["id"], a["patient_id"], a["status"], a["overbooked"])
+                domain.AgendaEntry(
+                    a["id"],
+                    a["patient_id"],
+                    domain.effective_status(a["status"], a["hold_expires_at"], now),
+                    a["overbooked"],
+                    a["hold_expires_at"] if a["status"] == "HELD" else None,
+                )
             )
         return [
             domain.AgendaSlot(
@@ -260,26 +345,24 @@ class AppointmentService(Schedules, Waitlist, Gate):
     # -- second release: reschedule -----------------------------------------------
 
     async def reschedule(
-        self, old: Appointment, slot_id: int, within: Within[Appointment] | None = None
+        self,
+        old: Appointment,
+        slot_id: int,
+        within: Within[Appointment] | None = None,
+        *,
+        notice: bool = False,
     ) -> Appointment:
         """Book ``slot_id`` and cancel ``old`` in one transaction: both commit or
         neither. The old seat then goes to its slot's waitlist, in the same
         transaction. A deadlock the lock order did not foresee is retried; one that
-        comes back every time is 503 contention (passing: a retry runs again)."""
+        comes back every time is 503 contention (passing: a retry runs again).
+        ``notice``: a patient's move, bound by the new slot's minimum notice; the
+        new slot's daily limit counts the day without the old appointment."""
         if old.slot_id == slot_id:
             raise DomainError("already_booked", "this appointment is already in that slot")
-        for attempt in range(_DEADLOCK_RETRIES):
-            try:
-                appt, freed = await self._reschedule_once(old, slot_id, within)
-                break
-            except asyncpg.exceptions.DeadlockDetectedError:
-                if attempt == _DEADLOCK_RETRIES - 1:
-                    metrics.CONFLICTS.labels("appointments", "contention", "database").inc()
-                    raise DomainError(
-                        "contention",
-                        "the slots stayed locked by other requests; try again",
-                        headers={"Retry-After": "1"},
-                    ) from None
+        appt, freed = await retrying_deadlocks(
+            lambda: self._reschedule_once(old, slot_id, within, notice)
+        )
         metrics.BOOKINGS.labels("appointments").inc()
         if not old.overbooked:
             await self._clear_full(old.slot_id)
@@ -290,7 +373,7 @@ class AppointmentService(Schedules, Waitlist, Gate):
         return appt
 
     async def _reschedule_once(
-        self, old: Appointment, slot_id: int, within: Within[Appointment] | None
+        self, old: Appointment, slot_id: int, within: Within[Appointment] | None, notice: bool
     ) -> tuple[Appointment, Appointment | None]:
         now = self.clock.now()
         async with self.db.transaction() as conn:
@@ -300,9 +383,12 @@ class AppointmentService(Schedules, Waitlist, Gate):
                 raise await not_reschedulable(conn, old.id)
             await repo.lock_slots(conn, sorted({old.slot_id, slot_id}))
             await repo.release_seat(conn, old.slot_id, cancelled["overbooked"])
-            row = await repo.book(conn, slot_id, old.patient_id, now)
+            row = await repo.book(conn, slot_id, old.patient_id, now, notice)
             if row is None:
-                raise await self._refusal(conn, slot_id, old.patient_id, now)
+                raise await booking_refusal(conn, slot_id, old.patient_id, now, notice)
+            await self._within_daily_limit(
+                conn, Appointment.from_row(row), row["max_per_patient_day"], now
+            )
             lineage = await repo.set_rescheduled_from(conn, row["id"], old.id)
             appt = dataclasses.replace(
                 Appointment.from_row(row), rescheduled_from=old.id, lineage_id=lineage
@@ -315,7 +401,11 @@ class AppointmentService(Schedules, Waitlist, Gate):
                 now,
             )
             await self._drop_reminder(conn, old.id)
-            await self._remind_later(conn, appt, now)
+            if appt.status == "HELD":  # moved into a prepaid slot: paid there first
+                await emit(conn, events.HELD, events.key(appt), events.held_payload(appt), now)
+                await self._expire_later(conn, appt)  # durable; the scheduler loads it
+            else:
+                await self._remind_later(conn, appt, now)
             freed = None
             if not cancelled["overbooked"]:  # only an ordinary seat goes to the waitlist
                 freed = await self._give_seat_to_waitlist(conn, old.slot_id, now)
@@ -326,7 +416,17 @@ class AppointmentService(Schedules, Waitlist, Gate):
     # -- second release: contact -------------------------------------------------------
 
     async def set_contact(
-        self, patient_id: int, email: str | None, phone: str | None
+        self,
+        patient_id: int,
+        email: str | None,
+        phone: str | None,
+        push: Sequence[subscriptions.PushSubscription] = (),
     ) -> contacts.Contact:
+        """422 ``destination_not_allowed`` for a push endpoint the egress rules
+        refuse (the keys' format is the request model's to check)."""
+        for i, sub in enumerate(push):
+            why = subscriptions.endpoint_problem(self.push_allow, sub.endpoint)
+            if why is not None:
+                raise DomainError("destination_not_allowed", f"pushSubscriptions[{i}]: {why}")
         async with self.db.transaction() as conn:
-            return await contacts.put(conn, patient_id, email, phone, self.clock.now())
+            return await contacts.put(conn, patient_id, email, phone, push, self.clock.now())

@@ -3,6 +3,8 @@ primary), cached as bytes, and dropped after every change that alters it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from datetime import date, datetime
 from zoneinfo import ZoneInfo
@@ -75,6 +77,7 @@ class SlotLists:
     limits: Limits
     _zones: dict[int, ZoneInfo]  # a doctor's zone never changes
     _slot_lists: LocalCache[SlotList]
+    _refreshing: set[asyncio.Task[None]]  # refreshes ahead under way
 
     async def _zone(self, conn: asyncpg.Connection, doctor_id: int) -> ZoneInfo:
         tz = self._zones.get(doctor_id)
@@ -108,15 +111,49 @@ class SlotLists:
 
     async def _fill(self, key: str, doctor_id: int, day: date) -> tuple[SlotList, float]:
         """The list from Redis, else read and stored there; with how long the
-        per-process copy may keep it."""
-        raw, life_s, generation = await self.cache.get_versioned(key)
+        per-process copy may keep it. A list about to expire is read again
+        ahead by the one reader (of any process) that takes its refresh lease,
+        in the background: nobody waits, and a popular list costs one
+        PostgreSQL read per life for the whole deployment instead of one per
+        API process whose copy found it expired."""
+        ahead_s = self.limits.slots_refresh_ahead_s
+        if ahead_s > 0:
+            raw, life_s, generation, refresh = await self.cache.get_versioned_refreshing(
+                key, ahead_s
+            )
+        else:
+            (raw, life_s, generation), refresh = await self.cache.get_versioned(key), False
         if raw is not None:
             try:
-                return SlotList.parse(raw), life_s
+                listed = SlotList.parse(raw)
             except ValueError:  # UnicodeDecodeError too
                 log.warning("cache.corrupt_entry", key=key)  # a miss, not an outage
+            else:
+                if refresh and generation is not None:
+                    self._refresh_later(key, doctor_id, day, generation)
+                # The copy expires as the refresh window opens, so that a read of
+                # this process meets the window and may take the lease.
+                return listed, life_s - ahead_s if life_s > ahead_s else life_s
+        return await self._read_and_store(key, doctor_id, day, generation)
 
+    def _refresh_later(self, key: str, doctor_id: int, day: date, generation: bytes) -> None:
+        task = asyncio.create_task(self._refresh(key, doctor_id, day, generation))
+        self._refreshing.add(task)  # a strong reference until it ends
+        task.add_done_callback(self._refreshing.discard)
+
+    async def _refresh(self, key: str, doctor_id: int, day: date, generation: bytes) -> None:
+        try:
+            await self._read_and_store(key, doctor_id, day, generation)
+        except Exception:  # the list then expires and is read as a miss
+            log.warning("slots.refresh_failed", key=key, exc_info=True)
+
+    async def _read_and_store(
+        self, key: str, doctor_id: int, day: date, generation: bytes | None
+    ) -> tuple[SlotList, float]:
+        """Read the list and store it in Redis unless ``generation`` (read before)
+        was bumped since; with how long a copy may keep it."""
         now = self.clock.now()
+        began = time.monotonic()
 
         async def read(
             conn: asyncpg.Connection,
@@ -129,7 +166,10 @@ class SlotLists:
         # seen a new doctor yet is not trusted with its 404.
         body, first, next_open = await self.stale.read(read, recheck=("doctor_not_found",))
         fresh = SlotList(body, first.isoformat() if first is not None else "")
-        life = self._slot_list_life(now, next_open)
+        # The life counts from the read's start: a change that committed while
+        # it ran is shown after ``slots_cache_life_s`` at most, even if its drop
+        # was lost.
+        life = self._slot_list_life(now, next_open) - (time.monotonic() - began)
         if generation is None or life <= 0:
             return fresh, 0.0  # Redis away, or the list changes now: keep nothing
         stored = await self.cache.set_if_unchanged(key, fresh.body, life, generation)
@@ -197,4 +237,5 @@ class SlotLists:
             "appointment_not_found",
             f"no appointment {appointment_id}",
         )
-        return Appointment.from_row(row)
+        # A hold past its end reads EXPIRED even before a job flipped it.
+        return Appointment.from_row(row).as_of(self.clock.now())

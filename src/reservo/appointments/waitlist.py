@@ -9,6 +9,7 @@ import asyncpg
 
 from reservo.appointments import domain, events, repo
 from reservo.appointments.domain import Appointment
+from reservo.appointments.holds import Holds
 from reservo.appointments.refusals import slot_refusal
 from reservo.appointments.reminders import Reminders
 from reservo.core.http.idempotency import Within
@@ -17,7 +18,7 @@ from reservo.core.kernel.errors import DomainError
 from reservo.core.messaging.outbox import emit
 
 
-class Waitlist(Reminders):
+class Waitlist(Holds, Reminders):
     async def join_waitlist(
         self, slot_id: int, patient_id: int, within: Within[domain.Waiting] | None = None
     ) -> domain.Waiting:
@@ -90,7 +91,12 @@ class Waitlist(Reminders):
                         events.payload(appt),
                         now,
                     )
-                    await self._remind_later(conn, appt, now)
+                    if appt.status == "HELD":  # a prepaid slot: the patient pays first
+                        held = events.held_payload(appt)
+                        await emit(conn, events.HELD, events.key(appt), held, now)
+                        await self._expire_later(conn, appt)
+                    else:
+                        await self._remind_later(conn, appt, now)
                     metrics.BOOKINGS.labels("appointments").inc()
                     return appt
             await repo.drop_waiting(conn, first["id"])

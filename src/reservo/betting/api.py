@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
+from reservo.betting.corrections import Resettlement
 from reservo.betting.domain import Bet, Leg, Match
 from reservo.betting.intake import ResultIntake
 from reservo.betting.schemas import (
@@ -22,28 +23,20 @@ from reservo.betting.schemas import (
     MatchPage,
     MatchPatch,
     MatchSummaryOut,
+    ResettleIn,
     ResultIn,
     ResultOut,
     SelectionOut,
     SettlementOut,
     SettlementSummaryOut,
+    VoidIn,
     odds_text,
 )
 from reservo.betting.service import BettingService
 from reservo.core.http.auth import Principal
-from reservo.core.http.glue import (
-    AdminCaller,
-    Caller,
-    PathId,
-    RequiredIdempotencyKey,
-    from_state,
-    json_response,
-    model_from,
-    required_key,
-    role_caller,
-    run_idempotent_route,
-)
+from reservo.core.http.callers import AdminCaller, Caller, role_caller
 from reservo.core.http.idempotency import Within
+from reservo.core.http.idempotent import RequiredIdempotencyKey, required_key, run_idempotent_route
 from reservo.core.http.openapi import raises, raw_body
 from reservo.core.http.pagination import (
     DEFAULT_LIMIT,
@@ -54,15 +47,18 @@ from reservo.core.http.pagination import (
     time_cursor,
     time_key,
 )
+from reservo.core.http.responses import json_response, model_from
+from reservo.core.http.route_inputs import PathId, from_state
 from reservo.core.kernel.errors import DomainError
 
 router = APIRouter(prefix="/api", tags=["betting"])
 
 
 _svc = from_state(BettingService, "betting")
-# Who may use which route, checked before the request is parsed (core.http.glue.Roles).
+# Who may use which route, checked before the request is parsed (core.http.callers.Roles).
 Bettor = Annotated[Principal, role_caller("bettor")]
 _intake = from_state(ResultIntake, "results")
+_resettlement = from_state(Resettlement, "resettlement")
 # MatchOut is a dataclass (the domain's Fixture on the wire): dumped through this.
 _MATCH_OUT = TypeAdapter(MatchOut)
 
@@ -130,6 +126,13 @@ async def _own_account(svc: BettingService, caller: Principal, account_id: int) 
     openapi_extra=raises("match_exists"),
 )
 async def create_match(body: MatchIn, caller: AdminCaller, request: Request) -> JSONResponse:
+    """Create a match (admin). Results the provider reported for this `externalId`
+    before the match existed were kept: the first of them is applied in the same
+    transaction, so the match is created with its `result` and settled (no bet
+    can ever be placed on it). Another kept report that says the same changes
+    nothing; one that says otherwise, or a FINISHED one while `startsAt` is still
+    ahead, is parked as a dead letter of `betting.settlement` for an operator
+    (`GET /api/ops/dead-letters`)."""
     match = await _svc(request).create_match(
         body.external_id,
         body.home,
@@ -149,6 +152,7 @@ async def create_match(body: MatchIn, caller: AdminCaller, request: Request) -> 
 async def get_match(
     match_id: Annotated[PathId, Path(alias="matchId")], caller: Caller, request: Request
 ) -> JSONResponse:
+    """One match: its odds, whether its market is suspended, its settlement."""
     return json_response(200, render_match(await _svc(request).get_match(match_id)))
 
 
@@ -248,6 +252,9 @@ async def account_bets(
 async def place_bet(
     body: BetIn, caller: Bettor, request: Request, idempotency_key: RequiredIdempotencyKey = None
 ) -> JSONResponse:
+    """Places a bet of `stake` from the bettor's account on one or more
+    selections at the odds the bettor saw: odds that moved since are
+    `odds_changed`, a stake past the balance `insufficient_funds`."""
     key = required_key(idempotency_key)
     svc = _svc(request)
     legs = [Leg(s.match_id, s.market, s.pick, Decimal(s.odds)) for s in body.selections]
@@ -271,6 +278,8 @@ async def place_bet(
 async def get_bet(
     bet_id: Annotated[PathId, Path(alias="betId")], caller: Bettor, request: Request
 ) -> JSONResponse:
+    """One bet, to its bettor or an admin; anybody else's is `bet_not_found`,
+    as if it did not exist."""
     bet = await _svc(request).get_bet(bet_id)
     if not caller.owns("bettor", bet.owner_id):  # somebody else's: as if none
         raise DomainError("bet_not_found", f"no bet {bet_id}")
@@ -283,13 +292,70 @@ async def get_bet(
     response_model=Accepted,
     operation_id="receiveMatchResult",
     openapi_extra={
-        **raises("bad_signature", "payload_too_large", "match_not_started"),
+        **raises("bad_signature", "payload_too_large", "duplicate_key", "match_not_started"),
         **raw_body(ResultIn),
     },
 )
 async def match_result(
     request: Request, x_signature: Annotated[str | None, Header(alias="X-Signature")] = None
 ) -> JSONResponse:
-    """Signed by the results provider (X-Signature over the raw body)."""
+    """Signed by the results provider (X-Signature over the raw body). 202 means
+    the result is held durably and will be applied to its match or stand in front
+    of an operator, never dropped: a result for a `matchExternalId` no match has
+    yet is kept and applied when that match is created (`POST /api/matches`); the
+    same `providerEventId` again, or the same result under another event id,
+    changes nothing; a different result for a match that already has one is not
+    applied but parked as a dead letter of `betting.settlement`
+    (`GET /api/ops/dead-letters`), which a replay refuses while the match keeps
+    its first result."""
     await _intake(request).receive(await request.body(), x_signature)
+    return json_response(202, Accepted(accepted=True).wire())
+
+
+@router.post(
+    "/matches/{matchId}/resettle",
+    status_code=202,
+    response_model=Accepted,
+    operation_id="resettleMatch",
+    openapi_extra=raises("match_not_found", "not_settled", "same_result"),
+)
+async def resettle_match(
+    match_id: Annotated[PathId, Path(alias="matchId")],
+    body: ResettleIn,
+    caller: AdminCaller,
+    request: Request,
+) -> JSONResponse:
+    """Correct a match's result (admin): the payouts and refunds of its settled
+    bets are reversed (REVERSAL entries in their accounts' statements; an account
+    that spent the payout goes below zero) and the match is settled again under
+    the new result, each bet paid once in this new settlement `generation`. 202
+    once reopened: the settlement runs after (`settlement.status` SETTLING until
+    done). 409 `not_settled` for a match without a result, `same_result` when it
+    already has this one. The provider corrects through the results webhook
+    (`"correction": true`)."""
+    r = body.result
+    await _resettlement(request).resettle(
+        match_id, (r.status, r.home_score, r.away_score), caller.sub
+    )
+    return json_response(202, Accepted(accepted=True).wire())
+
+
+@router.post(
+    "/matches/{matchId}/void",
+    status_code=202,
+    response_model=Accepted,
+    operation_id="voidMatch",
+    openapi_extra=raises("match_not_found", "already_void"),
+)
+async def void_match(
+    match_id: Annotated[PathId, Path(alias="matchId")],
+    body: VoidIn,
+    caller: AdminCaller,
+    request: Request,
+) -> JSONResponse:
+    """Void a match (admin): every bet leg on it is void. A single on it is
+    refunded its stake; in an accumulator the leg counts odds 1.00. A match
+    already settled is reversed first, as a resettlement; a match not started
+    takes no more bets. 409 `already_void` once void (or cancelled)."""
+    await _resettlement(request).void(match_id, body.reason, caller.sub)
     return json_response(202, Accepted(accepted=True).wire())

@@ -18,6 +18,9 @@ class BettingSettings(BaseSettings):
     settle_chunk: int = Field(default=5_000, ge=1, le=100_000)
     # Chunk loops per process sharing one match (SKIP LOCKED keeps them apart).
     settle_parallel: int = Field(default=2, ge=1, le=16)
+    # Matches settled together in one transaction (Settlement.settle_many), their
+    # legs graded by one statement, up to settle_chunk legs.
+    settle_batch_matches: int = Field(default=500, ge=1, le=10_000)
     publish_attempts: int = Field(default=3, ge=1, le=10)
     publish_backoff_s: float = 0.05
     publish_timeout_s: float = 2.0

@@ -207,3 +207,45 @@ def check_result(status: str, starts_at: datetime, now: datetime) -> None:
         raise BetRefused(
             "match_not_started", f"the match starts at {starts_at.isoformat()}; no result yet"
         )
+
+
+# A reported result: (status, homeScore, awayScore).
+Reported = tuple[str, int | None, int | None]
+
+
+def same_result(first: Reported, again: Reported) -> bool:
+    """Whether a second report of a match's result says what the first said (its
+    provider event aside): then it changes nothing. A CANCELLED match has no
+    score: the scores sent with it grade no bet, so they are not compared."""
+    if first[0] != again[0]:
+        return False
+    return first[0] == "CANCELLED" or first[1:] == again[1:]
+
+
+def check_resettle(
+    current: tuple[str | None, int | None, int | None],
+    new: Reported,
+    current_sequence: int | None,
+    sequence: int | None,
+    *,
+    void: bool,
+) -> None:
+    """Whether a match with the ``current`` result may be settled again under
+    ``new``. A void (CANCELLED by an admin) may come at any time, once; a
+    correction needs a result to correct, must differ from it, and must come
+    after the correction the match has (the provider's ``sequence``: two
+    corrections racing settle in the order it sent them)."""
+    if void:
+        if current[0] == "CANCELLED":
+            raise BetRefused("already_void", "the match is already void")
+        return
+    status, home, away = current
+    if status is None:
+        raise BetRefused("not_settled", "the match has no result yet: nothing to correct")
+    if sequence is not None and current_sequence is not None and sequence <= current_sequence:
+        raise BetRefused(
+            "stale_correction",
+            f"correction {sequence} is not after the match's correction {current_sequence}",
+        )
+    if same_result((status, home, away), new):
+        raise BetRefused("same_result", "the match already has this result")

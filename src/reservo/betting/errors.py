@@ -12,6 +12,10 @@ ERRORS = by_status(
         "odds_changed",
         "market_suspended",
         "match_not_started",
+        "not_settled",
+        "same_result",
+        "already_void",
+        "stale_correction",
     ],
 )
 

@@ -18,6 +18,9 @@ RESULT_TOPIC = "betting.match.result-reported.v1"
 # One event per settlement chunk, one item (notification) per settled bet.
 BETS_SETTLED = "betting.match.bets-settled.v1"
 SETTLEMENT_CONSUMER = "betting.settlement"
+# A settled match settled again: its result corrected, or voided by an admin.
+MATCH_RESETTLED = "betting.match.resettled.v1"
+MATCH_VOIDED = "betting.match.voided.v1"
 
 _RESULT_NS = uuid.UUID("1b7f3f0c-7d5e-4a8e-9a51-5b0c2f0e6a11")
 
@@ -42,6 +45,33 @@ def settled_payload(match_id: int, external_id: str, rows: Iterable[Any]) -> dic
             {"betId": i, "ownerId": o, "accountId": a, "status": s, "payout": p}
             for i, a, o, s, p in rows
         ],
+    }
+
+
+def resettled_payload(
+    match_id: int,
+    external_id: str,
+    generation: int,
+    before: tuple[str | None, int | None, int | None],
+    after: tuple[str, int | None, int | None],
+    *,
+    reopened: int,
+    reversed_total: int,
+    reason: str | None,
+) -> dict[str, Any]:
+    def result(r: tuple[str | None, int | None, int | None]) -> dict[str, Any] | None:
+        status, home, away = r
+        return None if status is None else {"status": status, "homeScore": home, "awayScore": away}
+
+    return {
+        "matchId": match_id,
+        "matchExternalId": external_id,
+        "generation": generation,
+        "previousResult": result(before),
+        "result": result(after),
+        "reopenedBets": reopened,
+        "reversed": reversed_total,
+        "reason": reason,
     }
 
 
@@ -79,6 +109,39 @@ def _uuid5_text(sha1: bytes) -> str:
 
 # -- the contract (core/kernel/contract.py): what a subscriber may rely on ---------------
 
+_RESULT_SCHEMA = {
+    "type": ["object", "null"],
+    "properties": {
+        "status": {"enum": ["CANCELLED", "FINISHED"]},
+        "homeScore": {"type": ["integer", "null"], "minimum": 0},
+        "awayScore": {"type": ["integer", "null"], "minimum": 0},
+    },
+}
+_RESETTLED_SCHEMA = {
+    "type": "object",
+    "required": ["matchId", "matchExternalId", "generation", "result", "reopenedBets", "reversed"],
+    "properties": {
+        "matchId": {"type": "integer", "minimum": 1},
+        "matchExternalId": {"type": "string"},
+        "generation": {"type": "integer", "minimum": 1, "description": "The settlement now run."},
+        "previousResult": _RESULT_SCHEMA,
+        "result": _RESULT_SCHEMA,
+        "reopenedBets": {"type": "integer", "minimum": 0},
+        "reversed": {"type": "integer", "minimum": 0, "description": "Minor units taken back."},
+        "reason": {"type": ["string", "null"]},
+    },
+    "additionalProperties": True,
+}
+_RESETTLED_EXAMPLE: dict[str, Any] = {
+    "matchId": 9,
+    "matchExternalId": "m-2030-0107-1",
+    "generation": 2,
+    "previousResult": {"status": "FINISHED", "homeScore": 2, "awayScore": 1},
+    "result": {"status": "FINISHED", "homeScore": 1, "awayScore": 1},
+    "reopenedBets": 3,
+    "reversed": 180,
+    "reason": None,
+}
 _KEY_DOC = "the match (its external id): its result, then its settlement, in order"
 CONTRACT = (
     EventSpec(
@@ -97,6 +160,15 @@ CONTRACT = (
                 "homeScore": {"type": ["integer", "null"], "minimum": 0},
                 "awayScore": {"type": ["integer", "null"], "minimum": 0},
                 "providerEventId": {"type": "string"},
+                "correction": {
+                    "type": "boolean",
+                    "description": "A correction of the match's result: settled again.",
+                },
+                "sequence": {
+                    "type": ["integer", "null"],
+                    "minimum": 0,
+                    "description": "The provider's order of its corrections.",
+                },
             },
             "additionalProperties": True,
         },
@@ -150,5 +222,35 @@ CONTRACT = (
             ],
         },
         formerly=("betting.bets.settled.v1",),
+    ),
+    *(
+        EventSpec(
+            name=name,
+            stream=STREAM,
+            summary=summary,
+            key="match:{matchExternalId}",
+            key_doc=_KEY_DOC,
+            schema=_RESETTLED_SCHEMA,
+            example=example,
+        )
+        for name, summary, example in (
+            (
+                MATCH_RESETTLED,
+                "A match's result was corrected (the provider's correction or an admin's "
+                "resettle): the payouts of its settled bets were reversed and it settles "
+                "again under `generation` (bets-settled events follow).",
+                _RESETTLED_EXAMPLE,
+            ),
+            (
+                MATCH_VOIDED,
+                "An admin voided a match: every leg on it is void (payouts already made "
+                "reversed first); it settles again under `generation`.",
+                {
+                    **_RESETTLED_EXAMPLE,
+                    "result": {"status": "CANCELLED", "homeScore": None, "awayScore": None},
+                    "reason": "match fixed",
+                },
+            ),
+        )
     ),
 )

@@ -17,9 +17,10 @@ from reservo.core.aio.breaker import BreakerOpen, CircuitBreaker
 from reservo.core.aio.retry import retry_async
 from reservo.core.db.database import Database
 from reservo.core.http.auth import verify_webhook
+from reservo.core.http.json_intake import check_json
 from reservo.core.kernel import metrics
 from reservo.core.kernel.clock import Clock
-from reservo.core.kernel.errors import DomainError, validation_error
+from reservo.core.kernel.errors import DomainError, model_issues, validation_error
 from reservo.core.messaging.transport.base import Event
 
 log = structlog.get_logger(__name__)
@@ -51,10 +52,18 @@ class ResultIntake:
         now = self.clock.now()
         verify_webhook(self.secret, signature, raw, now, self.tolerance_s)
         try:
+            # The JSON rules of every body (a key twice is 422 duplicate_key),
+            # whatever Content-Type the provider sent: the model's own reader
+            # would take a repeated key's last value.
+            check_json(raw)
+        except DomainError as refused:
+            await self._reject(raw, refused, now)
+            raise
+        try:
             result = ResultIn.model_validate_json(raw)
         except ValidationError as exc:
             await self._reject(raw, exc, now)
-            errors = orjson.loads(exc.json(include_url=False, include_input=False))
+            errors = model_issues(exc.errors(include_url=False), "body")
             raise validation_error("the result payload is not valid", errors) from None
         return await self._take(result, now)
 
@@ -117,10 +126,11 @@ class ResultIntake:
     async def _check_started(self, result: ResultIn, now: datetime) -> None:
         """Refuse (409, nothing stored) a final result for a match that has not
         started by this server's clock. Decided here, at intake, against the match
-        row. An unknown match passes, as before: the consumer records it as
-        UNKNOWN_MATCH. When PostgreSQL cannot answer, the result is not refused:
-        the provider never resends, and Kafka may still hold it durably; the
-        settlement consumer applies the same rule before it records anything."""
+        row. An unknown match passes: the consumer keeps the result until the
+        match is created (betting.results). When PostgreSQL cannot answer, the
+        result is not refused: the provider never resends, and Kafka may still
+        hold it durably; the settlement consumer applies the same rule before it
+        records anything."""
         try:
             async with self.db.connection() as conn:
                 match = await repo.match_by_external_id(conn, result.match_external_id)

@@ -14,8 +14,20 @@ SELECT m.*,
   FROM betting_match m WHERE m.id = $1;
 
 -- name: match_by_external_id
--- starts_at: the result webhook refuses a final result before kick-off.
-SELECT id, starts_at, settlement_status FROM betting_match WHERE external_id = $1;
+-- starts_at: the result webhook refuses a final result before kick-off; the
+-- result: a second report of it is compared with it.
+SELECT id, starts_at, settlement_status, result_status, home_score, away_score, result_event_id
+  FROM betting_match WHERE external_id = $1;
+
+-- name: lock_match_results
+-- Serialises, until commit, everything that decides where a match's results go:
+-- the settlement consumer taking a result and the creation of the match (which
+-- applies the results kept for it). Taken before either reads: READ COMMITTED's
+-- next statement then sees what the previous holder committed, so a result is
+-- never kept for a match whose creation has already taken the kept ones.
+-- Two keys ("RSLT", the external id's hash): apart from the single-key locks of
+-- migrations; a hash collision only makes two matches' results wait.
+SELECT pg_advisory_xact_lock(1381190740, hashtext($1));
 
 -- name: matches_for_bet
 -- The matches a bet is checked against, share-locked until the bet commits: a
@@ -122,29 +134,50 @@ SELECT bet_id, match_id, market, pick, odds, status FROM betting_selection
 SELECT match_id, market, pick, odds, status FROM betting_selection
  WHERE bet_id = $1 ORDER BY match_id;
 
--- name: claim_result
--- The settlement inbox: a providerEventId is applied once, whatever carried it.
+-- name: inbox_outcome
+-- What became of a providerEventId the settlement consumer took before (no row:
+-- never taken): APPLIED, AWAITING_MATCH, SAME_RESULT, PARKED; or, written before
+-- results were kept for their match (migration 0052), UNKNOWN_MATCH and
+-- DUPLICATE_MATCH (dropped, so decided again).
+SELECT outcome FROM betting_result_inbox WHERE provider_event_id = $1;
+
+-- name: record_outcome
+-- The settlement inbox: where the result of a providerEventId went, whatever
+-- carried it. Written only once the result is applied, kept or parked.
 INSERT INTO betting_result_inbox (provider_event_id, match_external_id, outcome, received_at)
 VALUES ($1, $2, $3, $4)
-ON CONFLICT (provider_event_id) DO NOTHING
-RETURNING provider_event_id;
+ON CONFLICT (provider_event_id) DO UPDATE SET outcome = excluded.outcome;
 
--- name: set_inbox_outcome
--- Why a claimed result changed nothing (unknown or duplicate match).
-UPDATE betting_result_inbox SET outcome = $2 WHERE provider_event_id = $1;
+-- name: pending_insert
+-- Keep a result for a match not created yet (one row per provider event).
+INSERT INTO betting_pending_result (provider_event_id, match_external_id, payload, received_at)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (provider_event_id) DO NOTHING;
+
+-- name: pending_take
+-- The results kept for a match being created (betting_pending_result_match); they
+-- leave the table with the creation's commit. The caller orders them by id.
+DELETE FROM betting_pending_result WHERE match_external_id = $1
+RETURNING id, provider_event_id, payload, received_at;
 
 -- name: record_result
--- The first result of a match wins; the match starts settling.
+-- The first result of a match wins; the match starts settling. $7: the
+-- provider's sequence when the result came as a correction.
 UPDATE betting_match
    SET result_status = $2, home_score = $3, away_score = $4, result_event_id = $5,
-       result_at = $6, settlement_status = 'SETTLING'
+       result_at = $6, settlement_status = 'SETTLING', result_sequence = $7
  WHERE external_id = $1 AND result_status IS NULL
 RETURNING id;
 
 -- name: match_result
--- A match's result and settlement status, read by each settlement chunk.
+-- A match's result and settlement status, read by each settlement chunk. FOR
+-- KEY SHARE until the chunk commits: a resettlement (reopen_match, FOR UPDATE)
+-- waits for the chunks grading under the old result, and a chunk that starts
+-- after it reads the new one. KEY SHARE does not conflict with the chunks' own
+-- progress UPDATEs (no key changes), so chunks never wait for each other here.
 SELECT result_status, home_score, away_score, settlement_status, external_id
-  FROM betting_match WHERE id = $1;
+  FROM betting_match WHERE id = $1
+   FOR KEY SHARE;
 
 -- name: grade_chunk
 -- Claim up to $2 pending legs of the match after bet $7 (SKIP LOCKED: several
@@ -194,7 +227,7 @@ WITH claimed AS (
            settled_at = $8
       FROM bets s
      WHERE s.legs = 1 AND b.id = s.id AND b.status = 'PENDING'
-    RETURNING b.id, b.account_id, b.owner_id, b.status, b.payout
+    RETURNING b.id, b.account_id, b.owner_id, b.status, b.payout, b.generation
 )
 SELECT (SELECT count(*) FROM graded)::int AS graded,
        (SELECT max(bet_id) FROM graded) AS last,
@@ -203,7 +236,8 @@ SELECT (SELECT count(*) FROM graded)::int AS graded,
        coalesce(array_agg(account_id), '{}') AS accounts,
        coalesce(array_agg(owner_id), '{}') AS owners,
        coalesce(array_agg(status), '{}') AS statuses,
-       coalesce(array_agg(payout), '{}') AS payouts
+       coalesce(array_agg(payout), '{}') AS payouts,
+       coalesce(array_agg(generation), '{}') AS generations
   FROM singles;
 
 -- name: lock_bets
@@ -242,13 +276,14 @@ WITH settled AS (
                           betting_product(CASE WHEN s.status = 'WON' THEN s.odds ELSE 1 END) AS product
                      FROM betting_selection s WHERE s.bet_id = u.id) l) a
      WHERE b.id = a.bet_id AND b.status = 'PENDING' AND (a.any_lost OR NOT a.any_pending)
-    RETURNING b.id, b.account_id, b.owner_id, b.status, b.payout
+    RETURNING b.id, b.account_id, b.owner_id, b.status, b.payout, b.generation
 )
 SELECT coalesce(array_agg(id), '{}') AS ids,
        coalesce(array_agg(account_id), '{}') AS accounts,
        coalesce(array_agg(owner_id), '{}') AS owners,
        coalesce(array_agg(status), '{}') AS statuses,
-       coalesce(array_agg(payout), '{}') AS payouts
+       coalesce(array_agg(payout), '{}') AS payouts,
+       coalesce(array_agg(generation), '{}') AS generations
   FROM settled;
 
 -- name: add_progress
@@ -325,3 +360,178 @@ SELECT ctid FROM webhook_events_fallback
 -- Retention (core's prune_by_ctid): rejected (malformed) webhook bodies received
 -- before $1.
 SELECT ctid FROM webhook_events_rejected WHERE received_at < $1 ORDER BY received_at;
+
+-- name: lock_many_match_results
+-- lock_match_results for a batch of results (the resender's, a Kafka fetch), taken
+-- up front in one order (ascending key) so two batches sharing matches queue
+-- instead of deadlocking; each result's own lock after this is re-entrant.
+SELECT pg_advisory_xact_lock(1381190740, k)
+  FROM (SELECT DISTINCT hashtext(e) AS k FROM unnest($1::text[]) AS u(e) ORDER BY 1) x;
+
+-- name: results_settling
+-- The matches of a settlement batch that have a result and are still settling.
+-- FOR KEY SHARE, as match_result: a resettlement waits for the batch.
+SELECT id, external_id, result_status, home_score, away_score
+  FROM betting_match
+ WHERE id = ANY($1::bigint[]) AND settlement_status = 'SETTLING' AND result_status IS NOT NULL
+ ORDER BY id
+   FOR KEY SHARE;
+
+-- name: grade_matches
+-- grade_chunk for many matches at once: claim up to $6 pending legs of the
+-- matches $1 (SKIP LOCKED), grade each by its match's result (parallel arrays: $2
+-- voided, $3..$5 the winning 1X2, TOTALS_2_5 and BTTS picks), and settle the
+-- single-leg bets in the same statement. One statement for the whole batch of
+-- matches, not one per match: at a result per match and a few bets each, the
+-- per-match statements and commits were the cost. The legs are claimed per match
+-- through betting_selection_pending (lateral, in bet order), the outer LIMIT
+-- stopping the walk; a match whose legs did not all fit is left SETTLING for the
+-- chunked path. The UPDATE finds the claimed legs again by their row address
+-- (a TID scan of an array): they stay where they are while this transaction holds
+-- their locks, and joining the claim on the key let the planner hash every leg
+-- of the table (a seq scan per batch). Returns the match of each graded leg, the
+-- accumulators graded (ascending) with one of their graded matches, and the
+-- settled singles (grade_chunk's columns, then their match).
+WITH r AS (
+    SELECT * FROM unnest($1::bigint[], $2::boolean[], $3::text[], $4::text[], $5::text[])
+        AS r(match_id, void, p1x2, ptotals, pbtts)
+), claimed AS MATERIALIZED (
+    SELECT c.leg FROM r CROSS JOIN LATERAL (
+        SELECT ctid AS leg FROM betting_selection
+         WHERE match_id = r.match_id AND status = 'PENDING'
+         ORDER BY bet_id
+           FOR UPDATE SKIP LOCKED) c
+     LIMIT $6
+), graded AS (
+    UPDATE betting_selection s
+       SET status = CASE
+               WHEN r.void THEN 'VOID'
+               WHEN s.pick = CASE s.market WHEN '1X2' THEN r.p1x2
+                                           WHEN 'TOTALS_2_5' THEN r.ptotals
+                                           ELSE r.pbtts END THEN 'WON'
+               ELSE 'LOST' END
+      FROM r
+     WHERE s.ctid = ANY (ARRAY(SELECT leg FROM claimed)) AND r.match_id = s.match_id
+    RETURNING s.match_id, s.bet_id, s.status, s.odds
+), bets AS (
+    SELECT b.id, b.legs, g.match_id, g.status, g.odds FROM graded g
+     CROSS JOIN LATERAL (SELECT id, legs FROM betting_bet WHERE id = g.bet_id) b
+), singles AS (
+    UPDATE betting_bet b
+       SET status = s.status,
+           payout = CASE s.status WHEN 'WON' THEN floor(b.stake * s.odds)::bigint
+                                  WHEN 'VOID' THEN b.stake
+                                  ELSE 0 END,
+           settled_at = $7
+      FROM bets s
+     WHERE s.legs = 1 AND b.id = s.id AND b.status = 'PENDING'
+    RETURNING b.id, b.account_id, b.owner_id, b.status, b.payout, b.generation, s.match_id
+), accumulators AS (
+    SELECT id, min(match_id) AS match_id FROM bets WHERE legs > 1 GROUP BY id
+)
+SELECT ARRAY(SELECT match_id FROM graded) AS legs,
+       ARRAY(SELECT id FROM accumulators ORDER BY id) AS accumulators,
+       ARRAY(SELECT match_id FROM accumulators ORDER BY id) AS accumulator_matches,
+       coalesce(array_agg(id), '{}') AS ids,
+       coalesce(array_agg(account_id), '{}') AS accounts,
+       coalesce(array_agg(owner_id), '{}') AS owners,
+       coalesce(array_agg(status), '{}') AS statuses,
+       coalesce(array_agg(payout), '{}') AS payouts,
+       coalesce(array_agg(generation), '{}') AS generations,
+       coalesce(array_agg(match_id), '{}') AS matches
+  FROM singles;
+
+-- name: add_progress_many
+-- add_progress for a batch of matches (parallel arrays: match, legs graded).
+UPDATE betting_match m SET settled_bets = settled_bets + p.n
+  FROM unnest($1::bigint[], $2::int[]) AS p(id, n)
+ WHERE m.id = p.id;
+
+-- name: finish_settlements
+-- finish_settlement for a batch of matches; returns the ones it finished.
+UPDATE betting_match m SET settlement_status = 'SETTLED', settled_at = $2
+ WHERE m.id = ANY($1::bigint[]) AND m.settlement_status = 'SETTLING'
+   AND NOT EXISTS (SELECT 1 FROM betting_selection s
+                    WHERE s.match_id = m.id AND s.status = 'PENDING')
+RETURNING m.id;
+
+-- name: results_seen
+-- For a batch of results (parallel arrays: match external id, providerEventId),
+-- in the batch's order: the match (no row: not created) and what became of the
+-- providerEventId before (NULL: never taken). The batch accept's one read.
+SELECT u.n, m.id, m.starts_at, m.result_status, i.outcome
+  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(external_id, provider_event_id, n)
+  LEFT JOIN betting_match m ON m.external_id = u.external_id
+  LEFT JOIN betting_result_inbox i ON i.provider_event_id = u.provider_event_id
+ ORDER BY u.n;
+
+-- name: record_results
+-- record_result and record_outcome (APPLIED) for the results of a batch that are
+-- their match's first (parallel arrays: external id, status, home, away,
+-- providerEventId); the caller holds their matches' result locks and saw each
+-- match without a result. Returns the matches now settling.
+WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[])
+        AS u(external_id, status, home, away, provider_event_id)
+), recorded AS (
+    UPDATE betting_match m
+       SET result_status = u.status, home_score = u.home, away_score = u.away,
+           result_event_id = u.provider_event_id, result_at = $6,
+           settlement_status = 'SETTLING'
+      FROM u
+     WHERE m.external_id = u.external_id AND m.result_status IS NULL
+    RETURNING m.id, m.external_id, u.provider_event_id
+), outcomes AS (
+    INSERT INTO betting_result_inbox (provider_event_id, match_external_id, outcome, received_at)
+    SELECT provider_event_id, external_id, 'APPLIED', $6 FROM recorded
+    ON CONFLICT (provider_event_id) DO UPDATE SET outcome = excluded.outcome
+)
+SELECT id FROM recorded;
+
+-- name: lock_match_for_resettle
+-- A match about to be settled again, locked FOR UPDATE until commit: this waits
+-- for the settlement chunks grading it under its current result (they hold FOR
+-- KEY SHARE, match_result / results_settling), and a chunk that comes after
+-- reads the new result.
+SELECT id, external_id, result_status, home_score, away_score, settlement_status,
+       settlement_generation, result_sequence
+  FROM betting_match WHERE id = $1
+   FOR UPDATE;
+
+-- name: lock_bets_of_match
+-- Every bet with a leg on the match, locked in ascending id (as lock_bets): a
+-- settlement of another match waits before it recomputes one of these
+-- accumulators, then reads this match's leg reopened. The settled ones (status,
+-- generation) are what the resettlement reverses.
+SELECT id, account_id, status, generation FROM betting_bet
+ WHERE id IN (SELECT bet_id FROM betting_selection WHERE match_id = $1)
+ ORDER BY id
+   FOR UPDATE;
+
+-- name: reopen_match
+-- Settle the match again under a new result: its legs PENDING, its settled bets
+-- PENDING again under the next generation (their payouts were reversed in this
+-- transaction), the match SETTLING under its next settlement generation. Rows
+-- are updated, never deleted: the ledger keeps the first settlement and its
+-- reversal. Returns the new generation.
+WITH legs AS (
+    UPDATE betting_selection SET status = 'PENDING'
+     WHERE match_id = $1 AND status <> 'PENDING'
+), bets AS (
+    UPDATE betting_bet SET status = 'PENDING', payout = NULL, settled_at = NULL,
+                           generation = generation + 1
+     WHERE id = ANY($2::bigint[]) AND status <> 'PENDING'
+)
+UPDATE betting_match
+   SET result_status = $3, home_score = $4, away_score = $5,
+       result_event_id = coalesce($6, result_event_id), result_at = $7,
+       result_sequence = coalesce($8, result_sequence), voided_reason = $9,
+       settlement_status = 'SETTLING', settled_bets = 0, settled_at = NULL,
+       -- a void of a match never settled settles it the first time
+       settlement_generation = settlement_generation + (result_status IS NOT NULL)::int
+ WHERE id = $1
+RETURNING settlement_generation;
+
+-- name: match_external_id
+-- The key of the match's result lock (lock_match_results).
+SELECT external_id FROM betting_match WHERE id = $1;

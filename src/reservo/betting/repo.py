@@ -110,15 +110,34 @@ async def bet_selections(conn: asyncpg.Connection, bet_id: int) -> list[Row]:
     return list(await conn.fetch(Q.bet_selections, bet_id))
 
 
-async def claim_result(
-    conn: asyncpg.Connection, provider_event_id: str, external_id: str, now: datetime
-) -> bool:
-    got = await conn.fetchval(Q.claim_result, provider_event_id, external_id, "APPLIED", now)
-    return got is not None
+async def lock_match_results(conn: asyncpg.Connection, external_id: str) -> None:
+    await conn.execute(Q.lock_match_results, external_id)
 
 
-async def set_inbox_outcome(conn: asyncpg.Connection, provider_event_id: str, outcome: str) -> None:
-    await conn.execute(Q.set_inbox_outcome, provider_event_id, outcome)
+async def inbox_outcome(conn: asyncpg.Connection, provider_event_id: str) -> str | None:
+    got = await conn.fetchval(Q.inbox_outcome, provider_event_id)
+    return None if got is None else str(got)
+
+
+async def record_outcome(
+    conn: asyncpg.Connection, provider_event_id: str, external_id: str, outcome: str, now: datetime
+) -> None:
+    await conn.execute(Q.record_outcome, provider_event_id, external_id, outcome, now)
+
+
+async def pending_insert(
+    conn: asyncpg.Connection,
+    provider_event_id: str,
+    external_id: str,
+    payload: dict[str, Any],
+    now: datetime,
+) -> None:
+    await conn.execute(Q.pending_insert, provider_event_id, external_id, payload, now)
+
+
+async def pending_take(conn: asyncpg.Connection, external_id: str) -> list[Row]:
+    """The results kept for the match, oldest first; deleted with the caller's commit."""
+    return sorted(await conn.fetch(Q.pending_take, external_id), key=lambda r: r["id"])
 
 
 async def record_result(
@@ -129,9 +148,10 @@ async def record_result(
     away: int | None,
     provider_event_id: str,
     now: datetime,
+    sequence: int | None = None,
 ) -> int | None:
     return await conn.fetchval(
-        Q.record_result, external_id, status, home, away, provider_event_id, now
+        Q.record_result, external_id, status, home, away, provider_event_id, now, sequence
     )
 
 
@@ -148,11 +168,13 @@ class Settled:
     owners: list[int]
     statuses: list[str]
     payouts: list[int]
+    # The settlement generation each bet is paid in (its payout's wallet reference).
+    generations: list[int]
 
     @classmethod
     def from_row(cls, row: Row, at: int = 0) -> Settled:
-        """From the five array columns of ``row`` starting at position ``at``."""
-        return cls(*(list(row[at + i]) for i in range(5)))
+        """From the six array columns of ``row`` starting at position ``at``."""
+        return cls(*(list(row[at + i]) for i in range(6)))
 
     def rows(self) -> Iterator[tuple[int, int, int, str, int]]:
         """(id, account_id, owner_id, status, payout) per bet."""
@@ -165,6 +187,7 @@ class Settled:
             self.owners + other.owners,
             self.statuses + other.statuses,
             self.payouts + other.payouts,
+            self.generations + other.generations,
         )
 
 
@@ -266,3 +289,122 @@ async def record_rejected(
     conn: asyncpg.Connection, source: str, body: str, error: str, now: datetime
 ) -> None:
     await conn.execute(Q.record_rejected, source, body, error, now)
+
+
+async def lock_many_match_results(conn: asyncpg.Connection, external_ids: list[str]) -> None:
+    await conn.execute(Q.lock_many_match_results, external_ids)
+
+
+async def results_settling(conn: asyncpg.Connection, match_ids: list[int]) -> list[Row]:
+    return list(await conn.fetch(Q.results_settling, match_ids))
+
+
+@dataclass(frozen=True, slots=True)
+class GradedMatches:
+    """A graded batch of matches: the match of each graded leg, the accumulators
+    to recompute (ascending) with a match of theirs, the settled singles and the
+    match of each."""
+
+    legs: list[int]
+    accumulators: list[int]
+    accumulator_matches: list[int]
+    singles: Settled
+    single_matches: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class MatchGrading:
+    """How each match of a batch grades its legs (parallel lists)."""
+
+    ids: list[int]
+    void: list[bool]
+    picks_1x2: list[str]
+    picks_totals: list[str]
+    picks_btts: list[str]
+
+
+async def grade_matches(
+    conn: asyncpg.Connection, grading: MatchGrading, limit: int, now: datetime
+) -> GradedMatches:
+    row = await conn.fetchrow(
+        Q.grade_matches,
+        grading.ids,
+        grading.void,
+        grading.picks_1x2,
+        grading.picks_totals,
+        grading.picks_btts,
+        limit,
+        now,
+    )
+    return GradedMatches(
+        list(row[0]), list(row[1]), list(row[2]), Settled.from_row(row, 3), list(row[9])
+    )
+
+
+async def add_progress_many(conn: asyncpg.Connection, counts: dict[int, int]) -> None:
+    await conn.execute(Q.add_progress_many, list(counts), list(counts.values()))
+
+
+async def finish_settlements(
+    conn: asyncpg.Connection, match_ids: list[int], now: datetime
+) -> set[int]:
+    return {r["id"] for r in await conn.fetch(Q.finish_settlements, match_ids, now)}
+
+
+async def results_seen(
+    conn: asyncpg.Connection, external_ids: list[str], provider_event_ids: list[str]
+) -> list[Row]:
+    return list(await conn.fetch(Q.results_seen, external_ids, provider_event_ids))
+
+
+async def record_results(
+    conn: asyncpg.Connection,
+    results: list[tuple[str, str, int | None, int | None, str]],
+    now: datetime,
+) -> list[int]:
+    """``results``: (external id, status, home, away, providerEventId) each."""
+    if not results:
+        return []
+    columns = [list(c) for c in zip(*results, strict=True)]
+    return [r["id"] for r in await conn.fetch(Q.record_results, *columns, now)]
+
+
+async def lock_match_for_resettle(conn: asyncpg.Connection, match_id: int) -> Row | None:
+    return await conn.fetchrow(Q.lock_match_for_resettle, match_id)
+
+
+async def lock_bets_of_match(
+    conn: asyncpg.Connection, match_id: int, statement_timeout_s: float | None = None
+) -> list[Row]:
+    return list(await conn.fetch(Q.lock_bets_of_match, match_id, timeout=statement_timeout_s))
+
+
+async def reopen_match(
+    conn: asyncpg.Connection,
+    match_id: int,
+    reopened_bets: list[int],
+    result: tuple[str, int | None, int | None],
+    provider_event_id: str | None,
+    sequence: int | None,
+    voided_reason: str | None,
+    now: datetime,
+    statement_timeout_s: float | None = None,
+) -> int:
+    """The match's new settlement generation."""
+    return int(
+        await conn.fetchval(
+            Q.reopen_match,
+            match_id,
+            reopened_bets,
+            *result,
+            provider_event_id,
+            now,
+            sequence,
+            voided_reason,
+            timeout=statement_timeout_s,
+        )
+    )
+
+
+async def match_external_id(conn: asyncpg.Connection, match_id: int) -> str | None:
+    return await conn.fetchval(Q.match_external_id, match_id)

@@ -31,8 +31,9 @@ class FallbackResender:
     in one short transaction. Several instances share the backlog; the rows of one
     that died mid-publish come back when their lease ends, and a result published
     twice is settled once (the settlement inbox, keyed by providerEventId).
-    Without Kafka it hands each result to the settlement handler, in the
-    transaction that marks the row RESENT (a database-only step)."""
+    Without Kafka it hands the batch's results to the settlement handler, in the
+    transaction that marks the rows RESENT (a database-only step), and settles
+    their matches together (Settlement.settle_many)."""
 
     def __init__(
         self,
@@ -58,9 +59,7 @@ class FallbackResender:
         if not rows:
             return 0
         if self.publisher is None:
-            to_settle = [m for row in rows if (m := await self._accept(row)) is not None]
-            for match_id in dict.fromkeys(to_settle):
-                await self.settlement.settle(match_id)
+            await self.settlement.settle_many(await self._accept_batch(rows))
         else:
             await self._publish(self.publisher, rows, now + timedelta(seconds=self.lease_s / 2))
         return len(rows)
@@ -104,6 +103,22 @@ class FallbackResender:
                 await self._failed(conn, failed_row, error)
             if unstarted:
                 await repo.fallback_release(conn, unstarted)
+
+    async def _accept_batch(self, rows: list[asyncpg.Record]) -> list[int]:
+        """Record the batch's results and mark its rows RESENT in one transaction;
+        returns the matches to settle. Should one result fail, nothing of the batch
+        committed, and the rows go one by one (``_accept``), which parks that one."""
+        try:
+            async with self.db.transaction() as conn:
+                to_settle = await self.settlement.accept_many_in_tx(
+                    conn, [row["payload"] for row in rows]
+                )
+                await repo.fallback_resent(conn, [row["id"] for row in rows], self.clock.now())
+            return to_settle
+        except Exception as exc:
+            log.warning("fallback_batch_one_by_one", rows=len(rows), error=repr(exc))
+        to_settle = [m for row in rows if (m := await self._accept(row)) is not None]
+        return list(dict.fromkeys(to_settle))
 
     async def _accept(self, row: asyncpg.Record) -> int | None:
         """Record the result and mark the row RESENT in one transaction; returns the

@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     StrictBool,
     StrictInt,
@@ -15,13 +16,21 @@ from pydantic import (
     model_validator,
     with_config,
 )
+from pydantic.json_schema import WithJsonSchema
 
 from reservo.betting.domain import MARKETS, MAX_SELECTIONS, Fixture
 from reservo.core.http.schemas import ApiModel, Id, Instant
 
 Market = Literal["1X2", "TOTALS_2_5", "BTTS"]
-# Decimal strings with at most two decimals, between 1.01 and 1000.
-OddsStr = Annotated[str, Field(pattern=r"^[0-9]{1,4}(\.[0-9]{1,2})?$", examples=["1.85"])]
+# Decimal strings with at most two decimals (at most four digits before the
+# point), between 1.01 and 1000: the pattern says both (_odds_ok repeats the
+# range in numbers, for the odds of a market).
+ODDS_PATTERN = (
+    r"^(?:0{0,3}1\.(?:0[1-9]|[1-9][0-9]?)"
+    r"|(?:0{0,3}[2-9]|0{0,2}[1-9][0-9]|0?[1-9][0-9]{2})(?:\.[0-9]{1,2})?"
+    r"|1000(?:\.0{1,2})?)$"
+)
+OddsStr = Annotated[str, Field(pattern=ODDS_PATTERN, examples=["1.85"])]
 Score = Annotated[StrictInt, Field(ge=0, le=1000)]
 # PostgreSQL text cannot hold NUL: refuse it here (422) rather than fail in the database.
 Text = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
@@ -45,9 +54,27 @@ def _complete_markets(v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]
     return v
 
 
+_ODDS = {"type": "string", "pattern": ODDS_PATTERN, "examples": ["1.85"]}
+# What _complete_markets takes, for the document: at least one market, each
+# with exactly its picks.
+_ODDS_SCHEMA = {
+    "type": "object",
+    "minProperties": 1,
+    "additionalProperties": False,
+    "properties": {
+        market: {
+            "type": "object",
+            "properties": {pick: _ODDS for pick in picks},
+            "required": list(picks),
+            "additionalProperties": False,
+        }
+        for market, picks in MARKETS.items()
+    },
+    "description": "At least one market; each with exactly its picks, odds 1.01-1000",
+    "examples": [{"1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"}}],
+}
 OddsIn = Annotated[
-    dict[Market, dict[str, OddsStr]],
-    Field(examples=[{"1X2": {"HOME": "1.80", "DRAW": "3.40", "AWAY": "4.20"}}]),
+    dict[Market, dict[str, OddsStr]], WithJsonSchema(_ODDS_SCHEMA, mode="validation")
 ]
 
 
@@ -69,6 +96,16 @@ class MatchPatch(ApiModel):
     odds as a whole (complete markets, as when it was created); ``suspended: true``
     refuses bets on it (409 market_suspended) until ``suspended: false``. Bets
     already placed keep the odds they were placed at."""
+
+    # _something's rule, for the document: odds, suspended or both, not null.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in ("odds", "suspended")
+            ]
+        }
+    )
 
     odds: OddsIn | None = None
     suspended: StrictBool | None = None
@@ -95,7 +132,8 @@ class ResultOut(ApiModel):
     status: str
     home_score: int | None
     away_score: int | None
-    provider_event_id: str
+    # None for a result an admin set (a resettle or a void): no provider sent it.
+    provider_event_id: str | None
 
 
 # What a match and a list's summary of it both show: the fixture, its fields in
@@ -134,6 +172,19 @@ class MatchPage(ApiModel):
 
 
 class SelectionIn(ApiModel):
+    # Which picks each market has (the validator's rule, for the document).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "properties": {"market": {"const": market}, "pick": {"enum": list(picks)}},
+                    "required": ["market", "pick"],
+                }
+                for market, picks in MARKETS.items()
+            ]
+        }
+    )
+
     match_id: Id
     market: Market
     pick: Annotated[str, Field(min_length=1, max_length=10)]
@@ -184,20 +235,60 @@ class BetPage(ApiModel):
     next: str | None = Field(description="cursor of the next page (`after`); null on the last")
 
 
+def _scores_when_finished(status: str, home: int | None, away: int | None) -> None:
+    if status == "FINISHED" and (home is None or away is None):
+        raise ValueError("a FINISHED result needs homeScore and awayScore")
+
+
 class ResultIn(ApiModel):
-    """The results provider's webhook body."""
+    """The results provider's webhook body. ``correction: true`` corrects the
+    match's result (it is settled again under this one); ``sequence``, the
+    provider's order of its corrections: one not after the match's last
+    correction is stale (parked as a dead letter, the match stays as it is)."""
 
     match_external_id: Text
     home_score: Score | None = None
     away_score: Score | None = None
     status: Literal["FINISHED", "CANCELLED"]
     provider_event_id: Text
+    correction: StrictBool = False
+    sequence: Annotated[StrictInt, Field(ge=0, le=2**62)] | None = None
 
     @model_validator(mode="after")
-    def _scores_when_finished(self) -> ResultIn:
-        if self.status == "FINISHED" and (self.home_score is None or self.away_score is None):
-            raise ValueError("a FINISHED result needs homeScore and awayScore")
+    def _scores(self) -> ResultIn:
+        _scores_when_finished(self.status, self.home_score, self.away_score)
         return self
+
+    def wire(self) -> dict[str, object]:
+        """The result as stored and published: an ordinary result's as it always
+        was, a correction's with ``correction`` and ``sequence``."""
+        out = super().wire()
+        if not self.correction:
+            del out["correction"], out["sequence"]
+        return out
+
+
+class CorrectedResult(ApiModel):
+    status: Literal["FINISHED", "CANCELLED"]
+    home_score: Score | None = None
+    away_score: Score | None = None
+
+    @model_validator(mode="after")
+    def _scores(self) -> CorrectedResult:
+        _scores_when_finished(self.status, self.home_score, self.away_score)
+        return self
+
+
+class ResettleIn(ApiModel):
+    """The match's corrected result: the match is settled again under it."""
+
+    result: CorrectedResult
+
+
+class VoidIn(ApiModel):
+    """Why the match is voided (kept on the match and in its event)."""
+
+    reason: Annotated[str, Field(min_length=1, max_length=500, pattern=r"^[^\x00]+$")]
 
 
 class Accepted(ApiModel):

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from reservo import wallet
-from reservo.betting import domain, repo
+from reservo.betting import domain, repo, results
 from reservo.betting.domain import Bet, Match, Selection
 from reservo.core.db.database import Database
 from reservo.core.db.reads import read_one
@@ -57,10 +57,15 @@ class BettingService:
         starts_at: datetime,
         odds: dict[str, dict[str, str]],
     ) -> Match:
+        """A new match, with the results its provider reported before it existed
+        applied in the same transaction (betting.results.apply_pending): it is
+        created settled when one of them is its result."""
+        now = self.clock.now()
         async with self.db.transaction() as conn:
-            row = await repo.insert_match(
-                conn, external_id, home, away, starts_at, odds, self.clock.now()
-            )
+            await repo.lock_match_results(conn, external_id)
+            row = await repo.insert_match(conn, external_id, home, away, starts_at, odds, now)
+            if await results.apply_pending(conn, external_id, now):
+                row = await repo.get_match(conn, row["id"])
         return Match.from_row(row, pending_bets=0)
 
     async def get_match(self, match_id: int) -> Match:

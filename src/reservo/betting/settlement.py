@@ -6,11 +6,20 @@ bets set-based in one transaction, crediting the chunk's payouts in the wallet
 and emitting its settled-bet notifications through the outbox in that same
 transaction. A crash loses at most the chunk in flight, which rolls
 back and is done again by whoever resumes (the consumer redelivery or the sweeper).
+
+Results come in batches too (the fallback resender's claim, a Kafka fetch): the
+batch is accepted in one transaction and its matches are settled together,
+``chunk`` legs of many matches per transaction and one grading statement for
+them all (settle_many). A match too big for that one chunk goes on through the
+per-match chunks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +27,7 @@ import asyncpg
 import structlog
 
 from reservo import wallet
-from reservo.betting import domain, events, repo
+from reservo.betting import domain, events, repo, results
 from reservo.betting.schemas import ResultIn
 from reservo.core.db.database import Database
 from reservo.core.kernel import metrics
@@ -45,49 +54,95 @@ class Settlement:
         chunk: int = 5_000,
         parallel: int = 2,
         house_shards: int = 8,
+        batch_matches: int = 500,
     ) -> None:
         self.db, self.clock = db, clock
         self.chunk, self.parallel, self.house_shards = chunk, parallel, house_shards
+        self.batch_matches = batch_matches
+        # Which house sub-account pays the next batch: batches in flight at once
+        # (several consumers, the resender) pay from different rows.
+        self._lanes = itertools.count()
 
     async def accept_in_tx(self, conn: asyncpg.Connection, payload: dict[str, Any]) -> int | None:
-        """Record a result in the caller's transaction, once per providerEventId.
-        Returns the match to settle (also for a duplicate whose match is still
-        settling, so a redelivery resumes an interrupted settlement)."""
-        result = ResultIn.model_validate(payload)
-        now = self.clock.now()
-        started = await repo.match_by_external_id(conn, result.match_external_id)
-        if started is not None:
+        """Take a result in the caller's transaction: applied to its match, kept
+        until the match exists, or parked (betting.results); recorded once per
+        providerEventId, and only then. Returns the match to settle (also for a
+        redelivery whose match is still settling, so it resumes an interrupted
+        settlement)."""
+        return await self._accept(conn, ResultIn.model_validate(payload), self.clock.now())
+
+    async def _accept(
+        self, conn: asyncpg.Connection, result: ResultIn, now: datetime
+    ) -> int | None:
+        external_id = result.match_external_id
+        await repo.lock_match_results(conn, external_id)
+        match = await repo.match_by_external_id(conn, external_id)
+        before = await repo.inbox_outcome(conn, result.provider_event_id)
+        if before in results.DONE:
+            if match is not None and match["settlement_status"] == "SETTLING":
+                return int(match["id"])
+            return None
+        if match is None:
+            await results.keep_until_created(conn, result, now)
+            return None
+        if before is None:
             try:  # the intake's rule again, for a result it could not check
-                domain.check_result(result.status, started["starts_at"], now)
+                domain.check_result(result.status, match["starts_at"], now)
             except domain.BetRefused as exc:
                 raise Rejected(exc.detail) from None
-        if await repo.claim_result(conn, result.provider_event_id, result.match_external_id, now):
-            match_id = await repo.record_result(
-                conn,
-                result.match_external_id,
-                result.status,
-                result.home_score,
-                result.away_score,
-                result.provider_event_id,
-                now,
+        return await results.place(conn, result, now, now, self.house_shards)
+
+    async def accept_many_in_tx(
+        self, conn: asyncpg.Connection, payloads: Sequence[dict[str, Any]]
+    ) -> list[int]:
+        """accept_in_tx for a batch of results, after taking every match's result
+        lock in one order. Returns the matches to settle.
+
+        The common case, a match's first result (its match exists, has no result
+        yet and has started; the providerEventId is new), is recorded for the
+        whole batch in one statement. Every other result goes through
+        accept_in_tx's steps after it, in the batch's order: a match's later
+        results of the batch then find its first one recorded, as one by one."""
+        now = self.clock.now()
+        results = [ResultIn.model_validate(p) for p in payloads]
+        external_ids = [r.match_external_id for r in results]
+        await repo.lock_many_match_results(conn, external_ids)
+        seen = await repo.results_seen(conn, external_ids, [r.provider_event_id for r in results])
+        firsts: list[ResultIn] = []
+        others: list[ResultIn] = []
+        matches: set[str] = set()
+        events_seen: set[str] = set()
+        for result, row in zip(results, seen, strict=True):
+            first = result.match_external_id not in matches and (
+                result.provider_event_id not in events_seen
             )
-            if match_id is not None:
-                return int(match_id)
-            match = await repo.match_by_external_id(conn, result.match_external_id)
-            outcome = "UNKNOWN_MATCH" if match is None else "DUPLICATE_MATCH"
-            await repo.set_inbox_outcome(conn, result.provider_event_id, outcome)
-            log.warning(
-                "match_result_ignored",
-                outcome=outcome,
-                provider_event_id=result.provider_event_id,
-                match_external_id=result.match_external_id,
-            )
-            if match is None:
-                return None
-        match = await repo.match_by_external_id(conn, result.match_external_id)
-        if match is not None and match["settlement_status"] == "SETTLING":
-            return int(match["id"])
-        return None
+            matches.add(result.match_external_id)
+            events_seen.add(result.provider_event_id)
+            if first and _first_result(result, row, now):
+                firsts.append(result)
+            else:
+                others.append(result)
+        to_settle = await repo.record_results(
+            conn,
+            [
+                (r.match_external_id, r.status, r.home_score, r.away_score, r.provider_event_id)
+                for r in firsts
+            ],
+            now,
+        )
+        to_settle += [m for r in others if (m := await self._accept(conn, r, now)) is not None]
+        return list(dict.fromkeys(to_settle))
+
+    async def handle_batch(self, batch: Sequence[Event]) -> None:
+        """Batch handler of the match results: a fetched batch accepted in one
+        transaction, then its matches settled together. Should it fail, nothing
+        of it committed and the events go one by one through ``handle``."""
+        payloads = [e.payload for e in batch if e.topic == events.RESULT_TOPIC]
+        if not payloads:
+            return
+        async with self.db.transaction() as conn:
+            to_settle = await self.accept_many_in_tx(conn, payloads)
+        await self.settle_many(to_settle)
 
     async def handle(self, event: Event) -> None:
         """Consumer-group handler of the match results (``RESULT_TOPIC``)."""
@@ -119,6 +174,64 @@ class Settlement:
         async with self.db.transaction() as conn:
             if await repo.finish_settlement(conn, match_id, self.clock.now()):
                 log.info("match_settled", match_id=match_id)
+
+    async def settle_many(self, match_ids: Sequence[int]) -> None:
+        """Settle these matches, ``batch_matches`` at a time: one transaction
+        grades up to ``chunk`` legs of the whole batch, a second one marks the
+        finished matches SETTLED (in its own transaction, after the grading
+        committed, so that of two workers grading one match the later one sees
+        the other's legs). A match left with pending legs (more than fitted, or
+        legs another worker held) goes on alone through ``settle``."""
+        ids = list(dict.fromkeys(match_ids))
+        for at in range(0, len(ids), self.batch_matches):
+            part = ids[at : at + self.batch_matches]
+            await self.settle_batch(part, next(self._lanes))
+            async with self.db.transaction() as conn:
+                finished = await repo.finish_settlements(conn, part, self.clock.now())
+            if finished:
+                log.info("matches_settled", matches=len(finished))
+            for match_id in part:
+                if match_id not in finished:
+                    await self.settle(match_id)
+
+    async def settle_batch(self, match_ids: list[int], lane: int = 0) -> int:
+        """One transaction: grade up to ``chunk`` legs of these matches in one
+        statement, settle their bets, credit the payouts, emit one settled-bet
+        notification per match. Returns how many legs it graded."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            matches = await repo.results_settling(conn, sorted(match_ids))
+            if not matches:
+                return 0
+            graded = await repo.grade_matches(conn, _grading(matches), self.chunk, now)
+            if not graded.legs:
+                return 0
+            settled = graded.singles
+            settled_matches = list(graded.single_matches)
+            if graded.accumulators:
+                await repo.lock_bets(conn, graded.accumulators)
+                accumulators = await repo.settle_bets(conn, graded.accumulators, now)
+                match_of = dict(zip(graded.accumulators, graded.accumulator_matches, strict=True))
+                settled += accumulators
+                settled_matches += [match_of[b] for b in accumulators.ids]
+            await self._credit(conn, settled, lane, now)
+            by_match: dict[int, list[tuple[int, int, int, str, int]]] = defaultdict(list)
+            for match_id, row in zip(settled_matches, settled.rows(), strict=True):
+                by_match[match_id].append(row)
+            external = {m["id"]: m["external_id"] for m in matches}
+            for match_id, rows in sorted(by_match.items()):
+                await emit(
+                    conn,
+                    events.BETS_SETTLED,
+                    events.match_key(external[match_id]),
+                    events.settled_payload(match_id, external[match_id], rows),
+                    now,
+                )
+            # Ascending match id, as finish_settlements and every other batch update
+            # their rows: two batches sharing matches queue instead of deadlocking.
+            await repo.add_progress_many(conn, dict(sorted(Counter(graded.legs).items())))
+        metrics.BETS_SETTLED.inc(len(graded.legs))
+        return len(graded.legs)
 
     async def settle_chunk(self, match_id: int, after: int = 0, lane: int = 0) -> int | None:
         """One transaction: grade up to ``chunk`` legs (of bets after ``after``),
@@ -168,12 +281,17 @@ class Settlement:
         credits = [
             wallet.Payout(
                 "REFUND" if status == "VOID" else "PAYOUT",
-                wallet.bet_reference(bet_id),
+                wallet.bet_reference(bet_id, generation),
                 account_id,
                 payout,
             )
-            for bet_id, account_id, status, payout in zip(
-                settled.ids, settled.accounts, settled.statuses, settled.payouts, strict=True
+            for bet_id, account_id, status, payout, generation in zip(
+                settled.ids,
+                settled.accounts,
+                settled.statuses,
+                settled.payouts,
+                settled.generations,
+                strict=True,
             )
             if payout
         ]
@@ -206,3 +324,33 @@ class Settlement:
         for match_id in ids:
             await self.settle(match_id)
         return len(ids)
+
+
+def _grading(matches: Sequence[asyncpg.Record]) -> repo.MatchGrading:
+    """How each match grades its legs: void when cancelled, else each market's
+    winning pick."""
+    grading = repo.MatchGrading([], [], [], [], [])
+    for m in matches:
+        void = m["result_status"] == "CANCELLED"
+        picks = {} if void else domain.winning_picks(m["home_score"], m["away_score"])
+        grading.ids.append(int(m["id"]))
+        grading.void.append(void)
+        grading.picks_1x2.append(picks.get("1X2", ""))
+        grading.picks_totals.append(picks.get("TOTALS_2_5", ""))
+        grading.picks_btts.append(picks.get("BTTS", ""))
+    return grading
+
+
+def _first_result(result: ResultIn, seen: asyncpg.Record, now: datetime) -> bool:
+    """Whether ``result`` simply applies: its match exists without a result and
+    has started (or the result is a cancellation), and its providerEventId was
+    never taken."""
+    if result.correction:  # its sequence is recorded one by one (results.place)
+        return False
+    if seen["id"] is None or seen["result_status"] is not None or seen["outcome"] is not None:
+        return False
+    try:
+        domain.check_result(result.status, seen["starts_at"], now)
+    except domain.BetRefused:
+        return False
+    return True

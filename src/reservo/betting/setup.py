@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from reservo.betting import events
 from reservo.betting.api import router
+from reservo.betting.corrections import Resettlement
 from reservo.betting.errors import CONSTRAINTS, ERRORS
 from reservo.betting.intake import ResultIntake
 from reservo.betting.publisher import Publisher, TransportPublisher
@@ -30,6 +31,12 @@ class Betting(Module):
     settlement: Settlement
     results: ResultIntake
     resender: FallbackResender
+    resettlement: Resettlement
+
+
+# A correction or void reopens every bet of the match in one transaction (50 s at
+# 500,000 bets), under its own statement timeout: outside the request deadline.
+UNBOUNDED = ("/api/matches/{matchId}/resettle", "/api/matches/{matchId}/void")
 
 
 def setup(shared: Shared) -> Betting:
@@ -38,13 +45,8 @@ def setup(shared: Shared) -> Betting:
     service = BettingService(
         db, clock, s.wallet.house_shards, max_payout=own.max_payout, stale=shared.stale
     )
-    settlement = Settlement(
-        db,
-        clock,
-        chunk=own.settle_chunk,
-        parallel=own.settle_parallel,
-        house_shards=s.wallet.house_shards,
-    )
+    settlement = _settlement(shared)
+    resettlement = Resettlement(db, clock, settlement)
     publisher = _publisher(shared)
     results = ResultIntake(
         db,
@@ -74,8 +76,17 @@ def setup(shared: Shared) -> Betting:
         settlement=settlement,
         results=results,
         resender=resender,
+        resettlement=resettlement,
         routers=[router],
-        consumes=[Consumes(events.SETTLEMENT_CONSUMER, [events.RESULT_TOPIC], settlement.handle)],
+        unbounded=UNBOUNDED,
+        consumes=[
+            Consumes(
+                events.SETTLEMENT_CONSUMER,
+                [events.RESULT_TOPIC],
+                settlement.handle,
+                batch=settlement.handle_batch,
+            )
+        ],
         roles={
             # Resumes settlements a crashed worker left half done.
             "settlement": lambda stop: run_every(
@@ -94,8 +105,20 @@ def setup(shared: Shared) -> Betting:
         constraints=CONSTRAINTS,
         events=events.CONTRACT,
         notifications={events.BETS_SETTLED: events.notifications},
-        state={"betting": service, "results": results},
+        state={"betting": service, "results": results, "resettlement": resettlement},
         retention=retention(s),
+    )
+
+
+def _settlement(shared: Shared) -> Settlement:
+    own = shared.settings.betting
+    return Settlement(
+        shared.db,
+        shared.clock,
+        chunk=own.settle_chunk,
+        parallel=own.settle_parallel,
+        house_shards=shared.settings.wallet.house_shards,
+        batch_matches=own.settle_batch_matches,
     )
 
 

@@ -111,7 +111,7 @@ async def confirm_cancel(
         return _cancel_refused(request, session, err)
     day, bad_day = parse_day(day_text, appt.start_at.date())
     if bad_day is not None:
-        return _cancel_refused(request, session, validation_error(bad_day))
+        return _cancel_refused(request, session, validation_error(bad_day, at=("query", "day")))
     back = _agenda_url(appt.doctor_id, day)
     return render(request, "clinic_cancel.html", session, appt=appt, day=day, back=back, error=None)
 
@@ -130,7 +130,8 @@ async def cancel(
     if isinstance(raw_day, str):
         day, bad_day = parse_day(raw_day, _today(request))
         if bad_day is not None:
-            return _cancel_refused(request, session, validation_error(bad_day))
+            refused = validation_error(bad_day, at=("body", "day"))
+            return _cancel_refused(request, session, refused)
     try:
         appt = await _appointments(request).cancel(appointment_id)
     except DomainError as err:

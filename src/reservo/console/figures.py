@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,6 +21,7 @@ from reservo.core.db.database import Database
 from reservo.core.kernel.clock import Clock
 from reservo.core.messaging.transport.kafka import broker_answers, group_lag
 from reservo.core.redis.client import RedisGate
+from reservo.verify import Status
 
 log = structlog.get_logger(__name__)
 
@@ -135,6 +136,8 @@ class Overview:
     jobs: Jobs | None
     latest: list[dict[str, Any]]
     kafka: bool  # consumers are Kafka groups (else the relay feeds them)
+    # The last scheduled invariant check (reservo verify), None: none known yet.
+    invariants: Status | None = None
 
 
 class Figures:
@@ -148,6 +151,7 @@ class Figures:
         topics: Callable[[str], Sequence[str]],  # what a consumer reads
         kafka_bootstrap: str | None,
         kafka_group_prefix: str = "reservo",
+        invariants: Callable[[], Awaitable[Status | None]] | None = None,
     ) -> None:
         self.db = db
         self.gate = gate
@@ -155,6 +159,7 @@ class Figures:
         self.pulse = pulse
         self.consumers = consumers
         self.kafka_bootstrap = kafka_bootstrap
+        self.invariants = invariants
         self.kafka_lag = (
             KafkaLag(
                 kafka_bootstrap,
@@ -195,7 +200,9 @@ class Figures:
 
     async def overview(self) -> Overview:
         now = self.clock.now()
-        health, series = await asyncio.gather(self.health(), self.pulse.series(WINDOW_S))
+        health, series, invariants = await asyncio.gather(
+            self.health(), self.pulse.series(WINDOW_S), self._invariants()
+        )
         charts = [sparkline(f.name, f.title, series[f.name]) for f in self.pulse.figures]
         database_ok = health[0].ok
         backlog: dict[str, Any] = {}
@@ -250,7 +257,11 @@ class Figures:
             jobs=jobs,
             latest=latest,
             kafka=self.kafka_lag is not None,
+            invariants=invariants,
         )
+
+    async def _invariants(self) -> Status | None:
+        return await self.invariants() if self.invariants is not None else None
 
     def _lag(self, consumer: str, backlog: dict[str, Any]) -> str:
         if self.kafka_lag is not None:

@@ -39,7 +39,7 @@ def searched(q: str) -> str:
     if _CONTROL.search(q):
         raise validation_error(
             "the search text holds a control character: type part of a name",
-            [{"loc": ["query", "q"], "msg": "control character"}],
+            [{"loc": ["query", "q"], "msg": "control character", "type": "value_error"}],
         )
     return q.strip()
 

@@ -111,6 +111,7 @@ async def _job_page(
         job = await svc.get(job_id)
     except DomainError as err:
         return render_refused(request, "job.html", session, err, job=None)
+    unique_key, related = await svc.dependencies(job_id)
     return render(
         request,
         "job.html",
@@ -119,6 +120,8 @@ async def _job_page(
         error=error,
         job=job,
         runs=await svc.executions(job_id),
+        unique_key=unique_key,
+        related=related,
         retryable=job.status in RETRYABLE,
         cancellable=job.status in CANCELLABLE,
     )

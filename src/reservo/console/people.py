@@ -71,7 +71,7 @@ def _user_id(text: str) -> int:
     if not 1 <= user_id <= MAX_ID:
         raise validation_error(
             f"{text[:40]} is no user id: ids run from 1 to {MAX_ID}",
-            [{"loc": ["query", "q"], "msg": "not a user id"}],
+            [{"loc": ["query", "q"], "msg": "not a user id", "type": "value_error"}],
         )
     return user_id
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reservo import verify
 from reservo.console import (
     betting,
     clinic,
@@ -15,6 +16,7 @@ from reservo.console import (
     rentals,
     search,
     signin,
+    webhooks,
 )
 from reservo.console.figures import Figures
 from reservo.console.pulse import Pulse
@@ -44,6 +46,8 @@ def setup(shared: Shared) -> Console:
         lambda consumer: _topics(shared, consumer),
         settings.kafka_bootstrap,
         settings.kafka_group_prefix,
+        # What the maintenance role's last invariant check found (reservo/verify).
+        lambda: verify.load(shared.gate, settings.redis_namespace),
     )
     sessions = Sessions(
         settings.jwt_secret, settings.console_session_s, secure=settings.console_secure_cookie
@@ -60,6 +64,7 @@ def setup(shared: Shared) -> Console:
             betting.router,
             jobs.router,
             deadletters.router,
+            webhooks.router,
             search.router,
             people.router,
             static,
@@ -77,5 +82,9 @@ def setup(shared: Shared) -> Console:
 
 
 def _topics(shared: Shared, consumer: str) -> list[str]:
+    """The topics the consumer's group reads (core/messaging/transport/kafka/consumer.py)."""
     names = shared.subscriptions.for_consumer(consumer)
-    return shared.events.streams(names) + shared.events.former_topics(names)
+    streams = shared.events.streams(names)
+    if not shared.settings.kafka_legacy_topics:
+        return streams
+    return streams + shared.events.former_topics(names)

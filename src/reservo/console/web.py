@@ -48,6 +48,7 @@ NAV: tuple[NavItem, ...] = (
     NavItem("/console/people", "People"),
     NavItem("/console/jobs", "Jobs"),
     NavItem("/console/dead-letters", "Dead letters"),
+    NavItem("/console/webhooks", "Webhooks"),
 )
 
 # Every console answer: never cached, never framed, nothing but our own assets.
@@ -201,7 +202,12 @@ def safe_next(target: str | None) -> str:
 
 # -- static assets: read once from the package, served with a long cache ----------
 
-_TYPES = {".js": "text/javascript", ".css": "text/css", ".txt": "text/plain"}
+_TYPES = {
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".txt": "text/plain",
+    ".svg": "image/svg+xml",
+}
 _STATIC = {
     f.name: (f.read_bytes(), _TYPES[f.name[f.name.rfind(".") :]])
     for f in resources.files("reservo.console").joinpath("static").iterdir()
@@ -213,7 +219,7 @@ static = APIRouter(prefix="/console/static", include_in_schema=False)
 
 @static.get("/{name}")
 async def asset(name: str) -> Response:
-    """htmx (0BSD, vendored: static/htmx-LICENSE.txt) and the style sheet."""
+    """htmx (0BSD, vendored: static/htmx-LICENSE.txt), the style sheet and the icon."""
     found = _STATIC.get(name)
     if found is None:
         raise HTTPException(404, "no such asset")

@@ -94,3 +94,11 @@ class Module:
     # ``*_prune``/``*_prunable`` statements paired with its settings); the
     # maintenance role runs every module's rules.
     retention: Sequence[PruneRule] = ()
+    # Periodic work of the module the maintenance role runs beside the retention
+    # (the invariant checks, reservo/verify): each runs until ``stop`` is set.
+    maintenance: Sequence[Role] = ()
+    # Paths (templates such as "/api/matches/{matchId}/resettle") whose requests
+    # the request deadline (core/http/deadline.py) leaves alone: one long
+    # transaction with its own statement timeout, which a 503 at the deadline
+    # would cancel every time, so that no retry could ever succeed.
+    unbounded: Sequence[str] = ()

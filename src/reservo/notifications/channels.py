@@ -1,4 +1,4 @@
-"""Notification delivery through one configured channel.
+"""Notification delivery through the address channels: the log, e-mail, SMS.
 
 Called by the notifications consumer outside any business transaction: a slow or
 broken provider must never hold a database lock. Every failure surfaces as
@@ -21,6 +21,7 @@ import structlog
 from reservo.core.http import outbound
 from reservo.core.kernel import tracing
 from reservo.core.messaging.notify import Notification
+from reservo.notifications.errors import NotificationError
 
 log = structlog.get_logger(__name__)
 
@@ -30,16 +31,14 @@ _MSGID_UNSAFE = re.compile(r"[^A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]")
 _ERROR_BODY_MAX = 200
 
 
-class NotificationError(Exception):
-    """Delivery failed; the caller should retry later."""
-
-
 class Channel(Protocol):
     name: str
 
     async def send(self, n: Notification) -> None:
         """Deliver ``n`` or raise ``NotificationError`` so the caller retries."""
         ...
+
+    async def aclose(self) -> None: ...
 
 
 class LogChannel:

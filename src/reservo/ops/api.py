@@ -8,14 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from reservo.core.http.glue import (
-    AdminCaller,
-    PathId,
-    from_state,
-    json_response,
-)
+from reservo.core.http.callers import AdminCaller
 from reservo.core.http.openapi import raises
 from reservo.core.http.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.http.responses import json_response
+from reservo.core.http.route_inputs import PathId, from_state
 from reservo.core.messaging.deadletters import DeadLetter, DeadLetterBox
 from reservo.ops.schemas import DeadLetterOut, DeadLetterPage, Replayed
 

@@ -5,7 +5,15 @@ The public facade other modules and the console use; they never import the
 module's files."""
 
 from reservo.rentals.domain import BlockedPeriod, Booking
+from reservo.rentals.gateway import PaymentGateway, build_gateway
 from reservo.rentals.schemas import BookingStatus
 from reservo.rentals.service import RentalService
 
-__all__ = ["BlockedPeriod", "Booking", "BookingStatus", "RentalService"]
+__all__ = [
+    "BlockedPeriod",
+    "Booking",
+    "BookingStatus",
+    "PaymentGateway",
+    "RentalService",
+    "build_gateway",
+]

@@ -12,31 +12,30 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from reservo.core.http.auth import Principal, verify_webhook
-from reservo.core.http.glue import (
-    AdminCaller,
-    Caller,
+from reservo.core.http.callers import AdminCaller, Caller, role_caller
+from reservo.core.http.idempotency import Within, validate_key
+from reservo.core.http.idempotent import (
     IdempotencyKey,
-    PathId,
     RequiredIdempotencyKey,
-    from_state,
-    json_response,
-    model_from,
     required_key,
-    role_caller,
     run_idempotent_route,
 )
-from reservo.core.http.idempotency import Within, validate_key
+from reservo.core.http.json_intake import check_json
 from reservo.core.http.openapi import raises, raw_body
 from reservo.core.http.pagination import (
     DEFAULT_LIMIT,
     After,
     Limit,
+    decode_cursor,
     page,
     time_cursor,
     time_key,
 )
+from reservo.core.http.responses import json_response, model_from
+from reservo.core.http.route_inputs import PathId, from_state
 from reservo.core.http.schemas import Instant
-from reservo.core.kernel.errors import DomainError, validation_error
+from reservo.core.kernel.errors import DomainError, model_issues, validation_error
+from reservo.core.kernel.payments import APPOINTMENT_PAYMENTS, PaymentHandler
 from reservo.rentals import domain
 from reservo.rentals.domain import Booking, Car
 from reservo.rentals.gateway import WebhookKey
@@ -48,6 +47,7 @@ from reservo.rentals.schemas import (
     Calendar,
     CalendarPeriod,
     CarIn,
+    CarPage,
     City,
     QuoteOut,
     WebhookIn,
@@ -60,7 +60,7 @@ router = APIRouter(prefix="/api", tags=["rentals"])
 
 
 svc_of = from_state(RentalService, "rentals")
-# Who may use which route, checked before the request is parsed (core.http.glue.Roles).
+# Who may use which route, checked before the request is parsed (core.http.callers.Roles).
 Customer = Annotated[Principal, role_caller("customer")]
 Host = Annotated[Principal, role_caller("host")]
 CustomerOrHost = Annotated[Principal, role_caller("customer", "host")]
@@ -94,8 +94,11 @@ def render_car(c: Car) -> dict[str, Any]:
     }
 
 
-def render_cars(cars: list[Car]) -> bytes:
-    return orjson.dumps([render_car(c) for c in cars])
+def render_car_page(cars: list[Car], limit: int) -> bytes:
+    """A search page (``limit + 1`` cars fetched: the extra one only says another
+    page exists), cheapest first, the cursor (daily_price, id) of its last car."""
+    items, nxt = page(cars, limit, lambda c: (c.daily_price, c.id))
+    return orjson.dumps({"items": [render_car(c) for c in items], "next": nxt})
 
 
 # -- cars ----------------------------------------------------------------------
@@ -111,6 +114,8 @@ def render_cars(cars: list[Car]) -> bytes:
 async def create_car(
     body: CarIn, caller: AdminCaller, request: Request, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
+    """Adds a car (admin) to a host's fleet in a city at a daily price; a plate
+    is registered once (`plate_taken`)."""
     key = validate_key(idempotency_key, required=False)
     svc = svc_of(request)
 
@@ -122,18 +127,22 @@ async def create_car(
     return await run_idempotent_route(request, caller, "POST /api/cars", key, create, render_car)
 
 
-@router.get("/cars", response_model=list[CarOut], operation_id="searchCars", openapi_extra=raises())
+@router.get("/cars", response_model=CarPage, operation_id="searchCars", openapi_extra=raises())
 async def search_cars(
     city: Annotated[City, Query()],
     from_: Annotated[Instant, Query(alias="from")],
     to: Annotated[Instant, Query()],
     caller: Caller,
     request: Request,
-    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    limit: Limit = DEFAULT_LIMIT,
+    after: After = None,
 ) -> Response:
-    """Cars of a city free for the whole [from, to) (turnaround included). The
-    list may be up to RESERVO_RENTALS_SEARCH_CACHE_TTL_S stale; booking is not."""
-    body = await svc_of(request).search(city, from_, to, limit, render_cars)
+    """Cars of a city free for the whole [from, to) (turnaround included),
+    cheapest first (dailyPrice, then id), a page at a time (`{items, next}`; pass
+    `next` as `after` for the following page). A page may be up to
+    RESERVO_RENTALS_SEARCH_CACHE_TTL_S stale; booking is not."""
+    cursor = None if after is None else decode_cursor(after, int, int)
+    body = await svc_of(request).search(city, from_, to, limit, cursor, render_car_page)
     return Response(body, media_type="application/json")
 
 
@@ -159,6 +168,9 @@ async def hold(
     request: Request,
     idempotency_key: RequiredIdempotencyKey = None,
 ) -> JSONResponse:
+    """Holds the car for the customer (the caller) over the period, until the
+    booking is paid through the gateway. Two bookings of one car never overlap:
+    the later one is `car_unavailable`."""
     caller.require_owner("customer", body.customer_id)
     key = required_key(idempotency_key)
     svc = svc_of(request)
@@ -202,6 +214,8 @@ async def _authorized(
 async def get_booking(
     booking_id: Annotated[PathId, Path(alias="bookingId")], caller: CustomerOrHost, request: Request
 ) -> JSONResponse:
+    """One booking, to its customer, the car's host or an admin; anybody
+    else's is `booking_not_found`, as if it did not exist."""
     b, _ = await _authorized(request, caller, booking_id, customer=True)
     return json_response(200, render(svc_of(request), b))
 
@@ -217,7 +231,10 @@ async def cancel(
 ) -> JSONResponse:
     """A customer cancelling a CONFIRMED booking >= 72 h before `from` gets 100 %
     of the deposit, >= 24 h 50 %, else 0; the host (or an admin) refunds 100 %.
-    A HOLD may be cancelled (refund 0). Cancelling again returns the booking."""
+    A HOLD may be cancelled (refund 0). Cancelling again returns the booking.
+    The customer, the car's host or an admin; anybody else's booking is
+    `booking_not_found`, as if it did not exist (a 403 would tell which ids
+    exist)."""
     _, by = await _authorized(request, caller, booking_id, customer=True)
     svc = svc_of(request)
     return json_response(200, render(svc, await svc.cancel(booking_id, by)))
@@ -253,8 +270,11 @@ async def extend_hold(
 async def pickup(
     booking_id: Annotated[PathId, Path(alias="bookingId")], caller: Host, request: Request
 ) -> JSONResponse:
-    """From RESERVO_RENTALS_PICKUP_LEAD_MINUTES before `from` on (409
-    `pickup_too_early` before that)."""
+    """The car's host (or an admin) hands the car over: CONFIRMED becomes
+    ON_TRIP, from RESERVO_RENTALS_PICKUP_LEAD_MINUTES before `from` on (409
+    `pickup_too_early` before that). Another host's booking is
+    `booking_not_found`, as if it did not exist (a 403 would tell which ids
+    exist)."""
     await _authorized(request, caller, booking_id, customer=False)
     svc = svc_of(request)
     return json_response(200, render(svc, await svc.pick_up(booking_id)))
@@ -269,6 +289,10 @@ async def pickup(
 async def return_car(
     booking_id: Annotated[PathId, Path(alias="bookingId")], caller: Host, request: Request
 ) -> JSONResponse:
+    """The car's host (or an admin) marks the car returned: ON_TRIP becomes
+    COMPLETED; a booking in any other state is `invalid_state`. Another host's
+    booking is `booking_not_found`, as if it did not exist (a 403 would tell
+    which ids exist)."""
     await _authorized(request, caller, booking_id, customer=False)
     svc = svc_of(request)
     return json_response(200, render(svc, await svc.return_car(booking_id)))
@@ -281,14 +305,24 @@ async def process_webhook(request: Request, raw: bytes, signature: str | None) -
     """Verify the signature on the raw bytes first; only then parse and act."""
     key: WebhookKey = request.app.state.rentals_webhook
     verify_webhook(key.secret, signature, raw, request.app.state.clock.now(), key.tolerance_s)
+    # The JSON rules of every body (a key twice is 422 duplicate_key), whatever
+    # Content-Type the gateway sent: the model's own reader would take a
+    # repeated key's last value.
+    check_json(raw)
     try:
         body = WebhookIn.model_validate_json(raw)
     except ValidationError as exc:
-        errors = [
-            {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
-            for e in exc.errors()
-        ]
+        errors = model_issues(exc.errors(include_url=False), "body")
         raise validation_error("the webhook body is not valid", errors) from None
+    if body.appointment_id is not None:
+        # A prepaid appointment's payment: settled by the module that offers it.
+        appointments: PaymentHandler | None = getattr(request.app.state, APPOINTMENT_PAYMENTS, None)
+        if appointments is None:
+            raise DomainError("appointment_not_found", f"no appointment {body.appointment_id}")
+        return await appointments.on_payment(
+            body.appointment_id, body.provider_txn_id, body.amount, body.status
+        )
+    assert body.booking_id is not None  # WebhookIn: exactly one of the two
     return await svc_of(request).on_payment(
         body.booking_id, body.provider_txn_id, body.amount, body.status
     )
@@ -299,7 +333,14 @@ async def process_webhook(request: Request, raw: bytes, signature: str | None) -
     response_model=WebhookOut,
     operation_id="receivePayment",
     openapi_extra={
-        **raises("bad_signature", "payload_too_large", "booking_not_found"),
+        **raises(
+            "bad_signature",
+            "payload_too_large",
+            "duplicate_key",
+            "booking_not_found",
+            "appointment_not_found",
+            "not_held",
+        ),
         **raw_body(WebhookIn),
     },
 )
@@ -310,11 +351,22 @@ async def payment_webhook(
     ] = None,
 ) -> JSONResponse:
     """Signed by the gateway (never bearer-authenticated); every SUCCEEDED payment
-    is recorded once per providerTxnId. `confirmed` (it covered the deposit of a
-    live HOLD; an excess goes back), `duplicate` (that providerTxnId was already
-    processed: nothing changes), `refund_requested` (below the deposit, or the
-    booking was no longer a live HOLD: the full amount goes back) or `ignored`
-    (a FAILED payment, or one of 0: nothing to confirm or refund)."""
+    is recorded once per providerTxnId. `confirmed` (exactly the deposit of a live
+    HOLD), `overpaid` (more than the deposit of a live HOLD: confirmed, and the
+    excess, `amount` minus the deposit, is refunded; the booking shows it as
+    `overpaidRefund`), `duplicate` (that providerTxnId was already processed:
+    nothing changes, nothing is refunded again), `refund_requested` (below the
+    deposit, or the booking was no longer a live HOLD: the full amount goes back,
+    nothing is confirmed) or `ignored` (a FAILED payment, or one of 0: nothing to
+    confirm or refund).
+
+    The body names exactly one of `bookingId` (a rental's deposit) and
+    `appointmentId` (a prepaid appointment's price), else 422. For an
+    appointment the same results apply to its HELD seat: `confirmed` or
+    `overpaid` (HELD -> BOOKED; the appointment shows `overpaidRefund`),
+    `refund_requested` (below the price, or the hold ended, was cancelled or
+    paid: refunded in full), `duplicate`; 404 `appointment_not_found`, 409
+    `not_held` for an appointment that was never held (no price was due)."""
     result = await process_webhook(request, await request.body(), x_signature)
     return json_response(200, WebhookOut(result=result).wire())  # type: ignore[arg-type]
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
 
 from reservo.core.db.rows import FromRow
+from reservo.core.kernel.payments import split_payment
 
 Status = Literal["HOLD", "CONFIRMED", "ON_TRIP", "COMPLETED", "CANCELLED", "EXPIRED"]
 # Statuses that occupy the car (the exclusion constraint's predicate).
@@ -52,6 +53,10 @@ class Booking(FromRow):
     status: str
     deposit_amount: int
     refund_amount: int | None
+    # The excess of the payment that confirmed it, returned at once (0: paid
+    # exactly); None while no payment confirmed it, or when it was confirmed
+    # before 0029 recorded what a payment settles.
+    overpaid_refund: int | None
     hold_expires_at: datetime | None
     created_at: datetime
     # The car's host: read with every row that emits an event; None in a
@@ -83,6 +88,15 @@ class StoredPeriod:
 
     lower: datetime
     upper: datetime
+
+
+def days_of(period: StoredPeriod) -> list[str]:
+    """The UTC days [lower, upper) touches, as ISO dates: a hold and a search
+    that share no day cannot overlap, so a hold drops only the cached searches
+    of its days (at most MAX_TRIP plus the turnaround: a few dozen)."""
+    first = period.lower.astimezone(UTC).date()
+    last = (period.upper.astimezone(UTC) - timedelta(microseconds=1)).date()
+    return [(first + timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
 
 
 def stored_period(start: datetime, end: datetime, turnaround: timedelta) -> StoredPeriod:
@@ -122,7 +136,7 @@ def deposit(start: datetime, end: datetime, daily_price: int, rate: float) -> in
     return max(MIN_DEPOSIT, int(exact.quantize(Decimal(1), rounding=ROUND_HALF_UP)))
 
 
-Outcome = Literal["confirmed", "underpaid", "not_payable"]
+Outcome = Literal["confirmed", "overpaid", "underpaid", "not_payable"]
 
 
 @dataclass(frozen=True)
@@ -133,15 +147,24 @@ class Settlement:
     outcome: Outcome
     refund: int
 
+    @property
+    def confirmed(self) -> bool:
+        return self.outcome in ("confirmed", "overpaid")
+
 
 def settle(amount: int, due: int, *, confirmed: bool, live_hold: bool) -> Settlement:
-    """A payment that confirmed keeps the deposit and returns the excess; one that
-    did not keeps nothing. A live HOLD left unconfirmed was paid less than
-    ``due`` (zero included): ``underpaid``, the hold stays a HOLD and the customer
-    may still pay in full; otherwise the booking was no longer payable."""
-    if confirmed:
-        return Settlement("confirmed", amount - due)
-    return Settlement("underpaid" if live_hold else "not_payable", amount)
+    """A payment that confirmed keeps the deposit: paid exactly, ``confirmed``;
+    paid more, ``overpaid`` and the excess goes back (core.kernel.payments, the
+    rule every payment follows). One that did not confirm keeps nothing. A live
+    HOLD left unconfirmed was paid less than ``due`` (zero included):
+    ``underpaid``, the hold stays a HOLD and the customer may still pay in full;
+    otherwise the booking was no longer payable."""
+    if not confirmed:
+        return Settlement("underpaid" if live_hold else "not_payable", amount)
+    split = split_payment(amount, due)
+    if split.match == "underpaid":  # the confirm statement and this rule disagree
+        raise ValueError(f"a payment of {amount} cannot confirm a deposit of {due}")
+    return Settlement("overpaid" if split.match == "overpaid" else "confirmed", split.refund)
 
 
 FULL_REFUND_BEFORE = timedelta(hours=72)

@@ -53,6 +53,7 @@ def payload(b: Booking) -> dict[str, Any]:
         "to": b.return_at.isoformat(),
         "depositAmount": b.deposit_amount,
         "refundAmount": b.refund_amount,
+        "overpaidRefund": b.overpaid_refund,
     }
 
 
@@ -104,6 +105,10 @@ def notifications(event: Event) -> list[Notification]:
     )
     if event.topic == CANCELLED and p.get("refundAmount"):
         body += f" Refund: {p['refundAmount']} (minor units)."
+    if event.topic == CONFIRMED and p.get("overpaidRefund"):
+        body += (
+            f" You paid {p['overpaidRefund']} (minor units) more than the deposit: it goes back."
+        )
     if event.topic == HOLD_EXTENDED:
         body += f" Pay the deposit before {_when(p['holdExpiresAt'])}."
     recipients = [int(p["customerId"])]
@@ -141,6 +146,14 @@ _BOOKING_SCHEMA: dict[str, Any] = {
         "to": _TIME,
         "depositAmount": _MONEY,
         "refundAmount": {**_MONEY, "type": ["integer", "null"]},
+        # Not required: events written before it existed (0051) do not carry it.
+        "overpaidRefund": {
+            **_MONEY,
+            "type": ["integer", "null"],
+            "description": "Minor units: the excess of the payment that confirmed the "
+            "booking, returned by its own refund-requested event (0: paid exactly); "
+            "null while no payment confirmed it.",
+        },
     },
     "additionalProperties": True,
 }
@@ -154,16 +167,22 @@ _BOOKING_EXAMPLE = {
     "to": "2030-01-09T10:00:00+00:00",
     "depositAmount": 15000,
     "refundAmount": None,
+    "overpaidRefund": None,
 }
 _KEY_DOC = "the booking: its whole life (hold, payment, trip, refunds) in order"
 _SUMMARIES = {
     HELD: "A car was held for a customer; the deposit is due.",
-    CONFIRMED: "The deposit was paid: the booking is confirmed.",
+    CONFIRMED: "The deposit was paid: the booking is confirmed (overpaidRefund: the "
+    "excess of a payment above the deposit, which goes back).",
     EXPIRED: "The hold lapsed unpaid.",
     CANCELLED: "The booking was cancelled (refundAmount: what goes back).",
     PICKED_UP: "The trip started.",
     RETURNED: "The car came back: the trip is completed.",
 }
+
+
+# A confirmed booking whose payment was 500 above its deposit.
+_EXAMPLE_OF: dict[str, dict[str, Any]] = {"CONFIRMED": {"overpaidRefund": 500}}
 
 
 def _status_event(status: str, name: str) -> EventSpec:
@@ -174,7 +193,7 @@ def _status_event(status: str, name: str) -> EventSpec:
         key="booking:{bookingId}",
         key_doc=_KEY_DOC,
         schema=_BOOKING_SCHEMA,
-        example={**_BOOKING_EXAMPLE, "status": status},
+        example={**_BOOKING_EXAMPLE, "status": status, **_EXAMPLE_OF.get(status, {})},
     )
 
 

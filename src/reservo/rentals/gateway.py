@@ -63,13 +63,18 @@ class TransientGatewayError(GatewayError):
 class PaymentGateway(Protocol):
     name: str
 
-    async def refund(self, booking_id: int, amount: int, reference: str) -> str:
+    async def refund(
+        self, booking_id: int, amount: int, reference: str, subject: str = "bookingId"
+    ) -> str:
         """Refund ``amount`` for ``booking_id``; ``reference`` is the idempotency key
-        (the same reference twice refunds once). Returns the gateway's reference."""
+        (the same reference twice refunds once). Returns the gateway's reference.
+        ``subject``: what the id names (``appointmentId`` for a prepaid
+        appointment's payment, taken by the same gateway)."""
         ...
 
-    def payment_url(self, booking_id: int) -> str | None:
-        """Where the customer pays this booking, or None when this service knows no page."""
+    def payment_url(self, booking_id: int, subject: str = "bookingId") -> str | None:
+        """Where the customer pays this booking (or appointment, by ``subject``), or
+        None when this service knows no page."""
         ...
 
     async def aclose(self) -> None: ...
@@ -80,7 +85,7 @@ class PaymentGateway(Protocol):
 _LINK_LABEL = b"reservo/rentals/sandbox-payment-link/v1"
 
 
-def link_token(webhook_secret: str, booking_id: int) -> str:
+def link_token(webhook_secret: str, booking_id: int | str) -> str:
     """The token of the sandbox page's link for ``booking_id`` (128 bits, hex)."""
     key = hmac.new(webhook_secret.encode(), _LINK_LABEL, hashlib.sha256).digest()
     return hmac.new(key, str(booking_id).encode(), hashlib.sha256).hexdigest()[:32]
@@ -91,6 +96,7 @@ class SandboxRefund:
     booking_id: int
     amount: int
     reference: str
+    subject: str = "bookingId"
 
 
 @dataclass
@@ -105,32 +111,49 @@ class SandboxGateway:
     name: str = "sandbox"
     refunds: dict[str, SandboxRefund] = field(default_factory=dict)
 
-    async def refund(self, booking_id: int, amount: int, reference: str) -> str:
+    async def refund(
+        self, booking_id: int, amount: int, reference: str, subject: str = "bookingId"
+    ) -> str:
         if reference not in self.refunds:
-            self.refunds[reference] = SandboxRefund(booking_id, amount, reference)
-            log.info("sandbox_refund", booking_id=booking_id, amount=amount, reference=reference)
+            self.refunds[reference] = SandboxRefund(booking_id, amount, reference, subject)
+            log.info(
+                "sandbox_refund",
+                booking_id=booking_id,
+                subject=subject,
+                amount=amount,
+                reference=reference,
+            )
         return f"sandbox-refund-{reference}"
 
-    def link_token(self, booking_id: int) -> str:
-        return link_token(self.webhook_secret, booking_id)
+    def link_token(self, booking_id: int, subject: str = "bookingId") -> str:
+        # An appointment's link is keyed apart: a booking's token never opens the
+        # page of the appointment with the same id.
+        name = booking_id if subject == "bookingId" else f"{subject}:{booking_id}"
+        return link_token(self.webhook_secret, name)
 
-    def link_token_ok(self, booking_id: int, token: str | None) -> bool:
+    def link_token_ok(self, booking_id: int, token: str | None, subject: str = "bookingId") -> bool:
         if not token:
             return False
-        return hmac.compare_digest(self.link_token(booking_id).encode(), token.encode())
+        expected = self.link_token(booking_id, subject)
+        return hmac.compare_digest(expected.encode(), token.encode())
 
-    def payment_url(self, booking_id: int) -> str | None:
+    def payment_url(self, booking_id: int, subject: str = "bookingId") -> str | None:
         base = self.page_base.rstrip("/")
-        return f"{base}/sandbox/pay/{booking_id}?token={self.link_token(booking_id)}"
+        page = "pay" if subject == "bookingId" else "pay-appointment"
+        token = self.link_token(booking_id, subject)
+        return f"{base}/sandbox/{page}/{booking_id}?token={token}"
 
-    def checkout(self, booking_id: int, amount: int, t: int) -> tuple[bytes, str]:
+    def checkout(
+        self, booking_id: int, amount: int, t: int, subject: str = "bookingId"
+    ) -> tuple[bytes, str]:
         """(raw body, X-Signature at Unix time ``t``) of a SUCCEEDED payment webhook.
-        One booking is one sandbox transaction (``sandbox-<id>``): a double submit
+        One booking (or appointment) is one sandbox transaction: a double submit
         is a redelivery the webhook answers ``duplicate``, never a second payment."""
+        prefix = "sandbox" if subject == "bookingId" else "sandbox-appointment"
         body = orjson.dumps(
             {
-                "bookingId": booking_id,
-                "providerTxnId": f"sandbox-{booking_id}",
+                subject: booking_id,
+                "providerTxnId": f"{prefix}-{booking_id}",
                 "amount": amount,
                 "status": "SUCCEEDED",
             }
@@ -173,14 +196,14 @@ class HttpGateway:
             counts_as_failure=lambda exc: isinstance(exc, TransientGatewayError),
         )
 
-    async def _post(self, booking_id: int, amount: int, reference: str) -> str:
+    async def _post(self, booking_id: int, amount: int, reference: str, subject: str) -> str:
         try:
             r = await outbound.call(
                 self._client,
                 "POST",
                 "/refunds",
                 self._limits,
-                json={"bookingId": booking_id, "amount": amount, "reference": reference},
+                json={subject: booking_id, "amount": amount, "reference": reference},
                 headers={"Idempotency-Key": reference},
             )
         except httpx.TransportError as exc:
@@ -196,22 +219,28 @@ class HttpGateway:
             ref = None
         return str(ref or reference)
 
-    def payment_url(self, booking_id: int) -> str | None:
+    def payment_url(self, booking_id: int, subject: str = "bookingId") -> str | None:
         return None  # the provider's checkout link is not part of this integration
 
-    async def refund(self, booking_id: int, amount: int, reference: str) -> str:
-        return await self.breaker.call(self._refund_with_retry, booking_id, amount, reference)
+    async def refund(
+        self, booking_id: int, amount: int, reference: str, subject: str = "bookingId"
+    ) -> str:
+        return await self.breaker.call(
+            self._refund_with_retry, booking_id, amount, reference, subject
+        )
 
-    async def _refund_with_retry(self, booking_id: int, amount: int, reference: str) -> str:
+    async def _refund_with_retry(
+        self, booking_id: int, amount: int, reference: str, subject: str
+    ) -> str:
         try:
             async with asyncio.timeout(self._deadline_s):
-                return await self._attempts_of(booking_id, amount, reference)
+                return await self._attempts_of(booking_id, amount, reference, subject)
         except TimeoutError as exc:  # transient: counts for the breaker, the relay retries
             raise TransientGatewayError(
                 f"the refund did not finish within the {self._deadline_s:g} s deadline"
             ) from exc
 
-    async def _attempts_of(self, booking_id: int, amount: int, reference: str) -> str:
+    async def _attempts_of(self, booking_id: int, amount: int, reference: str, subject: str) -> str:
         # Retries are safe: the provider dedupes by the Idempotency-Key.
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self._attempts),
@@ -220,7 +249,7 @@ class HttpGateway:
             reraise=True,
         ):
             with attempt:
-                return await self._post(booking_id, amount, reference)
+                return await self._post(booking_id, amount, reference, subject)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:

@@ -14,10 +14,13 @@ SELECT id, plate, model, city, daily_price, host_id FROM car WHERE id = $1;
 -- name: search_available
 -- Cars of a city with no booking that occupies any part of $2 (the stored
 -- period a new booking would take, buffer included). A HOLD past its expiry
--- does not count even before its status flips.
+-- does not count even before its status flips. Keyset page: the cars after
+-- ($5, $6) in (daily_price, id) order, (0, 0) for the first page (a price is
+-- positive), walked on car_city (city, daily_price, id).
 SELECT c.id, c.plate, c.model, c.city, c.daily_price, c.host_id
   FROM car c
  WHERE c.city = $1
+   AND (c.daily_price, c.id) > ($5::bigint, $6::bigint)
    AND NOT EXISTS (
        SELECT 1 FROM booking b
         WHERE b.car_id = c.id
@@ -36,8 +39,8 @@ UPDATE booking b SET status = 'EXPIRED', updated_at = $3
    AND b.status = 'HOLD' AND b.hold_expires_at <= $3
    AND b.period && $2::tstzrange
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
-          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
-          c.host_id;
+          b.status, b.deposit_amount, b.refund_amount, b.overpaid_refund, b.hold_expires_at,
+          b.created_at, c.host_id;
 
 -- name: insert_hold
 -- A plain INSERT: ex_car_period refuses it when an active booking overlaps.
@@ -45,13 +48,13 @@ INSERT INTO booking (car_id, customer_id, period, return_at, status, deposit_amo
                      hold_expires_at, created_at, updated_at)
 VALUES ($1, $2, $3::tstzrange, $4, 'HOLD', $5, $6, $7, $7)
 RETURNING id, car_id, customer_id, lower(period) AS from_at, return_at, status,
-          deposit_amount, refund_amount, hold_expires_at, created_at;
+          deposit_amount, refund_amount, overpaid_refund, hold_expires_at, created_at;
 
 -- name: get_booking
 -- One booking with its period start and its car's host.
 SELECT b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at, b.status,
-       b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at, c.host_id,
-       b.hold_extended_at
+       b.deposit_amount, b.refund_amount, b.overpaid_refund, b.hold_expires_at, b.created_at,
+       c.host_id, b.hold_extended_at
   FROM booking b JOIN car c ON c.id = b.car_id
  WHERE b.id = $1;
 
@@ -71,13 +74,18 @@ UPDATE booking b SET status = 'CONFIRMED', hold_expires_at = NULL, updated_at = 
  WHERE b.id = $1 AND c.id = b.car_id
    AND b.status = 'HOLD' AND b.hold_expires_at > $3 AND b.deposit_amount <= $2 AND $2 > 0
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
-          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
-          c.host_id;
+          b.status, b.deposit_amount, b.refund_amount, b.overpaid_refund, b.hold_expires_at,
+          b.created_at, c.host_id;
 
 -- name: settle_deposit
 -- What the deposit payment $1 settled (0029): the deposit due, the part of it
 -- that goes back (an excess, or all of it), and the outcome.
 UPDATE payment SET amount_due = $2, refund_due = $3, outcome = $4 WHERE id = $1;
+
+-- name: set_overpaid_refund
+-- The excess of the payment that just confirmed booking $1 (0: paid exactly),
+-- returned by a refund event of the same transaction (0051).
+UPDATE booking SET overpaid_refund = $2 WHERE id = $1;
 
 -- name: cancel
 -- Lock the row first so `previous` is the status this UPDATE replaced (a
@@ -91,8 +99,8 @@ UPDATE booking b SET status = 'CANCELLED', hold_expires_at = NULL, updated_at = 
  WHERE b.id = p.id AND c.id = b.car_id
    AND (p.status = 'CONFIRMED' OR (p.status = 'HOLD' AND b.hold_expires_at > $2))
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
-          b.status, b.deposit_amount, b.refund_amount, b.created_at, c.host_id,
-          p.status AS previous_status, NULL::timestamptz AS hold_expires_at;
+          b.status, b.deposit_amount, b.refund_amount, b.overpaid_refund, b.created_at,
+          c.host_id, p.status AS previous_status, NULL::timestamptz AS hold_expires_at;
 
 -- name: set_refund
 -- The refund a cancellation owes, decided by the refund policy.
@@ -105,8 +113,8 @@ UPDATE booking b SET status = $3, updated_at = $4
   FROM car c
  WHERE b.id = $1 AND c.id = b.car_id AND b.status = $2
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
-          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
-          c.host_id;
+          b.status, b.deposit_amount, b.refund_amount, b.overpaid_refund, b.hold_expires_at,
+          b.created_at, c.host_id;
 
 -- name: pick_up
 -- Pickup (CONFIRMED -> ON_TRIP), only once the trip starts by $3 (now plus the
@@ -116,8 +124,8 @@ UPDATE booking b SET status = 'ON_TRIP', updated_at = $2
   FROM car c
  WHERE b.id = $1 AND c.id = b.car_id AND b.status = 'CONFIRMED' AND lower(b.period) <= $3
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
-          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
-          c.host_id;
+          b.status, b.deposit_amount, b.refund_amount, b.overpaid_refund, b.hold_expires_at,
+          b.created_at, c.host_id;
 
 -- name: expire_one
 -- The per-hold expiry job: a no-op once the hold was paid, cancelled or expired,
@@ -128,8 +136,8 @@ UPDATE booking b SET status = 'EXPIRED', updated_at = $2
   FROM car c
  WHERE b.id = $1 AND c.id = b.car_id AND b.status = 'HOLD' AND b.hold_expires_at <= $2
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
-          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
-          c.host_id;
+          b.status, b.deposit_amount, b.refund_amount, b.overpaid_refund, b.hold_expires_at,
+          b.created_at, c.host_id;
 
 -- name: sweep
 -- The safety net: a batch of expired holds, skipping rows another sweeper or
@@ -145,8 +153,8 @@ UPDATE booking b SET status = 'EXPIRED', updated_at = $1
   FROM due, car c
  WHERE b.id = due.id AND c.id = b.car_id
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
-          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
-          c.host_id;
+          b.status, b.deposit_amount, b.refund_amount, b.overpaid_refund, b.hold_expires_at,
+          b.created_at, c.host_id;
 
 -- name: refund_recorded
 -- Whether the gateway's refund transaction is recorded already.
@@ -181,7 +189,8 @@ SELECT created_at FROM booking
 -- (created_at, id) of the previous page's last item: a backward walk of
 -- booking_customer_created that stops after $4 rows.
 SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
-       deposit_amount, refund_amount, hold_expires_at, created_at, hold_extended_at
+       deposit_amount, refund_amount, overpaid_refund, hold_expires_at, created_at,
+       hold_extended_at
   FROM booking
  WHERE customer_id = $1 AND (created_at, id) < ($2, $3)
  ORDER BY created_at DESC, id DESC
@@ -193,7 +202,8 @@ SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
 -- same index walk (status is not in the index: it changes with every transition,
 -- and one customer's bookings are few); see docs/OPERATIONS.md, Rentals.
 SELECT id, car_id, customer_id, lower(period) AS from_at, return_at, status,
-       deposit_amount, refund_amount, hold_expires_at, created_at, hold_extended_at
+       deposit_amount, refund_amount, overpaid_refund, hold_expires_at, created_at,
+       hold_extended_at
   FROM booking
  WHERE customer_id = $1 AND (created_at, id) < ($2, $3)
    AND CASE WHEN status = 'HOLD' AND hold_expires_at <= $6 THEN 'EXPIRED'
@@ -238,5 +248,5 @@ UPDATE booking b SET hold_expires_at = b.hold_expires_at + $3::interval,
  WHERE b.id = $1 AND c.id = b.car_id
    AND b.status = 'HOLD' AND b.hold_expires_at > $2 AND b.hold_extended_at IS NULL
 RETURNING b.id, b.car_id, b.customer_id, lower(b.period) AS from_at, b.return_at,
-          b.status, b.deposit_amount, b.refund_amount, b.hold_expires_at, b.created_at,
-          c.host_id, b.hold_extended_at;
+          b.status, b.deposit_amount, b.refund_amount, b.overpaid_refund, b.hold_expires_at,
+          b.created_at, c.host_id, b.hold_extended_at;

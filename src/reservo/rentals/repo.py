@@ -36,9 +36,18 @@ async def get_car(conn: asyncpg.Connection, car_id: int) -> Row | None:
 
 
 async def search_available(
-    conn: asyncpg.Connection, city: str, period: StoredPeriod, now: datetime, limit: int
+    conn: asyncpg.Connection,
+    city: str,
+    period: StoredPeriod,
+    now: datetime,
+    limit: int,
+    after: tuple[int, int] | None,
 ) -> list[Row]:
-    return list(await conn.fetch(Q.search_available, city, _range(period), now, limit))
+    """``limit`` free cars of ``city`` after the (daily_price, id) ``after``."""
+    price, car_id = after or (0, 0)
+    return list(
+        await conn.fetch(Q.search_available, city, _range(period), now, limit, price, car_id)
+    )
 
 
 async def expire_overlapping(
@@ -85,6 +94,10 @@ async def settle_deposit(
     conn: asyncpg.Connection, payment_id: int, due: int, refund: int, outcome: str
 ) -> None:
     await conn.execute(Q.settle_deposit, payment_id, due, refund, outcome)
+
+
+async def set_overpaid_refund(conn: asyncpg.Connection, booking_id: int, amount: int) -> None:
+    await conn.execute(Q.set_overpaid_refund, booking_id, amount)
 
 
 async def confirm(

@@ -23,8 +23,9 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse
 
-from reservo.core.http.glue import PathId
+from reservo.core.http.route_inputs import PathId
 from reservo.core.kernel.errors import DomainError
+from reservo.core.kernel.payments import APPOINTMENT_PAYMENTS, PaymentHandler
 from reservo.rentals import domain
 from reservo.rentals.api import process_webhook, svc_of
 from reservo.rentals.gateway import SandboxGateway
@@ -150,3 +151,86 @@ async def pay(
     )
     result = await process_webhook(request, raw, signature)
     return await _page(request, booking_id, token, result)
+
+
+# -- a prepaid appointment's page (the same gateway pays a HELD appointment) -----------
+
+APPOINTMENT = "appointmentId"
+_APPOINTMENT_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Sandbox payment</title>
+<meta name="referrer" content="no-referrer">
+<style>{style}</style></head>
+<body><h1>Sandbox payment gateway</h1>
+<p>Appointment <b>#{appointment_id}</b></p>
+<p>{due}</p>
+{action}
+<p><small>No money moves: this page stands in for a payment provider.</small></p>
+</body></html>"""
+
+
+def _appointments(request: Request) -> PaymentHandler:
+    handler: PaymentHandler | None = getattr(request.app.state, APPOINTMENT_PAYMENTS, None)
+    if handler is None:
+        raise _not_found()
+    return handler
+
+
+def _checked_appointment(
+    request: Request, appointment_id: int, token: str | None
+) -> tuple[SandboxGateway, str]:
+    gateway = request.app.state.rentals_gateway
+    if (
+        not isinstance(gateway, SandboxGateway)
+        or token is None
+        or not gateway.link_token_ok(appointment_id, token, APPOINTMENT)
+    ):
+        raise _not_found()
+    return gateway, token
+
+
+async def _appointment_page(
+    request: Request, appointment_id: int, token: str, message: str = ""
+) -> HTMLResponse:
+    due = await _appointments(request).payment_due(appointment_id)
+    action = (
+        '<form method="post">'
+        f'<input type="hidden" name="token" value="{html.escape(token)}">'
+        f'<button type="submit">Pay {due}</button></form>'
+        if due is not None
+        else ""
+    )
+    if message:
+        action = f"<p>Gateway result: <b>{html.escape(message)}</b></p>" + action
+    text = f"Price: <b>{due}</b> (minor units)" if due is not None else "Nothing to pay."
+    return HTMLResponse(
+        _APPOINTMENT_PAGE.format(
+            appointment_id=appointment_id, due=text, action=action, style=_STYLE
+        ),
+        headers=PAGE_HEADERS,
+    )
+
+
+@router.get("/pay-appointment/{appointmentId}", response_class=HTMLResponse)
+async def pay_appointment_page(
+    appointment_id: Annotated[PathId, Path(alias="appointmentId")],
+    request: Request,
+    token: Annotated[str | None, Query(max_length=128)] = None,
+) -> HTMLResponse:
+    _, checked = _checked_appointment(request, appointment_id, token)
+    return await _appointment_page(request, appointment_id, checked)
+
+
+@router.post("/pay-appointment/{appointmentId}", response_class=HTMLResponse)
+async def pay_appointment(
+    appointment_id: Annotated[PathId, Path(alias="appointmentId")], request: Request
+) -> HTMLResponse:
+    """Pays a HELD appointment's price as one sandbox transaction, through the
+    signed webhook; only the form's hidden token counts, as for a booking."""
+    gateway, token = _checked_appointment(request, appointment_id, await _posted_token(request))
+    due = await _appointments(request).payment_due(appointment_id)
+    if due is None:
+        return await _appointment_page(request, appointment_id, token, "nothing to pay")
+    now = int(request.app.state.clock.now().timestamp())
+    raw, signature = gateway.checkout(appointment_id, due, now, APPOINTMENT)
+    result = await process_webhook(request, raw, signature)
+    return await _appointment_page(request, appointment_id, token, result)

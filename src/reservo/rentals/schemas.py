@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, StrictInt, StringConstraints, with_config
+from pydantic import (
+    AfterValidator,
+    Field,
+    StrictInt,
+    StringConstraints,
+    model_validator,
+    with_config,
+)
 
 from reservo.core.http.schemas import ApiModel, Id, Instant
 from reservo.rentals import domain
@@ -41,11 +48,36 @@ class Car(domain.Car):
     pass
 
 
+class CarPage(ApiModel):
+    items: list[Car]
+    next: Annotated[
+        str | None, Field(description="cursor of the next page (`after`), null on the last")
+    ]
+
+
 class BookingIn(ApiModel):
     car_id: Id
     customer_id: Id
-    from_: Annotated[Instant, Field(alias="from", examples=["2026-01-25T08:00:00+07:00"])]
-    to: Annotated[Instant, Field(examples=["2026-01-28T20:00:00+07:00"])]
+    # No examples: any fixed instant is soon in the past, which a hold refuses.
+    from_: Annotated[
+        Instant,
+        Field(
+            alias="from",
+            description=(
+                f"the start: not in the past, at most {domain.MAX_AHEAD.days} days ahead "
+                "(422 otherwise)"
+            ),
+        ),
+    ]
+    to: Annotated[
+        Instant,
+        Field(
+            description=(
+                f"the end: after `from`, at most {domain.MAX_TRIP.days} days after it "
+                "(422 otherwise)"
+            )
+        ),
+    ]
 
 
 BookingStatus = Literal["HOLD", "CONFIRMED", "ON_TRIP", "COMPLETED", "CANCELLED", "EXPIRED"]
@@ -61,18 +93,38 @@ class BookingOut(ApiModel):
     deposit_amount: int
     hold_expires_at: datetime | None
     payment_url: str | None
-    refund_amount: int | None
+    refund_amount: Annotated[
+        int | None, Field(description="what a cancellation refunds of the deposit")
+    ]
+    overpaid_refund: Annotated[
+        int | None,
+        Field(
+            description="the excess of the payment that confirmed the booking (amount "
+            "minus depositAmount), refunded at once apart from any cancellation refund; "
+            "0: paid exactly; null while no payment confirmed it"
+        ),
+    ]
 
 
 class WebhookIn(ApiModel):
-    booking_id: Id
+    """A payment of a rental's deposit (`bookingId`) or of a prepaid appointment
+    (`appointmentId`): exactly one of the two."""
+
+    booking_id: Id | None = None
+    appointment_id: Id | None = None
     provider_txn_id: Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]{1,64}$")]
     amount: Money
     status: Literal["SUCCEEDED", "FAILED"]
 
+    @model_validator(mode="after")
+    def _one_target(self) -> WebhookIn:
+        if (self.booking_id is None) == (self.appointment_id is None):
+            raise ValueError("exactly one of bookingId and appointmentId")
+        return self
+
 
 class WebhookOut(ApiModel):
-    result: Literal["confirmed", "duplicate", "refund_requested", "ignored"]
+    result: Literal["confirmed", "overpaid", "duplicate", "refund_requested", "ignored"]
 
 
 # -- second release: a customer's bookings, a car's calendar, a quote ----------------

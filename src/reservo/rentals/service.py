@@ -22,8 +22,8 @@ from reservo.core.jobqueue import JobQueue
 from reservo.core.kernel import metrics
 from reservo.core.kernel.clock import Clock
 from reservo.core.kernel.errors import DomainError, validation_error
+from reservo.core.messaging import refunds
 from reservo.core.messaging.outbox import emit
-from reservo.core.messaging.transport.base import Event
 from reservo.core.redis.cache import Cache
 from reservo.rentals import domain, events, repo
 from reservo.rentals.config import RentalsSettings
@@ -64,6 +64,11 @@ class RentalService:
         self.db, self.clock, self.cache, self.stale = db, clock, cache, stale
         self.config, self.scheduler, self.gateway = config, scheduler, gateway
         self._searches = cache.local(config.search_local_ttl_s)
+        # Per city, how many holds this process made: part of the key of its own
+        # copy of a search page, so its next search after a hold is not served
+        # the page from before it (other processes' copies live at most
+        # search_local_ttl_s).
+        self._held_here: dict[str, int] = {}
 
     async def expire_job(self, job: Any) -> None:
         """Handler of the per-hold expiry job (a reservo.scheduler.Job); without a
@@ -76,12 +81,13 @@ class RentalService:
         the sandbox link's token is what lets its page act on this booking."""
         return None if self.gateway is None else self.gateway.payment_url(booking_id)
 
-    def check_period(self, start: datetime, end: datetime) -> None:
+    def check_period(self, start: datetime, end: datetime, place: str = "query") -> None:
+        """422 for a period a hold refuses; ``place``: where the request carries
+        ``from`` and ``to`` (a hold's body, a search's query)."""
         try:
             domain.check_period(start, end, self.clock.now() - START_GRACE)
         except domain.InvalidPeriod as exc:
-            at_from = {"loc": ["from"], "msg": str(exc), "type": "value_error"}
-            raise validation_error(str(exc), [at_from]) from None
+            raise validation_error(str(exc), at=(place, "from")) from None
 
     # -- cars ------------------------------------------------------------------
 
@@ -110,36 +116,57 @@ class RentalService:
         start: datetime,
         end: datetime,
         limit: int,
-        render: Callable[[list[Car]], bytes],
+        after: tuple[int, int] | None,
+        render: Callable[[list[Car], int], bytes],
     ) -> bytes:
-        """The cars of ``city`` free for [start, end) (plus the turnaround), as
-        ``render`` writes them (the API's JSON), served from a short-lived cache of
-        those bytes (Redis, and a copy per process that never outlives its Redis
-        entry): a stale answer only costs a 409 later, the constraint decides."""
+        """One page of the cars of ``city`` free for [start, end) (plus the
+        turnaround), cheapest first, after the (daily_price, id) ``after``: up to
+        ``limit + 1`` cars (the extra one says another page exists) as ``render``
+        writes them with ``limit`` (the API's JSON page), served from a
+        short-lived cache of those bytes (Redis, and a copy per process that never
+        outlives its Redis entry): a stale answer only costs a 409 later, the
+        constraint decides. A hold drops every cached page of its city over the
+        days it covers (``_drop_searches``)."""
         self.check_period(start, end)
         start, end = start.astimezone(UTC), end.astimezone(UTC)
-        key = f"rentals:avail:{{city:{city}}}:{start.isoformat()}:{end.isoformat()}:{limit}"
+        position = "" if after is None else f"{after[0]}.{after[1]}"
+        key = (
+            f"rentals:avail:{{city:{city}}}:{start.isoformat()}:{end.isoformat()}"
+            f":{limit}:{position}"
+        )
+        period = domain.stored_period(start, end, self.config.turnaround)
 
         async def fill() -> tuple[bytes, float]:
             # The stored JSON is returned as is: no decode/encode on the hot path.
-            cached, life_s = await self.cache.get_bytes(key)
+            days = [search_day_group(city, day) for day in domain.days_of(period)]
+            cached, life_s, stamp = await self.cache.get_stamped(key, days)
             if cached is not None:
                 return cached, life_s
-            period = domain.stored_period(start, end, self.config.turnaround)
             now = self.clock.now()
             # A replica may answer (seconds stale, like the cache): the hold decides.
             rows = await self.stale.read(
-                lambda conn: repo.search_available(conn, city, period, now, limit)
+                lambda conn: repo.search_available(conn, city, period, now, limit + 1, after)
             )
-            body = render([Car.from_row(r) for r in rows])
+            body = render([Car.from_row(r) for r in rows], limit)
             ttl = self.config.search_cache_ttl_s
-            await self.cache.set_bytes(key, body, ttl)
+            if stamp is not None:  # stamped before the read: a hold since makes it a miss
+                await self.cache.set_stamped(key, body, ttl, stamp)
             return body, float(ttl)
 
-        found: bytes | None = self._searches.peek(key)  # the hot path: no await
+        local_key = f"{key}:{self._held_here.get(city, 0)}"
+        found: bytes | None = self._searches.peek(local_key)  # the hot path: no await
         if found is None:
-            found = await self._searches.get(key, fill)
+            found = await self._searches.get(local_key, fill)
         return found
+
+    async def _drop_searches(self, city: str, period: domain.StoredPeriod) -> None:
+        """After a hold's commit: the cached search pages of its city over its
+        days are misses from now on, here and in every process' next Redis read.
+        Redis away: they stay until their TTL (a 409 on booking, as documented)."""
+        self._held_here[city] = self._held_here.get(city, 0) + 1
+        days = [search_day_group(city, day) for day in domain.days_of(period)]
+        if not await self.cache.bump_groups(*days):
+            log.warning("rentals_search_drop_failed", city=city)
 
     # -- holds -----------------------------------------------------------------
 
@@ -172,7 +199,7 @@ class RentalService:
         end: datetime,
         within: Within[Booking] | None = None,
     ) -> Booking:
-        self.check_period(start, end)
+        self.check_period(start, end, "body")
         now = self.clock.now()
         period = domain.stored_period(start, end, self.config.turnaround)
         expires = now + self.config.hold_ttl
@@ -208,6 +235,7 @@ class RentalService:
             if within is not None:
                 await within(conn, booking)
         metrics.BOOKINGS.labels("rentals").inc()
+        await self._drop_searches(car["city"], period)
         await self._dispatch(jobs)
         return booking
 
@@ -306,8 +334,7 @@ class RentalService:
         try:
             domain.check_window(start, end)
         except domain.InvalidPeriod as exc:
-            at_to = {"loc": ["query", "to"], "msg": str(exc), "type": "value_error"}
-            raise validation_error(str(exc), [at_to]) from None
+            raise validation_error(str(exc), at=("query", "to")) from None
         window = domain.StoredPeriod(start, end)  # no buffer: the window itself
         async with self.db.connection() as conn:
             car = self._car_of(await repo.get_car(conn, car_id), car_id)
@@ -337,9 +364,10 @@ class RentalService:
         the status flip and the events commit together, and a redelivery of the
         same providerTxnId inserts nothing and changes nothing.
 
-        Only a payment of at least the deposit confirms a live HOLD, and its excess
-        goes back; a payment that confirms nothing (below the deposit, zero
-        included, or for a booking no longer a live HOLD) goes back in full."""
+        Only a payment of at least the deposit confirms a live HOLD; one above it
+        is ``overpaid``: the excess goes back and the booking shows it
+        (overpaid_refund). A payment that confirms nothing (below the deposit,
+        zero included, or for a booking no longer a live HOLD) goes back in full."""
         if status != "SUCCEEDED":
             return "ignored"  # the hold simply runs out
         now = self.clock.now()
@@ -360,10 +388,18 @@ class RentalService:
                     events.refund_payload(b, settled.refund, reason),
                     now,
                 )
-        if settled.outcome != "confirmed":
+        if not settled.confirmed:
             metrics.CONFLICTS.labels("rentals", _CONFLICT_OF[settled.outcome], "database").inc()
             return "refund_requested" if settled.refund > 0 else "ignored"
-        return "confirmed"
+        if settled.outcome == "overpaid":
+            log.info(
+                "rentals_payment_overpaid",
+                booking_id=booking_id,
+                amount=amount,
+                due=b.deposit_amount,
+                excess=settled.refund,
+            )
+        return settled.outcome  # the webhook's result: confirmed or overpaid
 
     async def _apply_payment(
         self, conn: asyncpg.Connection, booking_id: int, amount: int, now: datetime
@@ -373,10 +409,16 @@ class RentalService:
         the booking as it stands and what the payment settled."""
         row = await repo.confirm(conn, booking_id, amount, now)
         if row is not None:
-            b = Booking.from_row(row)
+            confirmed = Booking.from_row(row)
+            settled = domain.settle(
+                amount, confirmed.deposit_amount, confirmed=True, live_hold=True
+            )
+            # Recorded before the confirmed event is written, which carries it.
+            await repo.set_overpaid_refund(conn, booking_id, settled.refund)
+            b = replace(confirmed, overpaid_refund=settled.refund)
             await self._emit(conn, b, now)
             await self._drop_expiry(conn, booking_id)
-            return b, domain.settle(amount, b.deposit_amount, confirmed=True, live_hold=True)
+            return b, settled
         expired = await repo.expire_one(conn, booking_id, now)
         if expired is not None:
             await self._emit(conn, Booking.from_row(expired), now)
@@ -476,45 +518,28 @@ class RentalService:
                 return total
 
 
-class RefundConsumer:
-    """Executes refunds requested through the outbox, outside any transaction.
-    The REFUND row's provider_txn_id is 'refund:<event id>' (UNIQUE), and the
-    gateway gets the event id as its idempotency key, so a redelivered event
-    refunds once."""
+class RefundConsumer(refunds.RefundConsumer):
+    """Executes the refunds of rentals' outbox once per event (the shared
+    consumer in core/messaging/refunds.py), into rentals' REFUND rows."""
 
     def __init__(self, db: Database, gateway: PaymentGateway | None, clock: Clock) -> None:
-        self.db, self.gateway, self.clock = db, gateway, clock
+        super().__init__(db, gateway, clock, _REFUNDS, log)
 
-    async def handle(self, event: Event) -> None:
-        if event.topic != events.REFUND_REQUESTED:
-            return
-        p = event.payload
-        txn = f"refund:{event.id}"
-        async with self.db.connection() as conn:
-            if await repo.refund_recorded(conn, txn):
-                return
-        if self.gateway is None:
-            # Failing (not returning) keeps the event: the relay retries it with
-            # backoff, and a Kafka consumer defers it (a 5xx DomainError is never
-            # parked), until a restart with a gateway executes it.
-            log.error(
-                "rentals_refund_waiting",
-                event_id=str(event.id),
-                booking_id=p["bookingId"],
-                error=NO_GATEWAY,
-            )
-            raise DomainError("payment_gateway_unconfigured", NO_GATEWAY)
-        ref = await self.gateway.refund(int(p["bookingId"]), int(p["amount"]), str(event.id))
-        async with self.db.transaction() as conn:
-            await repo.insert_refund(
-                conn, int(p["bookingId"]), txn, int(p["amount"]), ref, self.clock.now()
-            )
-        log.info("rentals_refunded", booking_id=p["bookingId"], amount=p["amount"], ref=ref)
+
+_REFUNDS = refunds.RefundLedger(
+    topic=events.REFUND_REQUESTED,
+    subject="bookingId",
+    log_prefix="rentals",
+    log_field="booking_id",
+    no_gateway=NO_GATEWAY,
+    recorded=repo.refund_recorded,
+    record=repo.insert_refund,
+)
 
 
 # Why (part of) a payment goes back, as the refund's notification says it.
 _REFUND_REASONS: dict[domain.Outcome, str] = {
-    "confirmed": "payment above the deposit: the excess is returned",
+    "overpaid": "payment above the deposit: the excess is returned",
     "underpaid": "payment below the deposit: the booking is not confirmed",
     "not_payable": "payment received for a {status}",
 }
@@ -532,3 +557,9 @@ def _expiry_key(booking_id: int) -> str:
 def _extended_expiry_key(booking_id: int) -> str:
     """The expiry job of an extended hold (the first one is cancelled)."""
     return f"booking:{booking_id}:extended"
+
+
+def search_day_group(city: str, day: str) -> str:
+    """The group of the cached search pages of ``city`` that cover ``day``
+    (the city's hash tag: one slot with the pages)."""
+    return f"rentals:avail:{{city:{city}}}:day:{day}"

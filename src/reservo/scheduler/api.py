@@ -11,20 +11,13 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from reservo.core.http.auth import Principal
-from reservo.core.http.glue import (
-    AdminCaller,
-    IdempotencyKey,
-    PathId,
-    from_state,
-    json_bytes,
-    json_response,
-    model_from,
-    role_caller,
-    run_idempotent_route,
-)
+from reservo.core.http.callers import AdminCaller, role_caller
 from reservo.core.http.idempotency import Within, request_hash, validate_key
+from reservo.core.http.idempotent import IdempotencyKey, run_idempotent_route
 from reservo.core.http.openapi import raises
 from reservo.core.http.pagination import DEFAULT_LIMIT, After, Limit, decode_cursor, page
+from reservo.core.http.responses import json_bytes, json_response, model_from
+from reservo.core.http.route_inputs import PathId, from_state
 from reservo.core.kernel.errors import validation_error
 from reservo.scheduler import domain
 from reservo.scheduler.batch import JobBatch, JobRequest
@@ -62,7 +55,7 @@ def render(job: Job) -> dict[str, Any]:
 
 
 def out(job: Job) -> JobOut:
-    return model_from(JobOut, job, job_id=job.id)
+    return model_from(JobOut, job, job_id=job.id, status=domain.public_status(job.status))
 
 
 def may_create(caller: Principal, scheduler: Scheduler, category: str) -> None:
@@ -79,7 +72,9 @@ def check_payload(payload: dict[str, Any]) -> None:
     """What the API refuses of any payload before its category's model sees it
     (Scheduler.check_payload): its size."""
     if len(orjson.dumps(payload)) > MAX_PAYLOAD_BYTES:
-        raise validation_error(f"payload larger than {MAX_PAYLOAD_BYTES} bytes")
+        raise validation_error(
+            f"payload larger than {MAX_PAYLOAD_BYTES} bytes", at=("body", "payload")
+        )
 
 
 @router.post(
@@ -87,11 +82,18 @@ def check_payload(payload: dict[str, Any]) -> None:
     status_code=201,
     response_model=JobCreated,
     operation_id="createJob",
-    openapi_extra=raises("unknown_category", "destination_not_allowed"),
+    openapi_extra=raises("unknown_category", "destination_not_allowed", "unknown_dependency"),
 )
 async def create_job(
     body: JobIn, caller: Service, request: Request, idempotency_key: IdempotencyKey = None
 ) -> Response:
+    """Creates a job (201). With `uniqueKey`, while a job of the category with
+    that key has not finished, none is created: 200 with that job and
+    `deduplicated: true` (also for posts racing each other). With `after`, the
+    job is due once every job named is DONE (and its `runAt` has come); until
+    then it is `SCHEDULED`. If one of them ends DEAD or CANCELLED, the job is
+    CANCELLED with `lastError: "dependency_failed"`, and so are the jobs
+    waiting on it. 422 `unknown_dependency` for an id that is no job."""
     return await create_job_flow(
         request.app.state, caller, body, idempotency_key, await request.body()
     )
@@ -108,7 +110,7 @@ async def create_job_flow(
     # Admin only for a module's internal categories (the route's rule is Service).
     may_create(caller, state.scheduler, body.category)
     if body.run_at is not None and body.delay_ms is not None:
-        raise validation_error("give runAt or delayMs, not both")
+        raise validation_error("give runAt or delayMs, not both", at=("body", "delayMs"))
     check_payload(body.payload)
     key = validate_key(idempotency_key, required=False)
     delay = timedelta(milliseconds=body.delay_ms) if body.delay_ms is not None else None
@@ -123,6 +125,7 @@ async def create_job_flow(
             body.urgency,
             body.run_at,
             delay,
+            domain.Extras(body.unique_key, tuple(dict.fromkeys(body.after))),
         )
     )
     return json_bytes(answer.status, orjson.dumps(answer.body))
@@ -132,8 +135,13 @@ async def create_job_flow(
 HOT_ROUTES = (create_job,)
 
 
-def created(job: Job) -> dict[str, Any]:
-    return JobCreated(job_id=job.id, status=job.status, run_at=job.run_at).wire()
+def created(job: Job, deduplicated: bool = False) -> dict[str, Any]:
+    return JobCreated(
+        job_id=job.id,
+        status=domain.public_status(job.status),
+        run_at=job.run_at,
+        deduplicated=deduplicated,
+    ).wire()
 
 
 async def _one_job(act: Callable[[], Awaitable[Job]]) -> JSONResponse:
@@ -148,6 +156,7 @@ async def _one_job(act: Callable[[], Awaitable[Job]]) -> JSONResponse:
     openapi_extra=raises("job_not_found"),
 )
 async def get_job(job_id: JobId, caller: Service, request: Request) -> JSONResponse:
+    """One job (a service): its status, when it runs, its attempts and last error."""
     return await _one_job(lambda: _svc(request).get(job_id))
 
 
@@ -285,12 +294,13 @@ def _paused(c: domain.Category) -> JSONResponse:
     "/job-categories/{category}/pause",
     response_model=CategoryPaused,
     operation_id="pauseJobCategory",
-    openapi_extra=raises(),
+    openapi_extra=raises("category_not_found"),
 )
 async def pause_category(category: CategoryName, caller: AdminCaller, request: Request) -> Response:
     """The category's jobs stop starting in every worker process: due ones wait
     (none is lost, none runs, none is failed); jobs already running finish.
-    Any category name may be paused, also one no job has yet."""
+    A category a handler serves may be paused, also one no job has yet; any
+    other is 404 `category_not_found` (GET /api/job-categories lists them)."""
     return _paused(await _svc(request).pause(category, True))
 
 
@@ -298,12 +308,13 @@ async def pause_category(category: CategoryName, caller: AdminCaller, request: R
     "/job-categories/{category}/resume",
     response_model=CategoryPaused,
     operation_id="resumeJobCategory",
-    openapi_extra=raises(),
+    openapi_extra=raises("category_not_found"),
 )
 async def resume_category(
     category: CategoryName, caller: AdminCaller, request: Request
 ) -> Response:
-    """The jobs that waited run, in due order (within about a second)."""
+    """The jobs that waited run, in due order (within about a second). 404
+    `category_not_found` for a category no handler serves."""
     return _paused(await _svc(request).pause(category, False))
 
 
@@ -311,13 +322,14 @@ async def resume_category(
     "/job-categories/{category}/rate-limit",
     response_model=RateLimitOut,
     operation_id="setJobCategoryRateLimit",
-    openapi_extra=raises(),
+    openapi_extra=raises("category_not_found"),
 )
 async def set_rate_limit(
     category: CategoryName, body: RateLimitIn, caller: AdminCaller, request: Request
 ) -> Response:
     """At most `perSecond` jobs of the category start per second, across every
-    worker process (`null` removes the limit). 422 below 0.001 or above 100,000."""
+    worker process (`null` removes the limit). 422 below 0.001 or above 100,000;
+    404 `category_not_found` for a category no handler serves."""
     c = await _svc(request).set_rate(category, body.per_second)
     return json_response(200, RateLimitOut(category=c.category, per_second=c.per_second).wire())
 

@@ -4,9 +4,11 @@ The requests a process receives while its previous batch runs form the next
 batch (``core.http.batching``); a batch runs in ONE transaction, set-based:
 
 1. read every key of the batch in one statement (``known_many``): a known key
-   replays its stored response or is 422, a claim in flight elsewhere is 409; a
-   free key is not claimed (a claim in this transaction would never be seen by
-   anybody: it commits with its answer), its answer is written once, in step 3;
+   replays its stored response or is 422, a claim in flight elsewhere is 409,
+   which its request waits out of the batch and comes back with
+   (``GroupCommit.submit``); a free key is not claimed (a claim in this
+   transaction would never be seen by anybody: it commits with its answer), its
+   answer is written once, in step 3;
 2. per request, in arrival order, the checks of the one-request flow after its
    key (a handler for the category, the handler's check of the payload, the
    time): a refusal is that request's alone, stored for its key;
@@ -43,7 +45,7 @@ from reservo.core.http.auth import Principal
 from reservo.core.http.batching import AGAIN, GroupCommit, Outcome
 from reservo.core.http.idempotency import Claim, IdempotencyStore, Replay, Wanted, is_stored
 from reservo.core.kernel.errors import DomainError
-from reservo.scheduler.domain import QUEUED, Job
+from reservo.scheduler.domain import NO_EXTRAS, QUEUED, Extras, Job
 from reservo.scheduler.service import Scheduler
 
 ENDPOINT = "POST /api/jobs"
@@ -63,6 +65,7 @@ class JobRequest:
     urgency: int
     run_at: datetime | None
     delay: timedelta | None
+    extras: Extras = NO_EXTRAS  # uniqueKey and after
 
     @property
     def caller(self) -> str:
@@ -92,10 +95,10 @@ class JobBatch(GroupCommit[JobRequest, Answer]):
         self,
         scheduler: Scheduler,
         idempotency: IdempotencyStore,
-        render: Callable[[Job], Any],
+        render: Callable[[Job, bool], Any],
     ) -> None:
-        super().__init__()
-        self.scheduler, self.idempotency, self.render = scheduler, idempotency, render
+        super().__init__(idempotency, ENDPOINT)
+        self.scheduler, self.render = scheduler, render
 
     async def submit(self, request: JobRequest) -> Answer:
         """The answer to ``request`` once its job is pushed (or deferred to the
@@ -124,18 +127,30 @@ class JobBatch(GroupCommit[JobRequest, Answer]):
         async with svc.db.transaction() as conn:
             keys = await self._read_keys(conn, items, now, outcomes)
             new = await self._checked(conn, items, keys, now, outcomes)
-            jobs, push_id = await svc.create_many(conn, [row for _, row in new], now, pushes_done)
-            bodies: dict[int, tuple[Job, Any]] = {}
-            for (n, _), job in zip(new, jobs, strict=True):
-                body = self.render(job)
-                bodies[n] = (job, body)
-                keys.answer(n, 201, orjson.dumps(body))
+            firsts, repeats = _first_of_each_key(items, new)
+            made, push_id = await svc.create_many(
+                conn,
+                [row for _, row in firsts],
+                now,
+                pushes_done,
+                [items[n].extras for n, _ in firsts],
+            )
+            got = {n: job_made for (n, _), job_made in zip(firsts, made, strict=True)}
+            for n, first in repeats.items():
+                got[n] = (got[first][0], False)  # the batch's first of that key
+            bodies: dict[int, tuple[Job, int, Any]] = {}
+            for n, (job, fresh) in sorted(got.items()):
+                status, body = (
+                    (201, self.render(job, False)) if fresh else (200, self.render(job, True))
+                )
+                bodies[n] = (job, status, body)
+                keys.answer(n, status, orjson.dumps(body))
             await self._write_answers(conn, keys, bodies, now, outcomes)
-        # Committed: the jobs go to Redis together.
-        due = [job for job, _ in bodies.values() if job.status == QUEUED]
+        # Committed: the jobs created due go to Redis together.
+        due = [job for job, status, _ in bodies.values() if status == 201 and job.status == QUEUED]
         pushed = svc.push_soon(due, push_id) if push_id is not None else None
-        for n, (_, body) in bodies.items():
-            outcomes[n] = Answer(201, body, pushed)
+        for n, (_, status, body) in bodies.items():
+            outcomes[n] = Answer(status, body, pushed if status == 201 else None)
         return outcomes
 
     async def _read_keys(
@@ -183,6 +198,9 @@ class JobBatch(GroupCommit[JobRequest, Answer]):
         """Step 2, after the key as the one-request flow: the checks of the job
         itself. The jobs to create, by item; a refusal is its item's outcome."""
         new: list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]] = []
+        unknown = await self.scheduler.unknown_jobs(
+            conn, sorted({parent for item in items for parent in item.extras.after})
+        )
         for n, item in enumerate(items):
             if item.key is not None and n not in keys.free and n not in keys.claims:
                 continue  # replayed or refused by its key
@@ -190,6 +208,7 @@ class JobBatch(GroupCommit[JobRequest, Answer]):
                 when = self.scheduler.run_at_of(
                     item.category, item.payload, item.run_at, item.delay, now
                 )
+                _known_parents(item, unknown)
             except DomainError as err:
                 outcomes[n] = err
                 if is_stored(err):
@@ -204,7 +223,7 @@ class JobBatch(GroupCommit[JobRequest, Answer]):
         self,
         conn: asyncpg.Connection,
         keys: _Keys,
-        bodies: dict[int, tuple[Job, Any]],
+        bodies: dict[int, tuple[Job, int, Any]],
         now: datetime,
         outcomes: list[Outcome[Answer]],
     ) -> None:
@@ -223,7 +242,13 @@ class JobBatch(GroupCommit[JobRequest, Answer]):
         lost = [n for n, _, _ in stored if (free[n].caller, free[n].key) not in written]
         for n in lost:
             outcomes[n] = AGAIN
-        dropped = [bodies.pop(n)[0].id for n in lost if n in bodies]
+        # Only a job this batch created goes (a deduplicated answer names
+        # another request's job).
+        dropped = [
+            job.id
+            for job, status, _ in (bodies.pop(n) for n in lost if n in bodies)
+            if status == 201
+        ]
         if dropped:
             await self.scheduler.drop_new(conn, dropped)
         answered = keys.answered
@@ -234,6 +259,35 @@ class JobBatch(GroupCommit[JobRequest, Answer]):
             [a[1] for a in answered],
             [a[2] for a in answered],
         )
+
+
+def _known_parents(item: JobRequest, unknown: set[int]) -> None:
+    """422 unknown_dependency when the request names a job that does not exist."""
+    missing = [parent for parent in item.extras.after if parent in unknown]
+    if missing:
+        raise DomainError(
+            "unknown_dependency", f"after names jobs that do not exist: {missing[:10]}"
+        )
+
+
+def _first_of_each_key(
+    items: list[JobRequest], new: list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]]
+) -> tuple[list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]], dict[int, int]]:
+    """The jobs to insert: of the batch's requests with one category and unique
+    key, only the first (the others, by item, name that first one's item: they
+    are answered with its job, deduplicated), as two posts in sequence would be."""
+    firsts: list[tuple[int, tuple[str, int, datetime, dict[str, Any]]]] = []
+    repeats: dict[int, int] = {}
+    seen: dict[tuple[str, str], int] = {}
+    for n, row in new:
+        key = items[n].extras.unique_key
+        if key is not None and (items[n].category, key) in seen:
+            repeats[n] = seen[(items[n].category, key)]
+            continue
+        if key is not None:
+            seen[(items[n].category, key)] = n
+        firsts.append((n, row))
+    return firsts, repeats
 
 
 @dataclass

@@ -72,6 +72,11 @@ class SchedulerSettings(BaseSettings):
     # connection is closed): a huge or endless answer costs no memory.
     http_max_response_bytes: int = Field(default=65_536, ge=0)
     # Calls in flight to one destination (address and port) per worker process;
-    # the jobs beyond it are put back for a second (not an attempt), so slow
-    # destinations cannot take every executor slot from the others.
-    http_per_destination: int = Field(default=8, ge=1)
+    # the jobs beyond it wait their turn while the destination answers, and are
+    # put back for a second (not an attempt) once it is slow, so slow
+    # destinations cannot take every executor slot from the others. 128 of the
+    # 400 slots of a process (2 executors of 200): on a loaded process a call
+    # to a quick destination takes 0.2-0.7 s, and the share caps one
+    # destination's calls a second at share / that (bench/scheduler/http_burst.py:
+    # p99 2.8-3.4 s at 128 against 5.9-8.1 s at 32, 20-37 s at 8; issue 39).
+    http_per_destination: int = Field(default=128, ge=1)

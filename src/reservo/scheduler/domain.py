@@ -19,10 +19,19 @@ SCHEDULED, QUEUED, RUNNING, DONE = "SCHEDULED", "QUEUED", "RUNNING", "DONE"
 FAILED, DEAD, CANCELLED = "FAILED", "DEAD", "CANCELLED"
 STATUSES = (SCHEDULED, QUEUED, RUNNING, DONE, FAILED, DEAD, CANCELLED)
 PENDING = (SCHEDULED, QUEUED, FAILED)
-CANCELLABLE = PENDING
+# A job whose parents (POST /api/jobs `after`) are not all DONE yet. Stored
+# only: no pending statement takes it (never pushed, never claimed), and the
+# API shows it as SCHEDULED (``public_status``), the contract's word for a job
+# that has not run and is not due yet.
+WAITING = "WAITING"
+CANCELLABLE = (*PENDING, WAITING)
 # PATCH runAt: a job not claimed yet (a FAILED one waits for its retry). The
 # same set as cancel, hence the same refusal code (not_cancellable).
-RESCHEDULABLE = PENDING
+RESCHEDULABLE = CANCELLABLE
+# What POST /api/jobs sets when a parent ends DEAD or CANCELLED.
+DEPENDENCY_FAILED = "dependency_failed"
+MAX_UNIQUE_KEY = 200
+MAX_AFTER = 100
 # POST /retry: what no worker will run again on its own.
 RETRYABLE = (FAILED, DEAD)
 
@@ -62,6 +71,24 @@ class Job:
 
 
 JOB_FIELDS = tuple(f.name for f in fields(Job))
+
+
+def public_status(status: str) -> str:
+    """A job's status as the API shows it: WAITING is a SCHEDULED job whose
+    parents have not all finished."""
+    return SCHEDULED if status == WAITING else status
+
+
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """What POST /api/jobs may add to a job: its ``unique_key`` (one
+    unfinished job per category and key) and the jobs it runs ``after``."""
+
+    unique_key: str | None = None
+    after: tuple[int, ...] = ()
+
+
+NO_EXTRAS = Extras()
 
 
 @dataclass(frozen=True)

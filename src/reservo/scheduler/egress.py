@@ -7,7 +7,12 @@ shared, unspecified, multicast, reserved and documentation ranges, also when
 written as an IPv6 address that carries an IPv4 one (``embedded_ipv4``: mapped,
 translated, compatible, NAT64, 6to4, ISATAP; Teredo's whole range is refused).
 Credentials in a URL are refused outright. An operator allows exceptions with
-an allow list of host names and CIDR networks (``RESERVO_JOBS_HTTP_ALLOW``).
+an allow list of host names, addresses and CIDR networks, each alone (every
+port) or with one port (``127.0.0.1:8000``, ``[::1]:8000``,
+``callbacks.internal:443``): ``RESERVO_JOBS_HTTP_ALLOW``. Addresses are compared
+as addresses, whatever their spelling (``2130706433``, ``0x7f000001``,
+``0177.0.0.1``, ``127.1`` and ``::ffff:127.0.0.1`` are all 127.0.0.1), and ports
+as numbers.
 
 The rules decide on addresses; the caller resolves names and must check every
 address a name resolves to, then connect to the checked one.
@@ -70,6 +75,7 @@ _LOW_32_FORMS = (
 )
 # ISATAP (RFC 5214): the interface id is 0000:5efe or 0200:5efe (the u/l bit
 # set for a global IPv4) followed by the IPv4 address, under any /64 prefix.
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 _ISATAP_MASK = 0xFDFF_FFFF
 _ISATAP_ID = 0x0000_5EFE
 _LEGACY_V4 = re.compile(r"^[0-9a-fA-Fx.]+$")
@@ -121,49 +127,107 @@ def refused_range(ip: IPAddress) -> str | None:
 
 @dataclass(frozen=True)
 class AllowList:
-    """Host names (exact, case-insensitive) and networks an operator allows."""
+    """Host names (exact, case-insensitive) and networks an operator allows, each
+    with the one port it allows, or None for every port."""
 
-    hosts: frozenset[str] = frozenset()
-    networks: tuple[IPNetwork, ...] = ()
+    hosts: frozenset[tuple[str, int | None]] = frozenset()
+    networks: tuple[tuple[IPNetwork, int | None], ...] = ()
 
-    def allows_host(self, host: str) -> bool:
-        return _host_key(host) in self.hosts
+    def allows_host(self, host: str, port: int) -> bool:
+        key = _host_key(host)
+        return (key, None) in self.hosts or (key, port) in self.hosts
 
-    def allows_address(self, ip: IPAddress) -> bool:
+    def allows_address(self, ip: IPAddress, port: int) -> bool:
         candidates = {ip, unmapped(ip)}
-        return any(c.version == n.version and c in n for c in candidates for n in self.networks)
+        return any(
+            c.version == n.version and c in n and allowed in (None, port)
+            for c in candidates
+            for n, allowed in self.networks
+        )
+
+    def entries(self) -> list[str]:
+        """The allowed destinations in one canonical spelling, for ``reservo
+        config`` and the start-up log (what the checks compare against)."""
+        shown = [_with_port(_network_text(net), port) for net, port in self.networks]
+        shown += [
+            _with_port(name, port)
+            for name, port in sorted(self.hosts, key=lambda h: (h[0], h[1] or 0))
+        ]
+        return shown
+
+    def __str__(self) -> str:
+        return ",".join(self.entries())
+
+
+def _unmapped_network(net: IPNetwork) -> IPNetwork:
+    """``::ffff:127.0.0.1`` (and ``::ffff:10.0.0.0/104``) as the IPv4 network it
+    is, so the allow list shows one spelling for one destination."""
+    if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(_MAPPED) and net.prefixlen >= 96:
+        v4 = unmapped(net.network_address)
+        return ipaddress.IPv4Network((int(v4), net.prefixlen - 96))
+    return net
+
+
+def _network_text(net: IPNetwork) -> str:
+    text = str(net.network_address) if net.num_addresses == 1 else str(net)
+    return f"[{text}]" if net.version == 6 else text
+
+
+def _with_port(host: str, port: int | None) -> str:
+    return host if port is None else f"{host}:{port}"
 
 
 def _host_key(host: str) -> str:
     return host.strip().rstrip(".").lower()
 
 
+def _split_port(entry: str) -> tuple[str, int | None]:
+    """``host:port``, ``[v6]:port`` or ``a.b.c.d/n:port`` into host and port; an
+    entry without one (an IPv6 address or network unbracketed included) has None."""
+    if entry.startswith("["):
+        inside, bracket, rest = entry[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad entry {entry!r} in the allow list")
+        return inside, _port(entry, rest[1:]) if rest else None
+    if entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+        return host, _port(entry, port)
+    return entry, None
+
+
+def _port(entry: str, text: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"bad port in {entry!r} in the allow list (1-65535)")
+    return int(text)
+
+
 def parse_allow(text: str) -> AllowList:
-    """``"127.0.0.1, 10.0.0.0/8, callbacks.internal"``: addresses, CIDR networks
-    and host names, comma separated. Raises ValueError on an entry that is none
-    of those."""
-    hosts: set[str] = set()
-    networks: list[IPNetwork] = []
+    """``"127.0.0.1:8000, 10.0.0.0/8, callbacks.internal:443"``: addresses, CIDR
+    networks and host names, each optionally with a port, comma separated.
+    Raises ValueError on an entry that is none of those."""
+    hosts: set[tuple[str, int | None]] = set()
+    networks: list[tuple[IPNetwork, int | None]] = []
     for raw in text.split(","):
         entry = raw.strip()
         if not entry:
             continue
+        host, port = _split_port(entry)
         try:
-            networks.append(ipaddress.ip_network(entry.strip("[]"), strict=True))
+            networks.append((_unmapped_network(ipaddress.ip_network(host, strict=True)), port))
             continue
         except ValueError as exc:
-            if "/" in entry:
+            if "/" in host:
                 raise ValueError(f"bad network {entry!r} in the allow list: {exc}") from exc
-        ip = literal_address(entry)
+        ip = literal_address(host)
         if ip is not None:
             # "127.1" and friends: allow the address they denote, not a "name".
-            networks.append(ipaddress.ip_network(ip))
+            networks.append((ipaddress.ip_network(unmapped(ip)), port))
             continue
-        name = _host_key(entry)
+        name = _host_key(host)
         if not _NAME.match(name):
             raise ValueError(f"bad host name {entry!r} in the allow list")
-        hosts.add(name)
-    return AllowList(frozenset(hosts), tuple(networks))
+        hosts.add((name, port))
+    return AllowList(frozenset(hosts), tuple(dict.fromkeys(networks)))
 
 
 def literal_address(host: str) -> IPAddress | None:
@@ -185,9 +249,9 @@ def literal_address(host: str) -> IPAddress | None:
     return None
 
 
-def address_refusal(allow: AllowList, ip: IPAddress) -> str | None:
-    """Why a call to ``ip`` is refused, or None when it may go."""
-    if allow.allows_address(ip):
+def address_refusal(allow: AllowList, ip: IPAddress, port: int) -> str | None:
+    """Why a call to ``ip`` on ``port`` is refused, or None when it may go."""
+    if allow.allows_address(ip, port):
         return None
     why = refused_range(ip)
     return None if why is None else f"{unmapped(ip)} is {why}"
@@ -227,7 +291,7 @@ def static_refusal(allow: AllowList, url: str) -> str | None:
         target = parse_target(url)
     except ValueError as exc:
         return str(exc)
-    if allow.allows_host(target.host):
+    if allow.allows_host(target.host, target.port):
         return None
     ip = literal_address(target.host)
-    return None if ip is None else address_refusal(allow, ip)
+    return None if ip is None else address_refusal(allow, ip, target.port)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from reservo.core.kernel.codes import by_status
 
 ERRORS = by_status(
-    not_found=["job_not_found", "recurring_job_not_found"],
+    not_found=["job_not_found", "recurring_job_not_found", "category_not_found"],
     conflict=["not_retryable"],
-    unprocessable=["unknown_category", "destination_not_allowed"],
+    unprocessable=["unknown_category", "destination_not_allowed", "unknown_dependency"],
 )
 
 CONSTRAINTS = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,6 +13,7 @@ import structlog
 from reservo.core.http import outbound
 from reservo.core.kernel.errors import DomainError
 from reservo.scheduler import egress
+from reservo.scheduler.destinations import Busy, Destinations
 from reservo.scheduler.domain import Job, JobDeferred, JobFailure
 
 log = structlog.get_logger(__name__)
@@ -24,9 +24,11 @@ log = structlog.get_logger(__name__)
 # (JobFailure.detail) goes to the server log (the executor's scheduler_job_failed
 # line) and to the execution log, neither of which the API renders.
 POLICY_ERROR = "destination not allowed by RESERVO_JOBS_HTTP_ALLOW policy"
-# A job whose destination already has its share of calls in flight is put back
-# for this long (not an attempt): short, so a fast destination's burst drains
-# at the pace the destination answers.
+# A job whose destination already has its share of calls in flight waits for a
+# slot while the destination answers: until SLOW_CALL_S pass without a call of
+# it ending (scheduler/destinations.py). Then it is put back for BUSY_DELAY_S
+# (not an attempt), so a slow destination's jobs do not hold executor slots.
+SLOW_CALL_S = 0.5
 BUSY_DELAY_S = 1.0
 
 
@@ -54,6 +56,43 @@ def _shown(url: httpx.URL) -> str:
     return str(url.copy_with(query=None, fragment=None))
 
 
+async def resolve_destination(allow: egress.AllowList, url: str, timeout_s: float) -> Destination:
+    """Resolves the URL's host and checks every address it resolves to against
+    ``allow`` (scheduler.egress). Raises DestinationRefused, or another error
+    when it cannot resolve. Also used for Web Push endpoints (notifications):
+    a URL a user stored is called from inside the network alike."""
+    try:
+        target = egress.parse_target(url)
+    except ValueError as exc:
+        raise DestinationRefused(str(exc)) from exc
+    literal = egress.literal_address(target.host)
+    if literal is not None:
+        addresses = [literal]
+    else:
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(
+                target.host, target.port, type=socket.SOCK_STREAM
+            ),
+            timeout_s,
+        )
+        found = [egress.literal_address(str(info[4][0])) for info in infos]
+        addresses = list(dict.fromkeys(a for a in found if a is not None))
+        if not addresses or None in found:  # nothing, or something we cannot check
+            raise OSError(f"no usable address for {target.host}")
+    if not allow.allows_host(target.host, target.port):
+        # Every address: the connection may use any of them.
+        for ip in addresses:
+            why = egress.address_refusal(allow, ip, target.port)
+            if why is not None:
+                raise DestinationRefused(f"{target.host} resolves to {why}")
+    return Destination(
+        url=target.url.copy_with(host=str(egress.unmapped(addresses[0]))),
+        host_header=target.url.netloc.decode("ascii"),
+        sni_hostname=None if literal is not None else target.url.raw_host.decode("ascii"),
+        shown=_shown(target.url),
+    )
+
+
 class HttpHandler:
     """Category ``http``: payload ``{url, method?, headers?, body?}``. Sends
     ``Idempotency-Key: <jobId>`` so the receiver can drop a repeated delivery.
@@ -66,7 +105,8 @@ class HttpHandler:
     to the answer's head, and at most a prefix of the answer is read), and one
     destination (address and port) has at most ``per_destination`` calls in
     flight in this process: a slow destination's jobs cannot take every
-    executor slot from the jobs of the others (the rest wait, put back)."""
+    executor slot from the jobs of the others (the rest wait their turn while
+    it answers, and are put back once it is slow: scheduler/destinations.py)."""
 
     def __init__(
         self,
@@ -79,7 +119,7 @@ class HttpHandler:
         self.allow = allow or egress.AllowList()
         self.limits = limits or outbound.Limits()
         self.per_destination = per_destination
-        self._in_flight: Counter[tuple[str, int | None]] = Counter()
+        self.destinations = Destinations(per_destination, SLOW_CALL_S)
         # trust_env=False: no proxy from the environment (a proxy, not us, would
         # pick the address to connect to) and no ~/.netrc credentials added.
         # No keep-alive: pooled connections are keyed by address, and a TLS one
@@ -106,36 +146,7 @@ class HttpHandler:
     async def destination(self, url: str) -> Destination:
         """Resolves the URL's host and checks every address it resolves to.
         Raises DestinationRefused, or another error when it cannot resolve."""
-        try:
-            target = egress.parse_target(url)
-        except ValueError as exc:
-            raise DestinationRefused(str(exc)) from exc
-        literal = egress.literal_address(target.host)
-        if literal is not None:
-            addresses = [literal]
-        else:
-            infos = await asyncio.wait_for(
-                asyncio.get_running_loop().getaddrinfo(
-                    target.host, target.port, type=socket.SOCK_STREAM
-                ),
-                self.timeout_s,
-            )
-            found = [egress.literal_address(str(info[4][0])) for info in infos]
-            addresses = list(dict.fromkeys(a for a in found if a is not None))
-            if not addresses or None in found:  # nothing, or something we cannot check
-                raise OSError(f"no usable address for {target.host}")
-        if not self.allow.allows_host(target.host):
-            # Every address: the connection may use any of them.
-            for ip in addresses:
-                why = egress.address_refusal(self.allow, ip)
-                if why is not None:
-                    raise DestinationRefused(f"{target.host} resolves to {why}")
-        return Destination(
-            url=target.url.copy_with(host=str(egress.unmapped(addresses[0]))),
-            host_header=target.url.netloc.decode("ascii"),
-            sni_hostname=None if literal is not None else target.url.raw_host.decode("ascii"),
-            shown=_shown(target.url),
-        )
+        return await resolve_destination(self.allow, url, self.timeout_s)
 
     async def __call__(self, job: Job) -> None:
         p: dict[str, Any] = job.payload
@@ -152,21 +163,17 @@ class HttpHandler:
         except Exception as exc:  # unknown name, resolver timeout: the same outside
             detail = f"{url.split('?', 1)[0]}: cannot resolve: {exc!r}"
             raise JobFailure(public, detail) from exc
-        key = (dest.url.host, dest.url.port)
-        if self._in_flight[key] >= self.per_destination:
-            raise JobDeferred(f"{dest.shown}: {self.per_destination} calls in flight", BUSY_DELAY_S)
-        self._in_flight[key] += 1
         try:
-            # What is left of the deadline after the name lookup.
-            limits = replace(self.limits, deadline_s=max(end - loop.time(), 0.001))
-            answer = await self._send(dest, p, job.id, limits)
+            async with self.destinations.slot((dest.url.host, dest.url.port)):
+                # What is left of the deadline after the name lookup.
+                limits = replace(self.limits, deadline_s=max(end - loop.time(), 0.001))
+                answer = await self._send(dest, p, job.id, limits)
+        except Busy as exc:
+            busy = f"{dest.shown}: {self.per_destination} calls in flight"
+            raise JobDeferred(busy, BUSY_DELAY_S) from exc
         except Exception as exc:  # connect, TLS, deadline, protocol: all the same outside
             detail = f"{dest.shown} via {dest.url.host}: {exc!r}"
             raise JobFailure(public, detail) from exc
-        finally:
-            self._in_flight[key] -= 1
-            if not self._in_flight[key]:
-                del self._in_flight[key]
         if not answer.is_success:
             detail = f"{dest.shown} answered {answer.status_code}"
             raise JobFailure(public, detail)

@@ -17,27 +17,146 @@ RETURNING *;
 -- process died between commit and push). $8: the job_push rows of pushes this
 -- process finished, deleted here instead of in a transaction of their own.
 -- Each job is written once: no mark_pushed rewriting it after the push.
-WITH items AS MATERIALIZED (
-    SELECT nextval('scheduled_job_id_seq') AS id, t.*
-      FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::jsonb[], $7::boolean[])
-           WITH ORDINALITY AS t(category, urgency, run_at, payload, push, ord)
+--
+-- $9: each job's unique key (NULL: none; unique within the batch, the caller
+-- answers a repeat in the batch with the first). A key an unfinished job holds
+-- already (index uq_job_unique_key) inserts nothing: the holder's row comes
+-- back instead, `created` false (the no-op DO UPDATE is what returns it, and
+-- it waits for a holder still being written by another transaction, then
+-- inserts if that one finished meanwhile).
+-- $10/$11: the pairs (ordinal of the job in the batch, parent id) of `after`.
+-- The parents are locked FOR SHARE and their latest status read: a parent's
+-- completion either committed before (it is DONE here and not counted) or waits
+-- for this commit and then sees the edges (release_dependents). A job with a
+-- parent not DONE is WAITING on that many; one with a DEAD or CANCELLED parent
+-- is CANCELLED at once (dependency_failed). Unknown parents were refused before.
+WITH parents AS MATERIALIZED (
+    SELECT id, status FROM scheduled_job
+     WHERE id = ANY($11::bigint[])
+     ORDER BY id
+       FOR SHARE
+), deps AS MATERIALIZED (
+    SELECT DISTINCT d.ord, d.parent_id, p.status
+      FROM unnest($10::bigint[], $11::bigint[]) AS d(ord, parent_id)
+      JOIN parents p ON p.id = d.parent_id
+), blocked AS MATERIALIZED (
+    SELECT ord, count(*) FILTER (WHERE status <> 'DONE') AS waiting,
+           bool_or(status IN ('DEAD', 'CANCELLED')) AS failed
+      FROM deps GROUP BY ord
+), items AS MATERIALIZED (
+    SELECT nextval('scheduled_job_id_seq') AS id, t.*,
+           coalesce(b.waiting, 0)::int AS waiting, coalesce(b.failed, false) AS failed
+      FROM unnest($1::text[], $2::smallint[], $3::timestamptz[], $4::jsonb[], $7::boolean[],
+                  $9::text[])
+           WITH ORDINALITY AS t(category, urgency, run_at, payload, push, unique_key, ord)
+      LEFT JOIN blocked b ON b.ord = t.ord
      ORDER BY t.ord
 ), ins AS (
     INSERT INTO scheduled_job (id, category, urgency, run_at, payload, status, pushed,
-                               max_attempts, created_at)
+                               max_attempts, created_at, unique_key, waiting_on,
+                               finished_at, last_error)
     SELECT id, category, urgency, run_at, payload,
-           CASE WHEN push THEN 'QUEUED' ELSE 'SCHEDULED' END, push, $5, $6
+           CASE WHEN failed THEN 'CANCELLED' WHEN waiting > 0 THEN 'WAITING'
+                WHEN push THEN 'QUEUED' ELSE 'SCHEDULED' END,
+           push AND NOT failed AND waiting = 0, $5, $6, unique_key,
+           CASE WHEN failed THEN 0 ELSE waiting END,
+           CASE WHEN failed THEN $6::timestamptz END,
+           CASE WHEN failed THEN 'dependency_failed' END
       FROM items ORDER BY ord
+        ON CONFLICT (category, unique_key)
+           WHERE unique_key IS NOT NULL
+             AND status IN ('WAITING', 'SCHEDULED', 'QUEUED', 'RUNNING', 'FAILED')
+        DO UPDATE SET unique_key = EXCLUDED.unique_key
     RETURNING *
+), made AS (
+    -- Each row with its item: by id for a job created here, by key for the
+    -- holder of a key (two equi-joins: hash joins, where one join on an OR
+    -- would compare every pair of the batch).
+    SELECT ins.*, i.ord, true AS created FROM ins JOIN items i ON i.id = ins.id
+    UNION ALL
+    SELECT ins.*, i.ord, false FROM ins JOIN items i
+        ON i.category = ins.category AND i.unique_key = ins.unique_key AND i.id <> ins.id
+), edges AS (
+    INSERT INTO job_dependency (parent_id, job_id)
+    SELECT d.parent_id, m.id FROM deps d JOIN made m ON m.ord = d.ord AND m.created
 ), mark AS (
     INSERT INTO job_push (job_ids, created_at)
-    SELECT array_agg(id ORDER BY ord), $6 FROM items WHERE push HAVING count(*) > 0
+    SELECT array_agg(id ORDER BY id), $6 FROM made WHERE created AND pushed
+    HAVING count(*) > 0
     RETURNING id
 ), gone AS (
     DELETE FROM job_push WHERE id = ANY($8::bigint[])
 )
-SELECT ins.*, (SELECT id FROM mark) AS push_id
-  FROM ins JOIN items ON items.id = ins.id ORDER BY items.ord;
+SELECT made.*, (SELECT id FROM mark) AS push_id FROM made ORDER BY made.ord;
+
+-- name: existing_jobs
+-- Which of these ids are jobs (POST /api/jobs `after`: 422 unknown_dependency
+-- for the others).
+SELECT id FROM scheduled_job WHERE id = ANY($1::bigint[]);
+
+-- name: release_dependents
+-- In the transaction that made the jobs $1 DONE, after that statement (so its
+-- snapshot sees every edge committed by a child that locked one of them before
+-- the completion did): each WAITING child counts down by its parents among
+-- them, and at 0 it is SCHEDULED, due now or at its own run_at if later, not
+-- pushed yet (the executor hands the returned rows to Redis, the loader
+-- otherwise). Children locked in id order, as in complete: two completions
+-- releasing the same children never deadlock, and each decrement applies to
+-- the row as the other left it.
+WITH counts AS (
+    SELECT job_id, count(*) AS n FROM job_dependency
+     WHERE parent_id = ANY($1::bigint[]) GROUP BY job_id
+), locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job
+     WHERE id = ANY(ARRAY(SELECT job_id FROM counts)) ORDER BY id FOR UPDATE
+)
+UPDATE scheduled_job j
+   SET waiting_on = GREATEST(j.waiting_on - c.n, 0),
+       status = CASE WHEN j.waiting_on - c.n <= 0 THEN 'SCHEDULED' ELSE 'WAITING' END,
+       run_at = CASE WHEN j.waiting_on - c.n <= 0 THEN GREATEST(j.run_at, $2) ELSE j.run_at END,
+       revision = j.revision + 1, pushed = false
+  FROM counts c
+ WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.id = c.job_id AND j.status = 'WAITING'
+RETURNING j.id, j.category, j.urgency, j.run_at, j.revision, j.status;
+
+-- name: cancel_dependents
+-- In the transaction that ended the jobs $1 DEAD or CANCELLED, after that
+-- statement (same reason as release_dependents): every job waiting on them,
+-- directly or through other waiting jobs, is CANCELLED with dependency_failed.
+-- A child of a job not DONE is WAITING itself, so the walk stops at finished
+-- rows; the graph has no cycle (migration 0058).
+WITH RECURSIVE down AS (
+    SELECT d.job_id FROM job_dependency d
+      JOIN scheduled_job p ON p.id = d.parent_id
+     WHERE d.parent_id = ANY($1::bigint[]) AND p.status IN ('DEAD', 'CANCELLED')
+    UNION
+    SELECT d.job_id FROM job_dependency d JOIN down ON d.parent_id = down.job_id
+), locked AS MATERIALIZED (
+    SELECT id FROM scheduled_job
+     WHERE id = ANY(ARRAY(SELECT job_id FROM down)) ORDER BY id FOR UPDATE
+)
+UPDATE scheduled_job j
+   SET status = 'CANCELLED', revision = j.revision + 1, finished_at = $2, waiting_on = 0,
+       last_error = 'dependency_failed'
+ WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.status = 'WAITING'
+RETURNING j.id;
+
+-- name: dependencies_of
+-- The console's page of a job: its unique key, the jobs it waits for and the
+-- jobs that wait for it, with their statuses.
+SELECT 'parent' AS side, p.id, p.category, p.status
+  FROM job_dependency d JOIN scheduled_job p ON p.id = d.parent_id
+ WHERE d.job_id = $1
+UNION ALL
+SELECT 'child', c.id, c.category, c.status
+  FROM job_dependency d JOIN scheduled_job c ON c.id = d.job_id
+ WHERE d.parent_id = $1
+ ORDER BY 1, 2
+ LIMIT $2;
+
+-- name: unique_key_of
+-- The unique key a job was created with (the console shows it beside its dependencies).
+SELECT unique_key FROM scheduled_job WHERE id = $1;
 
 -- name: insert_jobs_bulk
 -- Bulk load path (benchmarks, imports): no idempotency keys.
@@ -311,11 +430,12 @@ WITH lost AS (
 SELECT id, category, urgency, run_at, revision, status FROM lost;
 
 -- name: cancel
--- SCHEDULED/QUEUED (and FAILED, waiting for a retry) -> CANCELLED; a copy of
--- the id left in Redis is skipped by the claim.
+-- SCHEDULED/QUEUED (and FAILED, waiting for a retry, and WAITING for its
+-- parents) -> CANCELLED; a copy of the id left in Redis is skipped by the
+-- claim. The caller cancels the job's dependents next (cancel_dependents).
 UPDATE scheduled_job
    SET status = 'CANCELLED', revision = revision + 1, finished_at = $2
- WHERE id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+ WHERE id = $1 AND status IN ('WAITING', 'SCHEDULED', 'QUEUED', 'FAILED')
 RETURNING *;
 
 -- name: cancel_by_key
@@ -323,7 +443,8 @@ RETURNING *;
 -- rental hold's expiry once the hold is paid or cancelled).
 UPDATE scheduled_job
    SET status = 'CANCELLED', revision = revision + 1, finished_at = $3
- WHERE category = $1 AND idempotency_key = $2 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+ WHERE category = $1 AND idempotency_key = $2
+   AND status IN ('WAITING', 'SCHEDULED', 'QUEUED', 'FAILED')
 RETURNING id;
 
 -- name: executions
@@ -406,10 +527,12 @@ RETURNING *;
 -- old time. Not pushed again until the loader (or the dispatch after commit)
 -- re-scores the id in Redis. A FAILED job keeps its status (it still waits for
 -- a retry), a QUEUED one is SCHEDULED again (not in Redis at its new time yet).
+-- A WAITING job keeps waiting for its parents (its new run_at is the earliest
+-- it runs once they are DONE).
 UPDATE scheduled_job
    SET run_at = $2, revision = revision + 1, pushed = false,
-       status = CASE WHEN status = 'FAILED' THEN 'FAILED' ELSE 'SCHEDULED' END
- WHERE id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+       status = CASE WHEN status IN ('FAILED', 'WAITING') THEN status ELSE 'SCHEDULED' END
+ WHERE id = $1 AND status IN ('WAITING', 'SCHEDULED', 'QUEUED', 'FAILED')
 RETURNING *;
 
 -- name: insert_recurring
@@ -432,7 +555,8 @@ DELETE FROM recurring_job WHERE id = $1 RETURNING id;
 -- cancelled with it (index uq_job_occurrence); a running one finishes.
 UPDATE scheduled_job
    SET status = 'CANCELLED', revision = revision + 1, finished_at = $2
- WHERE recurring_id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED');
+ WHERE recurring_id = $1 AND status IN ('SCHEDULED', 'QUEUED', 'FAILED')
+RETURNING id;
 
 -- name: due_recurring_ids
 -- The materialiser's work: live (not parked) recurring jobs whose next occurrence

@@ -10,7 +10,15 @@ import asyncpg
 
 from reservo.core.db.database import Queries
 from reservo.core.http.schemas import MAX_ID
-from reservo.scheduler.domain import JOB_FIELDS, Category, Job, Recurring
+from reservo.scheduler.domain import (
+    DEAD,
+    JOB_FIELDS,
+    NO_EXTRAS,
+    Category,
+    Extras,
+    Job,
+    Recurring,
+)
 
 Q = Queries.load("reservo.scheduler")
 
@@ -44,11 +52,17 @@ async def insert_jobs(
     max_attempts: int,
     now: datetime,
     pushes_done: Sequence[int],
-) -> tuple[list[Job], int | None]:
+    extras: Sequence[Extras] = (),
+) -> tuple[list[tuple[Job, bool]], int | None]:
     """Jobs (category, urgency, run_at, payload) without idempotency keys, in
-    the order given; those with ``push`` written QUEUED under one job_push row,
-    whose id comes back (None when no job is pushed). Deletes the job_push rows
-    ``pushes_done`` in the same statement."""
+    the order given, each with whether this call created it (False: an
+    unfinished job held its unique key, and that job is the one given); those
+    with ``push`` written QUEUED under one job_push row, whose id comes back
+    (None when no job is pushed). ``extras``: each job's unique key (unique
+    within the call) and parents. Deletes the job_push rows ``pushes_done`` in
+    the same statement."""
+    extras = list(extras) or [NO_EXTRAS] * len(jobs)
+    edges = [(n, parent) for n, e in enumerate(extras, 1) for parent in e.after]
     rows = await conn.fetch(
         Q.insert_jobs,
         [j[0] for j in jobs],
@@ -59,8 +73,32 @@ async def insert_jobs(
         now,
         list(push),
         list(pushes_done),
+        [e.unique_key for e in extras],
+        [n for n, _ in edges],
+        [parent for _, parent in edges],
     )
-    return [to_job(r) for r in rows], (rows[0]["push_id"] if rows else None)
+    made = [(to_job(r), bool(r["created"])) for r in rows]
+    return made, (rows[0]["push_id"] if rows else None)
+
+
+async def existing_jobs(conn: asyncpg.Connection, ids: Sequence[int]) -> set[int]:
+    return {r["id"] for r in await conn.fetch(Q.existing_jobs, list(ids))}
+
+
+async def cancel_dependents(conn: asyncpg.Connection, ids: Sequence[int], now: datetime) -> None:
+    """The jobs waiting (directly or not) on the jobs ``ids`` that ended DEAD or
+    CANCELLED in the caller's transaction are CANCELLED (dependency_failed)."""
+    if ids:
+        await conn.execute(Q.cancel_dependents, list(ids), now)
+
+
+async def dependencies_of(conn: asyncpg.Connection, job_id: int, limit: int) -> list[Row]:
+    return list(await conn.fetch(Q.dependencies_of, job_id, limit))
+
+
+async def unique_key_of(conn: asyncpg.Connection, job_id: int) -> str | None:
+    key: str | None = await conn.fetchval(Q.unique_key_of, job_id)
+    return key
 
 
 async def drop_new_jobs(conn: asyncpg.Connection, ids: Sequence[int]) -> None:
@@ -135,7 +173,9 @@ async def loadable_rows(conn: asyncpg.Connection, ids: Sequence[int]) -> list[Ro
 
 
 async def park(conn: asyncpg.Connection, job_id: int, reason: str, now: datetime) -> None:
-    await conn.execute(Q.park, job_id, reason[:2000], now)
+    async with conn.transaction():
+        await conn.execute(Q.park, job_id, reason[:2000], now)
+        await cancel_dependents(conn, [job_id], now)
 
 
 async def claim(
@@ -158,8 +198,13 @@ async def heartbeat(conn: asyncpg.Connection, ids: list[int], now: datetime, wor
 
 async def complete(
     conn: asyncpg.Connection, ids: list[int], revisions: list[int], now: datetime, worker: str
-) -> list[int]:
-    return [r["id"] for r in await conn.fetch(Q.complete, ids, revisions, now, worker)]
+) -> list[Row]:
+    """Marks the jobs DONE and, in the same transaction, counts down the jobs
+    waiting on them; returns those now due (id, category, urgency, run_at,
+    revision, status) for the caller to hand to Redis."""
+    async with conn.transaction():
+        done = [r["id"] for r in await conn.fetch(Q.complete, ids, revisions, now, worker)]
+        return list(await conn.fetch(Q.release_dependents, done, now)) if done else []
 
 
 async def fail(
@@ -175,9 +220,12 @@ async def fail(
 ) -> list[Row]:
     """``errors`` become last_error (shown by the API); ``details`` go to the
     execution log only; a ``permanent`` failure is DEAD at once."""
-    return list(
-        await conn.fetch(Q.fail, ids, revisions, errors, retry_ats, now, worker, details, permanent)
-    )
+    async with conn.transaction():
+        rows = await conn.fetch(
+            Q.fail, ids, revisions, errors, retry_ats, now, worker, details, permanent
+        )
+        await cancel_dependents(conn, [r["id"] for r in rows if r["status"] == DEAD], now)
+    return list(rows)
 
 
 async def defer(
@@ -194,16 +242,26 @@ async def stale_running(conn: asyncpg.Connection, stale_before: datetime, limit:
 async def reap(
     conn: asyncpg.Connection, ids: Sequence[int], stale_before: datetime, now: datetime
 ) -> list[Row]:
-    return list(await conn.fetch(Q.reap, list(ids), stale_before, now))
+    async with conn.transaction():
+        rows = await conn.fetch(Q.reap, list(ids), stale_before, now)
+        await cancel_dependents(conn, [r["id"] for r in rows if r["status"] == DEAD], now)
+    return list(rows)
 
 
 async def cancel(conn: asyncpg.Connection, job_id: int, now: datetime) -> Job | None:
-    row = await conn.fetchrow(Q.cancel, job_id, now)
+    async with conn.transaction():
+        row = await conn.fetchrow(Q.cancel, job_id, now)
+        if row is not None:
+            await cancel_dependents(conn, [job_id], now)
     return None if row is None else to_job(row)
 
 
 async def cancel_by_key(conn: asyncpg.Connection, category: str, key: str, now: datetime) -> bool:
-    return await conn.fetchval(Q.cancel_by_key, category, key, now) is not None
+    async with conn.transaction():
+        job_id = await conn.fetchval(Q.cancel_by_key, category, key, now)
+        if job_id is not None:
+            await cancel_dependents(conn, [job_id], now)
+    return job_id is not None
 
 
 async def executions(conn: asyncpg.Connection, job_id: int) -> list[Row]:
@@ -317,8 +375,10 @@ async def delete_recurring(conn: asyncpg.Connection, recurring_id: int) -> bool:
 
 
 async def cancel_occurrences(conn: asyncpg.Connection, recurring_id: int, now: datetime) -> int:
-    status = await conn.execute(Q.cancel_occurrences, recurring_id, now)
-    return int(status.split()[-1])
+    async with conn.transaction():
+        ids = [r["id"] for r in await conn.fetch(Q.cancel_occurrences, recurring_id, now)]
+        await cancel_dependents(conn, ids, now)
+    return len(ids)
 
 
 async def due_recurring_ids(conn: asyncpg.Connection, horizon: datetime, limit: int) -> list[int]:

@@ -6,21 +6,58 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, HttpUrl
+from pydantic import AfterValidator, ConfigDict, Field, HttpUrl
 
-from reservo.core.http.schemas import ApiModel, Instant
+from reservo.core.http.schemas import ApiModel, Id, Instant
 from reservo.core.kernel.timezones import Zone
-from reservo.scheduler.domain import MAX_RATE, MIN_RATE
+from reservo.scheduler import domain
+from reservo.scheduler.domain import MAX_AFTER, MAX_RATE, MAX_UNIQUE_KEY, MIN_RATE
 
 MAX_DELAY_MS = 5 * 366 * 24 * 3600 * 1000
 
 
+# The scheduler's horizon (domain.resolve_run_at), which no schema can say.
+RUN_AT = (
+    f"When the job runs: at most {domain.MAX_HORIZON.days} days from now (422 beyond); "
+    "a past one is due now"
+)
+
+
 class JobIn(ApiModel):
+    # The API's rule (scheduler/api.py), for the document: not both.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["runAt", "delayMs"],
+                "properties": {
+                    "runAt": {"not": {"type": "null"}},
+                    "delayMs": {"not": {"type": "null"}},
+                },
+            },
+            "description": "`runAt` or `delayMs` (not both; neither: now)",
+        }
+    )
+
     category: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9._-]{0,63}$")
     urgency: int = Field(default=5, ge=0, le=9, strict=True)
-    run_at: Instant | None = None
+    run_at: Annotated[Instant | None, Field(description=RUN_AT)] = None
     delay_ms: int | None = Field(default=None, ge=0, le=MAX_DELAY_MS, strict=True)
     payload: dict[str, Any] = Field(default_factory=dict)
+    unique_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_UNIQUE_KEY,
+        description="While a job of this category with this key has not finished (DONE, DEAD "
+        "or CANCELLED), no other is created: the answer is 200 with that job and "
+        "`deduplicated: true`.",
+    )
+    after: list[Id] = Field(
+        default_factory=list,
+        max_length=MAX_AFTER,
+        description="Jobs this one waits for: it is due once every one of them is DONE (and "
+        "its own runAt has come); if one ends DEAD or CANCELLED it is CANCELLED with lastError "
+        "`dependency_failed`. 422 `unknown_dependency` for an id that is no job.",
+    )
 
 
 # A header name is an RFC 9110 token; a value is visible ASCII with inner spaces
@@ -79,9 +116,13 @@ class HttpPayload(ApiModel):
 
 
 class JobCreated(ApiModel):
+    """201: the job created; 200 with ``deduplicated`` true: the unfinished job
+    that holds the request's ``uniqueKey`` (nothing was created)."""
+
     job_id: int
     status: str
     run_at: datetime
+    deduplicated: bool = False
 
 
 class JobOut(ApiModel):
@@ -107,7 +148,7 @@ class JobPage(ApiModel):
 class JobRescheduleIn(ApiModel):
     """PATCH /api/jobs/{jobId}: the new time (a past one means now)."""
 
-    run_at: Instant
+    run_at: Annotated[Instant, Field(description=RUN_AT)]
 
 
 class RecurringIn(ApiModel):

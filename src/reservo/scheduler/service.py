@@ -24,7 +24,7 @@ from reservo.core.db.database import Database
 from reservo.core.db.reads import read_one
 from reservo.core.http.idempotency import Within
 from reservo.core.kernel.clock import Clock
-from reservo.core.kernel.errors import DomainError, validation_error
+from reservo.core.kernel.errors import DomainError, model_issues, validation_error
 from reservo.core.messaging.poison import isolate
 from reservo.core.redis.client import Client
 from reservo.scheduler import domain, repo
@@ -50,6 +50,8 @@ PARK_REASON_MAX = 2000
 RECURRING_BATCH = 100
 RECURRING_PER_PASS = 1000
 RETRY_BATCH = 1000
+# The jobs on either side of one job the console's page lists.
+DEPENDENCIES_SHOWN = 500
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ class _Window:
 def _check_category(category: str) -> None:
     if not domain.valid_category(category):
         raise validation_error(
-            f"{category[:80]!r} is not a category name (a-z, 0-9, '.', '_', '-')"
+            f"{category[:80]!r} is not a category name (a-z, 0-9, '.', '_', '-')",
+            at=("body", "category"),
         )
 
 
@@ -144,10 +147,7 @@ class Scheduler:
             try:
                 model.model_validate(payload)
             except ValidationError as exc:
-                errors = [
-                    {"loc": ["payload", *(str(x) for x in e["loc"])], "msg": e["msg"]}
-                    for e in exc.errors(include_url=False)
-                ]
+                errors = model_issues(exc.errors(include_url=False), "body", "payload")
                 raise validation_error(f"bad payload for category {category}", errors) from None
         check = self.checks.get(category)
         if check is not None:
@@ -311,7 +311,8 @@ class Scheduler:
         try:
             return domain.resolve_run_at(now, run_at, delay)
         except ValueError as exc:
-            raise DomainError("validation_error", str(exc)) from exc
+            where = ("body", "runAt" if run_at is not None else "delayMs")
+            raise validation_error(str(exc), at=where) from exc
 
     async def create_many(
         self,
@@ -319,19 +320,42 @@ class Scheduler:
         jobs: Sequence[tuple[str, int, datetime, dict[str, Any]]],
         now: datetime,
         pushes_done: Sequence[int] = (),
-    ) -> tuple[list[Job], int | None]:
+        extras: Sequence[domain.Extras] = (),
+    ) -> tuple[list[tuple[Job, bool]], int | None]:
         """Jobs (category, urgency, run_at from ``run_at_of``, payload) checked
         already, in the caller's transaction, in one statement, in the order
-        given. Those due within the window are written QUEUED under one
-        job_push row, whose id is returned (None: none is due that soon): after
-        its commit the caller hands them to Redis with ``push_soon``; if it
-        never does (it died), the loader does after ``push_grace_s``. Deletes
-        the job_push rows ``pushes_done`` (``take_pushes_done``) on the way."""
+        given, each with whether it was created (False: an unfinished job of
+        the category held its ``extras`` unique key, and that job is given
+        instead; the keys are unique within ``jobs``). A job with parents not
+        all DONE (``extras``' after, known to exist) is WAITING, one with a
+        DEAD or CANCELLED parent CANCELLED at once. Those due within the window
+        are written QUEUED under one job_push row, whose id is returned (None:
+        none is due that soon): after its commit the caller hands them to
+        Redis with ``push_soon``; if it never does (it died), the loader does
+        after ``push_grace_s``. Deletes the job_push rows ``pushes_done``
+        (``take_pushes_done``) on the way."""
         if not jobs and not pushes_done:
             return [], None
         horizon = now + timedelta(seconds=self.config.window_s)
         push = [when < horizon for _, _, when, _ in jobs]
-        return await repo.insert_jobs(conn, jobs, push, self.config.max_attempts, now, pushes_done)
+        return await repo.insert_jobs(
+            conn, jobs, push, self.config.max_attempts, now, pushes_done, extras
+        )
+
+    async def unknown_jobs(self, conn: asyncpg.Connection, ids: Sequence[int]) -> set[int]:
+        """Which of ``ids`` name no job (POST /api/jobs `after`)."""
+        if not ids:
+            return set()
+        return set(ids) - await repo.existing_jobs(conn, ids)
+
+    async def dependencies(self, job_id: int) -> tuple[str | None, list[dict[str, Any]]]:
+        """A job's unique key and the jobs on either side of it (``side``
+        parent: it waits for them; child: they wait for it), with their
+        statuses; at most ``DEPENDENCIES_SHOWN`` of them."""
+        async with self.db.connection() as conn:
+            key = await repo.unique_key_of(conn, job_id)
+            rows = await repo.dependencies_of(conn, job_id, DEPENDENCIES_SHOWN)
+        return key, [dict(r) for r in rows]
 
     async def drop_new(self, conn: asyncpg.Connection, job_ids: Sequence[int]) -> None:
         """Deletes jobs ``create_many`` inserted in the caller's transaction that
@@ -358,7 +382,12 @@ class Scheduler:
         self, status: str | None, category: str | None, before: int | None, limit: int
     ) -> list[Job]:
         async with self.db.connection() as conn:
-            return await repo.jobs_page(conn, status, category, before, limit)
+            jobs = await repo.jobs_page(conn, status, category, before, limit)
+            if status != domain.SCHEDULED:
+                return jobs
+            # The API shows a WAITING job as SCHEDULED: it is listed as one.
+            jobs += await repo.jobs_page(conn, domain.WAITING, category, before, limit)
+        return sorted(jobs, key=lambda job: job.id, reverse=True)[:limit]
 
     async def retry(self, job_id: int) -> Job:
         """DEAD/FAILED -> SCHEDULED, due now, with a fresh budget of attempts."""
@@ -376,7 +405,7 @@ class Scheduler:
         try:
             when = domain.resolve_run_at(now, run_at, None)
         except ValueError as exc:
-            raise DomainError("validation_error", str(exc)) from exc
+            raise validation_error(str(exc), at=("body", "runAt")) from exc
         async with self.db.transaction() as conn:
             job = await repo.reschedule(conn, job_id, when)
         # Re-scores the id if Redis holds it at its old time (LOAD's ZADD XX).
@@ -420,11 +449,23 @@ class Scheduler:
 
     # -- categories ----------------------------------------------------------------
 
+    def _served(self, category: str) -> None:
+        """A category's settings are kept only for one a handler serves (a
+        module's, internal ones included, or one registered in code): a typo
+        would otherwise create a category that nothing runs and that the
+        overview lists for ever. 404 ``category_not_found``."""
+        _check_category(category)
+        if category not in self.handlers:
+            raise DomainError(
+                "category_not_found",
+                f"no handler serves category {category!r} (GET /api/job-categories lists them)",
+            )
+
     async def pause(self, category: str, paused: bool) -> Category:
         """Pauses (or resumes) a category in every worker process: its jobs
         wait in their due order, none runs and none is failed; on resume they
         run in that order. Jobs already running finish."""
-        _check_category(category)
+        self._served(category)
         async with self.db.connection() as conn:
             got = await repo.set_paused(conn, category, paused, self.clock.now())
         self.categories.forget()
@@ -433,10 +474,11 @@ class Scheduler:
     async def set_rate(self, category: str, per_second: float | None) -> Category:
         """At most ``per_second`` jobs of the category start per second, across
         every worker process (None: no limit)."""
-        _check_category(category)
+        self._served(category)
         if per_second is not None and not domain.MIN_RATE <= per_second <= domain.MAX_RATE:
             raise validation_error(
-                f"perSecond must be between {domain.MIN_RATE} and {domain.MAX_RATE:g}, or null"
+                f"perSecond must be between {domain.MIN_RATE} and {domain.MAX_RATE:g}, or null",
+                at=("body", "perSecond"),
             )
         async with self.db.connection() as conn:
             got = await repo.set_rate(conn, category, per_second, self.clock.now())
@@ -469,13 +511,18 @@ class Scheduler:
         self.check_payload(category, payload)
         try:
             expr = domain.parse_cron(cron)
+        except ValueError as exc:
+            raise validation_error(str(exc), at=("body", "cron")) from exc
+        try:
             zone = domain.parse_zone(timezone)
         except ValueError as exc:
-            raise DomainError("validation_error", str(exc)) from exc
+            raise validation_error(str(exc), at=("body", "timezone")) from exc
         now = self.clock.now()
         _, first = domain.occurrences(expr, zone, now, now, 0)
         if first is None:
-            raise DomainError("validation_error", "the cron expression has no occurrence left")
+            raise validation_error(
+                "the cron expression has no occurrence left", at=("body", "cron")
+            )
         draft = Recurring(0, category, expr, timezone, payload, urgency, first)
         async with self.db.transaction() as conn:
             rec = await repo.insert_recurring(conn, draft, now)

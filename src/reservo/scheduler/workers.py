@@ -10,7 +10,7 @@ import math
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -67,6 +67,8 @@ HOLD_S = 0.02
 # POST /api/jobs batch: at most core.http.batching's 128).
 PUSHES_PAGE = 50
 Groups = dict[tuple[str, int], list[int]]
+# Ids taken from Redis, by the (category, urgency) queue they came from.
+Taken = list[tuple[tuple[str, int], list[int]]]
 # The `loop` label of reservo_poison_rows_total.
 LOADER, EXECUTOR, REAPER = "scheduler.loader", "scheduler.executor", "scheduler.reaper"
 Fetch = Callable[[asyncpg.Connection], Awaitable[list[repo.Row]]]
@@ -369,7 +371,24 @@ class Executor:
     Each batch runs in a task of its own, and the executor goes on taking jobs
     while up to ``executor_concurrency`` of them are in flight: a batch held by one
     slow call (up to its deadline) never keeps the jobs that fall due meanwhile
-    waiting behind it."""
+    waiting behind it.
+
+    The steps, in the order a job meets them (each a method below; a job's
+    lateness is the sum of the waits named here)::
+
+        step                     one turn of the loop (_forever runs it)
+          _free_slots            waits while executor_concurrency jobs are in flight
+          _takeable_queues       known queues, less paused categories
+          _fetch                 _take (reliable pop, rate limits' tokens), or
+                                 _wait_for_one (BLMOVE, at most executor_idle_s)
+          _start_and_hold        _start -> a task running process; waits HOLD_S
+        process                  one batch, in its task
+          _claim                 PostgreSQL: RUNNING here (up to the fire-ahead early)
+          _requeue               what the claim refused: put back, acked, reloaded
+          _run_and_settle        _run each job (its handler starts at run_at), then
+                                 per wave of jobs ending within WAVE_S:
+            _finish              _settle (PostgreSQL), _acknowledge (Redis), release
+    """
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -403,15 +422,35 @@ class Executor:
         return self.scheduler.config.heartbeat_s
 
     async def step(self) -> float:
-        cfg = self.scheduler.config
-        free = cfg.executor_concurrency - self.in_flight
-        if free <= 0:  # every slot is busy: wait until a job ends
+        """One turn: wait for a free slot, take what is due from the queues
+        this process may take, and start it as a batch. Returns how long to
+        sleep before the next turn."""
+        free = await self._free_slots()
+        if not free:
+            return 0.0
+        pairs, rules = await self._takeable_queues()
+        if not pairs:
+            return self.scheduler.config.executor_idle_s
+        got, sleep_s = await self._fetch(pairs, rules, free)
+        if got:
+            await self._start_and_hold(got)
+        return sleep_s
+
+    async def _free_slots(self) -> int:
+        """The slots free now; when none is, waits until a job ends (and says 0)."""
+        free = self.scheduler.config.executor_concurrency - self.in_flight
+        if free <= 0:
             self._freed.clear()
             await self._freed.wait()
-            return 0.0
+            return 0
+        return free
+
+    async def _takeable_queues(self) -> tuple[list[tuple[str, int]], Rules]:
+        """The queues of this process' categories, less the paused ones (their
+        due jobs wait there, in due order), and the category rules read."""
         every = await self.queues.get()
         if not every:
-            return cfg.executor_idle_s
+            return [], Rules()
         if not self._clean or self._unacked:
             # The last step failed part-way (Redis or PostgreSQL away), or a
             # batch could not acknowledge: ids may still sit in our processing
@@ -423,38 +462,55 @@ class Executor:
             # it skips settled ones.)
             await self.scheduler.dispatcher.give_back(self.worker, every)
             self._unacked = False
-        # A paused category's due jobs wait in its queues, in due order.
         rules = await self.scheduler.categories.current()
-        pairs = [p for p in every if p[0] not in rules.paused]
-        if not pairs:
-            return cfg.executor_idle_s
+        return [p for p in every if p[0] not in rules.paused], rules
+
+    async def _fetch(
+        self, pairs: list[tuple[str, int]], rules: Rules, free: int
+    ) -> tuple[Taken, float]:
+        """Takes up to ``free`` due ids at once; when none is due, sleeps in
+        Redis until one is (``_wait_for_one``). Returns the ids and how long
+        the executor sleeps after starting them. A failure part-way leaves
+        ``_clean`` False: the next turn gives back what it may have taken."""
         self._clean = False
         got, wait_s = await self._take(pairs, rules, free)
         if not got:
-            free_pairs = [p for p in pairs if p[0] not in rules.limits]
-            if not free_pairs:  # only rate-limited queues: back at their next token
-                self._clean = True
-                return min(cfg.executor_idle_s, wait_s)
-            # Sleep in Redis on the most urgent unlimited queue, no longer than
-            # until a limited one has a token again (BLMOVE's 0 would be forever).
-            category, urgency = free_pairs[0]
-            got = await self.scheduler.dispatcher.wait_one(
-                category, urgency, self.worker, max(MIN_WAIT_S, min(cfg.executor_idle_s, wait_s))
-            )
+            got, sleep_s = await self._wait_for_one(pairs, rules, free, wait_s)
             if not got:
                 self._clean = True
-                return 0.0
-            # The mover pushes what fell due together: take the rest in the same
-            # batch rather than paying a claim and a settle for one job.
-            more, _ = await self._take(pairs, rules, free - 1)
-            got += more
+                return [], sleep_s
         self._clean = True
+        return got, 0.0
+
+    async def _wait_for_one(
+        self, pairs: list[tuple[str, int]], rules: Rules, free: int, wait_s: float
+    ) -> tuple[Taken, float]:
+        """Nothing was due: sleeps in Redis on the most urgent unlimited queue,
+        no longer than until a rate-limited one has a token again (BLMOVE's 0
+        would be forever), then takes whatever else fell due with it."""
+        cfg = self.scheduler.config
+        free_pairs = [p for p in pairs if p[0] not in rules.limits]
+        if not free_pairs:  # only rate-limited queues: back at their next token
+            return [], min(cfg.executor_idle_s, wait_s)
+        category, urgency = free_pairs[0]
+        got = await self.scheduler.dispatcher.wait_one(
+            category, urgency, self.worker, max(MIN_WAIT_S, min(cfg.executor_idle_s, wait_s))
+        )
+        if not got:
+            return [], 0.0
+        # The mover pushes what fell due together: take the rest in the same
+        # batch rather than paying a claim and a settle for one job.
+        more, _ = await self._take(pairs, rules, free - 1)
+        return got + more, 0.0
+
+    async def _start_and_hold(self, got: Taken) -> None:
+        """Starts the batch in a task of its own and waits for it at most
+        HOLD_S before the next turn (see HOLD_S)."""
         await asyncio.wait({self._start(got)}, timeout=HOLD_S)
-        return 0.0
 
     async def _take(
         self, pairs: list[tuple[str, int]], rules: Rules, free: int
-    ) -> tuple[list[tuple[tuple[str, int], list[int]]], float]:
+    ) -> tuple[Taken, float]:
         """Reliable pop of up to ``free`` ids, most urgent queues first; from a
         rate-limited category only as many as its bucket grants (tokens taken
         first, those the queue had no job for given back at once: a job never
@@ -480,7 +536,7 @@ class Executor:
                 free -= len(ids)
         return out, wait_s
 
-    def _start(self, got: list[tuple[tuple[str, int], list[int]]]) -> asyncio.Task[None]:
+    def _start(self, got: Taken) -> asyncio.Task[None]:
         taken = sum(len(ids) for _, ids in got)
         self.in_flight += taken
         task = asyncio.create_task(self._batch(got, taken))
@@ -488,7 +544,7 @@ class Executor:
         task.add_done_callback(self.batches.discard)
         return task
 
-    async def _batch(self, got: list[tuple[tuple[str, int], list[int]]], taken: int) -> None:
+    async def _batch(self, got: Taken, taken: int) -> None:
         left = [taken]
 
         def release(n: int) -> None:
@@ -515,9 +571,7 @@ class Executor:
         while self.batches:
             await asyncio.gather(*self.batches, return_exceptions=True)
 
-    async def process(
-        self, got: list[tuple[tuple[str, int], list[int]]], release: Callable[[int], None]
-    ) -> None:
+    async def process(self, got: Taken, release: Callable[[int], None]) -> None:
         """Claims the batch, hands back what it could not claim, runs the
         claimed jobs and settles them in waves as they end: a job that ends
         early is settled, acknowledged and its slot freed (``release``) without
@@ -581,36 +635,36 @@ class Executor:
     async def _run_and_settle(
         self, jobs: list[Job], where: dict[int, tuple[str, int]], release: Callable[[int], None]
     ) -> None:
-        """Runs the claimed jobs; settles, acknowledges and releases each wave
-        of jobs that end together."""
-        # Started in due order: after a pause, the backlog runs oldest first.
-        jobs.sort(key=lambda job: (job.run_at, job.id))
+        """Runs the claimed jobs (each handler starts at its run_at) and
+        finishes each wave of jobs that end together."""
+        # Started most urgent first, then in due order: a batch that took a
+        # backlog of several urgencies (the take goes most urgent queue first)
+        # starts urgency 0 before 9, and after a pause each runs oldest first.
+        jobs.sort(key=lambda job: (job.urgency, job.run_at, job.id))
         self.running.update(job.id for job in jobs)
         runs = {asyncio.create_task(self._run(job)): job for job in jobs}
         try:
-            pending = set(runs)
-            # Every job takes its first step before this task resumes, and one
-            # that does no I/O ends there: a batch of them is settled without
-            # hanging a wake-up on each of its tasks (asyncio.wait).
-            await asyncio.sleep(0)
-            while pending:
-                ended = {task for task in pending if task.done()}
-                if not ended:
-                    ended, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                pending -= ended
-                if pending:  # what ends with it is settled with it
-                    more, pending = await asyncio.wait(pending, timeout=WAVE_S)
-                    ended |= more
-                wave = [(runs[task], task.result()) for task in ended]
-                retried = await self._settle(wave)
-                ids = [job.id for job, _ in wave]
-                self.running.difference_update(ids)
-                await self._acknowledge(ids, where, retried)
-                release(len(ids))
+            async with contextlib.aclosing(_waves(runs)) as waves:
+                async for wave in waves:
+                    await self._finish(wave, where, release)
         finally:
             for task in runs:
                 task.cancel()
             self.running.difference_update(job.id for job in jobs)
+
+    async def _finish(
+        self,
+        wave: list[tuple[Job, Outcome]],
+        where: dict[int, tuple[str, int]],
+        release: Callable[[int], None],
+    ) -> None:
+        """Settles a wave in PostgreSQL, acknowledges it in Redis (handing it
+        the jobs due again) and frees its slots."""
+        retried = await self._settle(wave)
+        ids = [job.id for job, _ in wave]
+        self.running.difference_update(ids)
+        await self._acknowledge(ids, where, retried)
+        release(len(ids))
 
     async def _settle(self, ran: list[tuple[Job, Outcome]]) -> list[repo.Row]:
         """Marks the jobs that ran DONE, FAILED/DEAD or put back; returns the
@@ -624,7 +678,8 @@ class Executor:
         # A job whose settle fails alone (a constraint its row breaks) is
         # parked rather than left RUNNING for the reaper to rerun forever.
         async with self.scheduler.db.connection() as conn:
-            await isolate(
+            # Completing a job releases the jobs waiting on it: due now.
+            back = await isolate(
                 done,
                 partial(self._complete, conn, now),
                 lambda item, exc: self._park(item[0], exc),
@@ -638,7 +693,7 @@ class Executor:
                 loop=EXECUTOR,
                 key=lambda item: item[0].id,
             )
-            back = [row for row in rows if row["status"] == domain.FAILED]
+            back += [row for row in rows if row["status"] == domain.FAILED]
             back += await isolate(
                 deferred,
                 partial(self._defer, conn, now),
@@ -650,7 +705,7 @@ class Executor:
 
     async def _complete(
         self, conn: asyncpg.Connection, now: datetime, batch: Sequence[tuple[int, int]]
-    ) -> list[int]:
+    ) -> list[repo.Row]:
         return await repo.complete(
             conn,
             [job_id for job_id, _ in batch],
@@ -758,6 +813,27 @@ class Executor:
         except Exception as exc:
             return _failed(job, JobFailure(handler_failed(job.attempts), repr(exc)))
         return None
+
+
+async def _waves(
+    runs: dict[asyncio.Task[Outcome], Job],
+) -> AsyncGenerator[list[tuple[Job, Outcome]], None]:
+    """The jobs of ``runs`` with their outcomes, in waves: after the first job
+    of a wave ends, the ones that end within WAVE_S join it."""
+    pending = set(runs)
+    # Every job takes its first step before this task resumes, and one that
+    # does no I/O ends there: a batch of them is settled without hanging a
+    # wake-up on each of its tasks (asyncio.wait).
+    await asyncio.sleep(0)
+    while pending:
+        ended = {task for task in pending if task.done()}
+        if not ended:
+            ended, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        pending -= ended
+        if pending:  # what ends with it is settled with it
+            more, pending = await asyncio.wait(pending, timeout=WAVE_S)
+            ended |= more
+        yield [(runs[task], task.result()) for task in ended]
 
 
 async def _until(clock: Clock, at: datetime) -> None:

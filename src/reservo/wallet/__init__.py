@@ -10,6 +10,7 @@ from reservo.wallet.service import (
     get_account_in_tx,
     house_account_in_tx,
     pay_many_in_tx,
+    reverse_paid_in_tx,
     transfer_in_tx,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "pay_many_in_tx",
     "payout_request",
     "payouts_key",
+    "reverse_paid_in_tx",
     "transfer_in_tx",
 ]

@@ -13,9 +13,12 @@ queue on):
 2. per request, in arrival order, the checks the one-request flow runs before
    its key: the source exists and the caller may act for it (404 / 403, not
    stored); then its key: a known key replays its stored response or is 422, a
-   claim in flight elsewhere is 409 (one whose lease ran out is taken over);
+   claim in flight elsewhere is 409, which its request waits out of the batch
+   and comes back with (``GroupCommit.submit``; one whose lease ran out is
+   taken over);
 3. plan the transfers in arrival order in Python with the domain's rules on the
-   guessed balances; a refusal (404 target, 422 same account, 403 system
+   guessed balances (a debit spends only the available money: the balance less
+   the pending debits); a refusal (404 target, 422 same account, 403 system
    account, 409 currency or funds) is that request's alone, stored for its key
    when ``is_stored`` says so (the one rule: not the 403, whose claim is dropped).
    Each funds check bounds its source's balance at the start of the batch from
@@ -24,7 +27,10 @@ queue on):
 4. lock the accounts (``lock_balances``: ascending ids, the order
    ``transfer_in_tx`` and ``pay_many_in_tx`` lock in: no deadlock with stakes,
    deposits or payouts); if a batch that committed meanwhile moved a balance out
-   of its bounds, plan again on the locked balances (held now);
+   of its bounds or changed a pending debit, plan again on the locked balances
+   (held now); a source refused for funds whose pending transfers include
+   expired ones has those voided (an expired one reserves nothing) and the
+   batch is planned again;
 5. write balances, transfers, entries and every answer in one statement
    (``write_transfers``: a free key's row inserted DONE, once); COMMIT. A key
    another transaction wrote since step 1 fails that statement: the batch rolls
@@ -107,8 +113,8 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
         idempotency: IdempotencyStore,
         render: Callable[[Transfer], Any],
     ) -> None:
-        super().__init__()
-        self.db, self.clock, self.idempotency, self.render = db, clock, idempotency, render
+        super().__init__(idempotency, ENDPOINT)
+        self.db, self.clock, self.render = db, clock, render
 
     async def _once(self, items: list[TransferRequest]) -> list[Outcome[Answer]]:
         try:
@@ -152,16 +158,21 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
                     continue
                 allowed.append(n)
             claims = await self._keys(conn, items, allowed, read.keys, now, outcomes)
-            guessed = {i: r["balance"] for i, r in rows.items()}
+            guessed = repo.Locked(
+                {i: r["balance"] for i, r in rows.items()},
+                {i: r["pending_debits"] for i, r in rows.items()},
+            )
             plan = _plan(items, claims, rows, guessed)
             # The locks, as late as they can be: from here to the commit.
             locked = await self._lock(conn, plan)
-            if not _holds(plan, locked):
+            if not _holds(plan, locked, guessed):
                 # A batch that committed since the read moved a balance out of the
-                # range the plan holds for: plan again on the locked balances
-                # (every account a plan of these claims can touch is locked).
+                # range the plan holds for, or a pending transfer changed what a
+                # source may spend: plan again on the locked balances (every
+                # account a plan of these claims can touch is locked).
                 log.info(f"{EVENT}_replanned", items=len(items))
                 plan = _plan(items, claims, rows, locked)
+            locked, plan = await self._release_expired(conn, items, claims, rows, locked, plan, now)
             decided, transfers, stored = self._answers(items, claims, plan, ids, now)
             for n, refusal in plan.refusals:
                 key = claims[n]
@@ -202,13 +213,41 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
                 outcomes[n] = answer
         return keys
 
-    async def _lock(self, conn: asyncpg.Connection, plan: _Plan) -> dict[int, int]:
+    async def _lock(self, conn: asyncpg.Connection, plan: _Plan) -> repo.Locked:
         return await repo.lock_balances(conn, [a.id for a in plan.accounts])
+
+    async def _release_expired(
+        self,
+        conn: asyncpg.Connection,
+        items: list[TransferRequest],
+        claims: dict[int, Claim | Wanted],
+        rows: dict[int, repo.Row],
+        locked: repo.Locked,
+        plan: _Plan,
+        now: datetime,
+    ) -> tuple[repo.Locked, _Plan]:
+        """A pending transfer past its expiry reserves nothing, even before its
+        expiry job voids it: a source refused for funds while holding pending
+        debits has its expired ones voided here (it is locked) and the batch
+        planned again. Only on a refusal: the common batch pays nothing for it."""
+        short = {
+            items[n].source
+            for n, err in plan.refusals
+            if err.code == "insufficient_funds" and locked.pending.get(items[n].source)
+        }
+        if not short:
+            return locked, plan
+        released = await repo.release_expired(conn, sorted(short), now)
+        if not released:
+            return locked, plan
+        pending = {i: p - released.get(i, 0) for i, p in locked.pending.items()}
+        locked = repo.Locked(locked.balances, pending)
+        return locked, _plan(items, claims, rows, locked)
 
     async def _write(
         self,
         conn: asyncpg.Connection,
-        locked: dict[int, int],
+        locked: repo.Locked,
         plan: _Plan,
         transfers: list[repo.PlannedTransfer],
         now: datetime,
@@ -254,11 +293,12 @@ class TransferBatch(GroupCommit[TransferRequest, Answer]):
         return decided, transfers, stored
 
 
-def _holds(plan: _Plan, locked: dict[int, int]) -> bool:
-    """Whether every funds check of ``plan`` decides the same on ``locked``."""
+def _holds(plan: _Plan, locked: repo.Locked, planned: repo.Locked) -> bool:
+    """Whether every funds check of ``plan`` (made on ``planned``) decides the
+    same on ``locked``: each balance within its bounds, each pending debit unchanged."""
     for a in plan.accounts:
-        balance = locked.get(a.id)
-        if balance is None:
+        balance = locked.balances.get(a.id)
+        if balance is None or locked.pending.get(a.id) != planned.pending.get(a.id):
             return False
         if (a.lo is not None and balance < a.lo) or (a.hi is not None and balance >= a.hi):
             return False
@@ -285,14 +325,16 @@ def _plan(
     items: list[TransferRequest],
     claims: dict[int, Claim | Wanted],
     rows: dict[int, repo.Row],
-    balances: dict[int, int],
+    start: repo.Locked,
 ) -> _Plan:
     """``transfer_in_tx``'s checks and movements, in arrival order, on
-    ``balances``. A funds check passes iff the source's balance at the start
-    of the batch is at least the amount minus what the batch already moved in
-    or out of it (its offset): each check bounds the start balance from below
-    (passed) or above (refused), and any start balances inside all the bounds
+    ``accounts``. A funds check passes iff the source's available money (its
+    balance less its pending debits) at the start of the batch is at least the
+    amount minus what the batch already moved in or out of it (its offset):
+    each check bounds the start balance from below (passed) or above (refused),
+    and any start balances inside all the bounds, with the same pending debits,
     give these same decisions."""
+    balances, pending = start.balances, start.pending
     offsets: dict[int, int] = {}
     lo: dict[int, int] = {}
     hi: dict[int, int] = {}
@@ -308,7 +350,8 @@ def _plan(
         source, target = item.source, item.target
         offsets.setdefault(source, 0)
         offsets.setdefault(target, 0)
-        needed = item.amount - offsets[source]  # the start balance this debit needs
+        # The start balance this debit needs: its pending debits stay reserved.
+        needed = item.amount - offsets[source] + pending[source]
         if balances[source] < needed:
             hi[source] = min(hi.get(source, needed), needed)
             # Names only the source, the caller's own account (the target may be anybody's).

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
 from reservo.core.db.rows import FromRow
 from reservo.core.http.auth import Principal
 
-KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND")
+KINDS = ("DEPOSIT", "TRANSFER", "STAKE", "PAYOUT", "REFUND", "REVERSAL")
 
 # A balance is a PostgreSQL bigint: no account can hold more.
 BALANCE_MAX = 2**63 - 1
@@ -36,7 +38,8 @@ class Account(FromRow):
     owner_id: int | None  # None for the system accounts (WORLD, HOUSE): nobody's
     currency: str
     kind: str  # CUSTOMER | WORLD | HOUSE
-    balance: int
+    balance: int  # posted
+    available: int  # the balance less the pending transfers out not past their expiry
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,24 @@ class Transfer(FromRow):
     to_account_id: int
     amount: int
     created_at: datetime
+    status: str = "POSTED"  # PENDING | POSTED | VOIDED (only a two-phase one is ever not POSTED)
+    expires_at: datetime | None = None  # a two-phase transfer's
+
+    @classmethod
+    def pending(cls, row: Mapping[str, Any]) -> Transfer:
+        """A two-phase transfer from its wallet_pending_transfer row: a posted
+        one shows the amount it posted."""
+        return cls(
+            row["id"],
+            "TRANSFER",
+            None,
+            row["from_account_id"],
+            row["to_account_id"],
+            row["posted_amount"] or row["amount"],
+            row["created_at"],
+            row["status"],
+            row["expires_at"],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +110,9 @@ ROUTES: dict[str, tuple[str, str]] = {
     "STAKE": ("CUSTOMER", "HOUSE"),
     "PAYOUT": ("HOUSE", "CUSTOMER"),
     "REFUND": ("HOUSE", "CUSTOMER"),
+    # A payout or refund taken back when its bet is resettled: the only debit
+    # that may take a customer below zero (pay_many's reverse, reverse_many).
+    "REVERSAL": ("CUSTOMER", "HOUSE"),
 }
 
 
@@ -124,13 +148,20 @@ def credit_refused(account_id: int, amount: int) -> TransferRefused:
     )
 
 
+# A pending transfer's timeout (timeoutS): a second to a week.
+PENDING_TIMEOUT_MAX_S = 7 * 24 * 3600
+
+
 def house_shard(account_id: int, shards: int) -> int:
     """Which house sub-account takes a customer's stakes: spreads the hot row."""
     return account_id % max(1, shards)
 
 
-def bet_reference(bet_id: int) -> str:
-    return f"bet:{bet_id}"
+def bet_reference(bet_id: int, generation: int = 1) -> str:
+    """The wallet reference of a bet's payout (or refund) in its settlement
+    ``generation``: each generation is paid once (the reference is unique per
+    account and kind). Generation 1 keeps the reference payouts always had."""
+    return f"bet:{bet_id}" if generation == 1 else f"bet:{bet_id}:g{generation}"
 
 
 # -- the CSV statement's date range --------------------------------------------

@@ -4,7 +4,7 @@
 -- A new customer account (balance 0).
 INSERT INTO wallet_account (owner_id, currency, kind, shard, created_at)
 VALUES ($1, $2, 'CUSTOMER', 0, $3)
-RETURNING id, owner_id, currency, kind, balance;
+RETURNING id, owner_id, currency, kind, balance, balance AS available;
 
 -- name: ensure_system_accounts
 -- The world account and the house sub-accounts of a currency, created once,
@@ -47,19 +47,27 @@ HAVING NOT bool_or(balance::numeric + $4::numeric BETWEEN -$5::numeric AND $5::n
 ON CONFLICT (kind, currency, shard) WHERE kind <> 'CUSTOMER' DO NOTHING;
 
 -- name: get_account
--- One account with its balance.
-SELECT id, owner_id, currency, kind, balance FROM wallet_account WHERE id = $1;
+-- One account with its balance and what it may spend at $2: the balance less
+-- its pending debits, but a pending transfer past its expiry reserves nothing
+-- even before the expiry job voids it.
+SELECT a.id, a.owner_id, a.currency, a.kind, a.balance,
+       a.balance - a.pending_debits + coalesce((
+           SELECT sum(p.amount) FROM wallet_pending_transfer p
+            WHERE p.from_account_id = a.id AND p.status = 'PENDING' AND p.expires_at <= $2
+       ), 0)::bigint AS available
+  FROM wallet_account a WHERE a.id = $1;
 
 -- name: lock_accounts
 -- Always lock in ascending id order, whoever calls: two transfers between the
 -- same accounts in opposite directions then queue instead of deadlocking.
-SELECT id, owner_id, currency, kind, balance
+SELECT id, owner_id, currency, kind, balance, pending_debits
   FROM wallet_account WHERE id = ANY($1::bigint[])
  ORDER BY id
    FOR UPDATE;
 
 -- name: apply_transfer
--- Debit only when the funds are there (the CHECK is the last line of defence),
+-- Debit only when the funds are there: a customer's available money, its
+-- balance less its pending debits (the CHECKs are the last line of defence),
 -- credit only when the debit happened, and write the transfer and its two
 -- entries, all in one statement. No row returned means insufficient funds (or,
 -- behind the domain's check_transfer, a TRANSFER touching a system account:
@@ -71,7 +79,7 @@ WITH allowed AS (
        AND ($4 <> 'TRANSFER' OR (s.kind = 'CUSTOMER' AND t.kind = 'CUSTOMER'))
 ), debit AS (
     UPDATE wallet_account SET balance = balance - $3
-     WHERE id = $1 AND (kind <> 'CUSTOMER' OR balance >= $3)
+     WHERE id = $1 AND (kind <> 'CUSTOMER' OR balance - pending_debits >= $3)
        AND EXISTS (SELECT 1 FROM allowed)
     RETURNING balance
 ), credit AS (
@@ -102,16 +110,17 @@ SELECT id, kind, reference, from_account_id, to_account_id, amount, created_at F
 --   idem_known_many (core/queries.sql): one row per key, ord its place in
 --   the arrays, status NULL when the key is free.
 -- A row is an account, an id or a key (its `what`).
-SELECT 'account' AS what, id, owner_id, currency, kind, balance, NULL::bigint AS ord,
+SELECT 'account' AS what, id, owner_id, currency, kind, balance, pending_debits,
+       NULL::bigint AS ord,
        NULL::bytea AS request_hash, NULL::text AS status, NULL::timestamptz AS locked_until,
        NULL::int AS response_status, NULL::json AS response_body
   FROM wallet_account WHERE id = ANY($1::bigint[])
 UNION ALL
-SELECT 'id', nextval('wallet_transfer_id_seq'), NULL, NULL, NULL, NULL, NULL,
+SELECT 'id', nextval('wallet_transfer_id_seq'), NULL, NULL, NULL, NULL, NULL, NULL,
        NULL, NULL, NULL, NULL, NULL
   FROM generate_series(1, $2::int)
 UNION ALL
-SELECT 'key', NULL, NULL, NULL, NULL, NULL, t.ord,
+SELECT 'key', NULL, NULL, NULL, NULL, NULL, NULL, t.ord,
        k.request_hash, k.status, k.locked_until, k.response_status, k.response_body
   FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS t(caller, key, ord)
   LEFT JOIN LATERAL (
@@ -127,7 +136,7 @@ SELECT 'key', NULL, NULL, NULL, NULL, NULL, t.ord,
 -- version (one statement locking and updating the same rows under concurrent
 -- commits wrote a balance computed from a version older than the one it
 -- locked and checked, in testing).
-SELECT id, balance FROM wallet_account WHERE id = ANY($1::bigint[])
+SELECT id, balance, pending_debits FROM wallet_account WHERE id = ANY($1::bigint[])
  ORDER BY id
    FOR NO KEY UPDATE;
 
@@ -246,3 +255,159 @@ SELECT id, created_at, kind, amount, balance_after, transfer_id, reference
   FROM wallet_entry
  WHERE account_id = $1 AND created_at >= $2 AND created_at < $3
  ORDER BY id;
+
+-- name: reserve
+-- A pending transfer's reservation on its (locked) source: its pending debits
+-- grow by $2 only while the available money covers it. No row: insufficient funds.
+UPDATE wallet_account SET pending_debits = pending_debits + $2
+ WHERE id = $1 AND balance - pending_debits >= $2
+RETURNING id;
+
+-- name: insert_pending
+-- A pending transfer, under an id of wallet_transfer_id_seq (its post writes
+-- the wallet_transfer row under the same id).
+INSERT INTO wallet_pending_transfer (id, from_account_id, to_account_id, amount, expires_at, created_at)
+VALUES (nextval('wallet_transfer_id_seq'), $1, $2, $3, $4, $5)
+RETURNING id, from_account_id, to_account_id, amount, status, posted_amount, expires_at, created_at;
+
+-- name: get_pending
+-- A pending transfer (any status) with its source's owner, unlocked.
+SELECT p.id, p.from_account_id, p.to_account_id, p.amount, p.status, p.posted_amount,
+       p.expires_at, p.created_at, a.owner_id
+  FROM wallet_pending_transfer p JOIN wallet_account a ON a.id = p.from_account_id
+ WHERE p.id = $1;
+
+-- name: resolve_pending
+-- The one transition out of PENDING: to $2 (POSTED with $3 posted, or VOIDED),
+-- only while it is PENDING and, by $5: false (a post) not past its expiry at
+-- $4, true (the expiry job) past it, NULL (a void) either way. Under
+-- READ COMMITTED a racing transition waits for this row and re-reads it, so
+-- exactly one of them wins. Its source's pending debits shrink with it.
+WITH p AS (
+    UPDATE wallet_pending_transfer
+       SET status = $2, posted_amount = $3, resolved_at = $4
+     WHERE id = $1 AND status = 'PENDING'
+       AND ($5::boolean IS NULL OR (expires_at <= $4) = $5)
+    RETURNING id, from_account_id, to_account_id, amount, status, posted_amount, expires_at,
+              created_at
+), released AS (
+    UPDATE wallet_account a SET pending_debits = a.pending_debits - p.amount
+      FROM p WHERE a.id = p.from_account_id
+)
+SELECT * FROM p;
+
+-- name: release_expired
+-- Every PENDING transfer out of the (locked) accounts $1 past its expiry at
+-- $2, voided now: an expired pending transfer never reserves money, even
+-- before its expiry job runs. Returns each account's released total.
+WITH p AS (
+    UPDATE wallet_pending_transfer
+       SET status = 'VOIDED', resolved_at = $2
+     WHERE from_account_id = ANY($1::bigint[]) AND status = 'PENDING' AND expires_at <= $2
+    RETURNING from_account_id, amount
+), per_account AS (
+    SELECT from_account_id AS id, sum(amount)::bigint AS released FROM p GROUP BY from_account_id
+), released AS (
+    UPDATE wallet_account a SET pending_debits = a.pending_debits - r.released
+      FROM per_account r WHERE a.id = r.id
+)
+SELECT id, released FROM per_account;
+
+-- name: post_entries
+-- A posted pending transfer's movement (its source and target locked, the
+-- reservation already released): $3 from $1 to $2, the wallet_transfer row
+-- under the pending one's id $4 and its two entries. The debit is
+-- conditional on the available money as every other one.
+WITH debit AS (
+    UPDATE wallet_account SET balance = balance - $3
+     WHERE id = $1 AND balance - pending_debits >= $3
+    RETURNING balance
+), credit AS (
+    UPDATE wallet_account SET balance = balance + $3
+     WHERE id = $2 AND EXISTS (SELECT 1 FROM debit)
+    RETURNING balance
+), t AS (
+    INSERT INTO wallet_transfer (id, kind, reference, from_account_id, to_account_id, amount, created_at)
+    SELECT $4::bigint, 'TRANSFER', NULL, $1::bigint, $2::bigint, $3::bigint, $5::timestamptz
+      FROM debit
+    RETURNING id
+), e AS (
+    INSERT INTO wallet_entry (account_id, transfer_id, amount, balance_after, kind, reference, created_at)
+    SELECT $1::bigint, t.id, -$3::bigint, debit.balance, 'TRANSFER', NULL, $6::timestamptz
+      FROM t, debit
+    UNION ALL
+    SELECT $2::bigint, t.id, $3::bigint, credit.balance, 'TRANSFER', NULL, $6::timestamptz
+      FROM t, credit
+)
+SELECT id FROM t;
+
+-- name: list_pending
+-- An account's live pending transfers out (not past their expiry at $2),
+-- oldest first, after id $3 (keyset on wallet_pending_by_account).
+SELECT id, from_account_id, to_account_id, amount, status, posted_amount, expires_at, created_at
+  FROM wallet_pending_transfer
+ WHERE from_account_id = $1 AND status = 'PENDING' AND expires_at > $2
+   AND ($3::bigint IS NULL OR id > $3)
+ ORDER BY id
+ LIMIT $4;
+
+-- name: paid_of_references
+-- The payouts and refunds paid under these (account, reference) pairs (parallel
+-- arrays), through wallet_transfer_reference_once: what a resettlement reverses.
+SELECT t.to_account_id AS account_id, t.reference, t.kind, t.amount
+  FROM unnest($1::bigint[], $2::text[]) AS u(account_id, reference)
+ CROSS JOIN LATERAL (
+       SELECT to_account_id, reference, kind, amount FROM wallet_transfer
+        WHERE to_account_id = u.account_id AND kind IN ('PAYOUT', 'REFUND')
+          AND reference = u.reference) t;
+
+-- name: reverse_many
+-- pay_many the other way: take back a chunk of payouts/refunds (REVERSAL, under
+-- the reference of what it reverses) into one house sub-account. No balance
+-- guard on the customers: a winner who already spent the payout goes below zero
+-- (every debit the customer makes then refuses, see apply_transfer). A
+-- reference already reversed is skipped, so a retried chunk reverses nothing twice.
+-- Callers lock the accounts (lock_accounts) first.
+WITH items AS (
+    SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[])
+                  AS t(reference, account_id, amount)
+     WHERE amount > 0
+), ins AS (
+    INSERT INTO wallet_transfer (kind, reference, from_account_id, to_account_id, amount, created_at)
+    SELECT 'REVERSAL', reference, account_id, $1, amount, $5 FROM items
+    ON CONFLICT ON CONSTRAINT wallet_transfer_reference_once DO NOTHING
+    RETURNING id, reference, from_account_id, amount
+), per_account AS (
+    SELECT from_account_id, sum(amount)::bigint AS total FROM ins GROUP BY from_account_id
+), customers AS (
+    UPDATE wallet_account a SET balance = a.balance - p.total
+      FROM per_account p WHERE a.id = p.from_account_id
+    RETURNING a.id, a.balance + p.total AS before
+), house AS (
+    UPDATE wallet_account SET balance = balance + (SELECT coalesce(sum(amount), 0) FROM ins)
+     WHERE id = $1 AND EXISTS (SELECT 1 FROM ins)
+    RETURNING balance - (SELECT coalesce(sum(amount), 0) FROM ins) AS before
+), entries AS (
+    INSERT INTO wallet_entry (account_id, transfer_id, amount, balance_after, kind, reference, created_at)
+    SELECT ins.from_account_id, ins.id, -ins.amount,
+           c.before - sum(ins.amount) OVER (PARTITION BY ins.from_account_id ORDER BY ins.id),
+           'REVERSAL', ins.reference, $5
+      FROM ins JOIN customers c ON c.id = ins.from_account_id
+    UNION ALL
+    SELECT $1, ins.id, ins.amount,
+           h.before + sum(ins.amount) OVER (ORDER BY ins.id),
+           'REVERSAL', ins.reference, $5
+      FROM ins, house h
+)
+SELECT count(*)::int AS applied, coalesce(sum(amount), 0)::bigint AS total FROM ins;
+
+-- name: negative_accounts
+-- GET /api/accounts?negative=true: customer accounts below zero (a reversal
+-- took back a payout already spent), by id after $1.
+-- A sequential read of the accounts: an operator's list, rare (no index to keep
+-- up on every balance change).
+SELECT id, owner_id, currency, kind, balance, balance - pending_debits AS available
+  FROM wallet_account
+ WHERE kind = 'CUSTOMER' AND balance < 0 AND id > $1
+ ORDER BY id
+ LIMIT $2;

@@ -49,12 +49,14 @@ async def open_system_account(
     await conn.execute(Q.open_system_account, kind, currency, now, delta, room)
 
 
-async def get_account(conn: asyncpg.Connection, account_id: int) -> Row | None:
-    return await conn.fetchrow(Q.get_account, account_id)
+async def get_account(conn: asyncpg.Connection, account_id: int, now: datetime) -> Row | None:
+    return await conn.fetchrow(Q.get_account, account_id, now)
 
 
-async def lock_accounts(conn: asyncpg.Connection, ids: Sequence[int]) -> list[Row]:
-    return list(await conn.fetch(Q.lock_accounts, list(set(ids))))
+async def lock_accounts(
+    conn: asyncpg.Connection, ids: Sequence[int], statement_timeout_s: float | None = None
+) -> list[Row]:
+    return list(await conn.fetch(Q.lock_accounts, list(set(ids)), timeout=statement_timeout_s))
 
 
 async def apply_transfer(
@@ -104,14 +106,85 @@ class Read:
     keys: list[Row]
 
 
-async def lock_balances(conn: asyncpg.Connection, ids: Sequence[int]) -> dict[int, int]:
-    """The accounts' balances, locked until the commit."""
-    return {r["id"]: r["balance"] for r in await conn.fetch(Q.lock_balances, list(ids))}
+@dataclass(frozen=True, slots=True)
+class Locked:
+    """The balances and pending debits of locked accounts, by id."""
+
+    balances: dict[int, int]
+    pending: dict[int, int]
+
+
+async def lock_balances(conn: asyncpg.Connection, ids: Sequence[int]) -> Locked:
+    """The accounts' balances and pending debits, locked until the commit."""
+    rows = await conn.fetch(Q.lock_balances, list(ids))
+    return Locked(
+        {r["id"]: r["balance"] for r in rows}, {r["id"]: r["pending_debits"] for r in rows}
+    )
+
+
+async def release_expired(
+    conn: asyncpg.Connection, ids: Sequence[int], now: datetime
+) -> dict[int, int]:
+    """Void the locked accounts' pending transfers past their expiry at
+    ``now``: what each account got back."""
+    rows = await conn.fetch(Q.release_expired, list(ids), now)
+    return {r["id"]: r["released"] for r in rows}
+
+
+async def reserve(conn: asyncpg.Connection, account_id: int, amount: int) -> bool:
+    return await conn.fetchval(Q.reserve, account_id, amount) is not None
+
+
+async def insert_pending(
+    conn: asyncpg.Connection,
+    source: int,
+    target: int,
+    amount: int,
+    expires_at: datetime,
+    now: datetime,
+) -> Row:
+    return await conn.fetchrow(Q.insert_pending, source, target, amount, expires_at, now)
+
+
+async def get_pending(conn: asyncpg.Connection, transfer_id: int) -> Row | None:
+    return await conn.fetchrow(Q.get_pending, transfer_id)
+
+
+async def resolve_pending(
+    conn: asyncpg.Connection,
+    transfer_id: int,
+    status: str,
+    posted: int | None,
+    now: datetime,
+    expired: bool | None,
+) -> Row | None:
+    """``expired``: False a post (only before the expiry), True the expiry job
+    (only after it), None a void (either)."""
+    return await conn.fetchrow(Q.resolve_pending, transfer_id, status, posted, now, expired)
+
+
+async def post_entries(
+    conn: asyncpg.Connection,
+    source: int,
+    target: int,
+    amount: int,
+    transfer_id: int,
+    created_at: datetime,
+    now: datetime,
+) -> bool:
+    row = await conn.fetchval(Q.post_entries, source, target, amount, transfer_id, created_at, now)
+    return row is not None
+
+
+async def list_pending(
+    conn: asyncpg.Connection, account_id: int, now: datetime, after: int | None, limit: int
+) -> list[Row]:
+    return list(await conn.fetch(Q.list_pending, account_id, now, after, limit))
 
 
 async def write_transfers(
     conn: asyncpg.Connection,
-    locked: dict[int, int],
+    locked: Locked,
     accounts: Sequence[AccountBounds],
     transfers: Sequence[PlannedTransfer],
     now: datetime,
@@ -124,16 +197,17 @@ async def write_transfers(
     ``asyncpg.UniqueViolationError`` (constraint ``KEY_TAKEN``): nothing of the
     batch may commit."""
     moved = [a for a in accounts if a.delta]
+    balances = locked.balances
     await conn.execute(
         Q.write_transfers,
         [a.id for a in moved],
-        [locked[a.id] + a.delta for a in moved],
+        [balances[a.id] + a.delta for a in moved],
         [t.id for t in transfers],
         [t.source for t in transfers],
         [t.target for t in transfers],
         [t.amount for t in transfers],
-        [locked[t.source] + t.source_offset for t in transfers],
-        [locked[t.target] + t.target_offset for t in transfers],
+        [balances[t.source] + t.source_offset for t in transfers],
+        [balances[t.target] + t.target_offset for t in transfers],
         now,
         endpoint,
         [a.caller for a in answers],
@@ -192,6 +266,35 @@ async def pay_many(
     now: datetime,
 ) -> Row:
     return await conn.fetchrow(Q.pay_many, house_id, kinds, references, accounts, amounts, now)
+
+
+async def paid_of_references(
+    conn: asyncpg.Connection,
+    accounts: list[int],
+    references: list[str],
+    statement_timeout_s: float | None = None,
+) -> list[Row]:
+    return list(
+        await conn.fetch(Q.paid_of_references, accounts, references, timeout=statement_timeout_s)
+    )
+
+
+async def reverse_many(
+    conn: asyncpg.Connection,
+    house_id: int,
+    references: list[str],
+    accounts: list[int],
+    amounts: list[int],
+    now: datetime,
+    statement_timeout_s: float | None = None,
+) -> Row:
+    return await conn.fetchrow(
+        Q.reverse_many, house_id, references, accounts, amounts, now, timeout=statement_timeout_s
+    )
+
+
+async def negative_accounts(conn: asyncpg.Connection, after: int, limit: int) -> list[Row]:
+    return list(await conn.fetch(Q.negative_accounts, after, limit))
 
 
 async def statement(

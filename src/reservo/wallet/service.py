@@ -8,14 +8,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 
 from reservo.core.db.database import Database
 from reservo.core.http.idempotency import Within
 from reservo.core.kernel.clock import Clock
-from reservo.core.kernel.errors import DomainError
+from reservo.core.kernel.currencies import Currencies
+from reservo.core.kernel.errors import DomainError, validation_error
 from reservo.wallet import domain, repo
 from reservo.wallet.domain import Account, Entry, Transfer
 from reservo.wallet.errors import account_not_found
@@ -57,6 +58,14 @@ async def transfer_in_tx(
     except domain.TransferRefused as exc:
         raise DomainError(exc.code, exc.detail) from None
     row = await repo.apply_transfer(conn, source_id, target_id, amount, kind, reference, now)
+    # An expired pending transfer reserves nothing: void the source's expired
+    # ones (it is locked) and try once more.
+    if (
+        row is None
+        and rows[source_id]["pending_debits"]
+        and await repo.release_expired(conn, [source_id], now)
+    ):
+        row = await repo.apply_transfer(conn, source_id, target_id, amount, kind, reference, now)
     if row is None:
         # Names only the source, the caller's own account (the target may be anybody's).
         currency = rows[source_id]["currency"]
@@ -66,9 +75,12 @@ async def transfer_in_tx(
     return Transfer.from_row(row)
 
 
-async def get_account_in_tx(conn: asyncpg.Connection, account_id: int) -> Account | None:
-    """An account, or None. owner_id is None for the system accounts (WORLD, HOUSE)."""
-    row = await repo.get_account(conn, account_id)
+async def get_account_in_tx(
+    conn: asyncpg.Connection, account_id: int, now: datetime | None = None
+) -> Account | None:
+    """An account, or None. owner_id is None for the system accounts (WORLD, HOUSE).
+    Its ``available`` is as of ``now`` (the system clock when not given)."""
+    row = await repo.get_account(conn, account_id, now or datetime.now(UTC))
     return None if row is None else Account.from_row(row)
 
 
@@ -151,15 +163,77 @@ async def pay_many_in_tx(
     return applied
 
 
+async def reverse_paid_in_tx(
+    conn: asyncpg.Connection,
+    paid: Sequence[tuple[int, str]],
+    shard: int,
+    shards: int,
+    now: datetime,
+    statement_timeout_s: float | None = None,
+) -> int:
+    """Take back, in the caller's transaction, the payouts and refunds paid under
+    these (account, reference) pairs: a REVERSAL each, into a house sub-account,
+    even when it takes the account below zero (the payout was spent). A pair
+    never paid (a payout still deferred, or nothing won) reverses nothing.
+    Returns the total reversed. ``statement_timeout_s``: per statement, for a match of
+    hundreds of thousands of bets (the pool's command timeout otherwise)."""
+    if not paid:
+        return 0
+    rows = await repo.paid_of_references(
+        conn, [a for a, _ in paid], [r for _, r in paid], statement_timeout_s
+    )
+    if not rows:
+        return 0
+    ids = sorted({r["account_id"] for r in rows})
+    currencies = await _currencies(conn, ids)
+    by_currency: dict[str, list[asyncpg.Record]] = defaultdict(list)
+    for r in rows:
+        by_currency[currencies[r["account_id"]]].append(r)
+    houses = {
+        cur: await house_account_in_tx(
+            conn, cur, shard % max(1, shards), shards, now, sum(r["amount"] for r in group)
+        )
+        for cur, group in by_currency.items()
+    }
+    await repo.lock_accounts(conn, [*ids, *houses.values()], statement_timeout_s)
+    total = 0
+    for cur, group in by_currency.items():
+        row = await repo.reverse_many(
+            conn,
+            houses[cur],
+            [r["reference"] for r in group],
+            [r["account_id"] for r in group],
+            [r["amount"] for r in group],
+            now,
+            statement_timeout_s,
+        )
+        total += int(row["total"])
+    return total
+
+
 async def _currencies(conn: asyncpg.Connection, ids: list[int]) -> dict[int, str]:
     return {r["id"]: r["currency"] for r in await repo.currencies(conn, ids)}
 
 
 class WalletService:
-    def __init__(self, db: Database, clock: Clock, house_shards: int = 8) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        house_shards: int = 8,
+        currencies: Currencies | None = None,
+    ) -> None:
         self.db, self.clock, self.house_shards = db, clock, house_shards
+        self.currencies = currencies or Currencies()
 
     async def create_account(self, owner_id: int, currency: str) -> Account:
+        """An account of ``owner_id`` in ``currency``: an ISO 4217 code or one
+        the operator added (422 validation_error otherwise, nothing stored)."""
+        refused = self.currencies.refusal(currency)
+        if refused is not None:
+            raise validation_error(
+                refused, [{"loc": ["body", "currency"], "msg": refused, "type": "value_error"}]
+            )
         now = self.clock.now()
         async with self.db.transaction() as conn:
             await repo.ensure_system_accounts(conn, currency, self.house_shards, now)
@@ -167,7 +241,7 @@ class WalletService:
 
     async def get_account(self, account_id: int) -> Account:
         async with self.db.connection() as conn:
-            row = await repo.get_account(conn, account_id)
+            row = await repo.get_account(conn, account_id, self.clock.now())
         if row is None:
             raise account_not_found(account_id)
         return Account.from_row(row)
@@ -178,7 +252,7 @@ class WalletService:
         """Money enters from the currency's world account."""
         now = self.clock.now()
         async with self.db.transaction() as conn:
-            account = await repo.get_account(conn, account_id)
+            account = await repo.get_account(conn, account_id, now)
             if account is None or account["kind"] != "CUSTOMER":
                 raise account_not_found(account_id)
             world = await system_account_in_tx(
@@ -195,13 +269,20 @@ class WalletService:
         async with self.db.transaction() as conn:
             return await pay_many_in_tx(conn, items, shard, self.house_shards, self.clock.now())
 
+    async def negative_accounts(self, after: int | None, limit: int) -> list[Account]:
+        """Customer accounts below zero (a resettlement reversed a payout they had
+        spent), by id: they can neither bet nor transfer out until back at zero."""
+        async with self.db.connection() as conn:
+            rows = await repo.negative_accounts(conn, after or 0, limit)
+        return [Account.from_row(r) for r in rows]
+
     async def statement(
         self, account_id: int, before: int | None, limit: int
     ) -> tuple[Account, list[Entry], int | None]:
         """Newest first; one row more than asked tells whether another page exists.
         Balance and page come from one snapshot (REPEATABLE READ)."""
         async with self.db.connection() as conn, conn.transaction(isolation="repeatable_read"):
-            account = await repo.get_account(conn, account_id)
+            account = await repo.get_account(conn, account_id, self.clock.now())
             if account is None:
                 raise account_not_found(account_id)
             rows = await repo.statement(conn, account_id, before, limit + 1)

@@ -12,6 +12,7 @@ DomainError registered for its name, an unreachable database becomes 503.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
@@ -24,7 +25,10 @@ import orjson
 import structlog
 from prometheus_client import Counter
 
-from reservo.core.kernel.errors import DomainError, translate, validation_error
+from reservo.core.db.abandon import AbandoningConnection
+from reservo.core.db.guard import CommitGuard
+from reservo.core.db.hosts import HostOrder
+from reservo.core.kernel.errors import DomainError, issue, translate, validation_error
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -96,7 +100,20 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 _BROKEN: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.ReadOnlySQLTransactionError,
+    # A statement that outlived command_timeout: the server is overloaded or cut
+    # off (a partition drops packets: no error ever comes back).
+    asyncio.TimeoutError,
 )
+# Errors that say the host every pooled connection points at is no longer the
+# primary, or no longer reachable: all of them are replaced, not only the one
+# that failed (each would otherwise cost a request a command_timeout).
+_HOST_LOST: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncio.TimeoutError,
+)
+
+
+_SQL = Queries.load("reservo.core.db")
 
 
 def unavailable() -> DomainError:
@@ -141,10 +158,17 @@ class Database:
         acquire_timeout: float = 5.0,
         statement_cache_size: int = 100,
         connect_timeout: float = 60.0,
+        host_timeout_s: float = 2.0,
         unavailable_hold_s: float = 0.0,
+        commit_probe_s: float = 0.0,
     ) -> None:
         self.dsn = dsn
         self._kw: dict[str, Any] = {
+            # Each host of a multi-host URL bounded on its own (core/db/hosts.py).
+            "connect": HostOrder(dsn, host_timeout_s).connect,
+            # A timed-out statement's connection is closed, never cancelled: a
+            # cancelled commit would become visible unreplicated (core/db/abandon.py).
+            "connection_class": AbandoningConnection,
             "min_size": min_size,
             "max_size": max_size,
             "command_timeout": command_timeout,
@@ -154,6 +178,9 @@ class Database:
             "reset": _reset_connection,
         }
         self._acquire_timeout = acquire_timeout
+        # A primary whose commits stall is cut off from its synchronous standbys:
+        # nothing is answered from it (core/db/guard.py).
+        self._guard = CommitGuard(self._probe_connection, commit_probe_s, _SQL)
         self._pool: asyncpg.Pool | None = None
         self._lock = asyncio.Lock()
         # After the database failed a request, the following ones answer 503 at once
@@ -187,7 +214,15 @@ class Database:
     async def connect(self) -> None:
         await self._get_pool()
 
+    async def _probe_connection(self) -> asyncpg.Connection:
+        connect = self._kw["connect"]
+        conn: asyncpg.Connection = await connect(
+            self.dsn, timeout=self._acquire_timeout, connection_class=AbandoningConnection
+        )
+        return conn
+
     async def close(self) -> None:
+        await self._guard.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -201,6 +236,8 @@ class Database:
     async def connection(self, *, probe: bool = False) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection; ``probe`` tries even while the database is away
         (readiness checks: they are what finds it back)."""
+        if not self._guard.trusted():
+            raise unavailable()
         if probe or not self._recovering:
             if self.away and not probe:
                 raise unavailable()
@@ -244,20 +281,23 @@ class Database:
             )
             raise validation_error(
                 "a value is out of range or badly encoded",
-                [{"loc": [], "msg": "value rejected", "type": "data_error"}],
+                [issue(("request",), "value rejected", "data_error")],
             ) from exc
         except UNAVAILABLE as exc:
             self._went_away(exc)
             raise unavailable() from exc
 
     async def _drop(self, pool: asyncpg.Pool, conn: asyncpg.Connection, exc: BaseException) -> None:
-        """The connection is dead (see UNAVAILABLE) or talks to a standby: drop it,
-        so the pool does not hand it to the next request. A standby means a
-        failover: every other pooled connection points at the old primary too, so
-        all are replaced (the next connect finds the new primary)."""
+        """The connection is dead (see UNAVAILABLE), timed out or talks to a
+        standby: drop it, so the pool does not hand it to the next request. A
+        standby means a failover, a timeout a host cut off or overloaded: every
+        other pooled connection points at the same host, so all are replaced (the
+        next connect finds the new primary)."""
         log.warning("database_connection_broken", error=repr(exc))
-        conn.terminate()
-        if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
+        # Already closed and detached by a timeout (core/db/abandon.py): fine.
+        with contextlib.suppress(asyncpg.exceptions.InterfaceError):
+            conn.terminate()
+        if isinstance(exc, _HOST_LOST):
             await pool.expire_connections()
 
     def _went_away(self, exc: BaseException) -> None:
@@ -269,6 +309,8 @@ class Database:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        # The transaction of an AbandoningConnection (core/db/abandon.py): a
+        # cancelled block raises its CancelledError, not the failed rollback's.
         async with self.connection() as conn, conn.transaction():
             yield conn
 

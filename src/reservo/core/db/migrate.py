@@ -1,6 +1,12 @@
 """Applies the numbered SQL files in ``reservo/migrations`` in order, each once,
 each in its own transaction, under a transaction-level advisory lock (safe when
-several processes migrate at once, and under PgBouncer's transaction mode)."""
+several processes migrate at once, and under PgBouncer's transaction mode).
+
+Migrations run while the previous release serves. A migration that cannot take
+its table locks in time (its own ``lock_timeout``) or that PostgreSQL picks as
+the victim of a deadlock with a serving transaction is rolled back whole and
+tried again after a backoff: the serving process's transaction wins, and the
+migration waits for a quiet moment rather than failing the deploy."""
 
 from __future__ import annotations
 
@@ -9,10 +15,18 @@ from dataclasses import dataclass
 from importlib import resources
 
 import asyncpg
+import structlog
+
+from reservo.core.aio.retry import retrying
+
+log = structlog.get_logger(__name__)
 
 # Any constant shared by every reservo process; "reservo" in ASCII.
 _LOCK_ID = 0x7265736572766F
 _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+# Lock conflicts with the serving release: worth another try once it has moved on.
+_LOCK_CONFLICTS = (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError)
+LOCK_ATTEMPTS = 12
 
 
 @dataclass(frozen=True)
@@ -20,6 +34,15 @@ class Migration:
     version: int
     name: str
     sql: str
+
+
+class MigrationFailed(Exception):
+    """A migration the database refused (rolled back whole); its cause is the
+    database's error."""
+
+    def __init__(self, migration: Migration) -> None:
+        super().__init__(f"migration {migration.version:04d}_{migration.name} failed")
+        self.migration = migration
 
 
 def available(package: str = "reservo.migrations") -> list[Migration]:
@@ -49,20 +72,55 @@ async def migrate(dsn: str, package: str = "reservo.migrations") -> list[Migrati
                        applied_at timestamptz NOT NULL DEFAULT now())"""
             )
         for mig in available(package):
-            async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
-                done = await conn.fetchval(
-                    "SELECT 1 FROM schema_migrations WHERE version = $1", mig.version
-                )
-                if done:
-                    continue
-                await conn.execute(mig.sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                    mig.version,
-                    mig.name,
-                )
+            if await _apply_retrying(conn, mig):
                 applied.append(mig)
     finally:
         await conn.close()
     return applied
+
+
+async def _apply_retrying(conn: asyncpg.Connection, mig: Migration) -> bool:
+    """Applies one migration, again after a lock conflict (up to LOCK_ATTEMPTS
+    tries, backoff up to 5 s, about 40 s in all); False when it was already
+    applied."""
+    try:
+        async for attempt in retrying(
+            "db_migrate", attempts=LOCK_ATTEMPTS, base_s=0.2, max_s=5.0, retry_on=_LOCK_CONFLICTS
+        ):
+            with attempt:
+                try:
+                    return await _apply(conn, mig)
+                except _LOCK_CONFLICTS as exc:
+                    log.warning(
+                        "migration_lock_conflict",
+                        migration=f"{mig.version:04d}_{mig.name}",
+                        attempt=attempt.retry_state.attempt_number,
+                        of=LOCK_ATTEMPTS,
+                        error=type(exc).__name__,
+                    )
+                    raise
+    except _LOCK_CONFLICTS as exc:
+        raise MigrationFailed(mig) from exc
+    raise AssertionError("unreachable: retrying re-raises after its last attempt")
+
+
+async def _apply(conn: asyncpg.Connection, mig: Migration) -> bool:
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
+        done = await conn.fetchval(
+            "SELECT 1 FROM schema_migrations WHERE version = $1", mig.version
+        )
+        if done:
+            return False
+        try:
+            await conn.execute(mig.sql)
+        except _LOCK_CONFLICTS:
+            raise
+        except asyncpg.PostgresError as exc:
+            raise MigrationFailed(mig) from exc
+        await conn.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            mig.version,
+            mig.name,
+        )
+    return True

@@ -126,6 +126,7 @@ class Replicas:
             command_timeout=t,
             acquire_timeout=t,
             connect_timeout=t,
+            host_timeout_s=t,
         )
 
     # -- probing ---------------------------------------------------------------

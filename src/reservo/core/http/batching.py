@@ -21,6 +21,7 @@ import asyncpg
 import structlog
 
 from reservo.core.db.database import unavailable
+from reservo.core.http.idempotency import IdempotencyStore, is_in_progress
 from reservo.core.kernel.errors import DomainError
 
 I = TypeVar("I")  # noqa: E741 - the item, as R is the result
@@ -147,18 +148,36 @@ class GroupCommit(ABC, Generic[K, R]):
     one, each batch is ``_once(items)`` in one transaction (run again on a
     rollback, split on a failure of the whole: ``in_one_transaction``), and a
     request whose key an earlier request of the batch has waits for the next
-    batch (``once_per_key``). ``event`` names the log lines."""
+    batch (``once_per_key``). ``event`` names the log lines, ``endpoint`` the
+    endpoint its keys are stored under."""
 
     event: str
 
-    def __init__(self) -> None:
+    def __init__(self, idempotency: IdempotencyStore, endpoint: str) -> None:
         self._batcher: Batcher[K, R] = Batcher(self._run)
+        self.idempotency, self.endpoint = idempotency, endpoint
         # How many transactions the batches ran (tests read it).
         self.transactions = 0
 
     async def submit(self, request: K) -> R:
-        """The answer to ``request``; a refusal is raised (DomainError)."""
-        return await self._batcher.submit(request)
+        """The answer to ``request``; a refusal is raised (DomainError). A
+        request whose key is held by a request in flight (409 from its batch)
+        waits for that one outside any batch, holding no connection
+        (``IdempotencyStore.settled``), and is submitted again, where it meets
+        that one's answer; 409 only once the wait is over."""
+        deadline = self.idempotency.deadline()
+        while True:
+            try:
+                return await self._batcher.submit(request)
+            except DomainError as err:
+                if (
+                    request.key is None
+                    or not is_in_progress(err)
+                    or not await self.idempotency.settled(
+                        request.caller, self.endpoint, request.key, deadline
+                    )
+                ):
+                    raise
 
     async def close(self) -> None:
         await self._batcher.close()

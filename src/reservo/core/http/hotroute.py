@@ -12,8 +12,8 @@ reads that declaration once (as litestar builds a route's parameter extraction
 at registration) and makes the route's ASGI app, which replaces FastAPI's
 request handler for that route. It:
 
-- reads the body and refuses JSON the intake rules refuse (core.http.schemas.read_json)
-  with the same 422 ``_StrictJson`` answers, before anything else;
+- reads the body (the JSON intake has refused what its rules refuse, and kept
+  the document it read: core/http/json_intake.py);
 - authenticates with the same dependency (``current_principal``, a ``Roles``
   rule), in the declaration's order, so a 401/403 comes before any 422;
 - validates the path, query and header parameters and the body with the
@@ -22,50 +22,52 @@ request handler for that route. It:
 - calls the endpoint with those arguments and sends the Response it returns;
   a ``DomainError`` is rendered by the same ``problem()`` as everywhere.
 
-``HotLayer`` sits in front of the whole middleware stack and hands a hot
-route's request straight to that app, counting it in the request metrics with
-the same labels; everything else, and a hot write whose body is not one
-Content-Length within the limit (the body limit's to refuse or count), goes
-through the stack, whose router reaches the same app. There is one
-implementation either way: the stack only adds what it adds to every route.
+``HotRouter``, the innermost step of the request pipeline (core/http/pipeline.py),
+hands a hot route's request to that app, and every other request to FastAPI's
+own entry, whose router reaches the same app. Every request has passed the
+same concerns by then (metrics, body limit, JSON intake, ...): there is one
+path, and one implementation per route.
 """
 
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Callable, Sequence
+from copy import deepcopy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi._compat import ModelField, Undefined, field_annotation_is_sequence
-from fastapi.dependencies.models import Dependant
-from fastapi.dependencies.utils import (
-    _get_param_aliases,
-    _get_param_model,
-    _is_json_field,
-    _validate_value_with_model_field,
-)
-from fastapi.routing import APIRoute, iter_route_contexts
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reservo.core.http.glue import (
-    REQUEST_METRICS,
-    Roles,
-    current_principal,
-    is_json,
-    json_refusal,
-    jsonable_errors,
-    unexpected_error,
+from reservo.core.http.body_limit import BodyTooLarge
+from reservo.core.http.callers import Roles, current_principal, principal_of
+from reservo.core.http.fastapi_adapter import (
+    Dependant,
+    ModelField,
+    api_routes,
+    embeds_body,
+    is_single_valued,
+    request_aliases,
 )
-from reservo.core.http.schemas import JsonRefused, read_json
+from reservo.core.http.json_intake import JSON_DOCUMENT, is_json_media, refused_json
+from reservo.core.http.problems import jsonable_errors, unexpected_error
+from reservo.core.http.schemas import WALKED, ApiModel, JsonRefused, read_json
 from reservo.core.kernel.errors import PROBLEM_JSON, DomainError, validation_error
 
 _MISSING = object()
+
+
+def missing_error(loc: tuple[str, ...]) -> dict[str, Any]:
+    """FastAPI's error for a required parameter the request lacks."""
+    return {"type": "missing", "loc": loc, "msg": "Field required", "input": None}
+
+
 # What FastAPI answers for a required body that was not sent.
 _BODY_MISSING = {"type": "missing", "loc": ("body",), "msg": "Field required"}
 
@@ -79,44 +81,78 @@ class _Caller:
     roles: Roles | None
 
 
-@dataclass(frozen=True, slots=True)
 class _Param:
     """A path, query or header parameter as ``request_params_to_args`` reads
-    it, its aliases and location worked out once: the first alias the request
-    has (else the first), its value validated by the parameter's own field."""
+    it, its aliases, location, requiredness and default worked out once: the
+    first alias the request has (else the first), its value validated by the
+    parameter's own field. A header's aliases are also kept as the raw
+    lower-case names the ASGI scope carries."""
 
-    field: ModelField
-    aliases: tuple[str, ...]
-    where: str  # "path", "query" or "header"
+    __slots__ = (
+        "aliases",
+        "default",
+        "factory",
+        "field",
+        "name",
+        "raw",
+        "required",
+        "validate_default",
+        "where",
+    )
+
+    def __init__(self, field: ModelField, aliases: tuple[str, ...], where: str) -> None:
+        self.field = field
+        self.name = field.name
+        self.aliases = aliases
+        self.raw = tuple(a.lower().encode("latin-1") for a in aliases)
+        self.where = where
+        info = field.field_info
+        self.required = info.is_required()
+        # A factory's default is made afresh per request, as FastAPI's field does.
+        self.factory = info.default_factory is not None
+        self.default = None if self.required or self.factory else field.get_default()
+        self.validate_default = bool(info.validate_default)
 
     def read(self, source: Any, values: dict[str, Any], errors: list[Any]) -> None:
         alias = self.aliases[0]
         if len(self.aliases) > 1:
             alias = next((a for a in self.aliases if a in source), alias)
-        value = source.get(alias)
-        value, found = _validate_value_with_model_field(
-            field=self.field,
-            value=Undefined if value is None else value,
-            values=values,
-            loc=(self.where, alias),
-        )
+        self.take(source.get(alias), alias, values, errors)
+
+    def read_header(
+        self, headers: dict[bytes, bytes], values: dict[str, Any], errors: list[Any]
+    ) -> None:
+        index = 0
+        if len(self.raw) > 1:
+            index = next((i for i, a in enumerate(self.raw) if a in headers), 0)
+        raw = headers.get(self.raw[index])
+        value = None if raw is None else raw.decode("latin-1")
+        self.take(value, self.aliases[index], values, errors)
+
+    def take(self, value: Any, alias: str, values: dict[str, Any], errors: list[Any]) -> None:
+        """``_validate_value_with_model_field``'s work, its checks made once."""
+        loc = (self.where, alias)
+        if value is None:
+            if self.required:
+                errors.append(missing_error(loc))
+                return
+            value = deepcopy(self.field.get_default() if self.factory else self.default)
+            if not self.validate_default:
+                values[self.name] = value
+                return
+        value, found = self.field.validate(value, values, loc=loc)
         if found:
             errors.extend(found)
         else:
-            values[self.field.name] = value
+            values[self.name] = value
 
 
 def _params(fields: Sequence[ModelField], where: str, route: str) -> list[_Param]:
     out = []
     for field in fields:
-        if (
-            _get_param_model(field) is not None
-            or _is_json_field(field)
-            or field_annotation_is_sequence(field.field_info.annotation)
-        ):
+        if not is_single_valued(field):
             raise ValueError(f"{route}: only single-valued parameters are supported")
-        aliases = tuple(request for _, request in _get_param_aliases(field))
-        out.append(_Param(field, aliases, where))
+        out.append(_Param(field, request_aliases(field), where))
     return out
 
 
@@ -134,7 +170,7 @@ def _callers(dependant: Dependant, where: str) -> list[_Caller]:
     return out
 
 
-def compile_route(route: Any) -> ASGIApp:
+def compile_route(route: Any) -> _Compiled:
     """The ASGI app serving ``route`` (an APIRoute, or the context FastAPI
     resolves an included router's route to) from its declaration (see the
     module doc). Raises ValueError for a declaration outside what it supports
@@ -148,7 +184,7 @@ def _check_supported(route: Any, where: str) -> None:
     dependant = route.dependant
     if dependant.cookie_params or len(dependant.body_params) > 1:
         raise ValueError(f"{where}: cookies and several bodies are not supported")
-    if dependant.body_params and route._embed_body_fields:
+    if dependant.body_params and embeds_body(route):
         raise ValueError(f"{where}: an embedded body is not supported")
     if any(
         name is not None
@@ -165,9 +201,57 @@ def _check_supported(route: Any, where: str) -> None:
         raise ValueError(f"{where}: the endpoint must be async (no thread pool here)")
 
 
+class _Body:
+    """A route's body decoder, built at registration: the intake rules'
+    reading (``read_json``, which walks the document), then the body's field.
+    A body that is an ApiModel is validated by the model itself with the
+    ``WALKED`` context, so its own walk of the same document is skipped (the
+    walk was the largest part of a small body's cost); any other annotation
+    by FastAPI's field, as FastAPI would. Errors carry FastAPI's ``("body",
+    ...)`` locations either way."""
+
+    __slots__ = ("field", "model", "name")
+
+    def __init__(self, field: ModelField) -> None:
+        self.field = field
+        self.name = field.name
+        annotation = field.field_info.annotation
+        plain = not field.field_info.metadata
+        self.model = (
+            annotation
+            if plain and isinstance(annotation, type) and issubclass(annotation, ApiModel)
+            else None
+        )
+
+    def validate(self, data: Any, kwargs: dict[str, Any], errors: list[Any]) -> None:
+        if data is _MISSING:
+            errors.append(_BODY_MISSING)
+            return
+        if self.model is None:
+            value, found = self.field.validate(data, {}, loc=("body",))
+            if found:
+                errors.extend(found)
+            else:
+                kwargs[self.name] = value
+            return
+        try:
+            # from_attributes as FastAPI's field validates: same answers to any input.
+            kwargs[self.name] = self.model.model_validate(
+                data, from_attributes=True, context={WALKED: data}
+            )
+        except ValidationError as exc:
+            errors.extend(
+                {**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)
+            )
+
+
 class _Compiled:
     """One hot route's handler: what FastAPI would work out per request (its
-    parameters, their fields, the caller's dependencies), worked out once."""
+    parameters, their fields, the caller's dependencies, the headers it reads),
+    worked out once. Headers are read straight from the scope's list (one
+    pass, only the names the route uses, the first of a repeated name as
+    Starlette's ``Headers.get``); a Request is built only for an endpoint that
+    takes one."""
 
     def __init__(self, route: Any) -> None:
         dependant = route.dependant
@@ -176,15 +260,21 @@ class _Compiled:
         self.callers = _callers(dependant, where)
         self.endpoint: Callable[..., Any] = route.endpoint
         # The field FastAPI validates a single, not embedded body with.
-        self.body_field = dependant.body_params[0] if dependant.body_params else None
+        self.body = _Body(dependant.body_params[0]) if dependant.body_params else None
         self.request_name = dependant.request_param_name
         self.path_params = _params(dependant.path_params, "path", where)
         self.query_params = _params(dependant.query_params, "query", where)
         self.header_params = _params(dependant.header_params, "header", where)
+        wanted = {raw for param in self.header_params for raw in param.raw}
+        if self.callers:
+            wanted.add(_AUTHORIZATION)
+        if self.body is not None:
+            wanted.add(_CONTENT_TYPE)
+        self.wanted = frozenset(wanted)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = b""
-        if self.body_field is not None:
+        if self.body is not None:
             read = await _read_body(receive)
             if read is None:  # the client went away mid-body: nobody to answer
                 return
@@ -193,33 +283,43 @@ class _Compiled:
             response = await self.answer(scope, body)
         except DomainError as err:
             response = _Problem(err)
-        await response(scope, _replay(body, receive), send)
+        if isinstance(response, _Problem):
+            await response(scope, receive, send)
+        else:
+            await response(scope, _replay(body, receive), send)
 
     async def answer(self, scope: Scope, body: bytes) -> Response | _Problem:
+        headers = _headers(scope["headers"], self.wanted) if self.wanted else {}
+        kwargs: dict[str, Any] = {}
+        # The caller first, as FastAPI solves it before the body is used: a
+        # request without a valid token is 401 whatever its body.
+        if self.callers:
+            raw = headers.get(_AUTHORIZATION)
+            authorization = None if raw is None else raw.decode("latin-1")
+            state = scope["app"].state
+            for caller in self.callers:
+                kwargs[caller.name] = principal = await principal_of(state, authorization)
+                if caller.roles is not None:
+                    caller.roles.check(principal)
         data: Any = _MISSING
         if body:
-            if is_json(scope):
-                try:
-                    data = read_json(body)
-                except JsonRefused:
-                    refusal = json_refusal(body)
-                    assert refusal is not None
-                    return refusal
+            if is_json_media(headers.get(_CONTENT_TYPE)):
+                # The JSON intake has read it already (the document it kept);
+                # read here when the route is reached another way (a test's).
+                data = scope.get(JSON_DOCUMENT, _MISSING)
+                if data is _MISSING:
+                    try:
+                        data = read_json(body)
+                    except JsonRefused as exc:
+                        return _Problem(refused_json(exc))
             else:  # FastAPI validates such a body as the bytes it is: a 422
                 data = body
-        request = Request(scope)
-        request._body = body  # what the endpoint's `await request.body()` reads
-        kwargs: dict[str, Any] = {}
-        for caller in self.callers:
-            kwargs[caller.name] = principal = await current_principal(
-                request, request.headers.get("authorization")
-            )
-            if caller.roles is not None:
-                await caller.roles(principal)
-        errors = self.read_params(scope, request, data, kwargs)
+        errors = self.read_params(scope, headers, data, kwargs)
         if errors:
             return _Problem(validation_error("the request is not valid", jsonable_errors(errors)))
         if self.request_name is not None:
+            request = Request(scope)
+            request._body = body  # what the endpoint's `await request.body()` reads
             kwargs[self.request_name] = request
         response = await self.endpoint(**kwargs)
         if not isinstance(response, Response):
@@ -227,7 +327,7 @@ class _Compiled:
         return response
 
     def read_params(
-        self, scope: Scope, request: Request, data: Any, kwargs: dict[str, Any]
+        self, scope: Scope, headers: dict[bytes, bytes], data: Any, kwargs: dict[str, Any]
     ) -> list[Any]:
         """Validates path, query, header and body into ``kwargs``, in FastAPI's
         order; returns every error found."""
@@ -242,20 +342,25 @@ class _Compiled:
             query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
             for param in self.query_params:
                 param.read(query, kwargs, errors)
-        if self.header_params:
-            headers = request.headers
-            for param in self.header_params:
-                param.read(headers, kwargs, errors)
-        if self.body_field is not None:
-            if data is _MISSING:
-                errors.append(_BODY_MISSING)
-            else:
-                value, found = self.body_field.validate(data, {}, loc=("body",))
-                if found:
-                    errors.extend(found)
-                else:
-                    kwargs[self.body_field.name] = value
+        for param in self.header_params:
+            param.read_header(headers, kwargs, errors)
+        if self.body is not None:
+            self.body.validate(data, kwargs, errors)
         return errors
+
+
+_AUTHORIZATION = b"authorization"
+_CONTENT_TYPE = b"content-type"
+
+
+def _headers(raw: Sequence[tuple[bytes, bytes]], wanted: frozenset[bytes]) -> dict[bytes, bytes]:
+    """The ``wanted`` headers of a scope's list, each its first value (what
+    Starlette's ``Headers.get`` answers: ASGI names are lower-case)."""
+    found: dict[bytes, bytes] = {}
+    for name, value in raw:
+        if name in wanted and name not in found:
+            found[name] = value
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +372,7 @@ class HotRoute:
 
     route: APIRoute
     served: Any
-    app: ASGIApp
+    app: _Compiled
 
 
 def hot_routes(app: FastAPI, endpoints: Sequence[Callable[..., Any]]) -> list[HotRoute]:
@@ -277,12 +382,12 @@ def hot_routes(app: FastAPI, endpoints: Sequence[Callable[..., Any]]) -> list[Ho
     until that router changes. Every endpoint must have a route of the app."""
     wanted = set(endpoints)
     found: list[HotRoute] = []
-    for ctx in iter_route_contexts(list(app.router.routes)):
-        route = ctx.original_route
-        if isinstance(route, APIRoute) and route.endpoint in wanted:
+    for route, served in api_routes(app):
+        if route.endpoint in wanted:
             # An included router's route is served through its context's app.
-            served = ctx._route_context or route
-            served.app = compiled = compile_route(served)
+            compiled = compile_route(served)
+            # The router awaits it as an ASGI app (the status it returns is ignored there).
+            served.app = cast(ASGIApp, compiled)
             found.append(HotRoute(route, served, compiled))
     missing = wanted - {h.route.endpoint for h in found}
     if missing:
@@ -291,17 +396,19 @@ def hot_routes(app: FastAPI, endpoints: Sequence[Callable[..., Any]]) -> list[Ho
     return found
 
 
-class HotLayer:
-    """``HotLayer(stack, routes, fastapi_app, max_body_bytes)``: the hot routes'
-    requests straight to their compiled app, every other request (and scope
-    type) to ``stack``, the FastAPI app's own entry (its middleware stack)."""
+class HotRouter:
+    """``HotRouter(app_entry, routes, fastapi_app)``: the innermost step of the
+    request pipeline (core/http/pipeline.py), where routing happens. A request
+    for a hot route goes to its compiled app, every other request (and scope
+    type) to ``app_entry``, FastAPI's own (its error middleware, exception
+    handlers and router, which reaches the same compiled apps). Either way the
+    request has passed every concern of the pipeline first."""
 
     def __init__(
-        self, stack: ASGIApp, routes: Sequence[HotRoute], fastapi_app: FastAPI, max_body_bytes: int
+        self, app_entry: ASGIApp, routes: Sequence[HotRoute], fastapi_app: FastAPI
     ) -> None:
-        self.app = stack
+        self.app = app_entry
         self.fastapi_app = fastapi_app
-        self.max_body_bytes = max_body_bytes
         self._routes: dict[str, list[HotRoute]] = {}
         for hot in routes:
             for method in hot.served.methods or ():
@@ -314,10 +421,6 @@ class HotLayer:
             for hot in candidates:
                 m = hot.served.path_regex.match(path)
                 if m is not None:
-                    if hot.served.dependant.body_params and not _sized_within(
-                        scope, self.max_body_bytes
-                    ):
-                        break  # unsized, oversized or odd: the body limit's call
                     await self._serve(scope, receive, send, hot, m.groupdict())
                     return
         await self.app(scope, receive, send)
@@ -325,29 +428,20 @@ class HotLayer:
     async def _serve(
         self, scope: Scope, receive: Receive, send: Send, hot: HotRoute, params: dict[str, str]
     ) -> None:
-        started = time.perf_counter()
-        method = scope["method"]
-        # What the application and its router would have written.
+        # What the application and its router would have written (the metrics
+        # read the route's template from it).
         scope["app"] = self.fastapi_app
-        scope["route"] = route = hot.route
+        scope["route"] = hot.route
         scope["path_params"] = params
-        status = 500
-
-        async def observe(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
         try:
-            await hot.app(scope, receive, observe)
+            await hot.app(scope, receive, send)
+        except BodyTooLarge:
+            raise  # the body limit's to answer (413)
         except Exception as exc:
             # As the app's error middleware does: the 500, then the exception to
             # the server, which logs it.
             await unexpected_error(exc)(scope, receive, send)
             raise
-        finally:
-            REQUEST_METRICS.observe(method, route.path, status, time.perf_counter() - started)
 
 
 class _Problem:
@@ -391,17 +485,6 @@ def _render(err: DomainError) -> tuple[tuple[tuple[bytes, bytes], ...], bytes]:
 # Rendered problems by (status, code, detail, headers), for those without extras.
 _RENDERED: dict[Any, tuple[tuple[tuple[bytes, bytes], ...], bytes]] = {}
 _RENDERED_MAX = 512
-
-
-def _sized_within(scope: Scope, limit: int) -> bool:
-    """True when the body has one well-formed Content-Length within the limit."""
-    declared = None
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            if declared is not None or not value.isdigit() or len(value) > 18:
-                return False
-            declared = int(value)
-    return declared is not None and declared <= limit
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -4,8 +4,18 @@ stored in PostgreSQL.
 A request first *claims* (caller, endpoint, key) in its own short statement. The
 business transaction then *completes* the claim with the response, so the
 created thing and its stored response commit together. A retry finds either the
-stored response (replayed; 201 becomes 200), a claim still in flight (409
-request_in_progress), or a different body under the same key (422).
+stored response (replayed; 201 becomes 200), a claim still in flight, or a
+different body under the same key (422).
+
+A retry that meets a claim in flight waits for it (``settled``), up to
+``wait_ms`` (RESERVO_IDEMPOTENCY_WAIT_MS), and then asks again: it gets the
+first request's stored answer, or runs itself when the first one's claim was
+dropped or its lease ran out. Only past the wait is it 409 request_in_progress.
+It learns that the first one finished by reading the key's row again, with a
+growing pause between reads, each read on a pooled connection held for that one
+statement; a waiter in the process that runs the first request is woken as
+soon as that one ends (``in_flight``). Why not a row lock, LISTEN/NOTIFY or
+Redis: docs/DESIGN.md, "Waiting for a request in flight".
 
 A group commit, whose transaction alone writes what it answers, reads its keys
 together (``known_many``) and writes each answer once (``store_many``; a claim
@@ -14,9 +24,13 @@ it took over is completed with ``complete_many``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import random
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -25,6 +39,7 @@ import asyncpg
 import orjson
 
 from reservo.core.db.database import Database, Queries
+from reservo.core.kernel import metrics
 from reservo.core.kernel.clock import Clock
 from reservo.core.kernel.errors import DomainError
 
@@ -37,6 +52,29 @@ T = TypeVar("T")
 Within = Callable[[asyncpg.Connection, T], Awaitable[None]]
 
 
+# The field as the server hands it over (lower case), and what joins repeated
+# field lines into one value (RFC 9110, section 5.3).
+_HEADER = b"idempotency-key"
+_JOIN = b", "
+# Methods no route takes a key on: their headers are not looked through.
+_KEYLESS = frozenset(("GET", "HEAD", "OPTIONS"))
+
+
+def combine_repeated_keys(scope: MutableMapping[str, Any]) -> None:
+    """Joins an HTTP request's repeated ``Idempotency-Key`` field lines into one
+    (``a, b``), as RFC 9110 reads them, in place. Every reader of the header
+    (FastAPI takes the first line, a mapping the last) then sees the one value,
+    which ``validate_key`` refuses: a request with two keys was otherwise
+    deduplicated under one of them, and its retry under the other ran again."""
+    if scope["method"] in _KEYLESS:
+        return
+    headers = scope["headers"]
+    keys = [value for name, value in headers if name == _HEADER]
+    if len(keys) > 1:
+        scope["headers"] = [(n, v) for n, v in headers if n != _HEADER]
+        scope["headers"].append((_HEADER, _JOIN.join(keys)))
+
+
 def validate_key(key: str | None, *, required: bool) -> str | None:
     if key is None or key == "":
         if required:
@@ -45,6 +83,11 @@ def validate_key(key: str | None, *, required: bool) -> str | None:
                 "this endpoint requires an Idempotency-Key header",
             )
         return None
+    if _JOIN.decode() in key:
+        raise DomainError(
+            "idempotency_key_required",
+            "send one Idempotency-Key: the request named several",
+        )
     if not _KEY.match(key):
         raise DomainError(
             "idempotency_key_required",
@@ -63,12 +106,34 @@ def request_hash(body: bytes) -> bytes:
     return hashlib.sha256(canonical).digest()
 
 
+_IN_PROGRESS = "request_in_progress"
+
+
 def in_progress() -> DomainError:
     return DomainError(
-        "request_in_progress",
+        _IN_PROGRESS,
         "a request with this Idempotency-Key is still being processed",
         headers={"Retry-After": "1"},
     )
+
+
+def is_in_progress(err: DomainError) -> bool:
+    """Whether ``err`` is the 409 of a key whose first request is still running."""
+    return err.code == _IN_PROGRESS
+
+
+# The pauses between two reads of a key a waiter waits for: the first short (most
+# requests take a few milliseconds), each next one twice as long, up to the
+# cap (a read costs one primary-key lookup; 20 waiters of a stuck request read
+# about 200 times in 2 s). Each pause is drawn between half and all of its
+# length, so waiters released together do not read in step.
+_FIRST_PAUSE_S = 0.005
+_MAX_PAUSE_S = 0.2
+# By whether a wait ended in time (reservo_idempotency_waits_total).
+_WAITS = {
+    True: metrics.IDEMPOTENCY_WAITS.labels("answered"),
+    False: metrics.IDEMPOTENCY_WAITS.labels("expired"),
+}
 
 
 # The one rule for every way a key is claimed (run_idempotent, the job and
@@ -102,9 +167,20 @@ def _stored_answer(row: Mapping[str, Any], digest: bytes, now: datetime) -> Repl
         )
     if row["status"] == "DONE":
         return _replay(row)
-    if row["locked_until"] is not None and row["locked_until"] < now:
+    if _lease_over(row, now):
         return None
     raise in_progress()
+
+
+def _lease_over(row: Mapping[str, Any], now: datetime) -> bool:
+    """Whether an IN_PROGRESS claim's request is taken for dead (its lease ran out)."""
+    return row["locked_until"] is not None and row["locked_until"] < now
+
+
+def _settled(row: Mapping[str, Any] | None, now: datetime) -> bool:
+    """Whether a key is no longer held by a request in flight: gone (pruned, or
+    its claim dropped), answered, or its claim's lease ran out."""
+    return row is None or row["status"] == "DONE" or _lease_over(row, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,21 +229,108 @@ class IdempotencyStore:
         db: Database,
         clock: Clock,
         lease_s: int = 60,
+        wait_ms: int = 2000,
     ) -> None:
         self.db, self.clock = db, clock
         self.lease = timedelta(seconds=lease_s)
+        self.wait_s = wait_ms / 1000
+        # The claims this process's requests hold, each with the event set when
+        # its request ends: a waiter in this process is woken by it at once.
+        self._running: dict[tuple[str, str, str], asyncio.Event] = {}
+
+    def deadline(self) -> float:
+        """Until when (``time.monotonic()``) a request that starts now waits for
+        a request in flight with its key."""
+        return time.monotonic() + self.wait_s
 
     async def begin(self, caller: str, endpoint: str, key: str, body: bytes) -> Claim | Replay:
+        """Claims the key, or answers from it: the stored response (replayed),
+        422 another body; a claim in flight is waited for (``settled``) and
+        asked again, 409 only once the wait is over."""
         digest = request_hash(body)
+        deadline = self.deadline()
+        while True:
+            try:
+                outcome = await self._begin_once(caller, endpoint, key, digest)
+            except DomainError as err:
+                if not is_in_progress(err) or not await self.settled(
+                    caller, endpoint, key, deadline
+                ):
+                    raise
+                continue
+            if outcome is not None:
+                return outcome
+
+    async def _begin_once(
+        self, caller: str, endpoint: str, key: str, digest: bytes
+    ) -> Claim | Replay | None:
+        """One try of ``begin``; None when the key was pruned between its two
+        statements (free again: try again)."""
         now = self.clock.now()
         async with self.db.connection() as conn:
             if await conn.fetchval(
                 Q.idem_insert, caller, endpoint, key, digest, now + self.lease, now
             ):
                 return Claim(caller, endpoint, key)
-            known = await self._known(conn, Claim(caller, endpoint, key), digest, now)
-            # None: pruned between the two statements, the key is free again.
-            return known or await self.begin(caller, endpoint, key, body)
+            return await self._known(conn, Claim(caller, endpoint, key), digest, now)
+
+    @contextmanager
+    def in_flight(self, claim: Claim) -> Iterator[None]:
+        """Around the run of a claimed request (after ``begin``), to its end
+        (its answer committed, stored or the claim dropped): the waiters for its
+        key in this process wake when it ends instead of at their next read."""
+        at = (claim.caller, claim.endpoint, claim.key)
+        self._running[at] = ended = asyncio.Event()
+        try:
+            yield
+        finally:
+            if self._running.get(at) is ended:
+                del self._running[at]
+            ended.set()
+
+    async def settled(self, caller: str, endpoint: str, key: str, deadline: float) -> bool:
+        """Waits for the request in flight with this key to end: True once the
+        key is no longer held (answered, its claim dropped, or its lease run out:
+        ask again), False once ``deadline`` (``time.monotonic()``) passed first
+        (answer 409). Between two reads of the key it holds no connection: the
+        request it waits for may need the pool's last one."""
+        settled = await self._wait(caller, endpoint, key, deadline)
+        _WAITS[settled].inc()
+        return settled
+
+    async def _wait(self, caller: str, endpoint: str, key: str, deadline: float) -> bool:
+        pause = _FIRST_PAUSE_S
+        while (left := deadline - time.monotonic()) > 0:
+            await self._pause((caller, endpoint, key), min(pause * random.uniform(0.5, 1), left))
+            pause = min(pause * 2, _MAX_PAUSE_S)
+            try:
+                # A read that cannot start (the pool exhausted) is bounded by the
+                # wait too: past it, the answer is 409 all the same.
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+                    row = await self._state(caller, endpoint, key)
+            except TimeoutError:
+                return False
+            if _settled(row, self.clock.now()):
+                return True
+        return False
+
+    async def _pause(self, at: tuple[str, str, str], seconds: float) -> None:
+        """Sleeps ``seconds``, or less when the claim's request runs in this
+        process and ends first."""
+        ended = self._running.get(at)
+        if ended is None:
+            await asyncio.sleep(seconds)
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                await ended.wait()
+        except TimeoutError:
+            pass
+
+    async def _state(self, caller: str, endpoint: str, key: str) -> asyncpg.Record | None:
+        async with self.db.connection() as conn:
+            row: asyncpg.Record | None = await conn.fetchrow(Q.idem_get, caller, endpoint, key)
+            return row
 
     async def finished(self, caller: str, endpoint: str, key: str, body: bytes) -> Replay | None:
         """The stored answer of the finished request under this key with this
@@ -181,6 +344,16 @@ class IdempotencyStore:
         if bytes(row["request_hash"]) != request_hash(body):
             return None
         return _replay(row)
+
+    async def keys_since(
+        self, endpoint: str, after: tuple[datetime, str, str], limit: int
+    ) -> list[tuple[datetime, str, str]]:
+        """The endpoint's keys claimed after ``after`` (created_at, caller, key),
+        in that order, at most ``limit``: whatever their state, as a key's
+        claim commits before its work starts."""
+        async with self.db.connection() as conn:
+            rows = await conn.fetch(Q.idem_keys_since, endpoint, *after, limit)
+        return [(r["created_at"], r["caller"], r["key"]) for r in rows]
 
     async def _known(
         self, conn: asyncpg.Connection, claim: Claim, digest: bytes, now: datetime

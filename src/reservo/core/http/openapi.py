@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from html import escape
 from importlib.resources import files
-from typing import Any
+from typing import Annotated, Any
 
 import structlog
 from fastapi import FastAPI
@@ -23,8 +23,11 @@ from pydantic import BaseModel, Field
 from starlette.routing import BaseRoute
 from starlette.staticfiles import StaticFiles
 
-from reservo.core.http.glue import IDEMPOTENCY_HEADER, KEY_REQUIRED, Roles, current_principal
+from reservo.core.http.callers import Roles, current_principal
+from reservo.core.http.idempotent import IDEMPOTENCY_HEADER, KEY_REQUIRED
+from reservo.core.http.schemas import MAX_ID
 from reservo.core.kernel.errors import (
+    ISSUE_PLACES,
     PROBLEM_JSON,
     PROBLEM_PAGES,
     DomainError,
@@ -40,6 +43,19 @@ RAISES = "x-raises"
 # Named schemas an operation brings along (raw_body), moved to components.
 SCHEMAS = "x-schemas"
 BEARER = "bearerAuth"
+# A signed webhook's caller proves itself by this header (core/http/auth.py).
+SIGNATURE = "webhookSignature"
+SIGNATURE_HEADER = "X-Signature"
+_SIGNATURE_SCHEME = {
+    "type": "apiKey",
+    "in": "header",
+    "name": SIGNATURE_HEADER,
+    "description": (
+        "`t=<unix seconds>,v1=<hex HMAC-SHA256>`: the MAC, keyed with the sender's "
+        "shared secret, covers `<t>.` followed by the raw request body; a `t` more than "
+        "300 s from the server's clock is refused."
+    ),
+}
 # Where one of these statuses is sent, Retry-After says when to try again.
 _RETRY_AFTER_CODES = frozenset(("rate_limited", "unavailable", "contention", "request_in_progress"))
 _REPLAYED = "The stored answer to an earlier request with the same Idempotency-Key"
@@ -53,9 +69,16 @@ _RETRY_AFTER = {
 class ProblemIssue(BaseModel):
     """One thing wrong with a request (`errors` of a 422)."""
 
-    loc: list[str] = Field(description="Where: `body`, `query`, `path` or `header`, then names")
+    loc: list[str] = Field(
+        min_length=1,
+        description=(
+            "Where: `body`, `query`, `path` or `header`, then names (`request` alone: "
+            "a value the database refused, which no part of the request names)"
+        ),
+        json_schema_extra={"prefixItems": [{"enum": list(ISSUE_PLACES)}]},
+    )
     msg: str
-    type: str
+    type: str = Field(description="What kind of issue, e.g. `missing`, `value_error`")
 
 
 class Problem(BaseModel):
@@ -68,8 +91,8 @@ class Problem(BaseModel):
     detail: str = Field(description="What happened to this request, for a person")
     instance: str | None = None
     code: str = Field(description="Stable machine-readable code, e.g. `slot_full`")
-    errors: list[ProblemIssue] | None = Field(
-        default=None, description="What was wrong, on a `validation_error`"
+    errors: Annotated[list[ProblemIssue], Field(min_length=1)] | None = Field(
+        default=None, description="What was wrong (at least one issue), on a 422"
     )
 
 
@@ -93,14 +116,18 @@ def raw_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def finish(doc: dict[str, Any], routes: Iterable[BaseRoute], api_prefix: str) -> dict[str, Any]:
-    """Complete FastAPI's document in place: the bearer scheme, one Problem schema
-    every error response refers to, each operation's own statuses and codes."""
+    """Complete FastAPI's document in place: the security schemes, one Problem schema
+    every error response refers to, each operation's own statuses and codes.
+    Refuses (ValueError) an operation a reader could not place or understand:
+    one without a description or with a tag the document does not declare."""
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(_problem_schemas())
     components["securitySchemes"] = {
-        BEARER: {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+        BEARER: {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+        SIGNATURE: _SIGNATURE_SCHEME,
     }
+    tags = _declared_tags(doc)
     seen: set[str] = set()
     answered: set[str] = set()
     for route in _documented(routes):
@@ -109,10 +136,33 @@ def finish(doc: dict[str, Any], routes: Iterable[BaseRoute], api_prefix: str) ->
             schemas.update(op.pop(SCHEMAS, {}))
             answered |= _finish_operation(op, route, api_prefix)
             _unique_id(op, seen)
+            _described(op, f"{method} {route.path_format}", tags)
     components["examples"] = _problem_examples(answered)
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
+    _exact_bounds(doc)
     return doc
+
+
+# The schema keywords whose value is a number a generator compares with.
+_BOUNDS = frozenset(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"))
+
+
+def _exact_bounds(node: Any) -> None:
+    """Each numeric bound written as the integer it is. FastAPI's document model
+    holds bounds as floats: ``maximum: 9223372036854775807`` became
+    ``9.223372036854776e+18``, which is 2**63, one past the largest id the
+    service takes (a client or fuzzer trusting it sends ids the service
+    refuses), and ``minimum: 1`` became ``1.0``. Only MAX_ID is that large."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _BOUNDS and isinstance(value, float) and value.is_integer():
+                node[key] = MAX_ID if value == float(MAX_ID) else int(value)
+            else:
+                _exact_bounds(value)
+    elif isinstance(node, list):
+        for item in node:
+            _exact_bounds(item)
 
 
 def _documented(routes: Iterable[BaseRoute]) -> Iterator[RouteContext]:
@@ -133,6 +183,28 @@ def _unique_id(op: dict[str, Any], seen: set[str]) -> None:
     seen.add(op_id)
 
 
+def _declared_tags(doc: dict[str, Any]) -> set[str]:
+    names = set()
+    for tag in doc.get("tags", ()):
+        if not tag.get("description"):
+            raise ValueError(f"tag {tag['name']!r} needs a description (TAGS in reservo/app.py)")
+        names.add(tag["name"])
+    return names
+
+
+def _described(op: dict[str, Any], where: str, tags: set[str]) -> None:
+    """An operation is found under a declared tag and says what it does."""
+    name = f"operation {op.get('operationId')!r} ({where})"
+    if not op.get("description", "").strip():
+        raise ValueError(f"{name} needs a description: give its function a docstring")
+    fix = "tag its router with one of TAGS in reservo/app.py (or add one there, described)"
+    if not op.get("tags"):
+        raise ValueError(f"{name} has no tag: {fix}")
+    undeclared = [t for t in op["tags"] if t not in tags]
+    if undeclared:
+        raise ValueError(f"{name} has tag(s) {undeclared} the document does not declare: {fix}")
+
+
 def _problem_schemas() -> dict[str, Any]:
     schema = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
     defs = schema.pop("$defs", {})
@@ -145,6 +217,11 @@ def _finish_operation(op: dict[str, Any], route: RouteContext, api_prefix: str) 
     codes = set(op.pop(RAISES, ())) | facts.codes((route.path or "").startswith(api_prefix))
     if facts.authenticated:
         op["security"] = [{BEARER: []}]
+    elif facts.signed:
+        op["security"] = [{SIGNATURE: []}]
+    else:
+        # Said outright, so neither a reader nor a generator guesses a default.
+        op["security"] = []
     for param in op.get("parameters", ()):
         if param.get("schema", {}).get(KEY_REQUIRED):
             param["required"] = True
@@ -204,11 +281,10 @@ class _Facts:
             d.path_params or d.query_params or d.header_params for d in deps
         )
         self.idempotent = any(p.alias == IDEMPOTENCY_HEADER for d in deps for p in d.header_params)
+        self.signed = any(p.alias == SIGNATURE_HEADER for d in deps for p in d.header_params)
 
     def codes(self, touches_database: bool) -> set[str]:
-        # Every request passes core/kernel/tracing.py first, which refuses a malformed
-        # X-Request-ID before any route runs.
-        out: set[str] = {"invalid_request_id"}
+        out: set[str] = set()
         if self.authenticated:
             out.add("unauthenticated")
         if self.role_rule:
@@ -216,7 +292,7 @@ class _Facts:
         if self.has_params:
             out.add("validation_error")
         if self.has_body:
-            out.add("payload_too_large")
+            out |= {"payload_too_large", "duplicate_key"}
         if self.idempotent:
             out |= {"idempotency_key_required", "idempotency_key_reused", "request_in_progress"}
         if touches_database:

@@ -14,7 +14,7 @@ import orjson
 from fastapi import Query
 
 from reservo.core.http.schemas import EARLIEST, LATEST, MAX_ID
-from reservo.core.kernel.errors import DomainError, validation_error
+from reservo.core.kernel.errors import DomainError, issue, validation_error
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size (1-200)")]
@@ -73,7 +73,7 @@ def malformed_cursor() -> DomainError:
     """The 422 of a cursor this list did not make."""
     return validation_error(
         "malformed cursor: pass the `next` value of the previous page unchanged",
-        [{"loc": ["query", "after"], "msg": "malformed cursor"}],
+        [issue(("query", "after"), "malformed cursor", "malformed_cursor")],
     )
 
 

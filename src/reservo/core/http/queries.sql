@@ -53,6 +53,15 @@ SELECT request_hash, status, locked_until, response_status, response_body
   FROM idempotency_key
  WHERE caller = $1 AND endpoint = $2 AND key = $3;
 
+-- name: idem_keys_since
+-- One page of an endpoint's keys claimed since a time, in (created_at, caller,
+-- key) order after the last one read: a keyset walk on the created_at index.
+SELECT caller, key, created_at
+  FROM idempotency_key
+ WHERE endpoint = $1 AND (created_at, caller, key) > ($2, $3, $4)
+ ORDER BY created_at, caller, key
+ LIMIT $5;
+
 -- name: idem_take_over
 -- A crashed request left its claim behind; take it over only if nobody else did.
 UPDATE idempotency_key

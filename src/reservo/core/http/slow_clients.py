@@ -24,6 +24,17 @@ then nothing is held until the client goes away, and it accepts every connection
 * while the process drains before stopping (core/http/graceful.py), every answer closes
   its connection, so no kept-alive connection is left idle to be cut at the stop.
 
+Every answer the server gives itself is problem+json, as the application's are:
+a request the HTTP parser refuses (a header name with a control byte, a
+Content-Length beside ``Transfer-Encoding: chunked``, a negative Content-Length)
+is 400 ``bad_request`` with the parser's reason, a version other than HTTP/1.0
+and HTTP/1.1 is 505 ``http_version_not_supported`` (uvicorn answered both as a
+text/plain 400). Every answer given before the whole request arrived (these,
+408, 431, and the application's 413 on a Content-Length past the limit) closes
+with a lingering close (``_linger``), so a client still sending reads it whole.
+A pipelined request refused while the answer before it is being made is
+answered after that answer (``close_after_answer``).
+
 Idle kept-alive connections are closed by uvicorn after ``keepalive_timeout_s``."""
 
 from __future__ import annotations
@@ -32,8 +43,10 @@ import asyncio
 import contextlib
 import sys
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
+import httptools
 import orjson
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
@@ -104,26 +117,60 @@ class _Supervisor(Multiprocess):
 # app answering: not the client's time).
 _FRESH, _HEADERS, _BODY, _IDLE = range(4)
 
-_TIMEOUT_BODY = orjson.dumps(
-    problem_body(408, "request_timeout", "the request did not arrive in time")
-)
-_TIMEOUT_HEAD = (
-    b"HTTP/1.1 408 Request Timeout\r\n"
-    + f"content-type: {PROBLEM_JSON}\r\ncontent-length: {len(_TIMEOUT_BODY)}\r\n".encode()
-    + b"connection: close\r\n"
-)
-_TOO_LARGE_BODY = orjson.dumps(
-    problem_body(431, "headers_too_large", "the request line and headers are too large")
-)
-_TOO_LARGE_HEAD = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    + f"content-type: {PROBLEM_JSON}\r\ncontent-length: {len(_TOO_LARGE_BODY)}\r\n".encode()
-    + b"connection: close\r\n"
-)
+
+def _refusal(status: int, code: str, detail: str) -> tuple[bytes, bytes]:
+    """The status line and headers (without the blank line: the server's default
+    headers follow) and the body of a problem the server answers itself."""
+    body = orjson.dumps(problem_body(status, code, detail))
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        f"content-type: {PROBLEM_JSON}\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n"
+    )
+    return head.encode(), body
 
 
-# How long an answered, half-closed connection may still be read and dropped.
+_TIMEOUT = _refusal(408, "request_timeout", "the request did not arrive in time")
+_TOO_LARGE = _refusal(431, "headers_too_large", "the request line and headers are too large")
+_VERSION = _refusal(
+    505, "http_version_not_supported", "this server speaks HTTP/1.1 (and HTTP/1.0) only"
+)
+# The HTTP versions served; llhttp reads 0.9 and 2.0 too, and refuses any other
+# DIGIT.DIGIT with this reason.
+_SERVED_VERSIONS = frozenset(("1.0", "1.1"))
+_UNKNOWN_VERSION = "Invalid HTTP version"
+
+
+# An answered, half-closed connection is read and dropped until the client has
+# been quiet this long (or closes it), and for the body timeout at the most.
 LINGER_S = 1.0
+
+
+class _Refused(Exception):
+    """Raised from a parser callback once the request is answered: it stops the
+    parser (httptools turns it into HttpParserCallbackError)."""
+
+
+class _CycleTransport:
+    """The transport as a request's cycle (uvicorn's RequestResponseCycle) sees
+    it: it writes, asks whether the connection is closing, and closes it after
+    an answer with ``Connection: close``. That close is the protocol's, which
+    lingers when the client may still be sending (a 413 answered on the
+    Content-Length, before the body)."""
+
+    __slots__ = ("_protocol", "_transport")
+
+    def __init__(self, protocol: GuardedHttpToolsProtocol, transport: asyncio.Transport) -> None:
+        self._protocol, self._transport = protocol, transport
+
+    def write(self, data: bytes) -> None:
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self._protocol.close_after_answer()
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -144,10 +191,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._max_connections = limits.max_connections
         self._max_header_bytes = limits.max_header_bytes
         self._header_bytes = 0
+        self._parsed_header_bytes = 0
         self._phase = _FRESH
         self._deadline = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
         self._lingering = False
+        self._heard = False  # bytes arrived while lingering, since the last check
+        self._linger_until = 0.0
+        self._cycle_transport: _CycleTransport | None = None
+        # A refusal waiting for the answer before it (a pipelined request).
+        self._deferred: tuple[bytes, bytes] | None = None
 
     # -- connection -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -156,6 +209,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             metrics.HTTP_CONNECTIONS_REFUSED.inc()
             transport.abort()
             return
+        self._cycle_transport = _CycleTransport(self, transport)
         self._deadline = self.loop.time() + self._header_timeout
         self._watchdog = self.loop.call_later(self._header_timeout, self._check)
 
@@ -168,14 +222,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- what the parser reports ------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._lingering:
-            return  # answered and half-closed: what the client still sends is dropped
+            self._heard = True  # answered and half-closed: what still comes is dropped
+            return
         if self._phase == _IDLE:
             # Any byte between requests starts the next one's header clock, even
             # bytes that begin no message (a trickle of blank lines).
             self._begin_headers()
         elif self._phase == _FRESH:
             self._phase = _HEADERS  # the clock runs from the connection's opening
-        super().data_received(data)
+        # uvicorn's data_received, but for what it answers to a request the
+        # parser refuses (a text/plain 400 and a plain close).
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._unsupported_upgrade_warning()  # ws="none": no upgrade is served
+        except httptools.HttpParserError as exc:
+            if not self._lingering:  # else a callback answered already (_Refused)
+                self._refuse_malformed(exc)
+            return
         if self._phase == _HEADERS and not self.transport.is_closing():
             # httptools keeps a request line and headers in memory until they end
             # and sets no bound of its own: a fast client could grow them without
@@ -184,7 +249,26 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._header_bytes += len(data)
             if self._header_bytes > self._max_header_bytes:
                 metrics.HTTP_SLOW_CLIENTS.labels(phase="header_size").inc()
-                self._answer_and_close(_TOO_LARGE_HEAD, _TOO_LARGE_BODY)
+                self._answer_and_close(*_TOO_LARGE)
+
+    # The byte count above sees only reads that leave the headers unfinished: a
+    # client writing 66 KiB of headers in one go ends them in the same read. The
+    # parser's callbacks count what it read, whatever the reads were; each count
+    # alone stays at or below the real size, so neither refuses early.
+    def on_url(self, url: bytes) -> None:
+        self._count_parsed(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_parsed(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _count_parsed(self, size: int) -> None:
+        self._parsed_header_bytes += size
+        if self._parsed_header_bytes > self._max_header_bytes:
+            metrics.HTTP_SLOW_CLIENTS.labels(phase="header_size").inc()
+            self._answer_and_close(*_TOO_LARGE)
+            raise _Refused
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -192,20 +276,39 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._begin_headers()
 
     def on_headers_complete(self) -> None:
+        if self.parser.get_http_version() not in _SERVED_VERSIONS:
+            self.logger.warning("Unsupported HTTP version received.")
+            self._answer_and_close(*_VERSION)
+            raise _Refused
         super().on_headers_complete()
-        if self.cycle is not None and draining(self.app_state):
-            self.cycle.keep_alive = False  # answered with Connection: close
+        if self.cycle is not None:
+            self.cycle.transport = self._cycle_transport  # type: ignore[assignment]
+            if draining(self.app_state):
+                self.cycle.keep_alive = False  # answered with Connection: close
         self._phase = _BODY
         self._header_bytes = 0
+        self._parsed_header_bytes = 0
         self._deadline = self.loop.time() + self._body_timeout
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._phase = _IDLE
 
+    def on_response_complete(self) -> None:
+        if self._lingering:  # closing: no keep-alive timer, no pipelined request
+            self.server_state.total_requests += 1
+            return
+        super().on_response_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot read, as every other answer:
+        problem+json, then a lingering close."""
+        self._answer_and_close(*_refusal(400, "bad_request", msg))
+
     def _begin_headers(self) -> None:
         self._phase = _HEADERS
         self._header_bytes = 0
+        self._parsed_header_bytes = 0
         self._deadline = self.loop.time() + self._header_timeout
 
     # -- the watchdog -----------------------------------------------------------------
@@ -256,28 +359,96 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if cycle.response_started:  # answered already (without reading the body)
                 self.transport.close()
                 return
-        self._answer_and_close(_TIMEOUT_HEAD, _TIMEOUT_BODY)
+        self._answer_and_close(*_TIMEOUT)
+
+    def _refuse_malformed(self, exc: httptools.HttpParserError) -> None:
+        """400 ``bad_request`` (llhttp's reason as the detail), or 505 for a
+        well-formed version other than 1.0 and 1.1."""
+        reason = str(exc)
+        self.logger.warning("Invalid HTTP request received: %s", reason)
+        if reason == _UNKNOWN_VERSION:
+            self._answer_and_close(*_VERSION)
+        elif isinstance(exc, httptools.HttpParserCallbackError):
+            # Raised by uvicorn's own reading of the request (its URL, say).
+            self.send_400_response("the request is not valid HTTP/1.1")
+        else:
+            self.send_400_response(f"the request is not valid HTTP/1.1: {reason}")
 
     def _answer_and_close(self, status_and_headers: bytes, body: bytes) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if self._phase != _BODY:
+                # A pipelined request refused while the answer to the one before
+                # it is being made: that answer goes out first, then this one
+                # (close_after_answer); what the client sends meanwhile is dropped.
+                self._deferred = (status_and_headers, body)
+                cycle.keep_alive = False
+                self._lingering = True
+                if self._watchdog is not None:
+                    self._watchdog.cancel()
+                    self._watchdog = None
+                return
+            # This cycle's own request is refused (its body): whatever the app
+            # still sends is dropped, and it reads http.disconnect.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:  # part of its answer is out: nothing may follow
+                self._linger()
+                return
+        self._write_refusal(status_and_headers, body)
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()  # a client that does not read either: drop it
+            return
+        self._linger()
+
+    def _write_refusal(self, status_and_headers: bytes, body: bytes) -> None:
         head = [status_and_headers]
         for name, value in self.server_state.default_headers:
             head.extend((name, b": ", value, b"\r\n"))
         head.extend((b"\r\n", body))
         self.transport.write(b"".join(head))
-        if self.transport.get_write_buffer_size():
-            self.transport.abort()  # a client that does not read either: drop it
-            return
+
+    def close_after_answer(self) -> None:
+        """A cycle's close, once its answer is written (``Connection: close``):
+        a lingering one while the client may still be sending the request (or
+        the next one), else a plain one. A refusal deferred behind this answer
+        is written first."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            if self.cycle is not None and self.cycle.response_complete:
+                self._write_refusal(*deferred)
+            self._linger()  # (an answer cut short is followed by nothing)
+        elif self._lingering:
+            pass  # answered by the server already: the linger closes it
+        elif self._phase in (_HEADERS, _BODY) and not self.transport.is_closing():
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _linger(self) -> None:
         # A lingering close: closing with the client's bytes still unread makes the
         # kernel send a reset, which can reach the client before the answer and
-        # destroy it (a client still sending 50 KiB of headers never saw its 431).
-        # So the answer is followed by a FIN, what the client still sends is read
-        # and dropped, and the connection closes when the client closes it, or
-        # after LINGER_S at the most.
+        # destroy it (a client still sending 50 KiB of headers never saw its 431,
+        # one still sending a 20 MB body never saw its 413). So the answer is
+        # followed by a FIN, what the client still sends is read and dropped, and
+        # the connection closes when the client closes it, once it has been quiet
+        # for LINGER_S, or after the body timeout at the most.
         # The linger's timer takes the watchdog's place: a deadline still pending
         # must not answer a second time, and connection_lost cancels either.
         self._lingering = True
+        self.flow.resume_reading()  # paused while the app did not read the body
         if self.transport.can_write_eof():
             self.transport.write_eof()
         if self._watchdog is not None:
             self._watchdog.cancel()
-        self._watchdog = self.loop.call_later(LINGER_S, self.transport.close)
+        self._heard = False
+        self._linger_until = self.loop.time() + self._body_timeout
+        self._watchdog = self.loop.call_later(LINGER_S, self._linger_check)
+
+    def _linger_check(self) -> None:
+        if self._heard and self.loop.time() < self._linger_until:
+            self._heard = False
+            self._watchdog = self.loop.call_later(LINGER_S, self._linger_check)
+        else:
+            self._watchdog = None
+            self.transport.close()

@@ -7,7 +7,7 @@ constraint name -> (code, detail). Core's own codes are in ``CORE_CODES``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -34,12 +34,15 @@ CORE_CODES: dict[str, int] = {
     "idempotency_key_reused": 422,
     "request_in_progress": 409,
     "payload_too_large": 413,
+    # A JSON body naming one key twice in one object (core/http/schemas.py).
+    "duplicate_key": 422,
     "request_timeout": 408,  # the HTTP server: a slow client (core/http/slow_clients.py)
-    "invalid_request_id": 400,  # core/kernel/tracing.py: a malformed X-Request-ID, before any route
     "headers_too_large": 431,  # the HTTP server: request line and headers too large
+    "bad_request": 400,  # the HTTP server: a request its parser refuses
+    "http_version_not_supported": 505,  # the HTTP server: not HTTP/1.0 or HTTP/1.1
     "not_replayable": 409,
     "not_cancellable": 409,  # rentals bookings and scheduler jobs
-    # The framework's own answers (core/http/glue.py): a known path, another method;
+    # The framework's own answers (core/http/problems.py): a known path, another method;
     # any other HTTP error; an exception nobody expected.
     "method_not_allowed": 405,
     "http_error": 400,
@@ -96,12 +99,41 @@ class DomainError(Exception):
         return problem_body(self.status, self.code, self.detail, **self.extra)
 
 
+# Where an issue is (the first item of its ``loc``), as the framework's own 422s
+# name it; ``request`` when no part of the request can be named (a value the
+# database refused, core/db/database.py).
+ISSUE_PLACES = ("body", "query", "path", "header", "request")
+
+
+def issue(loc: Sequence[str | int], msg: str, kind: str = "value_error") -> dict[str, Any]:
+    """One item of a 422's ``errors``: ``loc`` starts with one of ISSUE_PLACES."""
+    if not loc or loc[0] not in ISSUE_PLACES:
+        raise ValueError(f"an issue's loc starts with one of {ISSUE_PLACES}: {loc!r}")
+    return {"loc": [str(p) for p in loc], "msg": msg, "type": kind}
+
+
+def model_issues(errors: Iterable[Mapping[str, Any]], *prefix: str) -> list[dict[str, Any]]:
+    """A model's validation errors (pydantic's ``exc.errors()``) as issues, each
+    ``loc`` under ``prefix`` (``"body"``, ``"body", "payload"``): the model read a
+    part of the request, and its own loc starts inside that part."""
+    return [
+        issue([*prefix, *e.get("loc", ())], str(e.get("msg", "")), str(e.get("type", "")))
+        for e in errors
+    ]
+
+
 def validation_error(
-    detail: str, errors: list[dict[str, Any]] | None = None, *, code: str = "validation_error"
+    detail: str,
+    errors: list[dict[str, Any]] | None = None,
+    *,
+    at: Sequence[str | int] = ("body",),
+    code: str = "validation_error",
 ) -> DomainError:
-    """A 422 whose body lists what was wrong (``errors``: loc, msg, type), like
-    the one the framework answers for a request that does not parse."""
-    return DomainError(code, detail, status=422, extra={"errors": errors or []})
+    """A 422 whose body lists what was wrong (``errors``: loc, msg, type, made by
+    ``issue``), like the one the framework answers for a request that does not
+    parse. Never an empty list: without ``errors``, one issue at ``at`` says
+    ``detail``."""
+    return DomainError(code, detail, status=422, extra={"errors": errors or [issue(at, detail)]})
 
 
 # Where a problem type's page is served (app.py): a relative URI reference, so

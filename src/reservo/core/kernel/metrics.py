@@ -1,19 +1,31 @@
 """Prometheus metrics. Under several API processes, set PROMETHEUS_MULTIPROC_DIR
-(``reservo api --workers N`` does) so /metrics aggregates them all."""
+(``reservo api --workers N`` does) so /metrics aggregates them all.
+
+``render`` answers the format the scraper asks for: OpenMetrics 1.0 (with the
+request latency's exemplars, ``# EOF``) to an ``Accept: application/openmetrics-text``,
+the Prometheus text format 0.0.4 otherwise. prometheus-client keeps no exemplars
+in multiprocess mode (its shared files hold values only), so there the
+OpenMetrics answer carries none; ``MULTIPROCESS`` tells the request metrics not
+to make them at all."""
 
 from __future__ import annotations
 
 import os
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
     multiprocess,
 )
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.values import MutexValue, ValueClass
+
+# What prometheus-client chose when it was imported: values in shared files
+# (PROMETHEUS_MULTIPROC_DIR set then) keep no exemplars.
+MULTIPROCESS = ValueClass is not MutexValue
 
 BUILD_INFO = Gauge(
     "reservo_build_info",
@@ -83,6 +95,14 @@ OUTBOX_OLDEST = Gauge(
 OUTBOX_DEAD = Gauge(
     "reservo_outbox_dead", "Events that exhausted their retries", multiprocess_mode="max"
 )
+# The invariant checks (reservo/verify) the maintenance role runs: what the last
+# run found per check; anything above 0 is a broken promise to look into.
+INVARIANT_VIOLATIONS = Gauge(
+    "reservo_invariant_violations",
+    "Rows breaking an invariant at the last scheduled `reservo verify` run, by check",
+    ["check"],
+    multiprocess_mode="max",
+)
 TRANSIENT_FAILURES = Counter(
     "reservo_transient_failures_total",
     "Deliveries that failed because a dependency was away (retried until they succeed)",
@@ -97,6 +117,15 @@ POISON_ROWS = Counter(
     "reservo_poison_rows_total",
     "Rows a background loop could not process even alone and parked",
     ["loop"],
+)
+
+# Idempotency-Key (core/http/idempotency.py): retries that met their key's
+# first request still running and waited for it. "answered": it ended within
+# the wait (the retry got its answer, or ran itself); "expired": 409.
+IDEMPOTENCY_WAITS = Counter(
+    "reservo_idempotency_waits_total",
+    "Waits of a request for the request in flight with its Idempotency-Key, by how they ended",
+    ["outcome"],
 )
 
 # Read replicas (core/db/replicas.py): only the reads that may be seconds stale.
@@ -119,9 +148,11 @@ REPLICA_UP = Gauge(
 )
 
 
-def render() -> tuple[bytes, str]:
+def render(accept: str | None = None) -> tuple[bytes, str]:
+    """The metrics in the format ``accept`` (a scrape's Accept header) asks for, and its type."""
+    encode, content_type = choose_encoder(accept or "")
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(), CONTENT_TYPE_LATEST
+        return encode(registry), content_type
+    return encode(REGISTRY), content_type

@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from random import getrandbits
 from typing import Any
 
-import orjson
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reservo.core.kernel.errors import PROBLEM_JSON, problem_body
+from reservo.core.kernel.access_log import AccessLog
 
 log = structlog.get_logger(__name__)
 
@@ -275,6 +274,40 @@ def handling(
     return span(name, "consumer", parse_traceparent(traceparent), attributes, request_id)
 
 
+class Detached:
+    """A span that is never the current one: what a batch of events gets, one
+    per event, each in its own trace (a context variable holds one span at a
+    time). Work on the event names it as its parent through ``context``."""
+
+    __slots__ = ("_otel", "context")
+
+    def __init__(self, context: TraceContext, otel: Any) -> None:
+        self.context, self._otel = context, otel
+
+    def fail(self, exc: BaseException) -> None:
+        if self._otel is not None and _OTEL is not None:
+            self._otel.record_exception(exc)
+            self._otel.set_status(_OTEL.error)
+
+    def end(self) -> None:
+        if self._otel is not None:
+            self._otel.end()
+
+
+def handling_detached(
+    traceparent: str | None, name: str, attributes: Mapping[str, Any]
+) -> Detached:
+    """``handling``'s consumer span for one event of a batch, not made current."""
+    parent = parse_traceparent(traceparent)
+    otel = _OTEL
+    if otel is None:
+        trace_id = _new_trace_id() if parent is None else parent.trace_id
+        sampled = False if parent is None else parent.sampled
+        return Detached(TraceContext(trace_id, _new_span_id(), sampled), None)
+    span, ctx = otel.start(name, "consumer", parent, attributes)
+    return Detached(ctx, span)
+
+
 def parent_for(traceparent: str | None) -> TraceContext | None:
     """The parent of work on an event of that trace: the current span when it
     is already in that trace (the consumer's span), else the event's context."""
@@ -370,11 +403,18 @@ def shutdown() -> None:
 
 class TracedRequests:
     """Every HTTP request in its trace and under its request id, the id echoed
-    in ``X-Request-ID``. A ``traceparent`` that is not valid starts a new trace
-    (as the standard says); an ``X-Request-ID`` that is not valid is refused
-    with 400 ``invalid_request_id`` (it would land on every log line)."""
+    in ``X-Request-ID`` and the server's span in ``traceresponse`` (W3C Trace
+    Context Level 2: ``00-<trace id>-<span id>-<flags>``, so a caller matches its
+    call to the trace without reading logs). A ``traceparent`` that is not valid
+    starts a new trace (as the standard says); an ``X-Request-ID`` that is not
+    valid (too long, or characters that could break a log line or a header) is
+    replaced by a new id, never refused: the id is the caller's aid to finding
+    its request, not a reason to turn it away. The one given is logged once
+    (``request_id_replaced``), escaped and cut to ``REQUEST_ID_MAX`` characters,
+    under the new id. ``access_log``, when given, writes the request's line
+    (core/kernel/access_log.py)."""
 
-    def __init__(self, app: ASGIApp, access_log: bool = False) -> None:
+    def __init__(self, app: ASGIApp, access_log: AccessLog | None = None) -> None:
         self.app = app
         self.access_log = access_log
 
@@ -388,17 +428,16 @@ class TracedRequests:
                 traceparent = traceparent or value
             elif name == b"x-request-id":
                 given = given or value
+        replaced = None
         if given is not None and not valid_request_id(given):
-            await _refuse_request_id(send)
-            return
-        if _OTEL is None and not self.access_log:
-            await self._ids_only(scope, receive, send, traceparent, given)
+            replaced, given = given, None
+        if _OTEL is None:
+            await self._ids_only(scope, receive, send, traceparent, given, replaced)
             return
         rid = new_request_id() if given is None else given.decode("ascii")
-        echo = (b"x-request-id", rid.encode("ascii"))
         method = scope["method"]
         parent = None if traceparent is None else parse_traceparent(traceparent)
-        started = time.perf_counter() if self.access_log else 0.0
+        started = time.perf_counter()
         current = start(
             method,
             "server",
@@ -406,13 +445,16 @@ class TracedRequests:
             {"http.request.method": method, "url.path": scope["path"]},
             rid,
         )
+        echo = _echoed(rid.encode("ascii"), current.context)
+        if replaced is not None:
+            _log_replaced(replaced)
         status = 500
 
         async def echoing(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message = {**message, "headers": [*message.get("headers", ()), echo]}
+                message = {**message, "headers": [*message.get("headers", ()), *echo]}
             await send(message)
 
         try:
@@ -427,14 +469,9 @@ class TracedRequests:
                 if route is not None:
                     current.set("http.route", route)
                     current.rename(f"{method} {route}")
-            if self.access_log:
-                log.info(
-                    "request",
-                    method=method,
-                    route=route or "unmatched",
-                    status=status,
-                    duration_ms=round((time.perf_counter() - started) * 1000, 3),
-                )
+            if self.access_log is not None:
+                seconds = time.perf_counter() - started
+                self.access_log.request(method, route, status, seconds, current.context.sampled)
             current.end()
 
     async def _ids_only(
@@ -444,11 +481,13 @@ class TracedRequests:
         send: Send,
         traceparent: bytes | None,
         given: bytes | None,
+        replaced: bytes | None,
     ) -> None:
-        """The common case, kept to a few microseconds: no exporter, no access
-        log; only the ids, set for the request and echoed. A request that came
-        without an id and without a trace gets one number for both (its request
-        id is its trace id): one random draw less per request."""
+        """The common case, kept to a few microseconds: no exporter; only the
+        ids, set for the request and echoed, and the access log's line. A request
+        that came without an id and without a trace gets one number for both (its
+        request id is its trace id): one random draw less per request."""
+        started = time.perf_counter()
         parent = None if traceparent is None else parse_traceparent(traceparent)
         if parent is None:
             trace_id = _new_trace_id()
@@ -457,39 +496,39 @@ class TracedRequests:
         else:
             ctx = TraceContext(parent.trace_id, _new_span_id(), parent.sampled)
             rid = new_request_id() if given is None else given.decode("ascii")
-        echo = (b"x-request-id", given or rid.encode("ascii"))
+        echo = _echoed(given or rid.encode("ascii"), ctx)
+        status = 500
 
         async def echoing(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), echo]}
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), *echo]}
             await send(message)
 
         trace_token, request_token = _CONTEXT.set(ctx), _REQUEST.set(rid)
         try:
+            if replaced is not None:
+                _log_replaced(replaced)
             await self.app(scope, receive, echoing)
         finally:
+            if self.access_log is not None:
+                route = getattr(scope.get("route"), "path", None)
+                seconds = time.perf_counter() - started
+                self.access_log.request(scope["method"], route, status, seconds, ctx.sampled)
             _CONTEXT.reset(trace_token)
             _REQUEST.reset(request_token)
 
 
-async def _refuse_request_id(send: Send) -> None:
-    body = orjson.dumps(
-        problem_body(
-            400,
-            "invalid_request_id",
-            f"X-Request-ID must be 1 to {REQUEST_ID_MAX} characters: letters, digits "
-            "and . _ : + / = @ -",
-        )
-    )
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 400,
-            "headers": [
-                (b"content-type", PROBLEM_JSON.encode()),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-request-id", new_request_id().encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+def _echoed(request_id: bytes, ctx: TraceContext) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers every answer carries: its request id and its trace position."""
+    return (b"x-request-id", request_id), (b"traceresponse", ctx.traceparent.encode("ascii"))
+
+
+def _log_replaced(given: bytes) -> None:
+    """The caller's unusable id, for finding the request by it: escaped (no
+    control character or non-ASCII byte reaches the log as itself) and cut to
+    ``REQUEST_ID_MAX`` characters, whatever length was sent."""
+    escaped = given[: REQUEST_ID_MAX * 4].decode("latin-1").encode("unicode_escape")
+    shown = escaped.decode("ascii")[:REQUEST_ID_MAX]
+    log.info("request_id_replaced", given=shown, given_bytes=len(given))

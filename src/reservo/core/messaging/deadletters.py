@@ -69,6 +69,29 @@ async def park_in_tx(
     )
 
 
+async def park_once_in_tx(
+    conn: asyncpg.Connection,
+    consumer: str,
+    event: Event,
+    error: Rejected,
+    now: datetime,
+    source: str = "/reservo",
+) -> None:
+    """Park ``event`` for ``consumer`` in the caller's transaction, for a handler
+    that refuses it without failing: the handler commits the rest of what it
+    records (its inbox row) with the letter, and returns normally, so no
+    transport parks the event a second time. A redelivery of an event already
+    parked changes nothing. While its letter is being replayed (the operator
+    asked, and the handler still refuses it) this raises ``error``: the replay
+    fails with it and the letter stays parked, rather than being marked replayed
+    with nothing applied."""
+    replaying = await conn.fetchval(Q.dead_letter_local_replaying, consumer, event.id)
+    if replaying is None:
+        await park_in_tx(conn, consumer, event, error, now, source)
+    elif replaying:
+        raise error
+
+
 @dataclass(frozen=True)
 class DeadLetter(FromRow):
     id: int

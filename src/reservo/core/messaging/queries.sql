@@ -123,6 +123,12 @@ INSERT INTO dead_letter (consumer, topic, event_id, key, value, error, attempts,
 VALUES ($1, $2, $3, $4, $5, $6, 1, $7)
 ON CONFLICT (consumer, event_id) WHERE partition IS NULL DO NOTHING;
 
+-- name: dead_letter_local_replaying
+-- The in-process letter of an event for a consumer: no row when none is parked;
+-- true while it is being replayed (dead_letter_take_for_replay stamped it).
+SELECT replayed_at IS NOT NULL FROM dead_letter
+ WHERE consumer = $1 AND event_id = $2 AND partition IS NULL;
+
 -- name: backlog
 -- What /readyz shows of work waiting: outbox events pending and those being
 -- retried (capped counts: cheap even with a large backlog), the age of the oldest

@@ -52,6 +52,28 @@ for i = 1, #KEYS, 2 do
 end
 return out
 """
+# The same, plus a refresh-ahead lease (KEYS in triples: a value, its
+# generation, its refresh lease): a value with ARGV[1] ms of life or less left
+# is handed to one reader to read again (4th answer 1) while every other reader
+# keeps serving it. The lease ends when the value would have: a refresh that
+# never stores leaves it to expire, and the next reader after that fills it.
+_GET_VERSIONED_LEASING_LUA = """
+local out = {}
+for i = 1, #KEYS, 3 do
+  local raw = redis.call('GET', KEYS[i])
+  local pttl = redis.call('PTTL', KEYS[i])
+  local refresh = 0
+  if raw and pttl > 0 and pttl <= tonumber(ARGV[1])
+      and redis.call('SET', KEYS[i + 2], '1', 'NX', 'PX', pttl) then
+    refresh = 1
+  end
+  out[#out + 1] = raw
+  out[#out + 1] = pttl
+  out[#out + 1] = redis.call('GET', KEYS[i + 1]) or '0'
+  out[#out + 1] = refresh
+end
+return out
+"""
 # Store a fill only if no change bumped the generation since the fill began: a
 # read that raced a booking can then never outlive it in the cache.
 _SET_IF_GENERATION_LUA = """
@@ -67,8 +89,33 @@ redis.call('PEXPIRE', KEYS[2], ARGV[1])
 redis.call('UNLINK', KEYS[1])
 return 1
 """
+# A value stamped with the generations of the groups it was read under (KEYS[2..],
+# "0" when never bumped): the value, its PTTL, then each group's generation, in
+# one command; the caller serves the value only if its stamp is the current one.
+_GET_STAMPED_LUA = """
+local out = {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+for i = 2, #KEYS do out[#out + 1] = redis.call('GET', KEYS[i]) or '0' end
+return out
+"""
 # Generations are kept a day: far longer than any value's life.
 _GENERATION_LIFE_MS = 24 * 3600 * 1000
+# A lease on repairing a group of marks, taken only while the group's "whole"
+# mark (KEYS[1], kept without a TTL) is missing: KEYS[2] the lease, ARGV[1] its
+# holder's token, ARGV[2] its life in ms. Both keys share one hash tag.
+_LEASE_UNLESS_WHOLE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+# The repair done: the group is whole again, only if the lease is still the
+# holder's (a Redis that lost its state meanwhile lost the lease too, and
+# perhaps the marks just written: the group stays not whole).
+_SETTLE_WHOLE_LUA = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], '1')
+redis.call('DEL', KEYS[2])
+return 1
+"""
 
 
 def _ttl_ms(ttl_s: float) -> int:
@@ -101,9 +148,14 @@ class Cache:
         self._get_versioned = gate.client.register_script(_GET_VERSIONED_LUA)
         self._set_if_generation = gate.client.register_script(_SET_IF_GENERATION_LUA)
         self._bump = gate.client.register_script(_BUMP_LUA)
+        self._get_stamped = gate.client.register_script(_GET_STAMPED_LUA)
+        self._lease_unless_whole = gate.client.register_script(_LEASE_UNLESS_WHOLE_LUA)
+        self._settle_whole = gate.client.register_script(_SETTLE_WHOLE_LUA)
         self._versioned_batch = ScriptBatch(
             gate, gate.client.register_script(_GET_VERSIONED_MANY_LUA), (), 2, 3
         )
+        self._get_versioned_leasing = gate.client.register_script(_GET_VERSIONED_LEASING_LUA)
+        self._leasing_batches: dict[int, ScriptBatch] = {}
         self._locals: list[LocalCache[Any]] = []
         self._gate_batches: dict[tuple[RateLimiter, int, int, int], GateBatch] = {}
 
@@ -122,6 +174,9 @@ class Cache:
 
     def generation_key(self, key: str) -> str:
         return f"{self.namespace}:gen:{key}"
+
+    def refresh_lease_key(self, key: str) -> str:
+        return f"{self.namespace}:refresh:{key}"
 
     # --- values -------------------------------------------------------------
 
@@ -213,6 +268,38 @@ class Cache:
 
         return await self.gate.call(_get, (None, 0.0, None))
 
+    async def get_versioned_refreshing(
+        self, key: str, ahead_s: float
+    ) -> tuple[bytes | None, float, bytes | None, bool]:
+        """``get_versioned``, and whether this caller now holds the value's
+        refresh lease: True for one caller per value once it has ``ahead_s`` or
+        less to live, who should read it again and ``set_if_unchanged`` it with
+        the generation returned here, while the others keep serving the value
+        until it expires. Batched like ``get_versioned`` on a single Redis;
+        ``(None, 0, None, False)`` with Redis down."""
+        keys = [self.value_key(key), self.generation_key(key), self.refresh_lease_key(key)]
+        ahead_ms = _ttl_ms(ahead_s)
+        down: tuple[bytes | None, float, bytes | None, bool] = (None, 0.0, None, False)
+        if not self.cluster:
+            batch = self._leasing_batches.get(ahead_ms)
+            if batch is None:
+                batch = self._leasing_batches[ahead_ms] = ScriptBatch(
+                    self.gate, self._get_versioned_leasing, (ahead_ms,), 3, 4
+                )
+            got = await batch.check(keys)
+            if got is None:
+                return down
+            raw, pttl, generation, refresh = got
+            return (*_versioned(raw, pttl, generation), bool(refresh))
+
+        async def _get(client: Client) -> tuple[bytes | None, float, bytes | None, bool]:
+            raw, pttl, generation, refresh = await evalsha(
+                client, self._get_versioned_leasing, keys, [ahead_ms]
+            )
+            return (*_versioned(raw, pttl, generation), bool(refresh))
+
+        return await self.gate.call(_get, down)
+
     async def set_if_unchanged(
         self, key: str, data: bytes, ttl_s: float, generation: bytes
     ) -> bool:
@@ -249,6 +336,56 @@ class Cache:
 
         return await self.gate.call(_run, False)
 
+    # --- values stamped with the generations of groups --------------------------
+    #
+    # For many values that one change invalidates together (every cached page
+    # of a city's car search over a day a hold covers): each value is stored
+    # with the generations of its groups at the moment its database read began,
+    # and a read serves it only while they are all still current. A change
+    # bumps its groups' generations (``bump_groups``): every value of them, and
+    # every fill begun before, is a miss from then on, without listing the
+    # values. The value and group keys share the caller's hash tag.
+
+    async def get_stamped(
+        self, key: str, groups: list[str]
+    ) -> tuple[bytes | None, float, bytes | None]:
+        """The cached value if stored under the current generations of
+        ``groups``, the seconds Redis keeps it still, and the stamp to hand to
+        ``set_stamped`` after a database read: ``(None, 0, None)`` with Redis
+        down (then nothing may be stored)."""
+        keys = [self.value_key(key), *(self.generation_key(g) for g in groups)]
+        script = self._get_stamped
+
+        async def _get(client: Client) -> tuple[bytes | None, float, bytes | None]:
+            raw, pttl, *generations = await evalsha(client, script, keys)
+            stamp = b",".join(bytes(g) for g in generations) + b"|"
+            if raw is None or int(pttl) <= 0 or not bytes(raw).startswith(stamp):
+                return None, 0.0, stamp
+            return bytes(raw)[len(stamp) :], int(pttl) / 1000, stamp
+
+        return await self.gate.call(_get, (None, 0.0, None))
+
+    async def set_stamped(self, key: str, data: bytes, ttl_s: float, stamp: bytes) -> bool:
+        """Store ``data`` for ``ttl_s`` under ``stamp`` (from ``get_stamped``,
+        read before the database); False if Redis did not take it."""
+        return await self.set_bytes(key, stamp + data, ttl_s)
+
+    async def bump_groups(self, *groups: str) -> bool:
+        """A change to every value of these groups: a new generation each, kept
+        far longer than any value. False when Redis did not take it."""
+        calls: list[Command] = []
+        for g in groups:
+            calls += [
+                ("INCR", self.generation_key(g)),
+                ("PEXPIRE", self.generation_key(g), _GENERATION_LIFE_MS),
+            ]
+
+        async def _run(client: Client) -> bool:
+            await pipeline(client, calls)
+            return True
+
+        return bool(calls) and await self.gate.call(_run, False)
+
     # --- full marks -----------------------------------------------------------
 
     async def mark(self, key: str, ttl_s: float) -> bool:
@@ -283,6 +420,69 @@ class Cache:
             return tuple(v is not None for v in await client.mget(rkeys))
 
         return await self.gate.call(_mget, tuple(False for _ in keys))
+
+    async def mark_each(self, marks: list[tuple[str, float]]) -> bool:
+        """``mark`` of each (key, ttl_s) in one pipeline (on a cluster, one per
+        node); False if Redis did not take them all."""
+        if not marks:
+            return True
+        calls: list[Command] = [
+            ("SET", self.mark_key(k), b"1", "PX", _ttl_ms(ttl_s)) for k, ttl_s in marks
+        ]
+
+        async def _run(client: Client) -> bool:
+            await pipeline(client, calls)
+            return True
+
+        return await self.gate.call(_run, False)
+
+    # --- marks that say a group of marks is whole --------------------------------
+    #
+    # A group of marks (e.g. the Idempotency-Keys that reached the database)
+    # whose absence is trusted needs to know when Redis lost it: the group has a
+    # "whole" mark without a TTL, which only a repair (a rebuild from the
+    # truth) sets, and which a flush or a restart without persistence loses
+    # with the group. ``whole`` and ``lease`` name keys of the same hash tag.
+
+    async def lease_repairs(
+        self, groups: list[tuple[str, str]], token: str, ttl_s: float
+    ) -> list[bool]:
+        """For each (whole, lease) pair: True when the group is not whole and
+        nobody else holds its repair lease, which ``token`` now holds for
+        ``ttl_s``; all False when Redis did not answer."""
+        px = _ttl_ms(ttl_s)
+        calls: list[Command] = [
+            ScriptCall(self._lease_unless_whole, [self.mark_key(w), self.mark_key(lk)], [token, px])
+            for w, lk in groups
+        ]
+
+        async def _run(client: Client) -> list[bool]:
+            return [bool(r) for r in await pipeline(client, calls)]
+
+        return await self.gate.call(_run, [False] * len(groups))
+
+    async def settle_repairs(self, groups: list[tuple[str, str]], token: str) -> list[bool]:
+        """Mark each (whole, lease) group whole if ``token`` still holds its lease;
+        False for a group whose lease was lost (expired, or Redis lost state)."""
+        calls: list[Command] = [
+            ScriptCall(self._settle_whole, [self.mark_key(w), self.mark_key(lk)], [token])
+            for w, lk in groups
+        ]
+
+        async def _run(client: Client) -> list[bool]:
+            return [bool(r) for r in await pipeline(client, calls)]
+
+        return await self.gate.call(_run, [False] * len(groups))
+
+    async def drop_marks(self, *keys: str) -> bool:
+        """Remove these marks; True when Redis took the command (whether or not
+        they were set), False when it did not answer."""
+
+        async def _run(client: Client) -> bool:
+            await pipeline(client, [("UNLINK", self.mark_key(k)) for k in keys])
+            return True
+
+        return await self.gate.call(_run, False)
 
     async def clear_mark(self, key: str) -> bool:
         """Remove a mark (e.g. a seat was released); True if one was set."""

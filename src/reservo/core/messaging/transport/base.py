@@ -35,9 +35,9 @@ class Subscription:
     consumer: str
     topic: str
     handler: Handler
-    # Optional fast path for the Kafka consumer runner; it falls back to
-    # ``handler`` one event at a time when a batch fails, so one bad event is
-    # isolated (retried, parked). The local transport calls ``handler`` only.
+    # Optional fast path for the Kafka consumer runner and the local transport;
+    # both fall back to ``handler`` one event at a time when a batch fails, so
+    # one bad event is isolated (retried, parked).
     batch: BatchHandler | None = None
 
 

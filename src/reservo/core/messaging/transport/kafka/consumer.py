@@ -64,11 +64,13 @@ class KafkaConsumerRunner:
         batch_handlers: dict[str, BatchHandler] | None = None,
         events: EventRegistry | None = None,
         source: str = "/reservo",
+        legacy_topics: bool = True,
     ) -> None:
         if not handlers:
             raise ValueError(f"consumer {consumer!r} has no topics")
         self.bootstrap, self.consumer, self.handlers = bootstrap, consumer, handlers
         self.events, self.source = events or EventRegistry(), source
+        self.legacy_topics = legacy_topics
         self.batch_handlers = batch_handlers or {}
         self.db, self.clock = db, clock
         self.group_id = f"{group_prefix}.{consumer}"
@@ -101,11 +103,18 @@ class KafkaConsumerRunner:
                 log.warning("kafka_consumer_restart", consumer=self.consumer, error=repr(exc))
                 await pause(stop, backoff_delay(failures, RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S))
 
-    async def _session(self, stop: asyncio.Event) -> None:
-        # The streams of the events it handles, and for one release the topics
-        # their old names had (records published before the upgrade).
+    def topics(self) -> list[str]:
+        """What the group reads: the streams of the events it handles and, unless
+        ``legacy_topics`` is off, the topics their 0.2.0 names had (records
+        published before the upgrade)."""
         streams = self.events.streams(self.handlers)
-        topics = streams + self.events.former_topics(self.handlers)
+        if not self.legacy_topics:
+            return streams
+        return streams + self.events.former_topics(self.handlers)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        streams = self.events.streams(self.handlers)
+        topics = self.topics()
         all_topics = streams + ([t + DLT_SUFFIX for t in streams] if self.dead_letter_topic else [])
         await ensure_topics(
             self.bootstrap,

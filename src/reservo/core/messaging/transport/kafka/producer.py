@@ -62,6 +62,9 @@ class KafkaTransport:
         self._startup_topics = topics  # read at start(): modules subscribe during build
         self._known_topics: set[str] = set()
         self._producer: AIOKafkaProducer | None = None
+        # One producer however many first deliveries arrive together (the results
+        # webhook delivers per request): each used to start its own and leak it.
+        self._starting = asyncio.Lock()
 
     async def start(self) -> None:
         """Connect and create the start-up topics (``deliver`` also does it lazily)."""
@@ -74,7 +77,11 @@ class KafkaTransport:
             await producer.stop()  # flushes what is still buffered
 
     async def _ensure_producer(self) -> AIOKafkaProducer:
-        if self._producer is None:
+        if self._producer is not None:
+            return self._producer
+        async with self._starting:
+            if self._producer is not None:  # started while this one waited
+                return self._producer
             producer = AIOKafkaProducer(
                 bootstrap_servers=self.bootstrap,
                 client_id=self.client_id,
@@ -91,7 +98,7 @@ class KafkaTransport:
                 await producer.stop()
                 raise
             self._producer = producer
-        return self._producer
+            return producer
 
     async def _ensure_topics(self, topics: Iterable[str]) -> None:
         missing = set(topics) - self._known_topics

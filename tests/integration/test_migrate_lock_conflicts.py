@@ -1,0 +1,116 @@
+"""A migration that meets the serving release's locks waits its turn.
+
+Migrations run while the previous release serves (docs/DEPLOY.md). A migration
+that cannot take its table lock within its own ``lock_timeout``, or that
+PostgreSQL picks as a deadlock's victim, is rolled back and tried again after a
+backoff, so a deploy does not fail because one request held a row for a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from reservo.core.aio.retry import RETRIES
+from reservo.core.db.migrate import migrate
+from tests.helpers.databases import DatabaseAt
+
+ALTER = """SET LOCAL lock_timeout = '100ms';
+ALTER TABLE lock_probe ADD COLUMN IF NOT EXISTS note text;
+"""
+# Locks lock_probe first, then the other table: the opposite order of DEADLOCKER.
+ALTER_BOTH = """SET LOCAL lock_timeout = '10s';
+ALTER TABLE lock_probe ADD COLUMN IF NOT EXISTS note text;
+ALTER TABLE lock_other ADD COLUMN IF NOT EXISTS note text;
+"""
+
+
+@pytest.fixture
+def migrations(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """An importable migrations package of the test's own, filled by the test."""
+    package = f"lock_conflict_migrations_{uuid.uuid4().hex[:8]}"
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path / package, package
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop(package, None)
+
+
+def retries() -> float:
+    return RETRIES.labels(operation="db_migrate")._value.get()
+
+
+async def columns(url: str, table: str) -> set[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = $1", table
+        )
+    finally:
+        await conn.close()
+    return {r["column_name"] for r in rows}
+
+
+async def test_a_migration_past_its_lock_timeout_is_tried_again_and_applies(
+    database_at: DatabaseAt, migrations: tuple[Path, str]
+) -> None:
+    url = await database_at(0)
+    folder, package = migrations
+    (folder / "0001_add_note.sql").write_text(ALTER)
+    holder = await asyncpg.connect(url)
+    await holder.execute("CREATE TABLE lock_probe (id int)")
+    before = retries()
+    try:
+        # A serving transaction reads the table and keeps its lock for 1.5 s:
+        # the ALTER's 100 ms lock_timeout expires several times meanwhile.
+        tx = holder.transaction()
+        await tx.start()
+        await holder.fetch("SELECT * FROM lock_probe")
+        migrating = asyncio.create_task(migrate(url, package))
+        await asyncio.sleep(1.5)
+        assert not migrating.done(), "the migration went through a held lock"
+        await tx.commit()
+        applied = await asyncio.wait_for(migrating, 30)
+    finally:
+        await holder.close()
+    assert [m.name for m in applied] == ["add_note"]
+    assert "note" in await columns(url, "lock_probe")
+    assert retries() > before, "no retry was counted"
+
+
+async def test_a_migration_chosen_as_a_deadlock_victim_is_tried_again_and_applies(
+    database_at: DatabaseAt, migrations: tuple[Path, str]
+) -> None:
+    url = await database_at(0)
+    folder, package = migrations
+    (folder / "0001_add_notes.sql").write_text(ALTER_BOTH)
+    server = await asyncpg.connect(url)
+    await server.execute("CREATE TABLE lock_probe (id int); CREATE TABLE lock_other (id int)")
+    before = retries()
+    try:
+        # The serving transaction writes lock_other; the migration takes
+        # lock_probe and waits for lock_other; the serving transaction then
+        # writes lock_probe: a cycle. PostgreSQL aborts the side that waited
+        # first (its deadlock check runs first): the migration, which must
+        # then be tried again once the serving transaction has committed.
+        tx = server.transaction()
+        await tx.start()
+        await server.execute("INSERT INTO lock_other VALUES (1)")
+        migrating = asyncio.create_task(migrate(url, package))
+        await asyncio.sleep(0.25)
+        await server.execute("INSERT INTO lock_probe VALUES (1)")
+        await tx.commit()
+        applied = await asyncio.wait_for(migrating, 60)
+    finally:
+        await server.close()
+    assert [m.name for m in applied] == ["add_notes"]
+    assert "note" in await columns(url, "lock_probe")
+    assert "note" in await columns(url, "lock_other")
+    assert retries() > before, "the migration was not the deadlock's victim, or no retry"
