@@ -153,3 +153,29 @@ async def test_a_transaction_cancelled_mid_statement_raises_its_cancel(
             assert await conn.fetchval("SELECT 1") == 1
     finally:
         await db.close()
+
+
+async def test_a_statement_cancelled_outside_a_transaction_raises_its_cancel(
+    database_url: str,
+) -> None:
+    """No transaction to roll back: the cancelled block goes straight back to the
+    pool, which must find the connection closed and retire it. Closing it from
+    the loop's next turn, after the pool had begun returning it, freed the pool's
+    holder twice ("release() called on a free connection holder", a 503)."""
+    db = Database(database_url, min_size=0, max_size=2)
+
+    async def statement() -> None:
+        async with db.connection() as conn:
+            await conn.execute("SELECT pg_sleep(5)")
+
+    try:
+        for _ in range(3):
+            task = asyncio.create_task(statement())
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        async with db.connection() as conn:
+            assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await db.close()

@@ -59,4 +59,16 @@ class AbandoningConnection(asyncpg.Connection):  # type: ignore[misc]
         # the TimeoutError: closing right there would fail the waiter twice, so
         # the connection is closed on the next turn of the loop (before the
         # caller resumes). Closing completes both waiters.
-        self._loop.call_soon(self.terminate)
+        self._loop.call_soon(self._abandon)
+
+    def _abandon(self) -> None:
+        if self._pool_holder is None:
+            self.terminate()
+            return
+        # Pooled: only the socket is closed. The pool may already be returning
+        # the connection (a block cancelled outside a transaction goes straight
+        # back): a full terminate() here would free its holder under it ("called
+        # on a free connection holder"); the pool's release sees the connection
+        # closed and finishes the cleanup itself.
+        if not self._aborted and self._protocol is not None:
+            self._abort()
