@@ -21,12 +21,11 @@ from reservo.core.aio.retry import RETRIES
 from reservo.core.db.migrate import migrate
 from tests.helpers.databases import DatabaseAt
 
-ALTER = """SET LOCAL lock_timeout = '100ms';
-ALTER TABLE lock_probe ADD COLUMN IF NOT EXISTS note text;
+ALTER = """ALTER TABLE lock_probe ADD COLUMN IF NOT EXISTS note text;
 """
-# Locks lock_probe first, then the other table: the opposite order of DEADLOCKER.
-ALTER_BOTH = """SET LOCAL lock_timeout = '10s';
-ALTER TABLE lock_probe ADD COLUMN IF NOT EXISTS note text;
+# Locks lock_probe first, then the other table: the opposite order of the
+# serving transactions below.
+ALTER_BOTH = """ALTER TABLE lock_probe ADD COLUMN IF NOT EXISTS note text;
 ALTER TABLE lock_other ADD COLUMN IF NOT EXISTS note text;
 """
 
@@ -69,7 +68,8 @@ async def test_a_migration_past_its_lock_timeout_is_tried_again_and_applies(
     before = retries()
     try:
         # A serving transaction reads the table and keeps its lock for 1.5 s:
-        # the ALTER's 100 ms lock_timeout expires several times meanwhile.
+        # the runner's lock_timeout (0.5 s, no migration sets its own) expires
+        # more than once meanwhile.
         tx = holder.transaction()
         await tx.start()
         await holder.fetch("SELECT * FROM lock_probe")
@@ -85,7 +85,7 @@ async def test_a_migration_past_its_lock_timeout_is_tried_again_and_applies(
     assert retries() > before, "no retry was counted"
 
 
-async def test_a_migration_chosen_as_a_deadlock_victim_is_tried_again_and_applies(
+async def test_a_migration_in_a_deadlock_it_waited_in_first_gives_way_and_applies(
     database_at: DatabaseAt, migrations: tuple[Path, str]
 ) -> None:
     url = await database_at(0)
@@ -97,9 +97,10 @@ async def test_a_migration_chosen_as_a_deadlock_victim_is_tried_again_and_applie
     try:
         # The serving transaction writes lock_other; the migration takes
         # lock_probe and waits for lock_other; the serving transaction then
-        # writes lock_probe: a cycle. PostgreSQL aborts the side that waited
-        # first (its deadlock check runs first): the migration, which must
-        # then be tried again once the serving transaction has committed.
+        # writes lock_probe: a cycle. The serving transaction's deadlock check
+        # would run 1 s after it began to wait; the migration's lock wait (0.5 s)
+        # ends first, it is rolled back and tried again once the serving
+        # transaction has committed, which itself never fails.
         tx = server.transaction()
         await tx.start()
         await server.execute("INSERT INTO lock_other VALUES (1)")
@@ -113,4 +114,43 @@ async def test_a_migration_chosen_as_a_deadlock_victim_is_tried_again_and_applie
     assert [m.name for m in applied] == ["add_notes"]
     assert "note" in await columns(url, "lock_probe")
     assert "note" in await columns(url, "lock_other")
-    assert retries() > before, "the migration was not the deadlock's victim, or no retry"
+    assert retries() > before, "the migration did not give way, or no retry"
+
+
+async def test_a_serving_transaction_that_waited_first_is_not_the_deadlocks_victim(
+    database_at: DatabaseAt, migrations: tuple[Path, str]
+) -> None:
+    """The cycle the other way round: the serving transaction starts waiting
+    first (on the table the migration altered), then the migration asks for the
+    table the serving transaction wrote. PostgreSQL's default would abort the
+    serving transaction (its deadlock check runs first): a 500 to a user of the
+    previous release (0.3.0's booking, whose prepared plan locks appointment
+    before time_slot, met 0054 this way). The migration checks for deadlocks
+    sooner than any serving session, so it is the one rolled back and retried."""
+    url = await database_at(0)
+    folder, package = migrations
+    (folder / "0001_add_notes_slowly.sql").write_text(
+        ALTER_BOTH.replace(
+            "ALTER TABLE lock_other", "SELECT pg_sleep(0.9);\nALTER TABLE lock_other"
+        )
+    )
+    server = await asyncpg.connect(url)
+    await server.execute("CREATE TABLE lock_probe (id int); CREATE TABLE lock_other (id int)")
+    before = retries()
+    try:
+        tx = server.transaction()
+        await tx.start()
+        await server.execute("INSERT INTO lock_other VALUES (1)")
+        migrating = asyncio.create_task(migrate(url, package))
+        await asyncio.sleep(0.3)  # the migration holds lock_probe, asleep
+        # Waits for lock_probe from now on; the migration asks for lock_other
+        # about 0.6 s later, too late for its own lock wait (0.5 s) to end
+        # before this transaction's deadlock check (1 s).
+        await server.execute("INSERT INTO lock_probe VALUES (1)")
+        await tx.commit()
+        applied = await asyncio.wait_for(migrating, 60)
+    finally:
+        await server.close()
+    assert [m.name for m in applied] == ["add_notes_slowly"]
+    assert "note" in await columns(url, "lock_other")
+    assert retries() > before, "no deadlock, or the migration was not retried"

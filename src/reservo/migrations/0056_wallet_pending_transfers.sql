@@ -15,9 +15,8 @@
 -- NOT VALID: no scan of the accounts under the ALTER's lock (every existing row
 -- has pending_debits 0, which satisfies it); every write from now on is checked.
 -- The ALTERs take wallet_account's ACCESS EXCLUSIVE lock for a catalogue change
--- only; lock_timeout makes the migration fail and be retried rather than queue
--- every transfer behind it.
-SET LOCAL lock_timeout = '5s';
+-- only; the migration runner's short lock_timeout makes the migration fail and
+-- be retried rather than queue every transfer behind it.
 ALTER TABLE wallet_account ADD COLUMN IF NOT EXISTS pending_debits bigint NOT NULL DEFAULT 0;
 ALTER TABLE wallet_account DROP CONSTRAINT IF EXISTS wallet_available_non_negative;
 ALTER TABLE wallet_account ADD CONSTRAINT wallet_available_non_negative

@@ -5,8 +5,6 @@
 -- kind check, and two balance checks loosened. A 0.3.x process never reads or
 -- writes the new columns; it pays generation 1 under the reference it always
 -- used ("bet:<id>"), which is generation 1's reference here too.
-SET LOCAL lock_timeout = '5s';
-
 -- settlement_generation: how many times the match was settled (1 the first
 -- time); a correction or a void reopens it under the next one. result_sequence:
 -- the provider's `sequence` of the correction that brought the result, so an

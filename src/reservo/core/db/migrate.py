@@ -6,7 +6,19 @@ Migrations run while the previous release serves. A migration that cannot take
 its table locks in time (its own ``lock_timeout``) or that PostgreSQL picks as
 the victim of a deadlock with a serving transaction is rolled back whole and
 tried again after a backoff: the serving process's transaction wins, and the
-migration waits for a quiet moment rather than failing the deploy."""
+migration waits for a quiet moment rather than failing the deploy.
+
+The serving transactions must win every lock conflict with a migration, since
+the previous release answers a deadlock with a 500. PostgreSQL breaks a
+deadlock by aborting the session whose check finds it; a session checks once,
+``deadlock_timeout`` (1 s by default) after it began to wait. So the migration's
+session (1) checks after ``DEADLOCK_CHECK_MS``: a cycle it closes while a serving
+transaction already waits is found by the migration first; and (2) never waits
+for a lock longer than half the server's ``deadlock_timeout`` (at most
+``LOCK_WAIT_MS``): a cycle a serving transaction closes later, while the
+migration waits, ends with the migration's lock timeout before the serving
+transaction's check runs. A migration file therefore sets no lock_timeout of
+its own."""
 
 from __future__ import annotations
 
@@ -27,6 +39,8 @@ _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 # Lock conflicts with the serving release: worth another try once it has moved on.
 _LOCK_CONFLICTS = (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError)
 LOCK_ATTEMPTS = 12
+DEADLOCK_CHECK_MS = 50
+LOCK_WAIT_MS = 500
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,7 @@ async def migrate(dsn: str, package: str = "reservo.migrations") -> list[Migrati
     applied: list[Migration] = []
     conn = await asyncpg.connect(dsn)
     try:
+        await _lose_deadlocks(conn)
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
             await conn.execute(
@@ -77,6 +92,26 @@ async def migrate(dsn: str, package: str = "reservo.migrations") -> list[Migrati
     finally:
         await conn.close()
     return applied
+
+
+async def _lose_deadlocks(conn: asyncpg.Connection) -> None:
+    """See the module's docstring; the settings last as long as the session."""
+    serving_check_ms = int(
+        await conn.fetchval("SELECT setting FROM pg_settings WHERE name = 'deadlock_timeout'")
+    )
+    wait_ms = max(10, min(LOCK_WAIT_MS, serving_check_ms // 2))
+    await conn.execute("SELECT set_config('lock_timeout', $1, false)", f"{wait_ms}ms")
+    try:
+        await conn.execute(
+            "SELECT set_config('deadlock_timeout', $1, false)", f"{DEADLOCK_CHECK_MS}ms"
+        )
+    except asyncpg.InsufficientPrivilegeError:
+        # A superuser setting: without the right, a cycle the migration closes
+        # may abort a serving transaction instead (it never fails the migration).
+        log.warning(
+            "migration_deadlock_timeout_refused",
+            hint="GRANT SET ON PARAMETER deadlock_timeout TO the migrating role",
+        )
 
 
 async def _apply_retrying(conn: asyncpg.Connection, mig: Migration) -> bool:
