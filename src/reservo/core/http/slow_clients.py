@@ -191,7 +191,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._max_connections = limits.max_connections
         self._max_header_bytes = limits.max_header_bytes
         self._header_bytes = 0
-        self._parsed_header_bytes = 0
+        self._may_overflow = False  # this read could have ended headers past the cap
         self._phase = _FRESH
         self._deadline = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
@@ -230,6 +230,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._begin_headers()
         elif self._phase == _FRESH:
             self._phase = _HEADERS  # the clock runs from the connection's opening
+        self._may_overflow = self._header_bytes + len(data) > self._max_header_bytes
         # uvicorn's data_received, but for what it answers to a request the
         # parser refuses (a text/plain 400 and a plain close).
         self._unset_keepalive_if_required()
@@ -251,24 +252,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 metrics.HTTP_SLOW_CLIENTS.labels(phase="header_size").inc()
                 self._answer_and_close(*_TOO_LARGE)
 
-    # The byte count above sees only reads that leave the headers unfinished: a
-    # client writing 66 KiB of headers in one go ends them in the same read. The
-    # parser's callbacks count what it read, whatever the reads were; each count
-    # alone stays at or below the real size, so neither refuses early.
-    def on_url(self, url: bytes) -> None:
-        self._count_parsed(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_parsed(len(name) + len(value) + 4)  # ": " and CRLF
-        super().on_header(name, value)
-
-    def _count_parsed(self, size: int) -> None:
-        self._parsed_header_bytes += size
-        if self._parsed_header_bytes > self._max_header_bytes:
-            metrics.HTTP_SLOW_CLIENTS.labels(phase="header_size").inc()
-            self._answer_and_close(*_TOO_LARGE)
-            raise _Refused
+    def _headers_too_large(self) -> bool:
+        """The byte count in data_received sees only reads that leave the headers
+        unfinished: a client writing 66 KiB of headers in one go ends them in the
+        same read. Such a read (one that could have carried headers past the cap)
+        has its headers counted as parsed, whatever the reads were; the count
+        stays at or below the real size, so it never refuses early. Counted once
+        the headers are complete, not per header: a callback per header line is
+        a Python call each on every request."""
+        if not self._may_overflow:
+            return False
+        # ": " and CRLF after each header line.
+        parsed = len(self.url) + sum([len(name) + len(value) + 4 for name, value in self.headers])
+        return parsed > self._max_header_bytes
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -276,6 +272,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._begin_headers()
 
     def on_headers_complete(self) -> None:
+        if self._headers_too_large():
+            metrics.HTTP_SLOW_CLIENTS.labels(phase="header_size").inc()
+            self._answer_and_close(*_TOO_LARGE)
+            raise _Refused
         if self.parser.get_http_version() not in _SERVED_VERSIONS:
             self.logger.warning("Unsupported HTTP version received.")
             self._answer_and_close(*_VERSION)
@@ -287,7 +287,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.cycle.keep_alive = False  # answered with Connection: close
         self._phase = _BODY
         self._header_bytes = 0
-        self._parsed_header_bytes = 0
         self._deadline = self.loop.time() + self._body_timeout
 
     def on_message_complete(self) -> None:
@@ -308,7 +307,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _begin_headers(self) -> None:
         self._phase = _HEADERS
         self._header_bytes = 0
-        self._parsed_header_bytes = 0
         self._deadline = self.loop.time() + self._header_timeout
 
     # -- the watchdog -----------------------------------------------------------------
