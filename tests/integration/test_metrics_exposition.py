@@ -99,7 +99,7 @@ def test_multiprocess_mode_negotiates_without_exemplars(tmp_path: object) -> Non
 
         assert metrics.MULTIPROCESS
         with tracing.span("GET", "server"):
-            REQUEST_METRICS.observe("GET", "/healthz", 200, 0.003)
+            REQUEST_METRICS.observe("GET", "/healthz", 200, 10.0, 10.003)
         body, media = metrics.render("application/openmetrics-text")
         assert media.startswith("application/openmetrics-text"), media
         assert body.endswith(b"# EOF\\n"), body[-40:]

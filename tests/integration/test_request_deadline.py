@@ -17,6 +17,7 @@ import pytest
 from reservo.app import create_app
 from reservo.bootstrap import build
 from reservo.core.kernel.clock import OffsetClock
+from reservo.core.kernel.metrics import HTTP_REQUESTS
 from reservo.settings import Settings
 from tests.helpers.auth import ADMIN, auth
 from tests.helpers.betting import make_account, make_match
@@ -38,6 +39,10 @@ async def deadline_client(
     await container.close()
 
 
+def _transfers_answered(status: int) -> float:
+    return HTTP_REQUESTS.labels("POST", "/api/transfers", str(status))._value.get()
+
+
 async def test_a_request_held_by_the_database_answers_503_at_the_deadline(
     deadline_client: httpx.AsyncClient, database_url: str
 ) -> None:
@@ -55,11 +60,14 @@ async def test_a_request_held_by_the_database_answers_503_at_the_deadline(
         release = asyncio.get_running_loop().call_later(
             HELD_S, lambda: asyncio.ensure_future(locked.rollback())
         )
+        counted_before = _transfers_answered(503)
         t0 = time.monotonic()
         r = await client.post("/api/transfers", json=body, headers=headers)
         took = time.monotonic() - t0
         assert r.status_code == 503, f"{r.status_code} after {took:.1f} s: {r.text}"
         assert r.json()["code"] == "unavailable"
+        # The request metrics count the answer the client got (not a 500).
+        assert _transfers_answered(503) == counted_before + 1
         assert r.headers["retry-after"] == "1"
         assert DEADLINE_S <= took < HELD_S - 1, took
         await asyncio.sleep(HELD_S - took + 0.5)

@@ -2,9 +2,10 @@
 same concerns in the same order, put together here and nowhere else:
 
     repeated Idempotency-Keys joined  (core/http/idempotency.py)
-    trace, request id, access log     (core/kernel/tracing.py)
+    trace, request id, access log,    (core/kernel/tracing.py,
+      request metrics                  core/http/request_metrics.py: one
+                                       status and one timing for the three)
     request deadline                  (core/http/deadline.py)
-    request metrics                   (core/http/request_metrics.py)
     body limit                        (core/http/body_limit.py)
     JSON intake                       (core/http/json_intake.py)
     the routes                        (core/http/hotroute.py's HotRouter: a hot
@@ -30,7 +31,7 @@ from reservo.core.http.deadline import Deadlines
 from reservo.core.http.hotroute import HotRoute, HotRouter
 from reservo.core.http.idempotency import combine_repeated_keys
 from reservo.core.http.json_intake import StrictJson
-from reservo.core.http.request_metrics import ObserveRequests
+from reservo.core.http.request_metrics import REQUEST_METRICS
 from reservo.core.kernel.access_log import AccessLog
 from reservo.core.kernel.tracing import TracedRequests
 
@@ -50,10 +51,10 @@ def build(
     served = StrictJson(served)
     # Inside the metrics: a 413 is counted.
     served = LimitRequestBody(served, max_bytes=max_body_bytes)
-    served = ObserveRequests(served)
     if deadlines is not None:
         served = _WithinDeadline(served, deadlines)
-    served = TracedRequests(served, access_log)
+    # The deadline's own 503 passes through it too, counted and logged as sent.
+    served = TracedRequests(served, access_log, REQUEST_METRICS)
     return _Entry(served, app)
 
 

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from random import getrandbits
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -401,6 +401,11 @@ def shutdown() -> None:
 # -- HTTP -------------------------------------------------------------------------------
 
 
+class RequestObserver(Protocol):
+    def observe(self, method: str, route: str, status: int, started: float, ended: float) -> None:
+        """``started``, ``ended``: ``time.perf_counter()`` readings."""
+
+
 class TracedRequests:
     """Every HTTP request in its trace and under its request id, the id echoed
     in ``X-Request-ID`` and the server's span in ``traceresponse`` (W3C Trace
@@ -412,11 +417,19 @@ class TracedRequests:
     its request, not a reason to turn it away. The one given is logged once
     (``request_id_replaced``), escaped and cut to ``REQUEST_ID_MAX`` characters,
     under the new id. ``access_log``, when given, writes the request's line
-    (core/kernel/access_log.py)."""
+    (core/kernel/access_log.py), and ``observer`` is told how each request
+    ended (the request metrics): both from the one status and the one timing
+    taken here, not from wrappers of their own around every send."""
 
-    def __init__(self, app: ASGIApp, access_log: AccessLog | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        access_log: AccessLog | None = None,
+        observer: RequestObserver | None = None,
+    ) -> None:
         self.app = app
         self.access_log = access_log
+        self.observer = observer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -469,9 +482,7 @@ class TracedRequests:
                 if route is not None:
                     current.set("http.route", route)
                     current.rename(f"{method} {route}")
-            if self.access_log is not None:
-                seconds = time.perf_counter() - started
-                self.access_log.request(method, route, status, seconds, current.context.sampled)
+            self._ended(method, route, status, started, current.context.sampled)
             current.end()
 
     async def _ids_only(
@@ -512,12 +523,22 @@ class TracedRequests:
                 _log_replaced(replaced)
             await self.app(scope, receive, echoing)
         finally:
-            if self.access_log is not None:
-                route = getattr(scope.get("route"), "path", None)
-                seconds = time.perf_counter() - started
-                self.access_log.request(scope["method"], route, status, seconds, ctx.sampled)
+            route = getattr(scope.get("route"), "path", None)
+            self._ended(scope["method"], route, status, started, ctx.sampled)
             _CONTEXT.reset(trace_token)
             _REQUEST.reset(request_token)
+
+    def _ended(
+        self, method: str, route: str | None, status: int, started: float, sampled: bool
+    ) -> None:
+        """Still under the request's ids (its exemplar, its log line's)."""
+        ended = time.perf_counter()
+        if self.observer is not None:
+            # The router wrote the route it matched into the scope (matching
+            # here instead missed every route of an included router).
+            self.observer.observe(method, route or "unmatched", status, started, ended)
+        if self.access_log is not None:
+            self.access_log.request(method, route, status, ended - started, sampled)
 
 
 def _echoed(request_id: bytes, ctx: TraceContext) -> tuple[tuple[bytes, bytes], ...]:
