@@ -85,33 +85,42 @@ async def test_a_migration_past_its_lock_timeout_is_tried_again_and_applies(
     assert retries() > before, "no retry was counted"
 
 
-async def test_a_migration_in_a_deadlock_it_waited_in_first_gives_way_and_applies(
-    database_at: DatabaseAt, migrations: tuple[Path, str]
+async def _cycle_with_a_serving_transaction(
+    url: str, package: str, migration_name: str, head_start_s: float
 ) -> None:
-    url = await database_at(0)
-    folder, package = migrations
-    (folder / "0001_add_notes.sql").write_text(ALTER_BOTH)
+    """The serving transaction writes lock_other, lets the migration run for
+    ``head_start_s`` (it takes lock_probe), then writes lock_probe and commits;
+    ``migration_name`` alone is applied. The serving transaction's writes and
+    commit must succeed: a deadlock that aborted it fails the test here."""
     server = await asyncpg.connect(url)
     await server.execute("CREATE TABLE lock_probe (id int); CREATE TABLE lock_other (id int)")
-    before = retries()
     try:
-        # The serving transaction writes lock_other; the migration takes
-        # lock_probe and waits for lock_other; the serving transaction then
-        # writes lock_probe: a cycle. The serving transaction's deadlock check
-        # would run 1 s after it began to wait; the migration's lock wait (0.5 s)
-        # ends first, it is rolled back and tried again once the serving
-        # transaction has committed, which itself never fails.
         tx = server.transaction()
         await tx.start()
         await server.execute("INSERT INTO lock_other VALUES (1)")
         migrating = asyncio.create_task(migrate(url, package))
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(head_start_s)
         await server.execute("INSERT INTO lock_probe VALUES (1)")
         await tx.commit()
         applied = await asyncio.wait_for(migrating, 60)
     finally:
         await server.close()
-    assert [m.name for m in applied] == ["add_notes"]
+    assert [m.name for m in applied] == [migration_name]
+
+
+async def test_a_migration_in_a_deadlock_it_waited_in_first_gives_way_and_applies(
+    database_at: DatabaseAt, migrations: tuple[Path, str]
+) -> None:
+    """The migration takes lock_probe and waits for lock_other; the serving
+    transaction then writes lock_probe: a cycle. The serving transaction's
+    deadlock check would run 1 s after it began to wait; the migration's lock
+    wait (0.5 s) ends first, it is rolled back and tried again once the serving
+    transaction has committed, which itself never fails."""
+    url = await database_at(0)
+    folder, package = migrations
+    (folder / "0001_add_notes.sql").write_text(ALTER_BOTH)
+    before = retries()
+    await _cycle_with_a_serving_transaction(url, package, "add_notes", head_start_s=0.25)
     assert "note" in await columns(url, "lock_probe")
     assert "note" in await columns(url, "lock_other")
     assert retries() > before, "the migration did not give way, or no retry"
@@ -126,7 +135,10 @@ async def test_a_serving_transaction_that_waited_first_is_not_the_deadlocks_vict
     serving transaction (its deadlock check runs first): a 500 to a user of the
     previous release (0.3.0's booking, whose prepared plan locks appointment
     before time_slot, met 0054 this way). The migration checks for deadlocks
-    sooner than any serving session, so it is the one rolled back and retried."""
+    sooner than any serving session, so it is the one rolled back and retried.
+    Its sleep lets the serving transaction wait for lock_probe about 0.6 s
+    before the migration asks for lock_other: too late for the migration's own
+    lock wait (0.5 s) to end before the serving transaction's check (1 s)."""
     url = await database_at(0)
     folder, package = migrations
     (folder / "0001_add_notes_slowly.sql").write_text(
@@ -134,23 +146,7 @@ async def test_a_serving_transaction_that_waited_first_is_not_the_deadlocks_vict
             "ALTER TABLE lock_other", "SELECT pg_sleep(0.9);\nALTER TABLE lock_other"
         )
     )
-    server = await asyncpg.connect(url)
-    await server.execute("CREATE TABLE lock_probe (id int); CREATE TABLE lock_other (id int)")
     before = retries()
-    try:
-        tx = server.transaction()
-        await tx.start()
-        await server.execute("INSERT INTO lock_other VALUES (1)")
-        migrating = asyncio.create_task(migrate(url, package))
-        await asyncio.sleep(0.3)  # the migration holds lock_probe, asleep
-        # Waits for lock_probe from now on; the migration asks for lock_other
-        # about 0.6 s later, too late for its own lock wait (0.5 s) to end
-        # before this transaction's deadlock check (1 s).
-        await server.execute("INSERT INTO lock_probe VALUES (1)")
-        await tx.commit()
-        applied = await asyncio.wait_for(migrating, 60)
-    finally:
-        await server.close()
-    assert [m.name for m in applied] == ["add_notes_slowly"]
+    await _cycle_with_a_serving_transaction(url, package, "add_notes_slowly", head_start_s=0.3)
     assert "note" in await columns(url, "lock_other")
     assert retries() > before, "no deadlock, or the migration was not retried"
