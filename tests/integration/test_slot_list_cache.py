@@ -9,6 +9,7 @@ Each test that reaches Redis runs on a single Redis and on a Redis Cluster."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -134,6 +135,8 @@ async def test_a_local_copy_never_outlives_the_redis_entry_it_came_from(
     k = slots_key(doctor, datetime.fromisoformat(day).date())
     await container.cache.set_bytes(k, b"[]", 0.3)
     svc = container.module(Appointments).service
+    # Stored for a life of 1 s, so the entry is young (0.7 s old), served as it is.
+    svc.limits = dataclasses.replace(svc.limits, slots_cache_life_s=1)
     svc._slot_lists.invalidate(k)
     assert await svc.list_slots(doctor, datetime.fromisoformat(day).date()) == b"[]"
     await asyncio.sleep(0.4)

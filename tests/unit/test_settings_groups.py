@@ -34,6 +34,8 @@ FLAT_NAMES = [
     "appointments_opening_time",
     "appointments_schedule_interval_s",
     "appointments_slots_cache_life_s",
+    "appointments_slots_stale_s",
+    "appointments_slots_change_feed_interval_s",
     "appointments_slots_cache_ttl_s",
     "appointments_slots_local_ttl_s",
     "appointments_slots_refresh_ahead_s",

@@ -17,12 +17,20 @@ class AppointmentsSettings(BaseSettings):
     booking_rate_limit: int = 5
     booking_rate_window_s: int = 10
     # How long a slot list read from the primary stays in Redis while nothing
-    # changes it: every booking, cancellation and schedule change drops it (after
-    # its commit, and durably through the outbox), so this bounds staleness only
-    # when both drops are lost: 5 s, the design's 3-5 s (a longer life buys few
-    # reads: a popular list is read again within it anyway, per process one
-    # fill at a time). It also expires when the day's next slot opens.
-    slots_cache_life_s: int = Field(default=5, ge=1, le=3600)
+    # changes it: every booking, cancellation and move drops it (after its
+    # commit, and durably through the outbox), a schedule change after its
+    # commit. It also expires when the day's next slot opens.
+    slots_cache_life_s: int = Field(default=60, ge=1, le=3600)
+    # The staleness bound when both drops of a change were lost (the design's
+    # 3-5 s): a list older than this (less the per-process copy's life) is
+    # served only while the change feed vouches that its doctor did not change
+    # since it was read; otherwise it is read again from PostgreSQL.
+    slots_stale_s: float = Field(default=5.0, gt=0, le=3600)
+    # How often each API process asks PostgreSQL which doctors' lists changed
+    # (the change feed: one query reading what was written since, after the
+    # process served its first list). Keep it well under the staleness bound
+    # less a second; 0 turns it off: every list older than the bound is read again.
+    slots_change_feed_interval_s: float = Field(default=1.0, ge=0, le=60)
     # The Redis life of a slot list read from a replica (which may lag behind a
     # change whose drop already ran).
     slots_cache_ttl_s: int = 3

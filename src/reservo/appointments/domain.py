@@ -181,12 +181,15 @@ class Limits:
     booking_rate_limit: int = 5
     booking_rate_window_s: int = 10
     # How long a slot list read from the primary stays in Redis while nothing
-    # changes it. Every booking, cancellation and schedule change drops it (at once
-    # after its commit, and again through the outbox if the process died first),
-    # and a read that raced a change is never stored, so this is only the bound
-    # when both drops were lost (5 s: the design's 3-5 s), and the lists that
-    # open later are caught by expiring at the next opening time.
-    slots_cache_life_s: int = 5
+    # changes it. Every booking, cancellation and move drops it (at once after
+    # its commit, and again through the outbox if the process died first), a
+    # schedule change after its commit, and a read that raced a change is never
+    # stored; the lists that open later expire at the next opening time.
+    slots_cache_life_s: int = 60
+    # The staleness bound when both drops of a change were lost (the design's
+    # 3-5 s): a list older than this less the per-process copy's life is served
+    # only while the change feed (change_feed.py) vouches for it.
+    slots_stale_s: float = 5.0
     # A list read from a replica (which may lag behind a change already
     # invalidated) lives only this long in Redis.
     slots_cache_ttl_s: int = 3

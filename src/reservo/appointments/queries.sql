@@ -604,3 +604,53 @@ SELECT a.id, a.slot_id, a.patient_id, a.status, lower(a.period) AS start_at,
 -- locks its two), with what its daily limits need.
 SELECT id, doctor_id, start_at, max_per_patient_day
   FROM time_slot WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE;
+
+-- name: slot_change_marks
+-- Where the change feed (appointments/change_feed.py) starts: the newest outbox
+-- id and the newest slot id (0 when none), and the snapshot they were read in.
+SELECT coalesce((SELECT max(id) FROM outbox), 0) AS event_id,
+       coalesce((SELECT max(id) FROM time_slot), 0) AS slot_id,
+       txid_current_snapshot()::text AS snapshot;
+
+-- name: slot_changes_since
+-- The doctors whose slot lists changed since the last poll: every event of the
+-- module's topics $6 (each names its doctor; a move also changed its old
+-- appointment's doctor's list) and every slot generated, among the rows after
+-- the look-back's marks ($1 an outbox id, $2 a slot id) that the last poll did
+-- not see: after its marks ($3, $4), or committed since its snapshot $5 (a lower
+-- id taken by a transaction that committed later). With the next marks and this
+-- snapshot. A row's 32-bit xmin is widened to the 64-bit id the snapshot counts
+-- in: the current epoch, or the one before when it is past the next id's low
+-- half. Two primary-key range scans of what was written since the look-back.
+WITH snap AS (
+    SELECT txid_current_snapshot() AS now_snap,
+           txid_snapshot_xmax(txid_current_snapshot()) AS nx
+), events AS (
+    SELECT o.id, o.topic, o.payload FROM outbox o, snap
+     WHERE o.id > $1
+       AND (o.id > $3 OR NOT txid_visible_in_snapshot(
+               (((snap.nx >> 32) - (o.xmin::text::bigint > (snap.nx & 4294967295))::int) << 32)
+                   + o.xmin::text::bigint,
+               $5::text::txid_snapshot))
+), slots AS (
+    SELECT t.id, t.doctor_id FROM time_slot t, snap
+     WHERE t.id > $2
+       AND (t.id > $4 OR NOT txid_visible_in_snapshot(
+               (((snap.nx >> 32) - (t.xmin::text::bigint > (snap.nx & 4294967295))::int) << 32)
+                   + t.xmin::text::bigint,
+               $5::text::txid_snapshot))
+), changed AS (
+    SELECT (payload->>'doctorId')::bigint AS doctor_id FROM events WHERE topic = ANY($6)
+    UNION
+    SELECT s.doctor_id FROM events e
+      JOIN appointment a ON a.id = (e.payload->>'rescheduledFrom')::bigint
+      JOIN time_slot s ON s.id = a.slot_id
+     WHERE e.topic = ANY($6) AND e.payload ? 'rescheduledFrom'
+    UNION
+    SELECT doctor_id FROM slots
+)
+SELECT greatest((SELECT max(id) FROM events), $3) AS event_id,
+       greatest((SELECT max(id) FROM slots), $4) AS slot_id,
+       (SELECT now_snap::text FROM snap) AS snapshot,
+       coalesce((SELECT array_agg(doctor_id) FROM changed WHERE doctor_id IS NOT NULL),
+                '{}') AS doctors;

@@ -367,3 +367,26 @@ async def series_appointments(conn: asyncpg.Connection, series_id: int) -> list[
 
 async def lock_slots_for_series(conn: asyncpg.Connection, slot_ids: list[int]) -> list[Row]:
     return list(await conn.fetch(Q.lock_slots_for_series, slot_ids))
+
+
+async def slot_change_marks(conn: asyncpg.Connection) -> tuple[int, int, str]:
+    """The newest outbox id and slot id, and the snapshot they were read in:
+    where the change feed starts."""
+    row = await conn.fetchrow(Q.slot_change_marks)
+    assert row is not None
+    return row["event_id"], row["slot_id"], row["snapshot"]
+
+
+async def slot_changes_since(
+    conn: asyncpg.Connection,
+    back: tuple[int, int],
+    last: tuple[int, int, str],
+    topics: Sequence[str],
+) -> tuple[int, int, str, list[int]]:
+    """The changes the last poll (``last``: its marks and snapshot) did not see
+    among the rows after the look-back's marks ``back``: the next marks, this
+    snapshot, and the doctors whose slot lists the events of ``topics`` and
+    the slots written changed."""
+    row = await conn.fetchrow(Q.slot_changes_since, *back, *last, list(topics))
+    assert row is not None
+    return row["event_id"], row["slot_id"], row["snapshot"], list(row["doctors"])

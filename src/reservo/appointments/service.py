@@ -17,6 +17,7 @@ import asyncpg
 import structlog
 
 from reservo.appointments import domain, events, repo
+from reservo.appointments.change_feed import SlotChangeFeed
 from reservo.appointments.deadlocks import retrying_deadlocks
 from reservo.appointments.domain import Appointment, Limits
 from reservo.appointments.gate_repair import KeyMarks
@@ -79,8 +80,10 @@ class AppointmentService(Schedules, Waitlist, SeriesBookings):
         idempotency: IdempotencyStore,
         gateway: PaymentGateway | None = None,
         push_allow: AllowList = AllowList(),
+        feed: SlotChangeFeed | None = None,
     ) -> None:
         self.db, self.clock, self.cache, self.limiter = db, clock, cache, limiter
+        self.feed = feed  # what vouches for slot lists older than the staleness bound
         self.stale = stale
         self.scheduler = scheduler
         self.limits = limits

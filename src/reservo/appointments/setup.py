@@ -10,6 +10,7 @@ from reservo.appointments.api import HOT_ROUTES, router
 from reservo.appointments.calendar import CalendarFeeds, FeedLimits
 from reservo.appointments.calendar_api import feeds_router
 from reservo.appointments.calendar_api import router as calendar_router
+from reservo.appointments.change_feed import SlotChangeFeed
 from reservo.appointments.domain import Limits, NoShowPolicy, Window
 from reservo.appointments.errors import CONSTRAINTS, ERRORS
 from reservo.appointments.holds import EXPIRE_HOLD, ExpireHoldJob
@@ -36,6 +37,7 @@ def setup(shared: Shared) -> Appointments:
     s = shared.settings
     own = s.appointments
     gateway = _gateway(s)
+    feed = _feed(shared)
     service = AppointmentService(
         shared.db,
         shared.clock,
@@ -49,6 +51,7 @@ def setup(shared: Shared) -> Appointments:
         idempotency=shared.idempotency,
         gateway=gateway,
         push_allow=parse_allow(s.jobs_http_allow),
+        feed=feed,
     )
     refunds = RefundConsumer(shared.db, gateway, shared.clock)
     feeds = CalendarFeeds(
@@ -94,6 +97,8 @@ def setup(shared: Shared) -> Appointments:
             APPOINTMENT_PAYMENTS: service,  # the payments webhook's appointmentId
         },
         closers=[gateway.aclose] if gateway is not None else [],
+        # Polls only in a process that served a slot list (change_feed.py).
+        companions=[feed.run] if feed is not None else [],
     )
 
 
@@ -103,11 +108,24 @@ def _limits(s: Settings) -> Limits:
         booking_rate_limit=own.booking_rate_limit,
         booking_rate_window_s=own.booking_rate_window_s,
         slots_cache_life_s=own.slots_cache_life_s,
+        slots_stale_s=own.slots_stale_s,
         slots_cache_ttl_s=own.slots_cache_ttl_s,
         slots_refresh_ahead_s=own.slots_refresh_ahead_s,
         slots_local_ttl_s=own.slots_local_ttl_s,
         full_mark_ttl_s=own.full_mark_ttl_s,
         key_memory_s=s.idempotency_retention_hours * HOUR_S,
+    )
+
+
+def _feed(shared: Shared) -> SlotChangeFeed | None:
+    own = shared.settings.appointments
+    if own.slots_change_feed_interval_s <= 0:
+        return None
+    return SlotChangeFeed(
+        shared.db,
+        shared.clock,
+        interval_s=own.slots_change_feed_interval_s,
+        keep_s=own.slots_cache_life_s,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -14,6 +14,7 @@ import orjson
 import structlog
 
 from reservo.appointments import calendar, domain, events, repo
+from reservo.appointments.change_feed import SlotChangeFeed
 from reservo.appointments.domain import Appointment, Limits
 from reservo.core.db.database import Database
 from reservo.core.db.reads import read_one
@@ -75,6 +76,7 @@ class SlotLists:
     clock: Clock
     cache: Cache
     limits: Limits
+    feed: SlotChangeFeed | None  # None: a list older than the bound is read again
     _zones: dict[int, ZoneInfo]  # a doctor's zone never changes
     _slot_lists: LocalCache[SlotList]
     _refreshing: set[asyncio.Task[None]]  # refreshes ahead under way
@@ -123,7 +125,7 @@ class SlotLists:
             )
         else:
             (raw, life_s, generation), refresh = await self.cache.get_versioned(key), False
-        if raw is not None:
+        if raw is not None and self._current(doctor_id, life_s):
             try:
                 listed = SlotList.parse(raw)
             except ValueError:  # UnicodeDecodeError too
@@ -146,6 +148,25 @@ class SlotLists:
             await self._read_and_store(key, doctor_id, day, generation)
         except Exception:  # the list then expires and is read as a miss
             log.warning("slots.refresh_failed", key=key, exc_info=True)
+
+    def _current(self, doctor_id: int, life_s: float) -> bool:
+        """Whether a list found in Redis with ``life_s`` to live may be served
+        as it is: it is young enough that even a change whose drops were lost
+        shows within ``slots_stale_s`` (the per-process copy's second counted),
+        or the change feed vouches that its doctor did not change since it was
+        read. Its age is counted from the life it was stored with, which a
+        replica's list or a day's next opening only shortens: an older age."""
+        limits, feed = self.limits, self.feed
+        if feed is not None:
+            feed.want()  # from the first list this process serves
+        fresh_s = limits.slots_stale_s - limits.slots_local_ttl_s
+        age_s = limits.slots_cache_life_s - life_s
+        if age_s <= fresh_s:
+            return True
+        if feed is None:
+            return False
+        read_at = self.clock.now() - timedelta(seconds=age_s)
+        return feed.vouches(doctor_id, read_at, fresh_s)
 
     async def _read_and_store(
         self, key: str, doctor_id: int, day: date, generation: bytes | None
