@@ -437,7 +437,9 @@ async def test_fail_open_when_nothing_listens(ns: str, cluster: bool) -> None:
     # RedisClusterUnreachableError (not a RedisError): still a fail-open default.
     client = make_client(f"redis://127.0.0.1:{free_port()}/0", TIMEOUT_S, cluster=cluster)
     try:
-        gate = RedisGate(client, backoff_s=0.5)
+        # A backoff far longer than the loop below takes on a loaded machine (it
+        # took over 0.5 s once in CI and the gate tried again, as it should).
+        gate = RedisGate(client, backoff_s=30)
         cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
         before = _failures()
         with capture_logs() as logs:
