@@ -23,9 +23,12 @@ from reservo.bootstrap import Container, build
 from reservo.core.kernel.clock import OffsetClock
 from reservo.settings import Settings
 from tests.helpers.appointments import make_doctor, make_slots
-from tests.helpers.auth import ADMIN, auth, new_id
-from tests.helpers.http import key
-from tests.integration.test_slot_list_staleness import BOUND_S, lose_the_next_drop
+from tests.helpers.auth import ADMIN
+from tests.integration.test_slot_list_staleness import (
+    BOUND_S,
+    book_losing_its_drop,
+    unlisted_within_the_bound,
+)
 
 LIFE_S = 60  # RESERVO_APPOINTMENTS_SLOTS_CACHE_LIFE_S's default
 
@@ -117,25 +120,10 @@ async def test_a_lost_drop_shows_within_5_s_and_an_unchanged_list_keeps_its_life
     assert await _listed(other.client, quiet, day)
     assert await _redis_life_s(base_settings, other.container, quiet, day) <= life
 
-    lost = lose_the_next_drop(booking.container.cache)
-    patient = new_id()
-    r = await booking.client.post(
-        "/api/appointments",
-        json={"slotId": target, "patientId": patient},
-        headers={**auth("patient", patient), **key()},
-    )
-    assert r.status_code == 201, r.text
-    booked = asyncio.get_running_loop().time()
-    assert lost, "the booking sent no drop to lose"
-    # Both drops lost (no consumer runs): only the feed can tell. Every read
-    # that still lists the full slot began less than 5 s after the booking.
-    for name, p in (("booking process", booking), ("other process", other)):
-        while True:
-            began = asyncio.get_running_loop().time() - booked
-            if target not in await _listed(p.client, doctor, day):
-                break
-            assert began < BOUND_S, f"{name}: still listed {began:.2f} s after the booking"
-            await asyncio.sleep(0.05)
+    booked = await book_losing_its_drop(booking.client, booking.container.cache, target)
+    # Both drops lost (no consumer runs): only the feed can tell.
+    readers = {"booking process": booking.client, "other process": other.client}
+    await unlisted_within_the_bound(readers, f"/api/doctors/{doctor}/slots", day, target, booked)
     # The changed list was read again, the quiet one still was not.
     assert await _redis_life_s(base_settings, other.container, doctor, day) > LIFE_S - BOUND_S
     assert await _redis_life_s(base_settings, other.container, quiet, day) < LIFE_S - BOUND_S
