@@ -64,8 +64,9 @@ class SlotChangeFeed:
         self.keep = timedelta(seconds=keep_s + 2 * LOOKBACK_S)
         self._changed: dict[int, datetime] = {}  # doctor -> when a poll saw it change
         self._since: datetime | None = None  # a list read before this is never vouched for
-        self._synced: datetime | None = None  # every change committed before it is known
-        self._polls: deque[tuple[datetime, Marks]] = deque()  # the recent polls' marks
+        # The recent polls: when each was asked (every change committed before
+        # the newest one's time is known) and the marks it read to.
+        self._polls: deque[tuple[datetime, Marks]] = deque()
         self._wanted = asyncio.Event()
 
     def want(self) -> None:
@@ -77,10 +78,10 @@ class SlotChangeFeed:
         shows every change of its doctor committed until ``fresh_s`` ago: the
         feed heard from PostgreSQL within ``fresh_s`` and knows of no change to
         the doctor since the list was read."""
-        synced, since = self._synced, self._since
-        if synced is None or since is None or read_at < since:
+        since = self._since
+        if since is None or read_at < since:  # never polled, or read before it could
             return False
-        if (self.clock.now() - synced).total_seconds() > fresh_s:
+        if (self.clock.now() - self._polls[-1][0]).total_seconds() > fresh_s:
             return False
         changed = self._changed.get(doctor_id)
         return changed is None or changed < read_at - MARGIN
@@ -121,7 +122,6 @@ class SlotChangeFeed:
             # after them: the lists read within the look-back are not vouched for.
             self._since = seen + timedelta(seconds=LOOKBACK_S)
         self._polls.append((asked, marks))
-        self._synced = asked
         self._forget(asked)
 
     def _read_from(self, now: datetime) -> Marks:
