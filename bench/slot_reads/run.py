@@ -1,8 +1,9 @@
 """Slot reads: GET /api/doctors/{id}/slots?date=... for a random doctor and date
 over the 1.12 M slots (2,000 doctors x 40 slots x 14 days), as random patients.
 
-Uniformly random (doctor, date) pairs are the cache's worst case: 28,000 keys with
-a 3 s TTL, so most reads go to PostgreSQL.
+Uniformly random (doctor, date) pairs are the cache's worst case: 28,000 keys, so
+in a 10 s run most reads are a list's first read and go to PostgreSQL (a longer
+run finds more lists cached: compare runs of the same duration only).
 
     python bench/slot_reads/run.py --duration 30
     python bench/slot_reads/run.py --duration 10 --workers 1,2,3 --connections 64,128,256

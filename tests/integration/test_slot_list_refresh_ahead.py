@@ -10,7 +10,6 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 import httpx
@@ -67,12 +66,12 @@ async def test_a_hot_list_is_read_from_postgresql_once_per_life_across_processes
     real_read = repo.available_slots_json
 
     async def counted_read(
-        conn: asyncpg.Connection, doctor_id: int, *args: Any
-    ) -> tuple[bytes, datetime | None, datetime | None]:
-        if doctor_id == doctor:
+        conn: asyncpg.Connection, wanted: list[tuple[int, datetime, datetime]], now: datetime
+    ) -> list[tuple[bytes, datetime | None, datetime | None]]:
+        if any(doctor_id == doctor for doctor_id, _, _ in wanted):
             list_reads.append(asyncio.get_running_loop().time())
             await asyncio.sleep(READ_DELAY_S)
-        return await real_read(conn, doctor_id, *args)
+        return await real_read(conn, wanted, now)
 
     monkeypatch.setattr(repo, "available_slots_json", counted_read)
     start = asyncio.get_running_loop().time()

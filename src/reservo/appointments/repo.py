@@ -44,12 +44,18 @@ async def insert_slots(
 
 
 async def available_slots_json(
-    conn: asyncpg.Connection, doctor_id: int, start: datetime, end: datetime, now: datetime
-) -> tuple[bytes, datetime | None, datetime | None]:
-    """The list's JSON, its earliest start and when its next slot opens."""
-    row = await conn.fetchrow(Q.available_slots_json, doctor_id, start, end, now)
-    assert row is not None  # an aggregate always answers one row
-    return row["body"].encode(), row["first_start"], row["next_open"]
+    conn: asyncpg.Connection, wanted: Sequence[tuple[int, datetime, datetime]], now: datetime
+) -> list[tuple[bytes, datetime | None, datetime | None]]:
+    """For each (doctor, day start, day end) wanted, in that order: the list's
+    JSON, its earliest start and when its next slot opens."""
+    rows = await conn.fetch(
+        Q.available_slots_json,
+        [doctor_id for doctor_id, _, _ in wanted],
+        [start for _, start, _ in wanted],
+        [end for _, _, end in wanted],
+        now,
+    )
+    return [(row["body"].encode(), row["first_start"], row["next_open"]) for row in rows]
 
 
 async def book(

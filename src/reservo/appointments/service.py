@@ -30,10 +30,12 @@ from reservo.appointments.refusals import (
 )
 from reservo.appointments.schedules import Schedules
 from reservo.appointments.series import SeriesBookings
+from reservo.appointments.slots import READ_LANES, READS_PER_STATEMENT
 from reservo.appointments.waitlist import Waitlist
 from reservo.core.aio.turns import Turns
 from reservo.core.db.database import Database
 from reservo.core.db.replicas import StaleReads
+from reservo.core.http.batching import Batcher
 from reservo.core.http.idempotency import IdempotencyStore, Within
 from reservo.core.jobqueue import JobQueue
 from reservo.core.kernel import metrics
@@ -95,6 +97,7 @@ class AppointmentService(Schedules, Waitlist, SeriesBookings):
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
         self._slot_lists = cache.local(limits.slots_local_ttl_s, limits.slots_local_max_entries)
         self._refreshing = set()
+        self._list_reads = Batcher(self._read_lists, READS_PER_STATEMENT, READ_LANES)
         self._turns = Turns()
         self.key_marks = KeyMarks(cache, idempotency, clock, limits.key_memory_s)
 

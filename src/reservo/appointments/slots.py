@@ -19,6 +19,7 @@ from reservo.appointments.domain import Appointment, Limits
 from reservo.core.db.database import Database
 from reservo.core.db.reads import read_one
 from reservo.core.db.replicas import StaleReads
+from reservo.core.http.batching import Batcher, Outcome
 from reservo.core.kernel.clock import Clock
 from reservo.core.kernel.errors import DomainError
 from reservo.core.messaging.transport.base import Event
@@ -28,6 +29,21 @@ from reservo.core.redis.local_cache import LocalCache
 log = structlog.get_logger(__name__)
 
 _START_AT = b'"startAt":"'
+# Slot lists read in one statement at most, and such statements in flight per
+# process (each holds a pool connection while it runs; the rest are the writes').
+READS_PER_STATEMENT = 64
+READ_LANES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ListRead:
+    """A slot list as PostgreSQL built it at ``now``: its JSON, its earliest
+    start and when its next slot opens (None: neither)."""
+
+    body: bytes
+    first: datetime | None
+    next_open: datetime | None
+    now: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +79,10 @@ class SlotList:
         return orjson.dumps([s for s in orjson.loads(self.body) if s["startAt"] > now_iso])
 
 
+def _doctor_not_found(outcome: object) -> bool:
+    return isinstance(outcome, DomainError) and outcome.code == "doctor_not_found"
+
+
 def slots_key(doctor_id: int, day: date) -> str:
     return f"slots:{{doctor:{doctor_id}}}:{day.isoformat()}"
 
@@ -80,6 +100,7 @@ class SlotLists:
     _zones: dict[int, ZoneInfo]  # a doctor's zone never changes
     _slot_lists: LocalCache[SlotList]
     _refreshing: set[asyncio.Task[None]]  # refreshes ahead under way
+    _list_reads: Batcher[tuple[int, date], ListRead]  # over ``_read_lists``
 
     async def _zone(self, conn: asyncpg.Connection, doctor_id: int) -> ZoneInfo:
         tz = self._zones.get(doctor_id)
@@ -173,30 +194,55 @@ class SlotLists:
     ) -> tuple[SlotList, float]:
         """Read the list and store it in Redis unless ``generation`` (read before)
         was bumped since; with how long a copy may keep it."""
-        now = self.clock.now()
         began = time.monotonic()
-
-        async def read(
-            conn: asyncpg.Connection,
-        ) -> tuple[bytes, datetime | None, datetime | None]:
-            tz = await self._zone(conn, doctor_id)
-            start, end = domain.day_bounds(day, tz)
-            return await repo.available_slots_json(conn, doctor_id, start, end, now)
-
-        # A replica may serve it (seconds stale, like the cache); one that has not
-        # seen a new doctor yet is not trusted with its 404.
-        body, first, next_open = await self.stale.read(read, recheck=("doctor_not_found",))
-        fresh = SlotList(body, first.isoformat() if first is not None else "")
+        read = await self._list_reads.submit((doctor_id, day))
+        fresh = SlotList(read.body, read.first.isoformat() if read.first is not None else "")
         # The life counts from the read's start: a change that committed while
         # it ran is shown after ``slots_cache_life_s`` at most, even if its drop
         # was lost.
-        life = self._slot_list_life(now, next_open) - (time.monotonic() - began)
+        life = self._slot_list_life(read.now, read.next_open) - (time.monotonic() - began)
         if generation is None or life <= 0:
             return fresh, 0.0  # Redis away, or the list changes now: keep nothing
         stored = await self.cache.set_if_unchanged(key, fresh.body, life, generation)
         # Not stored: a change bumped the key since the read began, so this
         # answer may predate it; serve it (as a read would) but keep nothing.
         return fresh, life if stored else 0.0
+
+    async def _read_lists(self, wanted: list[tuple[int, date]]) -> list[Outcome[ListRead]]:
+        """The lists (doctor, local date) missed in one turn of this process,
+        read in one statement (``Batcher``: under load, what is missed while
+        the last statements run). A replica may serve them (seconds stale, like
+        the cache); one that has not seen a new doctor yet is not trusted with
+        its 404: the primary is asked again for those."""
+        now = self.clock.now()
+        try:
+            outcomes = await self.stale.read(lambda conn: self._lists_from(conn, wanted, now))
+            again = [n for n, o in enumerate(outcomes) if _doctor_not_found(o)]
+            if again and self.stale.may_lag:
+                asked = [wanted[n] for n in again]
+                confirmed = await self.stale.recheck(lambda c: self._lists_from(c, asked, now))
+                for n, outcome in zip(again, confirmed, strict=True):
+                    outcomes[n] = outcome
+        except DomainError as err:  # the database away (503): every list's answer
+            return [err] * len(wanted)
+        return outcomes
+
+    async def _lists_from(
+        self, conn: asyncpg.Connection, wanted: list[tuple[int, date]], now: datetime
+    ) -> list[Outcome[ListRead]]:
+        zones: list[ZoneInfo | DomainError] = []
+        for doctor_id, _ in wanted:
+            try:
+                zones.append(await self._zone(conn, doctor_id))
+            except DomainError as err:  # this list's answer, not the others'
+                zones.append(err)
+        asked = [
+            (doctor_id, *domain.day_bounds(day, tz))
+            for (doctor_id, day), tz in zip(wanted, zones, strict=True)
+            if not isinstance(tz, DomainError)
+        ]
+        lists = iter(await repo.available_slots_json(conn, asked, now) if asked else ())
+        return [tz if isinstance(tz, DomainError) else ListRead(*next(lists), now) for tz in zones]
 
     def _slot_list_life(self, now: datetime, next_open: datetime | None) -> float:
         """How long a freshly read list may be kept: long from the primary (every

@@ -321,3 +321,12 @@ class StaleReads:
             async with self.primary.connection() as conn:
                 return await read(conn)
         return await self.replicas.read(self.primary, read, recheck)
+
+    async def recheck(self, read: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``read`` on the primary, for answers of a replica read that only the
+        primary may confirm (a row created since: ``read``'s ``recheck``, for a
+        read that answers many things and refused only some)."""
+        async with self.primary.connection() as conn:
+            result = await read(conn)
+        metrics.STALE_READS.labels(PRIMARY, "recheck").inc()
+        return result
