@@ -382,6 +382,37 @@ async def test_versioned_reads_of_one_loop_turn_go_as_one_command_with_their_own
     await dead.client.aclose()
 
 
+async def test_stores_of_one_loop_turn_go_as_one_command_each_with_its_own_value(
+    single: Client, ns: str
+) -> None:
+    gate = CountingGate(single, backoff_s=1.0)
+    cache = Cache(gate, namespace=ns)
+    await cache.bump(*(f"s:{i}" for i in range(0, 300, 3)))  # changed since their reads
+    gate.calls = 0
+
+    def store(i: int) -> Awaitable[bool]:
+        return cache.set_if_unchanged(f"s:{i}", b"[%d]" % i, 30 + i % 7, b"0")
+
+    # 300 stores: more than one command holds (200 calls), split in two.
+    stored = await _released_together(300, store)
+    assert gate.calls == 2
+    assert stored == [i % 3 != 0 for i in range(300)]
+    for i in range(300):
+        raw, life_s, _ = await cache.get_versioned(f"s:{i}")
+        assert raw == (None if i % 3 == 0 else b"[%d]" % i)
+        assert (29 + i % 7 < life_s <= 30 + i % 7) if i % 3 else life_s == 0.0
+    await single.delete(*(cache.value_key(f"s:{i}") for i in range(300)))
+    await single.delete(*(cache.generation_key(f"s:{i}") for i in range(0, 300, 3)))
+
+    dead = RedisGate(make_client("redis://127.0.0.1:1/0", TIMEOUT_S), backoff_s=1.0)
+    dead_cache = Cache(dead, namespace=ns)
+    failed = await _released_together(
+        3, lambda i: dead_cache.set_if_unchanged(f"s:{i}", b"[]", 30, b"0")
+    )
+    assert failed == [False] * 3
+    await dead.client.aclose()
+
+
 async def test_a_large_gate_batch_is_split_and_a_failure_answers_every_call(
     single: Client, ns: str
 ) -> None:

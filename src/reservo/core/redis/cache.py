@@ -81,6 +81,21 @@ if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 """
+# The same for many values at once (KEYS in pairs, ARGV in triples: generation,
+# value, life), one answer each.
+_SET_IF_GENERATION_MANY_LUA = """
+local out = {}
+for i = 1, #KEYS / 2 do
+  local a = 3 * i - 2
+  if (redis.call('GET', KEYS[2 * i]) or '0') == ARGV[a] then
+    redis.call('SET', KEYS[2 * i - 1], ARGV[a + 1], 'PX', ARGV[a + 2])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
 # A change: a new generation (so fills begun before it are not stored) and the
 # value gone. The generation outlives every value it guards.
 _BUMP_LUA = """
@@ -155,6 +170,9 @@ class Cache:
             gate, gate.client.register_script(_GET_VERSIONED_MANY_LUA), (), 2, 3
         )
         self._get_versioned_leasing = gate.client.register_script(_GET_VERSIONED_LEASING_LUA)
+        self._store_batch = ScriptBatch(
+            gate, gate.client.register_script(_SET_IF_GENERATION_MANY_LUA), (), 2, 1
+        )
         self._leasing_batches: dict[int, ScriptBatch] = {}
         self._locals: list[LocalCache[Any]] = []
         self._gate_batches: dict[tuple[RateLimiter, int, int, int], GateBatch] = {}
@@ -304,10 +322,15 @@ class Cache:
         self, key: str, data: bytes, ttl_s: float, generation: bytes
     ) -> bool:
         """Store ``data`` for ``ttl_s`` unless ``bump`` ran since ``generation`` was
-        read; False if not stored (changed meanwhile, or Redis down)."""
+        read; False if not stored (changed meanwhile, or Redis down). On a
+        single Redis the stores made in one turn go as one command, as the
+        reads do (the misses of one turn are read, then stored, together)."""
         keys = [self.value_key(key), self.generation_key(key)]
         script = self._set_if_generation
         args: list[EncodableT] = [generation, data, _ttl_ms(ttl_s)]
+        if not self.cluster:
+            got = await self._store_batch.check(keys, args)
+            return got is not None and bool(got[0])
 
         async def _set(client: Client) -> bool:
             return bool(await evalsha(client, script, keys, args))

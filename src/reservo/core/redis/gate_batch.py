@@ -1,6 +1,7 @@
 """Script calls made in the same turn of the event loop, sent to Redis as one
-command: the rate-limit-and-marks checks (``Cache.hit_and_check``) and the
-versioned reads of cached lists (``Cache.get_versioned``) under load."""
+command: the rate-limit-and-marks checks (``Cache.hit_and_check``), the
+versioned reads of cached lists (``Cache.get_versioned``) and their stores
+(``Cache.set_if_unchanged``) under load."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from reservo.core.redis.ratelimit import RateLimiter
 
 class ScriptBatch:
     """Calls of one script made in the same turn of the event loop, sent as one
-    EVALSHA: each call's ``keys_per_call`` keys in order, ``args`` once, and
-    each call answered with its ``width`` values of the flat reply.
+    EVALSHA: each call's ``keys_per_call`` keys in order, ``args`` once, then
+    each call's own arguments in order (as many per call, if any), and each
+    call answered with its ``width`` values of the flat reply.
 
     The first call of a turn schedules the send; every call made before it runs
     joins the batch. A batch is at most ``max_calls`` calls (one script run
@@ -40,34 +42,48 @@ class ScriptBatch:
         self.gate, self.script, self.args = gate, script, tuple(args)
         self.per, self.width, self.max_calls = keys_per_call, width, max_calls
         self._keys: list[str] = []
+        self._own_args: list[EncodableT] = []
         self._waiters: list[asyncio.Future[list[Any] | None]] = []
         self._sending: set[asyncio.Task[None]] = set()  # strong references
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def check(self, keys: list[str]) -> list[Any] | None:
-        """The script's answer for these keys, or None when Redis did not answer."""
+    async def check(self, keys: list[str], own_args: Sequence[EncodableT] = ()) -> list[Any] | None:
+        """The script's answer for these keys (and this call's own arguments,
+        the same number on every call), or None when Redis did not answer."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a batch left behind by a loop that stopped
-            self._loop, self._keys, self._waiters = loop, [], []
+            self._loop, self._keys, self._own_args, self._waiters = loop, [], [], []
         if not self._waiters:
             loop.call_soon(self._send_pending)
         waiter: asyncio.Future[list[Any] | None] = loop.create_future()
         self._keys.extend(keys)
+        self._own_args.extend(own_args)
         self._waiters.append(waiter)
         return await waiter
 
     def _send_pending(self) -> None:
-        keys, waiters = self._keys, self._waiters
-        self._keys, self._waiters = [], []
-        step = self.max_calls * self.per
+        keys, own_args, waiters = self._keys, self._own_args, self._waiters
+        self._keys, self._own_args, self._waiters = [], [], []
+        per_args = len(own_args) // len(waiters) if waiters else 0
         for i in range(0, len(waiters), self.max_calls):
-            part = keys[i * self.per : i * self.per + step]
-            task = asyncio.ensure_future(self._send(part, waiters[i : i + self.max_calls]))
+            part = waiters[i : i + self.max_calls]
+            task = asyncio.ensure_future(
+                self._send(
+                    keys[i * self.per : (i + len(part)) * self.per],
+                    [*self.args, *own_args[i * per_args : (i + len(part)) * per_args]],
+                    part,
+                )
+            )
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, keys: list[str], waiters: list[asyncio.Future[list[Any] | None]]) -> None:
-        script, args = self.script, self.args
+    async def _send(
+        self,
+        keys: list[str],
+        args: list[EncodableT],
+        waiters: list[asyncio.Future[list[Any] | None]],
+    ) -> None:
+        script = self.script
 
         async def _run(client: Client) -> list[Any]:
             return list(await evalsha(client, script, keys, args))
