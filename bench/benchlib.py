@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -515,9 +515,12 @@ class CpuMeter:
 
     reservo: Reservo
     by_group: dict[str, float] = field(default_factory=dict)
+    # read and write system calls by group (/proc/<pid>/io's syscr and syscw)
+    syscalls: dict[str, tuple[int, int]] = field(default_factory=dict)
     machine_busy_s: float = 0.0
     wall_s: float = 0.0
     _start: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _io_start: dict[int, tuple[int, int]] = field(default_factory=dict)
     _t0: float = 0.0
     _m0: Any = None
 
@@ -535,8 +538,12 @@ class CpuMeter:
                     snap[p.pid] = ("redis (shared)", _cpu(p))
         return snap
 
+    def _io(self, pids: Iterable[int]) -> dict[int, tuple[int, int]]:
+        return {pid: io for pid in pids if (io := syscalls_of(pid)) is not None}
+
     def __enter__(self) -> CpuMeter:
         self._start = self._snapshot()
+        self._io_start = self._io(self._start)
         self._t0, self._m0 = time.monotonic(), psutil.cpu_times()
         return self
 
@@ -549,10 +556,15 @@ class CpuMeter:
         )
         total = sum(m1) - sum(self._m0)
         self.machine_busy_s = total - idle
+        io_end = self._io(end)
         for pid, (group, cpu) in end.items():
             # A process born during the run spent all its CPU inside it.
             start = self._start.get(pid, (group, 0.0))[1]
             self.by_group[group] = self.by_group.get(group, 0.0) + max(0.0, cpu - start)
+            if pid in io_end:
+                (r0, w0), (r1, w1) = self._io_start.get(pid, (0, 0)), io_end[pid]
+                r, w = self.syscalls.get(group, (0, 0))
+                self.syscalls[group] = (r + max(0, r1 - r0), w + max(0, w1 - w0))
 
     def figures(self, requests: int, wrk_cpu_s: float) -> dict[str, float]:
         """CPU ms per request by group, the machine's busy share, and what the rate
@@ -562,6 +574,9 @@ class CpuMeter:
         n = max(1, requests)
         out = {f"cpu_ms_per_req_{g.split()[0]}": 1000 * v / n for g, v in self.by_group.items()}
         out["cpu_ms_per_req_wrk"] = 1000 * wrk_cpu_s / n
+        for g, (r, w) in self.syscalls.items():
+            out[f"reads_per_req_{g.split()[0]}"] = r / n
+            out[f"writes_per_req_{g.split()[0]}"] = w / n
         out["machine_busy_pct"] = 100 * self.machine_busy_s / max(1e-9, cores * self.wall_s)
         out["our_share_pct"] = 100 * ours / max(1e-9, cores * self.wall_s)
         out["rate_if_machine_were_ours"] = n * cores / max(1e-9, ours) if ours else 0.0
@@ -574,11 +589,30 @@ def describe_cpu(c: dict[str, float]) -> str:
         for k, v in c.items()
         if k.startswith("cpu_ms_per_req_")
     )
+    calls = ", ".join(
+        f"{k.removeprefix('reads_per_req_')} {v:.2f} / {c.get('writes_per_req_' + k[14:], 0):.2f}"
+        for k, v in c.items()
+        if k.startswith("reads_per_req_")
+    )
     return (
         f"CPU ms per request: {per}; machine busy {c['machine_busy_pct']:.0f}% of all cores, "
         f"this benchmark {c['our_share_pct']:.0f}%; "
         f"estimated rate with the cores to ourselves {c['rate_if_machine_were_ours']:,.0f}/s"
+        + (f"\n  read / write system calls per request: {calls}" if calls else "")
     )
+
+
+def syscalls_of(pid: int) -> tuple[int, int] | None:
+    """The read and write system calls a process made so far (``syscr`` and
+    ``syscw`` of /proc/<pid>/io), None when unreadable: ``read``/``write`` and
+    their vector forms, which uvloop uses for every socket; ``send``/``recv``
+    (PostgreSQL's backends use them) are not counted. A loopback write is where
+    the kernel delivers the segment to its reader, the dearest call of a
+    request on a virtual machine (docs/BENCHMARKS.md)."""
+    with contextlib.suppress(psutil.Error, AttributeError):
+        io = psutil.Process(pid).io_counters()
+        return int(io.read_count), int(io.write_count)
+    return None
 
 
 # --- wrk ----------------------------------------------------------------------
@@ -746,6 +780,9 @@ class Ceiling:
     per_s: float
     p99_ms: float
     load_avg: float  # 1-minute load average just before it was measured
+    cpu_ms_per_req: float = float("nan")  # the hello server's own CPU
+    reads_per_req: float = float("nan")  # and its read / write system calls
+    writes_per_req: float = float("nan")
 
     def ratio(self, rate: float) -> float:
         return rate / self.per_s if self.per_s else float("nan")
@@ -755,8 +792,9 @@ class Ceiling:
         return (
             f"ceiling (bare FastAPI hello, {self.workers} uvicorn workers, uvloop+httptools, "
             f"wrk -t{self.threads} -c{self.connections}): {self.per_s:,.0f} req/s, "
-            f"p99 {self.p99_ms:.1f} ms; ratio{label} {self.ratio(rate):.2f}; "
-            f"load avg {self.load_avg:.2f}"
+            f"p99 {self.p99_ms:.1f} ms, its CPU {self.cpu_ms_per_req:.3f} ms/req, "
+            f"read / write system calls {self.reads_per_req:.2f} / {self.writes_per_req:.2f} "
+            f"per req; ratio{label} {self.ratio(rate):.2f}; load avg {self.load_avg:.2f}"
         )
 
 
@@ -764,16 +802,32 @@ def hello_ceiling(workers: int, threads: int, connections: int, duration_s: floa
     """Start `uvicorn hello_app:app` as `reservo api` starts its server (same loop,
     parser, worker count), drive it with wrk, stop it."""
     load = os.getloadavg()[0]
-    with hello_server(workers) as port:
+    with hello_process(workers) as (port, pid):
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        cpu0, io0 = sum(_cpu(p) for p in tree), [syscalls_of(p.pid) or (0, 0) for p in tree]
         base = f"http://127.0.0.1:{port}"
         res = run_wrk(BENCH_DIR / "hello.lua", base, threads, connections, duration_s, [])
-    return Ceiling(workers, threads, connections, res.rate, res.p99_ms, load)
+        cpu1, io1 = sum(_cpu(p) for p in tree), [syscalls_of(p.pid) or (0, 0) for p in tree]
+    n = max(1, res.requests)
+    reads = sum(b[0] - a[0] for a, b in zip(io0, io1, strict=True)) / n
+    writes = sum(b[1] - a[1] for a, b in zip(io0, io1, strict=True)) / n
+    return Ceiling(
+        workers, threads, connections, res.rate, res.p99_ms, load,
+        1000 * (cpu1 - cpu0) / n, reads, writes,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager
 def hello_server(workers: int) -> Iterator[int]:
     """The bare hello served as `reservo api` serves reservo (uvicorn, uvloop,
     httptools, ``workers`` processes), ready; its port. Stopped on exit."""
+    with hello_process(workers) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def hello_process(workers: int) -> Iterator[tuple[int, int]]:
+    """``hello_server``'s port and its uvicorn process id."""
     port = free_port()
     cmd = [
         sys.executable, "-m", "uvicorn", "hello_app:app", "--app-dir", str(BENCH_DIR),
@@ -796,7 +850,7 @@ def hello_server(workers: int) -> Iterator[int]:
                 raise RuntimeError("the hello ceiling server did not start")
             time.sleep(0.2)
         time.sleep(0.5 if workers > 1 else 0.1)  # every worker up
-        yield port
+        yield port, proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -819,8 +873,10 @@ def add_ceiling_option(parser: Any) -> None:
 
 
 @contextlib.contextmanager
-def profiled(pid: int, seconds: float, out: Path) -> Iterator[None]:
-    """`py-spy record` of one API worker in raw (collapsed stacks) format."""
+def profiled(pid: int, seconds: float, out: Path, native: bool = False) -> Iterator[None]:
+    """`py-spy record` of one API worker in raw (collapsed stacks) format;
+    ``native``: with C frames (the system calls, the C extensions' own time),
+    which py-spy takes by pausing the worker at each sample (slower runs)."""
     pyspy = BIN / "py-spy"
     if not pyspy.exists():
         raise SystemExit("py-spy not found in the venv: pip install py-spy")
@@ -834,7 +890,8 @@ def profiled(pid: int, seconds: float, out: Path) -> Iterator[None]:
             str(int(seconds)),
             "--rate",
             "250",
-            "--nonblocking",  # do not pause the worker: the profile must not slow it
+            # Else do not pause the worker: the profile must not slow it.
+            *(["--native"] if native else ["--nonblocking"]),
             "--format",
             "raw",
             "--output",
@@ -851,6 +908,7 @@ def profiled(pid: int, seconds: float, out: Path) -> Iterator[None]:
 
 # Buckets for "what limits the figures", matched against a frame's file path.
 BUCKETS: tuple[tuple[str, str], ...] = (
+    ("libc.so", "system calls and libc (--native only: write, read, getpid ...)"),
     ("jwt/", "JWT decode (PyJWT + hmac)"),
     ("hmac.py", "JWT decode (PyJWT + hmac)"),
     ("asyncpg/", "asyncpg (PostgreSQL driver)"),
@@ -884,7 +942,8 @@ def summarize_profile(path: Path, top: int = 15) -> str:
         frames = stack.split(";")
         # Helper threads parked in a wait (uvicorn's supervisor ping, an idle thread
         # pool) are not CPU the request path spends; --nonblocking cannot tell.
-        if any(w in frames[-1] for w in _PARKED):
+        # (A native stack ends in the wait's system call, under the parked frame.)
+        if any(w in f for w in _PARKED for f in frames[-3:]):
             parked += count
             continue
         total += count

@@ -203,7 +203,7 @@ def one_run(
         with benchlib.RssSampler(rv) as mem, benchlib.CpuMeter(rv) as cpu:
             if profile_out is not None:
                 pid = rv.api_workers()[0].pid
-                with benchlib.profiled(pid, max(1.0, opts.duration - 2), profile_out):
+                with benchlib.profiled(pid, max(1.0, opts.duration - 2), profile_out, opts.native):
                     res = benchlib.run_wrk(
                         HERE / "storm.lua", url, threads, connections, opts.duration, args
                     )
@@ -324,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patients", type=int, default=20_000)
     p.add_argument("--warmup", type=float, default=3, help="seconds of warm-up bookings")
     p.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="with --profile: C frames too (system calls); py-spy then pauses the worker",
+    )
     # 10 per process: enough for 2 cores, and 3 API processes + the worker at the
     # default 20 would crowd a shared server's max_connections = 100.
     p.add_argument("--pool-max", type=int, default=10, help="RESERVO_DB_POOL_MAX (0: default)")

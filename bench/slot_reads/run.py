@@ -80,7 +80,7 @@ def one_run(
         with benchlib.RssSampler(rv) as mem, benchlib.CpuMeter(rv) as cpu:
             if profile_out is not None:
                 pid = rv.api_workers()[0].pid
-                with benchlib.profiled(pid, max(1.0, opts.duration - 2), profile_out):
+                with benchlib.profiled(pid, max(1.0, opts.duration - 2), profile_out, opts.native):
                     res = benchlib.run_wrk(
                         script, rv.base, threads, connections, opts.duration, args
                     )
@@ -137,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         "the reads on the next 3 days of the 10%% most popular doctors",
     )
     p.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="with --profile: C frames too (system calls); py-spy then pauses the worker",
+    )
     # 10 per process: enough for 2 cores, and 3 API processes + the worker at the
     # default 20 would crowd a shared server's max_connections = 100.
     p.add_argument("--pool-max", type=int, default=10, help="RESERVO_DB_POOL_MAX (0: default)")
