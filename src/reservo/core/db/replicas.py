@@ -27,7 +27,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -232,7 +232,6 @@ class Replicas:
         self,
         primary: Database,
         read: Callable[[asyncpg.Connection], Awaitable[T]],
-        recheck: Collection[str],
     ) -> T:
         self.start(primary)
         replica = self.pick()
@@ -245,8 +244,6 @@ class Replicas:
                 if exc.code == "unavailable":  # gone: left out until a probe finds it back
                     self._down(replica, "read_failed", exc)
                     reason = "replica_failed"
-                elif exc.code in recheck:
-                    reason = "recheck"
                 else:
                     raise
             except asyncpg.exceptions.SerializationError:
@@ -306,26 +303,20 @@ class StaleReads:
         """For /readyz (detail only); None without replicas."""
         return None if self.replicas is None else self.replicas.status()
 
-    async def read(
-        self,
-        read: Callable[[asyncpg.Connection], Awaitable[T]],
-        *,
-        recheck: Collection[str] = (),
-    ) -> T:
+    async def read(self, read: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """Run ``read`` on a replica within the lag bound, else on the primary. A
         replica failing it is re-asked to the primary, once: a replica's death
-        never becomes an error. ``recheck`` lists error codes a lagging replica
-        may give about a row created since (``doctor_not_found``): the primary
-        confirms them."""
+        never becomes an error. What a lagging replica may answer about a row
+        created since (``doctor_not_found``) is the caller's to ``recheck``."""
         if self.replicas is None:
             async with self.primary.connection() as conn:
                 return await read(conn)
-        return await self.replicas.read(self.primary, read, recheck)
+        return await self.replicas.read(self.primary, read)
 
     async def recheck(self, read: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """``read`` on the primary, for answers of a replica read that only the
-        primary may confirm (a row created since: ``read``'s ``recheck``, for a
-        read that answers many things and refused only some)."""
+        """``read`` on the primary, for what a replica's answer may have missed
+        (a row created since it was replayed: a doctor's 404), counted as a
+        recheck."""
         async with self.primary.connection() as conn:
             result = await read(conn)
         metrics.STALE_READS.labels(PRIMARY, "recheck").inc()
