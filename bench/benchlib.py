@@ -521,6 +521,8 @@ class CpuMeter:
     wall_s: float = 0.0
     _start: dict[int, tuple[str, float]] = field(default_factory=dict)
     _io_start: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # mean items per batch since the server started, per batcher (its /metrics)
+    batches: dict[str, float] = field(default_factory=dict)
     _t0: float = 0.0
     _m0: Any = None
 
@@ -557,6 +559,7 @@ class CpuMeter:
         total = sum(m1) - sum(self._m0)
         self.machine_busy_s = total - idle
         io_end = self._io(end)
+        self.batches = batch_means(self.reservo.base)
         for pid, (group, cpu) in end.items():
             # A process born during the run spent all its CPU inside it.
             start = self._start.get(pid, (group, 0.0))[1]
@@ -574,6 +577,8 @@ class CpuMeter:
         n = max(1, requests)
         out = {f"cpu_ms_per_req_{g.split()[0]}": 1000 * v / n for g, v in self.by_group.items()}
         out["cpu_ms_per_req_wrk"] = 1000 * wrk_cpu_s / n
+        for name, mean in self.batches.items():
+            out[f"batch_items_{name}"] = mean
         for g, (r, w) in self.syscalls.items():
             out[f"reads_per_req_{g.split()[0]}"] = r / n
             out[f"writes_per_req_{g.split()[0]}"] = w / n
@@ -594,12 +599,38 @@ def describe_cpu(c: dict[str, float]) -> str:
         for k, v in c.items()
         if k.startswith("reads_per_req_")
     )
-    return (
-        f"CPU ms per request: {per}; machine busy {c['machine_busy_pct']:.0f}% of all cores, "
-        f"this benchmark {c['our_share_pct']:.0f}%; "
-        f"estimated rate with the cores to ourselves {c['rate_if_machine_were_ours']:,.0f}/s"
-        + (f"\n  read / write system calls per request: {calls}" if calls else "")
+    batches = ", ".join(
+        f"{k.removeprefix('batch_items_')} {v:.1f}" for k, v in c.items() if k.startswith("batch_")
     )
+    more = [f"read / write system calls per request: {calls}"] if calls else []
+    if batches:
+        more.append(f"items per batch (mean since the server started): {batches}")
+    return "".join(
+        [
+            f"CPU ms per request: {per}; machine busy {c['machine_busy_pct']:.0f}% of all "
+            f"cores, this benchmark {c['our_share_pct']:.0f}%; estimated rate with the cores "
+            f"to ourselves {c['rate_if_machine_were_ours']:,.0f}/s",
+            *(f"\n  {line}" for line in more),
+        ]
+    )
+
+
+def batch_means(base: str) -> dict[str, float]:
+    """Mean items per batch of each batcher (``reservo_batch_items``), from the
+    server's /metrics; empty when it has none (a release before the metric)."""
+    try:
+        status, body = http_get(f"{base}/metrics")
+    except OSError:
+        return {}
+    if status != 200:
+        return {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        m = re.match(r'reservo_batch_items_(sum|count)\{batch="([^"]+)"\} (\S+)', line)
+        if m:
+            (sums if m[1] == "sum" else counts)[m[2]] = float(m[3])
+    return {name: sums.get(name, 0.0) / n for name, n in counts.items() if n}
 
 
 def syscalls_of(pid: int) -> tuple[int, int] | None:

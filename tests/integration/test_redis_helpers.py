@@ -394,8 +394,11 @@ async def test_stores_of_one_loop_turn_go_as_one_command_each_with_its_own_value
         return cache.set_if_unchanged(f"s:{i}", b"[%d]" % i, 30 + i % 7, b"0")
 
     # 300 stores: more than one command holds (200 calls), split in two.
+    sizes = {"batch": "redis_list_stores"}
+    sum_before = REGISTRY.get_sample_value("reservo_batch_items_sum", sizes) or 0.0
     stored = await _released_together(300, store)
     assert gate.calls == 2
+    assert REGISTRY.get_sample_value("reservo_batch_items_sum", sizes) == sum_before + 300
     assert stored == [i % 3 != 0 for i in range(300)]
     for i in range(300):
         raw, life_s, _ = await cache.get_versioned(f"s:{i}")

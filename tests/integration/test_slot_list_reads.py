@@ -11,6 +11,7 @@ from datetime import date, datetime, timedelta
 import asyncpg
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from reservo.appointments import repo
 from tests.helpers.appointments import make_doctor, schedule_day
@@ -35,6 +36,7 @@ async def test_lists_missed_together_are_read_in_one_statement(
         return await real_read(conn, wanted, now)
 
     monkeypatch.setattr(repo, "available_slots_json", counted_read)
+    before = _batches()
     days = [first + timedelta(days=n) for n in range(DAYS)]
     barrier = asyncio.Barrier(DAYS + 1)
 
@@ -54,3 +56,15 @@ async def test_lists_missed_together_are_read_in_one_statement(
     # One statement per list before; now the misses of a turn share one.
     assert sum(statements) == DAYS, statements
     assert len(statements) <= 2, statements
+    # What the operator sees: the batches and the lists they held (the unknown
+    # doctor's too, refused without a statement of its own).
+    count, lists = (now - then for now, then in zip(_batches(), before, strict=True))
+    assert lists == DAYS + 1 and 1 <= count <= 2, (count, lists)
+
+
+def _batches() -> tuple[float, float]:
+    """reservo_batch_items' count and sum for the slot list reads."""
+    labels = {"batch": "slot_list_reads"}
+    count = REGISTRY.get_sample_value("reservo_batch_items_count", labels) or 0.0
+    total = REGISTRY.get_sample_value("reservo_batch_items_sum", labels) or 0.0
+    return count, total

@@ -35,7 +35,7 @@ class Recorder:
 async def test_items_of_one_turn_form_one_batch_and_later_ones_the_next() -> None:
     rec = Recorder()
     rec.release.clear()
-    batcher = Batcher(rec.run, max_items=100, lanes=1)
+    batcher = Batcher(rec.run, max_items=100, lanes=1, name="test")
     first = [asyncio.create_task(batcher.submit(i)) for i in range(5)]
     await asyncio.sleep(0.01)
     assert rec.batches == [[0, 1, 2, 3, 4]]
@@ -50,7 +50,7 @@ async def test_items_of_one_turn_form_one_batch_and_later_ones_the_next() -> Non
 async def test_each_lane_runs_a_batch_while_the_others_wait() -> None:
     rec = Recorder()
     rec.release.clear()
-    batcher = Batcher(rec.run, max_items=100, lanes=2)
+    batcher = Batcher(rec.run, max_items=100, lanes=2, name="test")
     first = [asyncio.create_task(batcher.submit(i)) for i in range(3)]
     await asyncio.sleep(0.01)
     second = [asyncio.create_task(batcher.submit(i)) for i in range(3, 5)]
@@ -67,7 +67,7 @@ async def test_each_lane_runs_a_batch_while_the_others_wait() -> None:
 
 async def test_max_items_caps_a_batch() -> None:
     rec = Recorder()
-    batcher = Batcher(rec.run, max_items=3)
+    batcher = Batcher(rec.run, max_items=3, name="test")
     assert await asyncio.gather(*(batcher.submit(i) for i in range(7))) == [
         i * 10 for i in range(7)
     ]
@@ -89,7 +89,7 @@ async def test_an_error_is_its_items_own_and_again_goes_to_the_next_batch() -> N
                 out.append(i)
         return out
 
-    batcher = Batcher(run)
+    batcher = Batcher(run, name="test")
     results = await asyncio.gather(
         *(batcher.submit(i) for i in (1, -1, 2, 3)), return_exceptions=True
     )
@@ -101,7 +101,7 @@ async def test_a_failing_run_fails_each_item_of_its_batch() -> None:
     async def run(items: list[int]) -> Sequence[Outcome[int]]:
         raise RuntimeError("bug")
 
-    batcher = Batcher(run)
+    batcher = Batcher(run, name="test")
     results = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in results)
 
@@ -109,7 +109,7 @@ async def test_a_failing_run_fails_each_item_of_its_batch() -> None:
 async def test_a_cancelled_submitter_does_not_cancel_the_batch() -> None:
     rec = Recorder()
     rec.release.clear()
-    batcher = Batcher(rec.run)
+    batcher = Batcher(rec.run, name="test")
     cut = asyncio.create_task(batcher.submit(1))
     kept = asyncio.create_task(batcher.submit(2))
     await asyncio.sleep(0.01)

@@ -97,7 +97,9 @@ class AppointmentService(Schedules, Waitlist, SeriesBookings):
         self._zones: dict[int, ZoneInfo] = {}  # a doctor's zone never changes
         self._slot_lists = cache.local(limits.slots_local_ttl_s, limits.slots_local_max_entries)
         self._refreshing = set()
-        self._list_reads = Batcher(self._read_lists, READS_PER_STATEMENT, READ_LANES)
+        self._list_reads = Batcher(
+            self._read_lists, READS_PER_STATEMENT, READ_LANES, name="slot_list_reads"
+        )
         self._turns = Turns()
         self.key_marks = KeyMarks(cache, idempotency, clock, limits.key_memory_s)
 

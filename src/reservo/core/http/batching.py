@@ -22,6 +22,7 @@ import structlog
 
 from reservo.core.db.database import unavailable
 from reservo.core.http.idempotency import IdempotencyStore, is_in_progress
+from reservo.core.kernel import metrics
 from reservo.core.kernel.errors import DomainError
 
 I = TypeVar("I")  # noqa: E741 - the item, as R is the result
@@ -59,17 +60,21 @@ class Batcher(Generic[I, R]):
     process idle); each lane still groups what arrived while it was busy.
 
     ``run`` gets the items in arrival order and returns one ``Outcome`` per item.
-    If ``run`` itself raises, every item of that batch raises it."""
+    If ``run`` itself raises, every item of that batch raises it. ``name``
+    labels its batches' sizes (``reservo_batch_items``)."""
 
     def __init__(
         self,
         run: Callable[[list[I]], Awaitable[Sequence[Outcome[R]]]],
         max_items: int = 128,
         lanes: int = LANES,
+        *,
+        name: str,
     ) -> None:
         if max_items < 1 or lanes < 1:
             raise ValueError("max_items and lanes must be >= 1")
         self._run, self.max_items, self.lanes = run, max_items, lanes
+        self._sizes = metrics.BATCH_ITEMS.labels(name)
         self._pending: list[tuple[I, asyncio.Future[R]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -100,6 +105,7 @@ class Batcher(Generic[I, R]):
         while self._pending:
             batch = self._pending[: self.max_items]
             del self._pending[: self.max_items]
+            self._sizes.observe(len(batch))
             items = [item for item, _ in batch]
             try:
                 outcomes = await self._run(items)
@@ -154,7 +160,7 @@ class GroupCommit(ABC, Generic[K, R]):
     event: str
 
     def __init__(self, idempotency: IdempotencyStore, endpoint: str) -> None:
-        self._batcher: Batcher[K, R] = Batcher(self._run)
+        self._batcher: Batcher[K, R] = Batcher(self._run, name=self.event)
         self.idempotency, self.endpoint = idempotency, endpoint
         # How many transactions the batches ran (tests read it).
         self.transactions = 0

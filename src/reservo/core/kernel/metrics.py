@@ -129,6 +129,13 @@ IDEMPOTENCY_WAITS = Counter(
 )
 
 # Read replicas (core/db/replicas.py): only the reads that may be seconds stale.
+BATCH_ITEMS = Histogram(
+    "reservo_batch_items",
+    "Items served together by one batch (one transaction, statement or Redis command), "
+    "per batcher: how much of each batch's cost its items share",
+    ["batch"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 STALE_READS = Counter(
     "reservo_db_stale_reads_total",
     "Reads that may be seconds stale, by the pool that served them and why",

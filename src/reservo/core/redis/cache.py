@@ -167,11 +167,21 @@ class Cache:
         self._lease_unless_whole = gate.client.register_script(_LEASE_UNLESS_WHOLE_LUA)
         self._settle_whole = gate.client.register_script(_SETTLE_WHOLE_LUA)
         self._versioned_batch = ScriptBatch(
-            gate, gate.client.register_script(_GET_VERSIONED_MANY_LUA), (), 2, 3
+            gate,
+            gate.client.register_script(_GET_VERSIONED_MANY_LUA),
+            (),
+            2,
+            3,
+            name="redis_list_reads",
         )
         self._get_versioned_leasing = gate.client.register_script(_GET_VERSIONED_LEASING_LUA)
         self._store_batch = ScriptBatch(
-            gate, gate.client.register_script(_SET_IF_GENERATION_MANY_LUA), (), 2, 1
+            gate,
+            gate.client.register_script(_SET_IF_GENERATION_MANY_LUA),
+            (),
+            2,
+            1,
+            name="redis_list_stores",
         )
         self._leasing_batches: dict[int, ScriptBatch] = {}
         self._locals: list[LocalCache[Any]] = []
@@ -302,7 +312,12 @@ class Cache:
             batch = self._leasing_batches.get(ahead_ms)
             if batch is None:
                 batch = self._leasing_batches[ahead_ms] = ScriptBatch(
-                    self.gate, self._get_versioned_leasing, (ahead_ms,), 3, 4
+                    self.gate,
+                    self._get_versioned_leasing,
+                    (ahead_ms,),
+                    3,
+                    4,
+                    name="redis_list_reads",
                 )
             got = await batch.check(keys)
             if got is None:

@@ -12,6 +12,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
+from reservo.core.kernel import metrics
 from reservo.core.redis.client import Client, RedisGate, evalsha
 from reservo.core.redis.ratelimit import RateLimiter
 
@@ -28,7 +29,8 @@ class ScriptBatch:
     commands. On NOSCRIPT (Redis restarted or flushed its script cache) nothing
     ran, so the script is loaded and the command retried once. A failure answers
     every call of the batch with None (the caller fails open). Every key must
-    live on one server (a single Redis)."""
+    live on one server (a single Redis). ``name`` labels the commands' sizes
+    (``reservo_batch_items``)."""
 
     def __init__(
         self,
@@ -38,8 +40,11 @@ class ScriptBatch:
         keys_per_call: int,
         width: int,
         max_calls: int = 200,
+        *,
+        name: str,
     ) -> None:
         self.gate, self.script, self.args = gate, script, tuple(args)
+        self._sizes = metrics.BATCH_ITEMS.labels(name)
         self.per, self.width, self.max_calls = keys_per_call, width, max_calls
         self._keys: list[str] = []
         self._own_args: list[EncodableT] = []
@@ -67,6 +72,7 @@ class ScriptBatch:
         per_args = len(own_args) // len(waiters) if waiters else 0
         for i in range(0, len(waiters), self.max_calls):
             part = waiters[i : i + self.max_calls]
+            self._sizes.observe(len(part))
             task = asyncio.ensure_future(
                 self._send(
                     keys[i * self.per : (i + len(part)) * self.per],
@@ -121,5 +127,11 @@ class GateBatch(ScriptBatch):
     ) -> None:
         args = (window_ms, keys_per_call, spare)
         super().__init__(
-            gate, limiter.check_script, args, keys_per_call, keys_per_call + 1, max_calls
+            gate,
+            limiter.check_script,
+            args,
+            keys_per_call,
+            keys_per_call + 1,
+            max_calls,
+            name="redis_gate_checks",
         )
