@@ -903,6 +903,16 @@ def add_ceiling_option(parser: Any) -> None:
 # --- py-spy -------------------------------------------------------------------
 
 
+def add_profile_options(parser: Any) -> None:
+    """``--profile F`` and ``--native``, for a runner that profiles one API worker."""
+    parser.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="with --profile: C frames too (system calls); py-spy then pauses the worker",
+    )
+
+
 @contextlib.contextmanager
 def profiled(pid: int, seconds: float, out: Path, native: bool = False) -> Iterator[None]:
     """`py-spy record` of one API worker in raw (collapsed stacks) format;

@@ -323,12 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--patients", type=int, default=20_000)
     p.add_argument("--warmup", type=float, default=3, help="seconds of warm-up bookings")
-    p.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
-    p.add_argument(
-        "--native",
-        action="store_true",
-        help="with --profile: C frames too (system calls); py-spy then pauses the worker",
-    )
+    benchlib.add_profile_options(p)
     # 10 per process: enough for 2 cores, and 3 API processes + the worker at the
     # default 20 would crowd a shared server's max_connections = 100.
     p.add_argument("--pool-max", type=int, default=10, help="RESERVO_DB_POOL_MAX (0: default)")

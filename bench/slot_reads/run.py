@@ -136,12 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         help="uniform: every doctor-day alike (the cache's worst case); skewed: 80%% of "
         "the reads on the next 3 days of the 10%% most popular doctors",
     )
-    p.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
-    p.add_argument(
-        "--native",
-        action="store_true",
-        help="with --profile: C frames too (system calls); py-spy then pauses the worker",
-    )
+    benchlib.add_profile_options(p)
     # 10 per process: enough for 2 cores, and 3 API processes + the worker at the
     # default 20 would crowd a shared server's max_connections = 100.
     p.add_argument("--pool-max", type=int, default=10, help="RESERVO_DB_POOL_MAX (0: default)")

@@ -74,16 +74,11 @@ for i = 1, #KEYS, 3 do
 end
 return out
 """
-# Store a fill only if no change bumped the generation since the fill began: a
-# read that raced a booking can then never outlive it in the cache.
+# Store fills only if no change bumped their generation since the fill began: a
+# read that raced a booking can then never outlive it in the cache. KEYS in
+# pairs (value, generation), ARGV in triples (generation, value, life in ms);
+# one answer each (1 stored). One fill per call on a cluster, many batched else.
 _SET_IF_GENERATION_LUA = """
-if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-"""
-# The same for many values at once (KEYS in pairs, ARGV in triples: generation,
-# value, life), one answer each.
-_SET_IF_GENERATION_MANY_LUA = """
 local out = {}
 for i = 1, #KEYS / 2 do
   local a = 3 * i - 2
@@ -161,7 +156,6 @@ class Cache:
         self.cluster = is_cluster(gate.client)
         self._get_with_ttl = gate.client.register_script(_GET_WITH_TTL_LUA)
         self._get_versioned = gate.client.register_script(_GET_VERSIONED_LUA)
-        self._set_if_generation = gate.client.register_script(_SET_IF_GENERATION_LUA)
         self._bump = gate.client.register_script(_BUMP_LUA)
         self._get_stamped = gate.client.register_script(_GET_STAMPED_LUA)
         self._lease_unless_whole = gate.client.register_script(_LEASE_UNLESS_WHOLE_LUA)
@@ -177,7 +171,7 @@ class Cache:
         self._get_versioned_leasing = gate.client.register_script(_GET_VERSIONED_LEASING_LUA)
         self._store_batch = ScriptBatch(
             gate,
-            gate.client.register_script(_SET_IF_GENERATION_MANY_LUA),
+            gate.client.register_script(_SET_IF_GENERATION_LUA),
             (),
             2,
             1,
@@ -341,14 +335,14 @@ class Cache:
         single Redis the stores made in one turn go as one command, as the
         reads do (the misses of one turn are read, then stored, together)."""
         keys = [self.value_key(key), self.generation_key(key)]
-        script = self._set_if_generation
         args: list[EncodableT] = [generation, data, _ttl_ms(ttl_s)]
         if not self.cluster:
             got = await self._store_batch.check(keys, args)
             return got is not None and bool(got[0])
+        script = self._store_batch.script
 
         async def _set(client: Client) -> bool:
-            return bool(await evalsha(client, script, keys, args))
+            return bool((await evalsha(client, script, keys, args))[0])
 
         return await self.gate.call(_set, False)
 
