@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import structlog
 
+from reservo.core.aio import stalls
 from reservo.core.aio.loops import run_every
 from reservo.core.db.clock import DatabaseClock
 from reservo.core.db.database import Database, Queries
@@ -101,8 +102,12 @@ def outbox(shared: Shared, retention: Sequence[PruneRule], duties: Sequence[Role
             "maintenance": lambda stop: _maintenance(shared, rules, stop, duties),
         },
         retention=own,
-        # Every process keeps reading PostgreSQL's clock (when it is the clock).
-        companions=[shared.clock.run] if isinstance(shared.clock, DatabaseClock) else [],
+        # Every process watches its event loop for stalls, and keeps reading
+        # PostgreSQL's clock (when it is the clock).
+        companions=[
+            stalls.watch,
+            *([shared.clock.run] if isinstance(shared.clock, DatabaseClock) else []),
+        ],
     )
 
 

@@ -33,6 +33,8 @@ POST_RATE = 250.0  # jobs per second, all clients together
 # arrive while the first jobs fire.
 LEAD_S, SPREAD_S = 14.0, 8.0
 LATENESS_P99_S = 0.5
+# How long a worker may take to run its first job once the API answers /readyz.
+WORKER_START_S = 60.0
 
 
 class Listener:
@@ -111,9 +113,27 @@ async def test_2000_jobs_posted_in_a_burst_fire_once_on_time(
     deploy: Deploy, listener: Listener
 ) -> None:
     split = await deploy("split", jobs_http_allow="127.0.0.1")
+    # /readyz speaks for the API only: a worker serves no HTTP. Its first job
+    # says it is running; the burst measures a running scheduler, and how long
+    # the worker took to start is printed apart.
+    began = time.time()
+    async with httpx.AsyncClient(base_url=split.url, timeout=30) as http:
+        r = await http.post(
+            "/api/jobs",
+            headers=SERVICE,
+            json={
+                "category": "http",
+                "payload": {"url": f"http://127.0.0.1:{listener.port}/probe"},
+            },
+        )
+        assert r.status_code == 201, r.text
+    await listener.wait_for(1, WORKER_START_S)
+    assert listener.arrivals, f"no job fired {WORKER_START_S:.0f} s after /readyz:\n{split.logs()}"
+    print(f"the worker's first job fired {time.time() - began:.1f} s after /readyz")
     start, due = 0.0, list[float]()  # set when the clients are released
     accepted: dict[int, float] = {}  # job -> when its 201 arrived
     run_at: dict[int, float] = {}  # job -> its runAt, as the 201 gave it
+    job_ids: dict[int, int] = {}  # job -> the service's id for it
     gate = asyncio.Event()
 
     async def client(c: int, http: httpx.AsyncClient) -> None:
@@ -132,6 +152,7 @@ async def test_2000_jobs_posted_in_a_burst_fire_once_on_time(
             )
             assert r.status_code == 201, r.text
             accepted[i] = time.time()
+            job_ids[i] = r.json()["jobId"]
             # Lateness is measured from the runAt the service stored and answered.
             run_at[i] = datetime.fromisoformat(r.json()["runAt"].replace("Z", "+00:00")).timestamp()
             assert abs(run_at[i] - due[i]) < 0.001, r.text
@@ -145,7 +166,7 @@ async def test_2000_jobs_posted_in_a_burst_fire_once_on_time(
         await asyncio.gather(*tasks)
     posting_s = time.time() - start
 
-    await listener.wait_for(JOBS, due[-1] + 20 - time.time())
+    await listener.wait_for(JOBS + 1, due[-1] + 20 - time.time())
     await asyncio.sleep(2)  # a job fired twice would arrive by now
 
     async with httpx.AsyncClient(base_url=split.url, timeout=30, headers=ADMIN) as http:
@@ -165,7 +186,8 @@ async def test_2000_jobs_posted_in_a_burst_fire_once_on_time(
     counts = Counter(path for path, _ in listener.arrivals)
     fired: dict[int, float] = {}  # job -> its first call's arrival
     for path, at in listener.arrivals:
-        fired.setdefault(int(path.rsplit("/", 1)[1]), at)
+        if path.startswith("/job/"):  # the probe, fired twice, is counted below
+            fired.setdefault(int(path.rsplit("/", 1)[1]), at)
     missing = sorted(set(range(JOBS)) - set(fired))
     assert not missing, f"{len(missing)} jobs never fired (first {missing[:10]}); {state}"
     twice = {p: n for p, n in counts.items() if n > 1}
@@ -179,4 +201,31 @@ async def test_2000_jobs_posted_in_a_burst_fire_once_on_time(
         f"p99 {p99 * 1000:.0f} ms, max {max(lateness) * 1000:.0f} ms"
     )
     print(figures)
+    if p99 > LATENESS_P99_S:
+        figures += await _where_the_time_went(split.url, job_ids, run_at, fired, start)
+        figures += f"\n{split.logs()}"
     assert p99 <= LATENESS_P99_S, figures
+
+
+async def _where_the_time_went(
+    url: str,
+    job_ids: dict[int, int],
+    run_at: dict[int, float],
+    fired: dict[int, float],
+    start: float,
+) -> str:
+    """For a failure's message: when the burst's calls arrived, and for the
+    latest jobs whether the time was lost before the claim (startedAt late) or
+    after it (the call)."""
+    first, last = min(fired.values()) - start, max(fired.values()) - start
+    lines = [f"; calls arrived {first:.1f}-{last:.1f} s after the burst began"]
+    latest = sorted(fired, key=lambda i: fired[i] - run_at[i])[-5:]
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=ADMIN) as http:
+        for i in latest:
+            job = (await http.get(f"/api/jobs/{job_ids[i]}")).json()
+            started = datetime.fromisoformat(job["startedAt"].replace("Z", "+00:00")).timestamp()
+            lines.append(
+                f"job {i}: started {started - run_at[i]:+.3f} s from its runAt, "
+                f"called back {fired[i] - started:+.3f} s after it started"
+            )
+    return "\n".join(lines)

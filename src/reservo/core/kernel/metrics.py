@@ -136,6 +136,13 @@ BATCH_ITEMS = Histogram(
     ["batch"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+# core/aio/stalls.py: how late the event loop ran a task that asked to wake.
+EVENT_LOOP_LAG = Histogram(
+    "reservo_event_loop_lag_seconds",
+    "How late this process's event loop woke a task, four times a second: a loop "
+    "held by a synchronous call or a process starved of CPU serves nothing meanwhile",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 STALE_READS = Counter(
     "reservo_db_stale_reads_total",
     "Reads that may be seconds stale, by the pool that served them and why",
