@@ -4,6 +4,9 @@ another exception (which the app would answer with a 500)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import math
 from datetime import UTC, datetime, timedelta
@@ -16,11 +19,13 @@ from hypothesis import strategies as st
 
 from reservo.core.http.auth import (
     _MINTED_HEADER,
+    DEFAULT_MAX_LIFETIME_S,
     MAX_SUB,
     ROLES,
     Principal,
     TokenVerifier,
     _minted_claims,
+    _verify,
     mint_token,
     parse_signature,
     sign_webhook,
@@ -364,17 +369,53 @@ def test_minted_tokens_take_the_fast_check() -> None:
     assert _minted_claims(b"another secret", token) is None
 
 
+_B64URL_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def respelled(segment: str, how: str) -> str:
+    """Another spelling of a base64url segment that PyJWT's lenient decoder reads
+    as the same bytes: padded, a trailing bit set, or the standard alphabet."""
+    if how == "bits" and len(segment) % 4 in (2, 3):
+        # The last character's lowest bit encodes nothing at these lengths.
+        last = _B64URL_ALPHABET[_B64URL_ALPHABET.index(segment[-1]) ^ 1]
+        return segment[:-1] + last
+    if how == "std":
+        return segment.replace("-", "+").replace("_", "/")
+    return segment + "=" * (-len(segment) % 4 or 2)
+
+
+def respelled_token(token: str, segment: int, how: str) -> str:
+    """``token`` with one segment respelled; a respelled header or payload is
+    signed again as spelled (a holder of the secret can write any spelling)."""
+    parts = token.split(".")
+    parts[segment] = respelled(parts[segment], how)
+    if segment < 2:
+        signing_input = f"{parts[0]}.{parts[1]}".encode()
+        mac = hmac.new(JWT_SECRET.encode(), signing_input, hashlib.sha256).digest()
+        parts[2] = base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+    return ".".join(parts)
+
+
+def pyjwt_answer(token: str) -> Any:
+    """PyJWT's answer, the reference: the path every token took before the fast
+    check (segments canonical, then ``jwt.decode``, then the claim rules)."""
+    return answer(lambda t: _verify(JWT_SECRET, t, NOW, DEFAULT_MAX_LIFETIME_S)[0], token)
+
+
 @FUZZ
 @given(
     payload=payloads(),
     header=headers() | st.just('{"alg":"HS256","typ":"JWT"}'),
-    change=st.sampled_from(["", "signature", "secret", "dots"]),
+    change=st.sampled_from(["", "signature", "secret", "dots", "spelling"]),
+    segment=st.sampled_from([0, 1, 2]),
+    how=st.sampled_from(["pad", "bits", "std"]),
 )
 def test_the_verifier_answers_as_pyjwt_whatever_the_token(
-    payload: str, header: str, change: str
+    payload: str, header: str, change: str, segment: int, how: str
 ) -> None:
     """TokenVerifier checks tokens of the minted shape itself: its answer (cache
-    off) must be PyJWT's, principal or refusal with the same detail."""
+    off) must be PyJWT's, principal or refusal with the same detail, for every
+    spelling of every segment."""
     token = forge_token(
         payload, header=header, secret="x" * 40 if change == "secret" else JWT_SECRET
     )
@@ -382,5 +423,27 @@ def test_the_verifier_answers_as_pyjwt_whatever_the_token(
         token = token[:-3] + ("AAA" if not token.endswith("AAA") else "BBB")
     elif change == "dots":
         token = token.replace(".", "..", 1)
+    elif change == "spelling":
+        token = respelled_token(token, segment, how)
     verifier = TokenVerifier(JWT_SECRET, max_entries=0)
-    assert answer(verifier.principal, f"Bearer {token}", NOW) == answer(decode, token)
+    assert answer(verifier.principal, f"Bearer {token}", NOW) == pyjwt_answer(token)
+
+
+@pytest.mark.parametrize("segment", [0, 1, 2])
+@pytest.mark.parametrize("how", ["pad", "bits", "std"])
+def test_a_minted_token_respelled_is_refused_as_pyjwt_refuses_it(segment: int, how: str) -> None:
+    """Every other spelling of a valid minted token's segments is a 401, the
+    same one the PyJWT path gives; the token as minted passes."""
+    token = mint_token(JWT_SECRET, "patient", 123456, timedelta(hours=1), NOW)
+    assert decode(token) == Principal(sub=123456, role="patient")
+    other = respelled_token(token, segment, how)
+    if other == token:  # no - or _ in this segment to respell
+        return
+    verifier = TokenVerifier(JWT_SECRET, max_entries=0)
+    refusal = answer(verifier.principal, f"Bearer {other}", NOW)
+    assert refusal == (
+        401,
+        "unauthenticated",
+        "invalid token: segments must be unpadded canonical base64url",
+    )
+    assert refusal == pyjwt_answer(other)

@@ -103,6 +103,7 @@ def bearer(authorization: str | None) -> str:
 # The header every token minted here carries ({"alg":"HS256","typ":"JWT"}, as
 # PyJWT encodes it), base64url: a token that starts with it needs no header parse.
 _MINTED_HEADER = b"eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"
+_MINTED_PREFIX = _MINTED_HEADER.decode("ascii") + "."
 _MINTED_CLAIMS = frozenset(("sub", "role", "exp"))
 
 
@@ -145,23 +146,36 @@ def _segments(token: str) -> tuple[bytes, bytes, bytes] | None:
 def _minted_claims(key: bytes, token: str) -> dict[str, Any] | None:
     """The claims of a valid token of exactly the shape ``mint_token`` writes (that
     header; claims sub, role and exp, none null, sub a string), checked as PyJWT
-    checks it: the same segment split, base64url decoding, HMAC-SHA256 compare
-    and JSON parser, and for these claims PyJWT's claim checks all pass. None for
-    anything else (another shape, a bad signature, a parse error): PyJWT then
-    decides, so every refusal and every other shape is exactly PyJWT's answer.
-    About 5x cheaper than ``jwt.decode``, whose option handling dominates."""
-    segments = _segments(token)
-    if segments is None:
+    checks it: the same signing input, HMAC-SHA256 and JSON parser, the segments
+    canonical as ``_segments`` demands, and for these claims PyJWT's claim checks
+    all pass. None for anything else (another shape, a bad signature, a parse
+    error): PyJWT then decides, so every refusal and every other shape is exactly
+    PyJWT's answer. About 7x cheaper than ``jwt.decode``, whose option handling
+    dominates.
+
+    The header is that one fixed canonical text, so it is compared, not decoded.
+    The signature is compared as text with the canonical encoding of the expected
+    MAC: a segment is canonical and decodes to the MAC exactly when it is that
+    text (which holds no dot, so the token has three segments)."""
+    if not token.startswith(_MINTED_PREFIX):
         return None
-    signing_input, payload, signature = segments
-    if not signing_input.startswith(_MINTED_HEADER + b"."):
+    try:
+        raw = token.encode("ascii")  # a canonical segment is ASCII
+    except UnicodeEncodeError:
+        return None
+    dot = raw.find(b".", len(_MINTED_PREFIX))
+    if dot < 0:
+        return None
+    signing_input, signature = raw[:dot], raw[dot + 1 :]
+    expected = base64.urlsafe_b64encode(hmac.digest(key, signing_input, "sha256")).rstrip(b"=")
+    if not hmac.compare_digest(signature, expected):
+        return None
+    payload = _canonical(raw[len(_MINTED_PREFIX) : dot])
+    if payload is None:
         return None
     try:
         claims = json.loads(payload)
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError too
-        return None
-    expected = hmac.digest(key, signing_input, "sha256")  # PyJWT's HMAC, one C call
-    if not hmac.compare_digest(signature, expected):
         return None
     if (
         type(claims) is not dict
