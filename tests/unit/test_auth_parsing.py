@@ -447,3 +447,18 @@ def test_a_minted_token_respelled_is_refused_as_pyjwt_refuses_it(segment: int, h
         "invalid token: segments must be unpadded canonical base64url",
     )
     assert refusal == pyjwt_answer(other)
+
+
+def test_the_verified_cache_keeps_the_newest_tokens_and_never_grows() -> None:
+    """Bounded memory whatever tokens callers send: once full, each new token
+    replaces the oldest; a replaced token is verified afresh, same answer."""
+    verifier = TokenVerifier(JWT_SECRET, max_entries=3)
+    tokens = [
+        mint_token(JWT_SECRET, "patient", sub, timedelta(hours=1), NOW) for sub in range(1, 8)
+    ]
+    for token in tokens:
+        verifier.verify(token, NOW)
+        assert len(verifier) <= 3
+    assert list(verifier._verified) == tokens[-3:]
+    assert verifier.verify(tokens[0], NOW) == Principal(sub=1, role="patient")
+    assert list(verifier._verified) == [*tokens[-2:], tokens[0]]

