@@ -103,7 +103,7 @@ def storm_caller(app: Any, slot_id: int, wave: int, total: int) -> Call:
     (``total`` of them made beforehand: minting a token is the client's work);
     one call of the result makes ``wave`` requests."""
     patients = range(10**6, 10**6 + total)
-    requests = iter([_booking(p, slot_id, f"in-process-{p}") for p in patients])
+    requests = iter([_booking(p, slot_id, f"in-process-{slot_id}-{p}") for p in patients])
     # Out of the collector's way, as the server's own startup objects are
     # (app.py freezes them): the prepared requests are the client's.
     gc.collect()
