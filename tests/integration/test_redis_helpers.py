@@ -5,6 +5,7 @@ private redis-server processes for the outage tests."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import subprocess
@@ -465,37 +466,65 @@ def _failures() -> float:
     return total
 
 
+class _CountingGate(RedisGate):
+    """A gate that keeps the failures it saw: the failures metric is shared by
+    every gate of the process, and a gate left behind by an earlier test (510
+    failures were on it once in CI) can add to it while this one is watched."""
+
+    def __init__(self, client: Client, backoff_s: float) -> None:
+        super().__init__(client, backoff_s=backoff_s)
+        self.seen: list[BaseException] = []
+
+    def _on_failure(self, exc: BaseException) -> None:
+        self.seen.append(exc)
+        super()._on_failure(exc)
+
+
+@contextlib.contextmanager
+def _refusing_port() -> Iterator[int]:
+    """A port bound and never listened on: every connection to it is refused,
+    and no other process can start listening there while the test runs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port()))
+        yield s.getsockname()[1]
+
+
 @pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster"])
 async def test_fail_open_when_nothing_listens(ns: str, cluster: bool) -> None:
     # A cluster client with no node to read the layout from raises
     # RedisClusterUnreachableError (not a RedisError): still a fail-open default.
-    client = make_client(f"redis://127.0.0.1:{free_port()}/0", TIMEOUT_S, cluster=cluster)
-    try:
-        # A backoff far longer than the loop below takes on a loaded machine (it
-        # took over 0.5 s once in CI and the gate tried again, as it should).
-        gate = RedisGate(client, backoff_s=30)
-        cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
-        before = _failures()
-        with capture_logs() as logs:
-            assert (await limiter.hit(ns, 1, 1, 60)) == Decision(True, 1, 0)
-            assert not gate.available
-            # In backoff: defaults at once, no further attempt, no further warning.
-            for _ in range(20):
-                (d, t) = await _timed(limiter.hit(ns, 1, 1, 60))
-                assert d.allowed and t < 0.05
-                (v, t) = await _timed(cache.get_json("k"))
-                assert v is None and t < 0.05
-                assert not await cache.set_json("k", 1, 10)
-                assert not await cache.is_marked("k")
-                assert not await cache.mark("k", 10)
-                assert await cache.delete("k") == 0
-                hc, _ = await _timed(cache.hit_and_check(limiter, ns, 1, 1, 60, "k"))
-                assert hc == (Decision(True, 1, 0), (False,))
-            assert not await gate.ping()
-        assert _failures() == before + 1
-        assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["redis.unavailable"]
-    finally:
-        await client.aclose()
+    with _refusing_port() as port:
+        client = make_client(f"redis://127.0.0.1:{port}/0", TIMEOUT_S, cluster=cluster)
+        try:
+            # A backoff far longer than the loop below takes on a loaded machine (it
+            # took over 0.5 s once in CI and the gate tried again, as it should).
+            gate = _CountingGate(client, backoff_s=30)
+            cache, limiter = Cache(gate, namespace=ns), RateLimiter(gate)
+            before = _failures()
+            with capture_logs() as logs:
+                assert (await limiter.hit(ns, 1, 1, 60)) == Decision(True, 1, 0)
+                assert not gate.available
+                # In backoff: defaults at once, no further attempt, no further warning.
+                for _ in range(20):
+                    (d, t) = await _timed(limiter.hit(ns, 1, 1, 60))
+                    assert d.allowed and t < 0.05
+                    (v, t) = await _timed(cache.get_json("k"))
+                    assert v is None and t < 0.05
+                    assert not await cache.set_json("k", 1, 10)
+                    assert not await cache.is_marked("k")
+                    assert not await cache.mark("k", 10)
+                    assert await cache.delete("k") == 0
+                    hc, _ = await _timed(cache.hit_and_check(limiter, ns, 1, 1, 60, "k"))
+                    assert hc == (Decision(True, 1, 0), (False,))
+                assert not await gate.ping()
+            assert len(gate.seen) == 1, [f"{type(e).__name__}: {e}" for e in gate.seen]
+            # Counted in the metric (which other gates of the process share).
+            assert _failures() >= before + 1
+            assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+                "redis.unavailable"
+            ]
+        finally:
+            await client.aclose()
 
 
 async def test_fail_open_kill_and_recover(private_redis: PrivateRedis, ns: str) -> None:
