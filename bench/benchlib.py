@@ -294,9 +294,14 @@ class Reservo:
         extra_env: dict[str, str] | None = None,
         server: str = "uvicorn",
         worker_roles: str | None = None,
+        callgrind: Path | None = None,
     ) -> None:
         if server not in SERVERS:
             raise ValueError(f"unknown server {server!r}")
+        if callgrind is not None and (server != "uvicorn" or workers != 1):
+            raise ValueError("--callgrind runs one `reservo api` process: --workers 1, uvicorn")
+        # The API under callgrind: its dumps are ``<callgrind>.<pid>[.n]``.
+        self.callgrind = callgrind
         self.server = server
         self.workers = 1 if server == "up" else workers
         # `reservo worker --roles ...`; None: its default roles.
@@ -330,6 +335,11 @@ class Reservo:
         )
 
     def _api_command(self) -> list[str]:
+        if self.callgrind is not None:
+            return [*callgrind_command(self.callgrind), *self._server_command()]
+        return self._server_command()
+
+    def _server_command(self) -> list[str]:
         port = str(self.port)
         if self.server == "up":
             return [str(BIN / "reservo"), "up", "--port", port]
@@ -355,6 +365,8 @@ class Reservo:
         return self
 
     def _wait_ready(self, timeout_s: float = 120.0) -> None:
+        if self.callgrind is not None:  # the interpreter starts some 50 times slower
+            timeout_s *= 5
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.api is not None
@@ -605,6 +617,9 @@ def describe_cpu(c: dict[str, float]) -> str:
     more = [f"read / write system calls per request: {calls}"] if calls else []
     if batches:
         more.append(f"items per batch (mean since the server started): {batches}")
+    if "instructions_per_req" in c:
+        n = c["instructions_per_req"]
+        more.append(f"instructions per request of the API (callgrind): {n:,.0f}")
     return "".join(
         [
             f"CPU ms per request: {per}; machine busy {c['machine_busy_pct']:.0f}% of all "
@@ -904,13 +919,89 @@ def add_ceiling_option(parser: Any) -> None:
 
 
 def add_profile_options(parser: Any) -> None:
-    """``--profile F`` and ``--native``, for a runner that profiles one API worker."""
+    """``--profile F``, ``--native`` and ``--callgrind PREFIX``, for a runner
+    that profiles one API worker or counts its instructions."""
     parser.add_argument("--profile", type=Path, help="py-spy raw profile of one API worker, run 1")
     parser.add_argument(
         "--native",
         action="store_true",
         help="with --profile: C frames too (system calls); py-spy then pauses the worker",
     )
+    parser.add_argument(
+        "--callgrind",
+        type=Path,
+        metavar="PREFIX",
+        help="run the one API process (--workers 1) under callgrind and report its "
+        "instructions per request over each measured run (dumps: PREFIX.<pid>.<n>)",
+    )
+
+
+# --- callgrind ------------------------------------------------------------------
+# Instructions per request move neither with the machine's load nor with its speed:
+# the figure to compare two trees by on a shared machine. Under callgrind the server
+# runs some 50 times slower, so its queues and batches are not the real run's:
+# compare two trees under callgrind, never a callgrind figure with a real run's.
+
+
+def callgrind_command(prefix: Path) -> list[str]:
+    """valgrind's callgrind in front of a command: its dumps are ``prefix.<pid>.<n>``."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind not found: apt-get install valgrind")
+    return [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={prefix}.%p",
+        "--dump-instr=no",
+    ]
+
+
+@dataclass
+class Instructions:
+    """What a process under callgrind executed between ``counted``'s zero and
+    dump (None: not counted)."""
+
+    total: int | None = None
+
+    def figures(self, requests: int) -> dict[str, float]:
+        if self.total is None:
+            return {}
+        return {"instructions_per_req": self.total / max(1, requests)}
+
+
+@contextlib.contextmanager
+def counted(pid: int, prefix: Path) -> Iterator[Instructions]:
+    """The instructions ``pid`` (under callgrind, dumping to ``prefix``) executes
+    inside the block: its counters zeroed on entry and dumped on exit."""
+    got = Instructions()
+    subprocess.run(["callgrind_control", "-z", str(pid)], capture_output=True, check=True)
+    yield got
+    subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=True)
+    dumps = sorted(
+        prefix.parent.glob(f"{prefix.name}.{pid}.*"), key=lambda p: int(p.name.rsplit(".", 1)[1])
+    )
+    if not dumps:
+        raise RuntimeError(f"callgrind wrote no dump for {pid} at {prefix}.{pid}.<n>")
+    # "summary:" is the dump's total of the event counted (Ir).
+    m = re.search(rb"^summary: (\d+)$", dumps[-1].read_bytes(), re.M)
+    if m is None:
+        raise RuntimeError(f"no summary line in {dumps[-1]}")
+    got.total = int(m[1])
+
+
+@contextlib.contextmanager
+def watched(rv: Reservo, opts: Any, profile_out: Path | None) -> Iterator[Instructions]:
+    """Around a runner's measured run: the API's instructions counted when it runs
+    under callgrind (``--callgrind``), else a py-spy profile of its first worker
+    into ``profile_out`` when one is asked for, else nothing."""
+    pid = rv.api_workers()[0].pid
+    if rv.callgrind is not None:
+        with counted(pid, rv.callgrind) as got:
+            yield got
+    elif profile_out is not None:
+        with profiled(pid, max(1.0, opts.duration - 2), profile_out, opts.native):
+            yield Instructions()
+    else:
+        yield Instructions()
 
 
 @contextlib.contextmanager

@@ -10,6 +10,8 @@ slot is overbooked or out of step with its appointments.
     python bench/booking_storm/run.py --duration 10 --workers 1,2,3 --connections 64,128,256
     python bench/booking_storm/run.py --duration 10 --tracing off,on  # CPU per attempt
     python bench/booking_storm/run.py --duration 10 --runs 3 --server uvicorn,granian,up
+    python bench/booking_storm/run.py --workers 1 --threads 1 --connections 32 \
+        --warmup 15 --duration 20 --ceiling-duration 0 --callgrind /tmp/cg-storm
 
 ``--server``: uvicorn (`reservo api`, the default), granian (the same app under
 granian), up (`reservo up`, one process); several are interleaved run by run and
@@ -19,6 +21,10 @@ put side by side at the end. The hello ceiling is uvicorn's in every case.
 standard OTEL_* variables: an OTLP/HTTP endpoint, a parent-based trace-id ratio
 sampler at ``--sampling``, 1 % by default), exporting to a local sink that reads
 and discards what it is sent; ``off`` is the default (ids only, no exporter).
+
+``--callgrind PREFIX`` (one API process) counts the API's instructions per
+attempt (bench/README.md); the hot slots are booked full first, so every counted
+attempt is a refusal.
 
 Exits 1 on any 5xx, overbooking or counter mismatch.
 """
@@ -164,6 +170,30 @@ async def check(hot: list[int]) -> dict[str, int]:
         await conn.close()
 
 
+def fill_hot_slots(hot: list[int], capacity: int, url: str, patients: Path) -> None:
+    """Books the hot slots full before a run counted under callgrind: at its pace
+    (some 50 attempts/s) the seats' bookings would be a share of the counted
+    attempts that changes with the machine's speed; full, every counted attempt
+    is the storm's refusal."""
+
+    async def booked() -> int:
+        conn = await benchlib.connect()
+        try:
+            n: int = await conn.fetchval(
+                "SELECT coalesce(sum(booked_count), 0) FROM time_slot WHERE id = ANY($1)", hot
+            )
+            return n
+        finally:
+            await conn.close()
+
+    deadline = time.monotonic() + 300
+    while benchlib.run_async(booked()) < capacity:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the hot slots did not fill in 300 s")
+        args = [str(patients), ",".join(map(str, hot)), f"fill{time.time_ns()}"]
+        benchlib.run_wrk(HERE / "storm.lua", url, 1, 8, 3, args)
+
+
 def one_run(
     ds: benchlib.Dataset,
     opts: argparse.Namespace,
@@ -187,7 +217,7 @@ def one_run(
                 "OTEL_TRACES_SAMPLER_ARG": str(opts.sampling),
             }
         )
-    with benchlib.Reservo(workers, env, server) as rv:
+    with benchlib.Reservo(workers, env, server, callgrind=opts.callgrind) as rv:
         url = rv.base
         if opts.warmup > 0:
             benchlib.run_wrk(
@@ -200,17 +230,16 @@ def one_run(
             )
             time.sleep(1.0)
         args = [str(files["storm"]), ",".join(map(str, hot)), f"storm{time.time_ns()}"]
-        with benchlib.RssSampler(rv) as mem, benchlib.CpuMeter(rv) as cpu:
-            if profile_out is not None:
-                pid = rv.api_workers()[0].pid
-                with benchlib.profiled(pid, max(1.0, opts.duration - 2), profile_out, opts.native):
-                    res = benchlib.run_wrk(
-                        HERE / "storm.lua", url, threads, connections, opts.duration, args
-                    )
-            else:
-                res = benchlib.run_wrk(
-                    HERE / "storm.lua", url, threads, connections, opts.duration, args
-                )
+        if opts.callgrind is not None:
+            fill_hot_slots(hot, hot_capacity, url, files["warm"])
+        with (
+            benchlib.RssSampler(rv) as mem,
+            benchlib.CpuMeter(rv) as cpu,
+            benchlib.watched(rv, opts, profile_out) as instructions,
+        ):
+            res = benchlib.run_wrk(
+                HERE / "storm.lua", url, threads, connections, opts.duration, args
+            )
         facts = benchlib.run_async(check(hot))
         errors = rv.error_lines()
         for line in errors[:5]:
@@ -234,7 +263,7 @@ def one_run(
         hot_capacity=hot_capacity,
         created_201=res.count("201"),
         errors_logged=len(errors),
-        cpu=cpu.figures(res.requests, res.wrk_cpu_s),
+        cpu=cpu.figures(res.requests, res.wrk_cpu_s) | instructions.figures(res.requests),
         tracing=tracing,
         server=server,
         **facts,

@@ -74,18 +74,15 @@ def one_run(
     args = [str(patients), "1", str(ds.doctors), ",".join(d.isoformat() for d in days), opts.mix]
     env = {"RESERVO_DB_POOL_MAX": str(opts.pool_max)} if opts.pool_max else {}
     script = HERE / "reads.lua"
-    with benchlib.Reservo(workers, env, server) as rv:
+    with benchlib.Reservo(workers, env, server, callgrind=opts.callgrind) as rv:
         if opts.warmup > 0:
             benchlib.run_wrk(script, rv.base, threads, connections, opts.warmup, args)
-        with benchlib.RssSampler(rv) as mem, benchlib.CpuMeter(rv) as cpu:
-            if profile_out is not None:
-                pid = rv.api_workers()[0].pid
-                with benchlib.profiled(pid, max(1.0, opts.duration - 2), profile_out, opts.native):
-                    res = benchlib.run_wrk(
-                        script, rv.base, threads, connections, opts.duration, args
-                    )
-            else:
-                res = benchlib.run_wrk(script, rv.base, threads, connections, opts.duration, args)
+        with (
+            benchlib.RssSampler(rv) as mem,
+            benchlib.CpuMeter(rv) as cpu,
+            benchlib.watched(rv, opts, profile_out) as instructions,
+        ):
+            res = benchlib.run_wrk(script, rv.base, threads, connections, opts.duration, args)
         for line in rv.error_lines()[:5]:
             print(f"  logged: {line[:200]}", file=sys.stderr)
     return RunResult(
@@ -101,7 +98,7 @@ def one_run(
         max_ms=res.max_ms,
         socket_errors=res.socket_errors,
         peak_rss_mb=mem.peak_rss / (1024 * 1024),
-        cpu=cpu.figures(res.requests, res.wrk_cpu_s),
+        cpu=cpu.figures(res.requests, res.wrk_cpu_s) | instructions.figures(res.requests),
         server=server,
     )
 
