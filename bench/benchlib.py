@@ -318,8 +318,11 @@ class Reservo:
             **(extra_env or {}),
         }
         self.logdir = Path(tempfile.mkdtemp(prefix="reservo-bench-"))
-        if server == "granian" and self.workers > 1:
+        if (server == "granian" and self.workers > 1) or callgrind is not None:
             # What `reservo api --workers N` sets up for the metrics of N processes.
+            # Under callgrind too: its one process then pays for its metrics as the
+            # runners' default two workers do, and no exemplar (a request is slower
+            # than 0.1 s there, and such a request always carries one).
             self.env.setdefault("PROMETHEUS_MULTIPROC_DIR", str(self.logdir))
         self.api: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
