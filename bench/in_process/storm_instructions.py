@@ -5,6 +5,11 @@ the machine's speed: the figure to compare two trees by on a noisy machine).
 The attempt is ``run.py``'s storm path: 64 at once at a full slot, each with a
 token the process has not seen.
 
+It does not stand for the storm over sockets (it put this tree at 0.66 of
+0.3.0's instructions where the served storm's refusal is 1.06-1.09,
+docs/BENCHMARKS.md): compare two trees' storms with ``booking_storm/run.py
+--callgrind``; this counts the in-process path alone.
+
     PYTHONPATH=<tree>/src valgrind --tool=callgrind --callgrind-out-file=cg.out \\
         python bench/in_process/storm_instructions.py 3200
     grep '^summary:' cg.out.1     # divided by 3,200
